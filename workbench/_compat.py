@@ -1,0 +1,17 @@
+"""Import-time fixes for the pinned scientific stack, applied once for the whole package.
+
+mace-torch 0.3.16 pins e3nn 0.4.4, which calls ``torch.load`` on its own constants
+file without ``weights_only``; torch >= 2.6 defaults that to ``True`` and the import
+fails. The documented switch ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` restores the
+old behaviour; we set it before e3nn can be imported and silence the warning torch
+prints for it. Users who set the variable themselves keep their value.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+warnings.filterwarnings("ignore", message="Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected")
+warnings.filterwarnings("ignore", message="cuequivariance or cuequivariance_torch is not available")

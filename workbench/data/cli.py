@@ -1,0 +1,119 @@
+"""``workbench data make|info|stats|sizes``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _families(text: str | None):
+    if not text:
+        return None
+    if "=" in text:  # mptrj=100,cuni=5
+        return {k: int(v) for k, v in (item.split("=") for item in text.split(","))}
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _make(args: argparse.Namespace) -> int:
+    from workbench.data.io import write_structures
+    from workbench.data.mixture import make_mixture
+    from workbench.data.sizes import graph_sizes
+    from workbench.data.summary import format_table, summarize
+
+    t0 = time.perf_counter()
+    structures = make_mixture(n=args.n, seed=args.seed, families=_families(args.families), progress=True,
+                              **({"workers": args.workers} if args.workers else {}))
+    gen_s = time.perf_counter() - t0
+    path = write_structures(args.out, structures)
+    sizes = graph_sizes(structures, cutoff=args.cutoff)
+    labelled = np.array([bool(a.info.get("labelled", True)) for a in structures])
+    print(format_table(summarize(sizes, labelled)))
+    print(f"\nwrote {len(structures)} structures to {path} ({path.stat().st_size / 1e6:.2f} MB) "
+          f"in {gen_s:.1f} s of generation")
+    return 0
+
+
+def _load_sizes(path: str | None, cutoff: float):
+    from workbench.data.embedded import EMBEDDED_PATH
+    from workbench.data.io import read_structures
+    from workbench.data.sizes import graph_sizes
+
+    path = Path(path) if path else EMBEDDED_PATH
+    structures = read_structures(path, require_labels=False)
+    sizes = graph_sizes(structures, cutoff=cutoff, progress=True)
+    labelled = np.array([bool(a.info.get("labelled", True)) for a in structures])
+    return path, sizes, labelled
+
+
+def _info(args: argparse.Namespace) -> int:
+    from workbench.data.summary import format_table, summarize
+
+    path, sizes, labelled = _load_sizes(args.path, args.cutoff)
+    print(f"{path}  (cutoff {args.cutoff} Å)")
+    print(format_table(summarize(sizes, labelled)))
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from workbench.data.sizes import edge_stats_from_sizes
+
+    path, sizes, _ = _load_sizes(args.path, args.cutoff)
+    stats = edge_stats_from_sizes(sizes, args.cutoff, source=Path(path).name)
+    out = Path(args.out) if args.out else Path(__file__).with_name("edge_stats.json")
+    out.write_text(json.dumps(stats, indent=1) + "\n")
+    for name, s in stats["families"].items():
+        print(f"{name:<15} {s['n_graphs']:>6} graphs  edges/atom mean {s['edges_per_atom_mean']:6.1f} "
+              f"[{s['edges_per_atom_min']:.1f}, {s['edges_per_atom_max']:.1f}]")
+    print(f"wrote {out}")
+    return 0
+
+
+def _sizes(args: argparse.Namespace) -> int:
+    from workbench.data.sizes import synthetic_sizes
+
+    t0 = time.perf_counter()
+    if args.synthetic:
+        sizes = synthetic_sizes(args.synthetic, seed=args.seed)
+    else:
+        _, sizes, _ = _load_sizes(args.path, args.cutoff)
+    np.save(args.out, sizes)
+    print(f"wrote {sizes.size} sizes to {args.out} in {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("data", help="generate, inspect and measure structure datasets")
+    dsub = p.add_subparsers(dest="data_command", metavar="ACTION")
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+    from workbench.data.embedded import EMBEDDED_N, EMBEDDED_PATH, EMBEDDED_SEED
+
+    m = dsub.add_parser("make", help="generate the labelled Table-3 mixture and write extxyz(.gz)")
+    m.add_argument("--n", type=int, default=EMBEDDED_N, help="number of structures (default: %(default)s)")
+    m.add_argument("--seed", type=int, default=EMBEDDED_SEED)
+    m.add_argument("--families", help="comma list (mptrj,cuni) or counts (mptrj=100,cuni=5); default all, Table-3 shares")
+    m.add_argument("--out", default=str(EMBEDDED_PATH), help="output file (default: %(default)s)")
+    m.add_argument("--workers", type=int, default=0, help="processes for labelling (default: all cores)")
+    m.add_argument("--cutoff", type=float, default=4.5)
+    m.set_defaults(func=_make)
+
+    for name, fn, text in (("info", _info, "per-family summary of a structure file"),
+                           ("stats", _stats, "measure edges per atom per family (feeds synthetic_sizes)")):
+        q = dsub.add_parser(name, help=text)
+        q.add_argument("path", nargs="?", help="structure file (default: the embedded dataset)")
+        q.add_argument("--cutoff", type=float, default=4.5)
+        if name == "stats":
+            q.add_argument("--out", help="JSON path (default: workbench/data/edge_stats.json)")
+        q.set_defaults(func=fn)
+
+    s = dsub.add_parser("sizes", help="write a sizes .npy (atoms, edges, family) from a file or synthetic")
+    s.add_argument("path", nargs="?")
+    s.add_argument("--synthetic", type=int, default=0, help="draw this many synthetic sizes instead")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--cutoff", type=float, default=4.5)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_sizes)

@@ -1,0 +1,177 @@
+"""Reading and writing structures (extxyz and anything ASE reads), with validation.
+
+Every problem is reported as a :class:`StructureError` that names the file, the
+frame and, where it applies, the atom or key, so a user can fix the input
+instead of guessing. Validation never drops frames silently.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import ase
+import ase.io
+import numpy as np
+
+ENERGY_KEY = "REF_energy"
+FORCES_KEY = "REF_forces"
+MIN_DISTANCE = 0.5  # Å; closer atoms are a corrupted frame, not chemistry
+
+
+class StructureError(ValueError):
+    """A structure file or frame is unusable. ``path`` and ``frame`` say where."""
+
+    def __init__(self, path: str | os.PathLike | None, frame: int | None, message: str):
+        self.path = None if path is None else str(path)
+        self.frame = frame
+        where = self.path or "<structures>"
+        if frame is not None:
+            where += f", frame {frame}"
+        super().__init__(f"{where}: {message}")
+
+
+def _is_labelled(atoms: ase.Atoms) -> bool:
+    # Families shipped without a calculator say so explicitly; anything else must carry labels.
+    return bool(atoms.info.get("labelled", True))
+
+
+def validate_structure(
+    atoms: ase.Atoms,
+    *,
+    path: str | os.PathLike | None = None,
+    frame: int | None = None,
+    require_labels: bool = True,
+    energy_key: str = ENERGY_KEY,
+    forces_key: str = FORCES_KEY,
+    min_distance: float = MIN_DISTANCE,
+) -> None:
+    """Raise :class:`StructureError` if ``atoms`` cannot be trained on.
+
+    Checks: at least one atom; finite positions (and cell); no two atoms closer
+    than ``min_distance`` Å (periodic images included); and, when
+    ``require_labels`` and the frame is not marked ``info["labelled"] = False``,
+    a finite scalar ``info[energy_key]`` and a finite ``(n_atoms, 3)``
+    ``arrays[forces_key]``.
+    """
+    n = len(atoms)
+    if n == 0:
+        raise StructureError(path, frame, "structure has no atoms")
+    pos = atoms.get_positions()
+    bad = np.where(~np.isfinite(pos).all(axis=1))[0]
+    if bad.size:
+        raise StructureError(path, frame, f"non-finite (NaN/inf) coordinates at atom {int(bad[0])} ({bad.size} atom(s) affected)")
+    if not np.isfinite(atoms.cell.array).all():
+        raise StructureError(path, frame, "non-finite (NaN/inf) cell")
+    if n > 1:
+        i, j, d = _close_pairs(atoms, min_distance)
+        if i.size:
+            k = int(np.argmin(d))
+            raise StructureError(
+                path, frame,
+                f"atoms {int(i[k])} and {int(j[k])} are {d[k]:.3f} Å apart (< {min_distance} Å); "
+                f"{i.size} close pair(s) in total",
+            )
+    if require_labels and _is_labelled(atoms):
+        if energy_key not in atoms.info:
+            raise StructureError(path, frame, f"missing energy label info[{energy_key!r}] (keys present: {sorted(atoms.info)})")
+        try:
+            energy = float(atoms.info[energy_key])
+        except (TypeError, ValueError):
+            raise StructureError(path, frame, f"energy label {energy_key!r} is not a number: {atoms.info[energy_key]!r}") from None
+        if not np.isfinite(energy):
+            raise StructureError(path, frame, f"energy label {energy_key!r} is {energy}")
+        if forces_key not in atoms.arrays:
+            raise StructureError(path, frame, f"missing forces label arrays[{forces_key!r}] (per-atom arrays present: {sorted(atoms.arrays)})")
+        forces = np.asarray(atoms.arrays[forces_key], dtype=float)
+        if forces.shape != (n, 3):
+            raise StructureError(path, frame, f"forces {forces_key!r} have shape {forces.shape}, expected ({n}, 3)")
+        bad = np.where(~np.isfinite(forces).all(axis=1))[0]
+        if bad.size:
+            raise StructureError(path, frame, f"non-finite forces {forces_key!r} at atom {int(bad[0])}")
+
+
+def _close_pairs(atoms: ase.Atoms, cutoff: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    from vesin import NeighborList
+
+    periodic = bool(atoms.pbc.any())
+    box = atoms.cell.array if periodic else np.zeros((3, 3))
+    if periodic and abs(np.linalg.det(box)) < 1e-12:
+        raise StructureError(None, None, "periodic structure with a degenerate (zero-volume) cell")
+    nl = NeighborList(cutoff=cutoff, full_list=False)
+    i, j, d = nl.compute(points=atoms.positions, box=box, periodic=list(map(bool, atoms.pbc)) if periodic else False, quantities="ijd")
+    return i, j, d
+
+
+def read_structures(
+    path: str | os.PathLike,
+    index: str | int | slice = ":",
+    *,
+    format: str | None = None,
+    validate: bool = True,
+    require_labels: bool = True,
+    energy_key: str = ENERGY_KEY,
+    forces_key: str = FORCES_KEY,
+) -> list[ase.Atoms]:
+    """Read every frame of ``path`` (extxyz, gzipped or not, or any ASE format).
+
+    Returns a list of :class:`ase.Atoms`. With ``validate`` each frame goes
+    through :func:`validate_structure`; the first problem raises a
+    :class:`StructureError` naming the file and frame (0-based).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such structure file")
+    if path.is_dir():
+        raise StructureError(path, None, "is a directory, expected a structure file")
+    frames: list[ase.Atoms] = []
+    try:
+        for atoms in ase.io.iread(str(path), index=index, format=format):
+            frames.append(atoms)
+    except StructureError:
+        raise
+    except Exception as exc:  # ASE raises many types for malformed files
+        raise StructureError(path, len(frames), f"cannot parse ({type(exc).__name__}: {exc})") from exc
+    if not frames:
+        raise StructureError(path, None, "file contains no structures")
+    if validate:
+        for k, atoms in enumerate(frames):
+            validate_structure(atoms, path=path, frame=k, require_labels=require_labels,
+                               energy_key=energy_key, forces_key=forces_key)
+    return frames
+
+
+def _clean_for_write(atoms: ase.Atoms) -> ase.Atoms:
+    # Labels live in REF_* keys; an attached calculator would add a second copy under other names.
+    out = atoms.copy()
+    out.calc = None
+    return out
+
+
+def write_structures(path: str | os.PathLike, structures: Iterable[ase.Atoms]) -> Path:
+    """Write ``structures`` as extxyz; a ``.gz`` suffix gzips it reproducibly.
+
+    The gzip header carries no timestamp or file name, so the same structures
+    give the same bytes on every run (the embedded dataset relies on this).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = io.StringIO()
+    ase.io.write(text, [_clean_for_write(a) for a in structures], format="extxyz")
+    data = text.getvalue().encode()
+    if path.suffix == ".gz":
+        with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz:
+            gz.write(data)
+    else:
+        path.write_bytes(data)
+    return path
+
+
+def structures_to_text(structures: Sequence[ase.Atoms]) -> str:
+    """The extxyz text :func:`write_structures` would write (used to compare bit for bit)."""
+    text = io.StringIO()
+    ase.io.write(text, [_clean_for_write(a) for a in structures], format="extxyz")
+    return text.getvalue()
