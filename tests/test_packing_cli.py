@@ -1,0 +1,66 @@
+"""``workbench pack`` and ``workbench bench packing`` (tiny sizes)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from workbench.cli import main
+from workbench.packing import Packing
+from workbench.packing.cli import load_sizes
+
+
+@pytest.fixture
+def sizes_file(tmp_path):
+    rng = np.random.default_rng(0)
+    arr = np.zeros(400, dtype=[("atoms", np.int64), ("edges", np.int64)])
+    arr["atoms"] = rng.integers(1, 500, 400)
+    arr["edges"] = arr["atoms"] * 30
+    path = tmp_path / "sizes.npy"
+    np.save(path, arr)
+    return path
+
+
+def test_pack_cli_writes_npz_and_summary(sizes_file, tmp_path, capsys):
+    out = tmp_path / "packing.npz"
+    assert main(["pack", str(sizes_file), "--capacity", "3072", "--replicas", "4", "--out", str(out), "--json"]) == 0
+    text = capsys.readouterr().out
+    summary = json.loads(text[: text.rindex("}") + 1])
+    assert summary["n_bins"] % 4 == 0 and summary["algorithm"] == "paper"
+    p = Packing.load(out)
+    assert sorted(np.concatenate(p.batches).tolist()) == list(range(400))
+
+
+def test_pack_cli_cost_choices_and_errors(sizes_file, tmp_path, capsys):
+    out = str(tmp_path / "p.npz")
+    assert main(["pack", str(sizes_file), "--cost", "edges", "--capacity", "100000", "--replicas", "2",
+                 "--algorithm", "shuffled-paper", "-o", out]) == 0
+    assert main(["pack", str(sizes_file), "--cost", "model", "--capacity", "0.3", "--no-randomness", "-o", out]) == 0
+    assert main(["pack", str(sizes_file), "--capacity", "100", "-o", out]) == 1  # oversize graphs: clear error
+    assert "exceed capacity" in capsys.readouterr().err
+    assert main(["pack", str(tmp_path / "missing.npy")]) == 1
+
+
+def test_load_sizes_formats(tmp_path):
+    np.save(tmp_path / "plain.npy", np.array([3, 4, 5]))
+    assert load_sizes(tmp_path / "plain.npy")["atoms"].tolist() == [3, 4, 5]
+    np.savez(tmp_path / "ae.npz", atoms=np.array([1, 2]), edges=np.array([5, 6]))
+    s = load_sizes(tmp_path / "ae.npz")
+    assert s["edges"].tolist() == [5, 6]
+    with pytest.raises(ValueError, match="unknown format"):
+        (tmp_path / "x.csv").write_text("1\n")
+        load_sizes(tmp_path / "x.csv")
+
+
+def test_bench_cli_small(tmp_path, sizes_file, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "packing", "--n", "3000", "--replicas", "8", "--pyg-n", "500", "--repeats", "1",
+                 "--no-sweep", "--real", str(sizes_file), "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert {r["algorithm"] for r in result["synthetic"]} >= {"paper", "shuffled-paper", "fixed-count", "dynamic",
+                                                            "ffd", "lpt"}
+    assert result["pyg_dynamic_batch_sampler"].get("identical_batches", True)
+    assert len(result["real"]["rows"]) == len(result["synthetic"])
+    assert "| paper |" in capsys.readouterr().out

@@ -1,0 +1,254 @@
+"""``workbench bench packing``: every algorithm against the anchors, at the paper's scale.
+
+Measured on one core (our kernels are serial numba/numpy). Rows:
+
+* time to pack, best of ``repeats``, as process CPU time (robust to other jobs
+  sharing the machine) and wall time, after a warm-up so numba compilation is
+  not counted,
+* ``n_bins / lower bound`` (L1 bound rounded up to a multiple of R),
+* padding fraction, step imbalance (max and mean of per-step max/mean load),
+* estimated epoch time (straggler cost model) relative to ``fixed-count``,
+* pair repeat fraction between epochs 0 and 1 (randomness; 1.0 = identical).
+
+Plus: the real ``torch_geometric.loader.DynamicBatchSampler`` on a subset (it
+slices its index list once per batch, so it is quadratic in practice), checked
+batch-for-batch against our ``"dynamic"``; the embedded dataset at 4 replicas;
+and a capacity x replicas sweep for the notebooks.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from workbench.packing.api import pack
+from workbench.packing.cost import CostModel
+
+#: (label, algorithm, options) rows of the main table; the first fixed-count row is the reference.
+VARIANTS: tuple[tuple[str, str, dict], ...] = (
+    ("fixed-count (6/batch)", "fixed-count", {"graphs_per_batch": 6}),
+    ("fixed-count (8/batch)", "fixed-count", {"graphs_per_batch": 8}),
+    ("dynamic", "dynamic", {}),
+    ("ffd", "ffd", {}),
+    ("lpt (6/rank)", "lpt", {"graphs_per_batch": 6}),
+    ("paper", "paper", {}),
+    ("paper, no step leveling", "paper", {"level_steps": False}),
+    ("paper, emptier-first", "paper", {"order": "emptier-first"}),
+    ("shuffled-paper (ours)", "shuffled-paper", {}),
+)
+
+SWEEP_CAPACITIES = (800, 1024, 1536, 2048, 3072, 4096)
+SWEEP_REPLICAS = (16, 64, 256, 740)
+
+
+def synthetic(n: int, seed: int = 0) -> tuple[np.ndarray, str]:
+    """``workbench.data.synthetic_sizes`` when available, else a documented local stand-in."""
+    try:
+        from workbench.data import synthetic_sizes
+
+        return synthetic_sizes(n, seed=seed), "workbench.data.synthetic_sizes"
+    except (ImportError, FileNotFoundError, KeyError) as exc:
+        from workbench.data.families import family_counts, sample_natoms
+
+        rng = np.random.default_rng(seed)
+        parts = [sample_natoms(k, v, rng) for k, v in family_counts(n).items() if v]
+        atoms = np.concatenate(parts)[rng.permutation(n)]
+        sizes = np.zeros(n, dtype=[("atoms", np.int64), ("edges", np.int64)])
+        sizes["atoms"] = atoms
+        sizes["edges"] = np.rint(atoms * rng.uniform(20, 60, size=n)).astype(np.int64)
+        return sizes, f"local stand-in (Table-3 atoms, edges = atoms x U(20, 60)); synthetic_sizes failed: {exc}"
+
+
+def real_sizes(path: str | None = None) -> tuple[np.ndarray | None, str]:
+    """Sizes of the embedded dataset (or a sizes file); ``(None, reason)`` when unavailable."""
+    from workbench.packing.cli import load_sizes
+
+    try:
+        if path is None:
+            from workbench.data import EMBEDDED_PATH
+
+            path = str(EMBEDDED_PATH)
+        return load_sizes(path), str(path)
+    except (ImportError, OSError, ValueError, KeyError) as exc:
+        return None, f"skipped: {exc}"
+
+
+def _warm_up() -> None:
+    rng = np.random.default_rng(0)
+    c = rng.integers(1, 100, size=500)
+    for _, algo, opts in VARIANTS:
+        pack(c, 300, 4, algorithm=algo, **opts).metrics()
+        pack(c.astype(np.float64) + 0.5, 300, 4, algorithm=algo, **opts)
+
+
+def table_rows(sizes: np.ndarray, capacity: float, replicas: int, seed: int = 0, repeats: int = 1,
+               cost_model: CostModel | None = None) -> list[dict]:
+    """Run every variant on ``sizes`` (structured: atoms, edges) and return one metrics dict each."""
+    rows = []
+    for label, algo, opts in VARIANTS:
+        best, best_cpu, p = np.inf, np.inf, None
+        for _ in range(repeats):
+            t0, c0 = time.perf_counter(), time.process_time()
+            p = pack(sizes, capacity, replicas, algorithm=algo, seed=seed, cost_model=cost_model, **opts)
+            best = min(best, time.perf_counter() - t0)
+            best_cpu = min(best_cpu, time.process_time() - c0)
+        m = p.metrics()
+        m.update(label=label, options=opts, time_to_pack_s=best, cpu_time_to_pack_s=best_cpu)
+        rows.append(m)
+    ref = next(r for r in rows if r["algorithm"] == "fixed-count")["est_epoch_seconds"]
+    for r in rows:
+        r["epoch_time_vs_fixed_count"] = r["est_epoch_seconds"] / ref
+    return rows
+
+
+def _frac(x: float) -> str:
+    return f"{x:.4f}" if x == 0 or x >= 1e-3 else f"{x:.1e}"
+
+
+def format_table(rows: list[dict], title: str) -> str:
+    head = ("algorithm", "pack s (cpu)", "pack s (wall)", "bins/LB", "padding", "imb max", "imb mean", "epoch vs fixed", "pair repeat")
+    lines = [title, "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = (r["label"], f"{r['cpu_time_to_pack_s']:.3f}", f"{r['time_to_pack_s']:.3f}", f"{r['bins_over_lb']:.4f}", f"{r['padding_fraction']:.4f}",
+                 f"{r['step_imbalance_max']:.4f}", f"{r['step_imbalance_mean']:.4f}",
+                 f"{r['epoch_time_vs_fixed_count']:.3f}", _frac(r["pair_repeat_fraction"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+class _SizeOnly:
+    """Minimal dataset for PyG's sampler: ``dataset[i].num_nodes``."""
+
+    class _Item:
+        __slots__ = ("num_nodes", "num_edges")
+
+    def __init__(self, atoms: np.ndarray) -> None:
+        self._items = []
+        for a in atoms.tolist():
+            it = self._Item()
+            it.num_nodes = a
+            it.num_edges = 0
+            self._items.append(it)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, i: int):
+        return self._items[i]
+
+
+def compare_pyg(atoms: np.ndarray, capacity: int, shuffled_n: int = 50_000) -> dict:
+    """The real PyG ``DynamicBatchSampler`` against our ``dynamic``.
+
+    Unshuffled on all graphs: the batches must be identical, and both are timed.
+    Shuffled (what users run) on the first ``shuffled_n`` graphs: PyG slices its
+    index list once per batch, so its time grows quadratically; timed only.
+    """
+    try:
+        from torch_geometric.loader import DynamicBatchSampler
+    except ImportError as exc:
+        return {"skipped": f"torch_geometric not installed ({exc}); pip install -e '.[dev]'"}
+    import torch
+
+    from workbench.packing.baselines import dynamic
+    from workbench.packing.core import assign_to_csr
+
+    ds = _SizeOnly(atoms)
+    t0 = time.perf_counter()
+    # list(sampler) would call len(), which PyG leaves undefined; iterate instead.
+    theirs = [b for b in iter(DynamicBatchSampler(ds, max_num=int(capacity), mode="node", shuffle=False))]
+    t_pyg = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    assign, n_bins = dynamic(atoms, capacity, np.random.default_rng(0), shuffle=False)
+    flat, offsets = assign_to_csr(assign, n_bins)
+    t_ours = time.perf_counter() - t0
+    same = n_bins == len(theirs) and np.array_equal(flat, np.concatenate([np.asarray(b) for b in theirs])) and \
+        np.array_equal(np.diff(offsets), [len(b) for b in theirs])
+    lb = int(np.ceil(atoms.sum() / capacity))
+    small = _SizeOnly(atoms[:shuffled_n])
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    n_shuf = sum(1 for _ in iter(DynamicBatchSampler(small, max_num=int(capacity), mode="node", shuffle=True)))
+    t_shuf = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    dynamic(atoms[:shuffled_n], capacity, np.random.default_rng(0), shuffle=True)
+    t_shuf_ours = time.perf_counter() - t0
+    return {"n_graphs": int(atoms.size), "unshuffled_pyg_seconds": t_pyg, "unshuffled_ours_seconds": t_ours,
+            "pyg_batches": len(theirs), "ours_batches": int(n_bins), "identical_batches": bool(same),
+            "pyg_bins_over_l1": len(theirs) / lb, "shuffled_n": int(min(shuffled_n, atoms.size)),
+            "shuffled_pyg_seconds": t_shuf, "shuffled_pyg_batches": n_shuf, "shuffled_ours_seconds": t_shuf_ours}
+
+
+def sweep(sizes: np.ndarray, seed: int = 0, capacities=SWEEP_CAPACITIES, replicas=SWEEP_REPLICAS) -> list[dict]:
+    """Capacity x replicas grid for ``paper`` and the ``dynamic`` anchor (no randomness metric)."""
+    out = []
+    for cap in capacities:
+        for r in replicas:
+            for algo in ("paper", "dynamic"):
+                t0 = time.perf_counter()
+                p = pack(sizes, cap, r, algorithm=algo, seed=seed)
+                m = p.metrics(randomness=False)
+                m["time_to_pack_s"] = time.perf_counter() - t0
+                out.append(m)
+    return out
+
+
+def format_sweep(rows: list[dict]) -> str:
+    lines = ["capacity x replicas sweep (bins/LB, imbalance max)",
+             "| capacity | replicas | paper bins/LB | paper imb max | dynamic bins/LB | dynamic imb max |",
+             "|---|---|---|---|---|---|"]
+    by = {(r["capacity"], r["num_replicas"], r["algorithm"]): r for r in rows}
+    for cap, rep in sorted({(r["capacity"], r["num_replicas"]) for r in rows}):
+        p, d = by[(cap, rep, "paper")], by[(cap, rep, "dynamic")]
+        lines.append(f"| {cap:g} | {rep} | {p['bins_over_lb']:.4f} | {p['step_imbalance_max']:.4f} | "
+                     f"{d['bins_over_lb']:.4f} | {d['step_imbalance_max']:.4f} |")
+    return "\n".join(lines)
+
+
+def run(n: int = 2_650_000, capacity: float = 3072, replicas: int = 740, real_replicas: int = 4,
+        seed: int = 0, real_path: str | None = None, pyg_n: int = 50_000, do_sweep: bool = True,
+        repeats: int = 3, out: str | Path = "runs/bench/packing.json", echo=print) -> dict:
+    """Run the whole benchmark, print tables, write JSON; returns the JSON dict."""
+    try:  # one core, as the targets are stated
+        import numba
+
+        numba.set_num_threads(1)
+    except Exception:  # noqa: BLE001 - threading layer may be unavailable; kernels are serial anyway
+        pass
+    _warm_up()
+    result: dict = {"machine": {"python": platform.python_version(), "processor": platform.processor(),
+                                "platform": platform.platform()},
+                    "config": {"n": n, "capacity": capacity, "replicas": replicas, "seed": seed}}
+    sizes, source = synthetic(n, seed)
+    result["synthetic_source"] = source
+    rows = table_rows(sizes, capacity, replicas, seed, repeats=repeats)
+    result["synthetic"] = rows
+    echo(f"synthetic sizes: {source}")
+    echo(format_table(rows, f"{n:,} graphs, capacity {capacity:g}, {replicas} replicas"))
+
+    pyg = compare_pyg(np.asarray(sizes["atoms"], dtype=np.int64), int(capacity), shuffled_n=pyg_n)
+    result["pyg_dynamic_batch_sampler"] = pyg
+    echo("real torch_geometric DynamicBatchSampler vs our 'dynamic': " + json.dumps(pyg, default=float))
+
+    real, where = real_sizes(real_path)
+    if real is None:
+        result["real"] = {"skipped": where}
+        echo(f"embedded dataset: {where}")
+    else:
+        rrows = table_rows(real, capacity, real_replicas, seed, repeats=repeats)
+        result["real"] = {"path": where, "rows": rrows}
+        echo(format_table(rrows, f"embedded dataset {where}: {real.shape[0]:,} graphs, capacity {capacity:g}, "
+                                 f"{real_replicas} replicas"))
+    if do_sweep:
+        srows = sweep(sizes, seed)
+        result["sweep"] = srows
+        echo(format_sweep(srows))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=float))
+    echo(f"wrote {out}")
+    return result

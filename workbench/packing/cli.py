@@ -1,0 +1,138 @@
+"""``workbench pack`` and ``workbench bench packing``.
+
+``workbench pack SIZES`` reads a dataset (``.extxyz[.gz]``, sizes computed with
+``workbench.data.graph_sizes``) or a sizes file (``.npy``/``.npz``: a structured
+array with fields ``atoms``/``edges``, a plain 1-D cost array, or an ``.npz``
+with ``atoms`` and optional ``edges`` arrays), prints a packing summary and
+writes the packing (``.npz``, see :meth:`workbench.packing.Packing.save`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def load_sizes(path: str | Path) -> np.ndarray:
+    """Per-graph sizes as a structured array with ``atoms`` and (if known) ``edges``."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such dataset or sizes file")
+    name = path.name.lower()
+    if name.endswith(".npy"):
+        arr = np.load(path, allow_pickle=False)
+    elif name.endswith(".npz"):
+        with np.load(path, allow_pickle=False) as z:
+            keys = list(z.keys())
+            if "sizes" in keys:
+                arr = z["sizes"]
+            elif "atoms" in keys:
+                fields = [("atoms", np.int64)] + ([("edges", np.int64)] if "edges" in keys else [])
+                arr = np.zeros(z["atoms"].shape[0], dtype=fields)
+                for f, _ in fields:
+                    arr[f] = z[f]
+            elif len(keys) == 1:
+                arr = z[keys[0]]
+            else:
+                raise KeyError(f"{path}: expected an array 'sizes' or 'atoms' (and 'edges'), found {keys}")
+    elif ".extxyz" in name or ".xyz" in name:
+        from workbench.data import graph_sizes, read_structures
+
+        return graph_sizes(read_structures(path))
+    else:
+        raise ValueError(f"{path}: unknown format; use .extxyz[.gz], .npy or .npz")
+    if arr.dtype.names is None:
+        if arr.ndim != 1:
+            raise ValueError(f"{path}: expected a 1-D array of sizes, got shape {arr.shape}")
+        out = np.zeros(arr.shape[0], dtype=[("atoms", arr.dtype)])
+        out["atoms"] = arr
+        return out
+    if "atoms" not in arr.dtype.names:
+        raise KeyError(f"{path}: sizes array has no 'atoms' field (fields: {arr.dtype.names})")
+    return arr
+
+
+def _cmd_pack(args: argparse.Namespace) -> int:
+    from workbench.packing import CostModel, pack
+
+    sizes = load_sizes(args.sizes)
+    names = sizes.dtype.names
+    atoms = np.asarray(sizes["atoms"])
+    edges = np.asarray(sizes["edges"]) if "edges" in names else None
+    model = CostModel()
+    if args.cost == "atoms":
+        costs = atoms
+    elif args.cost == "edges":
+        if edges is None:
+            raise KeyError("--cost edges needs an 'edges' column in the sizes")
+        costs = edges
+    else:
+        costs = model.graph_costs(atoms, edges)
+    p = pack(costs, args.capacity, args.replicas, algorithm=args.algorithm, seed=args.seed, epoch=args.epoch,
+             atoms=atoms, edges=edges, cost_model=model, oversize=args.oversize)
+    m = p.metrics(randomness=not args.no_randomness)
+    if args.json:
+        print(json.dumps(m, indent=1))
+    else:
+        width = max(len(k) for k in m)
+        for k, v in m.items():
+            print(f"{k:<{width}}  {v:.6g}" if isinstance(v, float) else f"{k:<{width}}  {v}")
+    stem = Path(args.sizes).name.split(".")[0]
+    out = Path(args.out) if args.out else Path("runs/pack") / f"{stem}.{args.algorithm}.r{args.replicas}.npz"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    p.save(out)
+    print(f"wrote {out} ({p.n_bins} batches, {p.n_steps} steps x {p.num_replicas} ranks)")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from workbench.packing import bench
+
+    bench.run(n=args.n, capacity=args.capacity, replicas=args.replicas, real_replicas=args.real_replicas,
+              seed=args.seed, real_path=args.real, pyg_n=args.pyg_n, do_sweep=not args.no_sweep,
+              repeats=args.repeats, out=args.out)
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add ``workbench pack``."""
+    from workbench.packing.api import ALGORITHMS
+
+    p = subparsers.add_parser("pack", help="pack a dataset or sizes file into batches for R ranks",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sizes", help="dataset (.extxyz[.gz]) or sizes file (.npy/.npz)")
+    p.add_argument("--capacity", type=float, default=3072,
+                   help="max cost per batch (default 3072; in seconds with --cost model)")
+    p.add_argument("--replicas", type=int, default=1, help="number of DDP ranks (default 1)")
+    p.add_argument("--algorithm", default="paper", choices=list(ALGORITHMS))
+    p.add_argument("--cost", default="atoms", choices=("atoms", "edges", "model"),
+                   help="per-graph cost: atoms, edges, or the cost model's b*atoms + c*edges")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument("--oversize", default="error", choices=("error", "alone"),
+                   help="graphs above capacity: error (default) or a batch of their own")
+    p.add_argument("--out", "-o", default=None,
+                   help="packing file to write (default runs/pack/<name>.<algorithm>.r<replicas>.npz)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--no-randomness", action="store_true", help="skip the epoch-to-epoch repeat metric")
+    p.set_defaults(func=_cmd_pack)
+
+
+def register_bench(bench_subparsers) -> None:
+    """Add ``workbench bench packing``."""
+    p = bench_subparsers.add_parser("packing", help="packing algorithms vs anchors at the paper's scale")
+    p.add_argument("--n", type=int, default=2_650_000, help="synthetic graphs (default 2,650,000)")
+    p.add_argument("--capacity", type=float, default=3072)
+    p.add_argument("--replicas", type=int, default=740)
+    p.add_argument("--real-replicas", type=int, default=4)
+    p.add_argument("--real", default=None, help="dataset or sizes file for the real-data table "
+                                                "(default: the embedded data/mixture.extxyz.gz)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pyg-n", type=int, default=50_000, help="graphs for the real PyG DynamicBatchSampler check")
+    p.add_argument("--repeats", type=int, default=3, help="timing repeats (best of)")
+    p.add_argument("--no-sweep", action="store_true", help="skip the capacity x replicas sweep")
+    p.add_argument("--out", default="runs/bench/packing.json")
+    p.set_defaults(func=_cmd_bench)

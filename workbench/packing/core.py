@@ -1,0 +1,225 @@
+"""Packings as data: the batch layout convention, validation and the shared fix-ups.
+
+Layout convention
+-----------------
+A packing is an ordered list of batches ``batches[0..K-1]`` with ``K % R == 0``
+(``R`` = ``num_replicas``). Batch ``k`` runs on rank ``k % R`` at step ``k // R``:
+the consecutive groups ``batches[s*R:(s+1)*R]`` run at the same time, and the
+slowest of them sets the step time. Internally a packing is stored in CSR form,
+``flat`` (graph indices, batch after batch) and ``offsets`` (``K + 1`` entries),
+so 2.65M graphs in 100k batches cost two arrays, not 100k small ones.
+
+No algorithm produces empty batches: with fewer graphs than replicas it is an
+error, and when a packing's count is not a multiple of ``R`` the heaviest
+batches are split in two (:func:`round_to_replicas`) instead of padding with
+empty batches, which a DDP rank would still have to run.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from workbench.packing._kernels import csr_from_assign, csr_take_kernel
+
+
+@dataclass
+class Packing:
+    """Result of :func:`workbench.packing.pack`.
+
+    ``flat``/``offsets`` hold the batches in CSR form; ``batches`` gives them as a
+    list of int64 index arrays. ``costs`` is the packing cost per graph;
+    ``atoms``/``edges`` (optional) feed the straggler cost model of ``metrics``.
+    """
+
+    flat: np.ndarray
+    offsets: np.ndarray
+    costs: np.ndarray
+    capacity: float
+    num_replicas: int
+    algorithm: str
+    seed: int = 0
+    epoch: int = 0
+    atoms: np.ndarray | None = None
+    edges: np.ndarray | None = None
+    cost_model: Any = None
+    pack_seconds: float = 0.0
+    options: dict = field(default_factory=dict)
+    _batches: list | None = field(default=None, repr=False)
+
+    @property
+    def n_bins(self) -> int:
+        return int(self.offsets.shape[0] - 1)
+
+    @property
+    def n_steps(self) -> int:
+        return self.n_bins // self.num_replicas
+
+    @property
+    def batches(self) -> list[np.ndarray]:
+        """Batches as a list of int64 index arrays (batch ``k`` -> rank ``k % R``, step ``k // R``)."""
+        if self._batches is None:
+            self._batches = np.split(self.flat, self.offsets[1:-1])
+        return self._batches
+
+    def batch_sizes(self) -> np.ndarray:
+        """Number of graphs in every batch."""
+        return np.diff(self.offsets)
+
+    def loads(self, values: np.ndarray | None = None) -> np.ndarray:
+        """Per-batch sum of ``values`` (default: the packing costs)."""
+        v = self.costs if values is None else np.asarray(values)
+        return batch_sums(v, self.flat, self.offsets)
+
+    def rank_batches(self, rank: int) -> list[np.ndarray]:
+        """The batches rank ``rank`` runs, in step order."""
+        return self.batches[rank :: self.num_replicas]
+
+    def next_epoch(self) -> "Packing":
+        """The packing the same call gives at ``epoch + 1`` (for the randomness metric)."""
+        from workbench.packing.api import pack
+
+        return pack(self.costs, self.capacity, self.num_replicas, algorithm=self.algorithm, seed=self.seed,
+                    epoch=self.epoch + 1, atoms=self.atoms, edges=self.edges, cost_model=self.cost_model,
+                    **self.options)
+
+    def metrics(self, *, randomness: bool = True, next_packing: "Packing | None" = None) -> dict:
+        """Quality metrics; see :func:`workbench.packing.metrics.packing_metrics`."""
+        from workbench.packing.metrics import packing_metrics
+
+        return packing_metrics(self, randomness=randomness, next_packing=next_packing)
+
+    def save(self, path) -> None:
+        """Write the packing to ``.npz`` (``flat``, ``offsets``, ``costs`` and the settings)."""
+        extra = {}
+        if self.atoms is not None:
+            extra["atoms"] = self.atoms
+        if self.edges is not None:
+            extra["edges"] = self.edges
+        np.savez_compressed(path, flat=self.flat, offsets=self.offsets, costs=self.costs,
+                            capacity=self.capacity, num_replicas=self.num_replicas,
+                            algorithm=self.algorithm, seed=self.seed, epoch=self.epoch, **extra)
+
+    @classmethod
+    def load(cls, path) -> "Packing":
+        """Read a packing written by :meth:`save`."""
+        with np.load(path, allow_pickle=False) as z:
+            return cls(flat=z["flat"], offsets=z["offsets"], costs=z["costs"], capacity=float(z["capacity"]),
+                       num_replicas=int(z["num_replicas"]), algorithm=str(z["algorithm"]), seed=int(z["seed"]),
+                       epoch=int(z["epoch"]), atoms=z["atoms"] if "atoms" in z else None,
+                       edges=z["edges"] if "edges" in z else None)
+
+
+def batch_sums(values: np.ndarray, flat: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """``out[k] = sum(values[flat[offsets[k]:offsets[k+1]]])`` (0 for empty batches)."""
+    csum = np.concatenate(([0.0], np.cumsum(np.asarray(values, dtype=np.float64)[flat])))
+    return csum[offsets[1:]] - csum[offsets[:-1]]
+
+
+def assign_to_csr(assign: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bin id per graph -> CSR (graphs keep index order inside a bin)."""
+    return csr_from_assign(np.ascontiguousarray(assign, dtype=np.int64), int(n_bins))
+
+
+def csr_take(flat: np.ndarray, offsets: np.ndarray, bin_order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Reorder the bins of a CSR packing: new bin ``j`` is old bin ``bin_order[j]``."""
+    return csr_take_kernel(flat, offsets, np.ascontiguousarray(bin_order, dtype=np.int64))
+
+
+def order_by_load(flat: np.ndarray, offsets: np.ndarray, costs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bins by load, descending (stable): each step's ``R`` batches get neighbouring loads."""
+    loads = batch_sums(costs, flat, offsets)
+    return csr_take(flat, offsets, np.argsort(-loads, kind="stable"))
+
+
+def _split_two(members: np.ndarray, costs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Split one bin into two of near-equal load (greedy, largest first)."""
+    members = members[np.argsort(-costs[members], kind="stable")]
+    a, b, la, lb = [], [], 0.0, 0.0
+    for i in members:
+        if la <= lb:
+            a.append(i)
+            la += costs[i]
+        else:
+            b.append(i)
+            lb += costs[i]
+    return np.array(a, dtype=np.int64), np.array(b, dtype=np.int64)
+
+
+def round_to_replicas(assign: np.ndarray, n_bins: int, costs: np.ndarray, num_replicas: int) -> tuple[np.ndarray, int]:
+    """Make the batch count a multiple of ``num_replicas`` by splitting the heaviest batches.
+
+    Works on bin ids (``assign[i]`` = bin of graph ``i``). Each split keeps one
+    half in the old bin and moves the other, of near-equal load, to a new bin
+    numbered right after it (later bins shift by one). Splitting never breaks
+    the capacity bound and never creates an empty batch; if too few batches hold
+    two or more graphs a ``ValueError`` says so.
+    """
+    need = (-n_bins) % num_replicas
+    if need == 0:
+        return assign, n_bins
+    costs = np.asarray(costs, dtype=np.float64)
+    assign = np.array(assign, dtype=np.int64, copy=True)
+    key = list(np.arange(n_bins, dtype=np.float64))  # position of each bin in the final order
+    while need:
+        flat, offsets = assign_to_csr(assign, n_bins)
+        loads = np.bincount(assign, weights=costs, minlength=n_bins)
+        loads[np.diff(offsets) < 2] = -np.inf
+        cand = np.argsort(-loads, kind="stable")[:need]
+        cand = cand[np.isfinite(loads[cand])]
+        if cand.size == 0:
+            raise ValueError(
+                f"cannot make {n_bins} batches a multiple of num_replicas={num_replicas} without empty "
+                f"batches: every batch holds a single graph. Use fewer replicas or more graphs.")
+        for b in cand:
+            _, second = _split_two(flat[offsets[b]:offsets[b + 1]], costs)
+            assign[second] = n_bins
+            key.append(key[b])  # equal key, later in the list: stable sort puts it right after its parent
+            n_bins += 1
+        need -= cand.size
+    rank = np.empty(n_bins, dtype=np.int64)
+    rank[np.argsort(np.asarray(key), kind="stable")] = np.arange(n_bins, dtype=np.int64)
+    return rank[assign], n_bins
+
+
+def check_inputs(costs: np.ndarray, capacity: float, num_replicas: int) -> np.ndarray:
+    """Validate and return costs as a 1-D float or int array."""
+    costs = np.asarray(costs)
+    if costs.ndim != 1:
+        raise ValueError(f"costs must be a 1-D array of per-graph sizes, got shape {costs.shape}")
+    if not (np.issubdtype(costs.dtype, np.integer) or np.issubdtype(costs.dtype, np.floating)):
+        raise ValueError(f"costs must be numeric, got dtype {costs.dtype}")
+    if costs.size and (not np.all(np.isfinite(costs)) or costs.min() < 0):
+        bad = int(np.flatnonzero(~np.isfinite(costs) | (costs < 0))[0])
+        raise ValueError(f"costs must be finite and >= 0; graph {bad} has cost {costs[bad]}")
+    if not capacity > 0:
+        raise ValueError(f"capacity must be > 0, got {capacity}")
+    if int(num_replicas) != num_replicas or num_replicas < 1:
+        raise ValueError(f"num_replicas must be a positive integer, got {num_replicas}")
+    if costs.shape[0] < num_replicas:
+        raise ValueError(
+            f"{costs.shape[0]} graphs cannot give every one of num_replicas={num_replicas} ranks a non-empty "
+            f"batch; use at most {costs.shape[0]} replicas")
+    return costs
+
+
+def oversize_mask(costs: np.ndarray, capacity: float, oversize: str) -> np.ndarray:
+    """Graphs larger than ``capacity``: error naming them, or (``oversize="alone"``) a warning."""
+    if oversize not in ("error", "alone"):
+        raise ValueError(f"oversize must be 'error' or 'alone', got {oversize!r}")
+    big = costs > capacity
+    if not big.any():
+        return big
+    idx = np.flatnonzero(big)
+    shown = ", ".join(f"graph {i} (size {costs[i]:g})" for i in idx[:5])
+    more = f" and {idx.size - 5} more" if idx.size > 5 else ""
+    if oversize == "error":
+        raise ValueError(
+            f"{idx.size} graph(s) exceed capacity {capacity:g}: {shown}{more}. Raise the capacity, drop them, "
+            f"or pass oversize='alone' to give each its own batch.")
+    warnings.warn(f"{idx.size} graph(s) exceed capacity {capacity:g} and get a batch of their own: {shown}{more}",
+                  stacklevel=3)
+    return big

@@ -1,0 +1,127 @@
+"""``BinPackingBatchSampler``: a packing served to DDP as a ``batch_sampler``.
+
+Every rank computes the same packing from ``(seed, epoch)`` (all randomness comes
+from ``numpy.random.default_rng([seed, epoch])``), so ranks agree with no
+communication. The packing's ``K = S * R`` batches form ``S`` steps of ``R``
+batches; with ``shuffle=True`` the order of the steps is permuted each epoch
+(the ``R`` batches of a step stay together, so load balance is kept). Rank ``r``
+yields batch ``r`` of each step, hence ``len(sampler) == S`` on every rank and
+DDP never waits on a rank that has run out of batches. No batch is empty.
+
+Resuming: ``state_dict()`` records the epoch and how many batches this rank has
+yielded in it; ``load_state_dict`` makes the next ``__iter__`` continue from
+there. With a multi-worker ``DataLoader`` the sampler runs ahead of training by
+the prefetch depth, so a trainer should pass the number of batches it actually
+consumed: ``state_dict(consumed=k)``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import torch.distributed as dist
+from torch.utils.data import Sampler
+
+from workbench.packing.api import ALGORITHMS, pack
+from workbench.packing.core import Packing
+
+
+class BinPackingBatchSampler(Sampler[list[int]]):
+    """Yield this rank's batches (lists of dataset indices) of a bin packing.
+
+    Parameters
+    ----------
+    costs : per-graph cost (or structured sizes array, see :func:`pack`).
+    capacity : maximum cost per batch.
+    num_replicas, rank : default to ``torch.distributed`` world size and rank
+        (1 and 0 when it is not initialised).
+    shuffle : permute the steps every epoch (and let randomised algorithms
+        draw a new packing).
+    seed : shared by all ranks.
+    algorithm : a key of :data:`workbench.packing.ALGORITHMS`.
+    pack_options : passed to :func:`pack` (``oversize``, ``atoms``, ...).
+    """
+
+    def __init__(self, costs, capacity: float, num_replicas: int | None = None, rank: int | None = None,
+                 shuffle: bool = True, seed: int = 0, algorithm: str = "paper", **pack_options) -> None:
+        if num_replicas is None:
+            num_replicas = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        if rank is None:
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, {num_replicas - 1}], got {rank}")
+        if algorithm not in ALGORITHMS:
+            raise KeyError(f"unknown packing algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
+        self.costs = costs
+        self.capacity = capacity
+        self.num_replicas = int(num_replicas)
+        self.rank = int(rank)
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.algorithm = algorithm
+        self.pack_options = pack_options
+        self.epoch = 0
+        self._start = 0  # where the next __iter__ begins (set by load_state_dict)
+        self._yielded = 0  # batches of this epoch yielded so far
+        self._cache: tuple[int, Packing] | None = None
+
+    def packing(self, epoch: int | None = None) -> Packing:
+        """The packing of ``epoch`` (default: the current one), before step shuffling."""
+        epoch = self.epoch if epoch is None else epoch
+        # Deterministic algorithms give the same packing every epoch: compute it once.
+        key = epoch if (ALGORITHMS[self.algorithm].randomized and self.shuffle) else 0
+        if self._cache is None or self._cache[0] != key:
+            p = pack(self.costs, self.capacity, self.num_replicas, algorithm=self.algorithm, seed=self.seed,
+                     epoch=key, **self.pack_options)
+            self._cache = (key, p)
+        return self._cache[1]
+
+    def step_order(self, epoch: int | None = None) -> np.ndarray:
+        """Order in which the steps of ``epoch`` run (identical on every rank)."""
+        epoch = self.epoch if epoch is None else epoch
+        n_steps = self.packing(epoch).n_steps
+        if not self.shuffle:
+            return np.arange(n_steps)
+        # A stream separate from the packing's own, so step order and packing are independent.
+        return np.random.default_rng([self.seed, epoch, 1]).permutation(n_steps)
+
+    def rank_batches(self, epoch: int | None = None) -> list[list[int]]:
+        """All batches this rank runs in ``epoch``, in order."""
+        p = self.packing(epoch)
+        order = self.step_order(epoch)
+        batches = p.batches
+        r, R = self.rank, self.num_replicas
+        return [batches[s * R + r].tolist() for s in order]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self.rank_batches()
+        start, self._start = self._start, 0
+        self._yielded = start
+        for k in range(start, len(batches)):
+            self._yielded = k + 1
+            yield batches[k]
+
+    def __len__(self) -> int:
+        return self.packing().n_steps
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch (as ``DistributedSampler.set_epoch``); resets the resume point."""
+        self.epoch = int(epoch)
+        self._start = 0
+        self._yielded = 0
+
+    def state_dict(self, consumed: int | None = None) -> dict:
+        """Epoch and batches consumed so far on this rank (``consumed`` overrides the count yielded)."""
+        done = self._yielded if consumed is None else int(consumed)
+        return {"epoch": self.epoch, "batches_done": done, "seed": self.seed, "algorithm": self.algorithm,
+                "num_replicas": self.num_replicas, "n_graphs": int(np.shape(np.asarray(self.costs))[0])}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume: the next ``__iter__`` yields the rest of ``state["epoch"]``."""
+        for key in ("seed", "algorithm", "num_replicas"):
+            if state.get(key, getattr(self, key)) != getattr(self, key):
+                raise ValueError(f"state was saved with {key}={state[key]!r}, this sampler has {getattr(self, key)!r}")
+        self.epoch = int(state["epoch"])
+        self._start = int(state["batches_done"])
+        self._yielded = self._start
