@@ -15,3 +15,5 @@ import warnings
 os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
 warnings.filterwarnings("ignore", message="Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected")
 warnings.filterwarnings("ignore", message="cuequivariance or cuequivariance_torch is not available")
+warnings.filterwarnings("ignore", message="The TorchScript type system doesn't support instance-level annotations")
+warnings.filterwarnings("ignore", message=r"`torch.jit.script` is deprecated")

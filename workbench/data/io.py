@@ -127,6 +127,8 @@ def read_structures(
         raise FileNotFoundError(f"{path}: no such structure file")
     if path.is_dir():
         raise StructureError(path, None, "is a directory, expected a structure file")
+    if path.stat().st_size == 0:
+        raise StructureError(path, None, "file is empty: it contains no structures")
     frames: list[ase.Atoms] = []
     try:
         for atoms in ase.io.iread(str(path), index=index, format=format):

@@ -1,0 +1,30 @@
+"""Final model files: what mace-torch's ``MACECalculator`` loads, plus an e3nn export.
+
+``model.model`` always holds the e3nn (mace-torch original) modules, with the EMA
+weights when EMA is on, so users without our kernels or a GPU can load it.
+When training used a kernel backend, ``model_<backend>.model`` keeps that form.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+
+from workbench.train.config import TrainConfig
+
+
+def export_models(model: torch.nn.Module, ema, config: TrainConfig, run_dir: Path) -> Path:
+    final = copy.deepcopy(model).cpu()
+    if ema is not None:
+        ema.copy_to(final.parameters())  # same parameter order: final is a deep copy of model
+    if config.backend != "e3nn":
+        torch.save(final, run_dir / f"model_{config.backend}.model")
+        from workbench.kernels import accelerate
+
+        accelerate(final, backend="e3nn")
+    path = run_dir / "model.model"
+    torch.save(final, path)
+    return path
+
