@@ -159,3 +159,18 @@ def test_md_with_mace_calculator(ddp_run):
     dyn.run(20)
     assert len(energies) == 21 and np.all(np.isfinite(energies))
     assert np.isfinite(atoms.positions).all()
+
+
+def test_cost_model_fit_from_logs(ddp_run):
+    from workbench.train.metrics import fit_cost_model, read_steps
+
+    cfg, _ = ddp_run
+    recs = read_steps(cfg.run_dir)
+    assert len(recs) == 2 * cfg.max_steps
+    model = fit_cost_model(cfg.run_dir)
+    measured = np.array([r["compute_s"] for r in recs if r["global_step"] > 2])
+    predicted = model.batch_seconds(np.array([r["atoms"] for r in recs if r["global_step"] > 2]),
+                                    np.array([r["edges"] for r in recs if r["global_step"] > 2]))
+    # The least-squares fit is unbiased on its own data, and the per-edge cost is positive.
+    assert abs(predicted.mean() - measured.mean()) < 1e-6 + 1e-3 * measured.mean()
+    assert model.b * 200 + model.c * 4000 > 0

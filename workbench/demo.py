@@ -1,8 +1,9 @@
 """``workbench demo``: the main job on the embedded dataset.
 
-Today it loads the embedded mixture (generating it if it is missing), prints
-the per-family summary and, when the packer is installed, compares packings of
-the dataset for 2 ranks. Later stages (training, report) hook in here.
+1. load the embedded mixture (generating it if it is missing) and print the per-family summary;
+2. pack it for 2 ranks and print the packing metrics against ``fixed-count``;
+3. train a small MACE model for about a minute under ``torchrun`` (2 ranks, gloo on CPU);
+4. write ``runs/demo/report.html`` (loss curves, per-rank step time, packing layout).
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ import time
 import numpy as np
 
 
-def run_demo(path: str | None = None, cutoff: float = 4.5, num_replicas: int = 2, capacity: int = 3072) -> dict:
+DEMO_TRAIN = dict(name="demo", output_dir="runs", hidden_irreps="16x0e+16x1o", max_ell=1, correlation=2,
+                  num_bessel=6, radial_mlp=[32, 32], capacity=1024, max_structures=600, epochs=100,
+                  max_steps=60, checkpoint_every=20, lr=0.01, seed=0)
+
+
+def run_demo(path: str | None = None, cutoff: float = 4.5, num_replicas: int = 2, capacity: int = 3072,
+             train: bool = True) -> dict:
     from workbench.data.embedded import EMBEDDED_N, EMBEDDED_PATH, EMBEDDED_SEED, load_embedded
     from workbench.data.sizes import graph_sizes
     from workbench.data.summary import format_table, summarize
@@ -41,12 +48,55 @@ def run_demo(path: str | None = None, cutoff: float = 4.5, num_replicas: int = 2
         return result
     print(f"\nPacking for {num_replicas} ranks, capacity {capacity} atoms")
     print(f"{'algorithm':<14} {'batches':>8} {'bins/LB':>8} {'padding':>8} {'imb max':>8} {'imb mean':>9}")
-    for algo in ("fixed-count", "dynamic", "paper"):
-        m = pack(sizes["atoms"], capacity=capacity, num_replicas=num_replicas, algorithm=algo, seed=0).metrics()
+    for algo in ("fixed-count", "dynamic", "ffd", "paper", "shuffled-paper"):
+        p = pack(sizes, capacity=capacity, num_replicas=num_replicas, algorithm=algo, seed=0)
+        m = p.metrics()
         print(f"{algo:<14} {m['n_bins']:>8} {m['n_bins'] / m['lower_bound_bins']:>8.3f} {m['padding_fraction']:>8.1%} "
               f"{m['step_imbalance_max']:>8.2f} {m['step_imbalance_mean']:>9.3f}")
         result[algo] = m
+        if algo == "paper":
+            result["packing"] = p
+    if train:
+        result["run_dir"] = _train_and_report(path, num_replicas, sizes, result["packing"])
     return result
+
+
+def _train_and_report(path: str | None, num_replicas: int, sizes: np.ndarray, packing) -> str:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from workbench.train import TrainConfig
+    from workbench.train.report import write_report
+
+    cfg = TrainConfig(dataset=path, **DEMO_TRAIN)
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    for old in ("checkpoint.pt", "metrics.jsonl"):
+        (cfg.run_dir / old).unlink(missing_ok=True)
+    for old in (cfg.run_dir / "metrics").glob("*.jsonl"):
+        old.unlink()
+    cfg_path = cfg.run_dir / "demo.yaml"
+    cfg.to_yaml(cfg_path)
+    print(f"\nTraining {cfg.hidden_irreps} MACE (max_ell {cfg.max_ell}, correlation {cfg.correlation}) "
+          f"for {cfg.max_steps} steps on {num_replicas} ranks with torchrun (gloo, CPU) ...", flush=True)
+    workbench = str(Path(sys.executable).parent / "workbench")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={num_replicas}",
+           "--no-python", workbench, "train", "--config", str(cfg_path)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    t0 = time.perf_counter()
+    subprocess.run(cmd, env=env, check=True)
+    from workbench.train.metrics import read_epochs, read_steps
+
+    steps = read_steps(cfg.run_dir)
+    epochs = read_epochs(cfg.run_dir)
+    first = np.mean([s["loss"] for s in steps[: 2 * num_replicas * 5]])
+    last = np.mean([s["loss"] for s in steps[-2 * num_replicas * 5:]])
+    print(f"trained {len(steps) // num_replicas} steps in {time.perf_counter() - t0:.0f} s; "
+          f"loss {first:.3g} -> {last:.3g}; validation force MAE {epochs[-1]['valid_f_mae_mev_a']:.0f} meV/Å")
+    report = write_report(cfg.run_dir, packing=packing, families=sizes["family"])
+    print(f"report: {report}")
+    return str(cfg.run_dir)
 
 
 def register(sub) -> None:
@@ -54,4 +104,6 @@ def register(sub) -> None:
     p.add_argument("--path", help="structure file (default: the embedded dataset)")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--capacity", type=int, default=3072)
-    p.set_defaults(func=lambda a: (run_demo(a.path, num_replicas=a.replicas, capacity=a.capacity), 0)[1])
+    p.add_argument("--no-train", action="store_true", help="stop after the packing comparison")
+    p.set_defaults(func=lambda a: (run_demo(a.path, num_replicas=a.replicas, capacity=a.capacity,
+                                            train=not a.no_train), 0)[1])
