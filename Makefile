@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(VENV)/bin/workbench demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=20 $(PYTEST_ARGS)
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -37,7 +38,16 @@ def run_cli(cfg: TrainConfig, tmp_path: Path, nproc: int = 1, env_extra: dict | 
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                f"--max-restarts={restarts}", "--no-python", str(BIN / "workbench"), "train", "--config", str(path)]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    # Own process group, so a hung torchrun is killed together with its workers.
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=400)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"training timed out after 400 s:\n{err[-4000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def steps(run_dir: Path, rank: int = 0) -> list[dict]:

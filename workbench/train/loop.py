@@ -177,7 +177,7 @@ def train(config: TrainConfig, structures: list | None = None, resume: bool = Tr
     if config.backend != "e3nn":
         from workbench.kernels import accelerate
 
-        accelerate(model, backend=config.backend)
+        model = accelerate(model, backend=config.backend).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, amsgrad=config.amsgrad,
                                  weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=config.lr_factor,

@@ -1,0 +1,268 @@
+#!/usr/bin/env python
+"""Benchmark: MACE's symmetric contraction and the whole ``products[0]`` block.
+
+Backends: ``numba`` (workbench.kernels), ``e3nn`` (mace-torch's original), ``cueq``
+(cuEquivariance via mace-torch's converter). Passes:
+
+* ``forward``
+* ``forward_backward``: forward, then gradients to the input features and all weights
+* ``double_backward``: forward, input-gradient with ``create_graph``, then the gradient of
+  ``sum(grad_x ** 2)`` back to the weights (what force training does)
+
+On CUDA each repeat is timed with CUDA events (after warm-up), on CPU with ``perf_counter``;
+the JSON records the median, min and all repeats, plus FLOPs and minimum bytes from the
+sparse descriptor and the device's measured copy bandwidth for a roofline.
+
+Run on the GPU (needs mace-torch, numba-cuda, cuequivariance-torch)::
+
+    python kernels/bench_symmetric_contraction.py            # paper config, 3072 atoms
+    python kernels/bench_symmetric_contraction.py --device cpu --atoms 64 --repeats 5   # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import workbench  # noqa: E402,F401  (env fix for e3nn before torch/e3nn imports)
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+PASSES = ("forward", "forward_backward", "double_backward")
+
+
+def build_mace(hidden: str, max_ell: int, correlation: int, n_elements: int, dtype: torch.dtype, device: str):
+    from e3nn import o3
+    from mace import modules
+
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        torch.manual_seed(0)
+        model = modules.ScaleShiftMACE(
+            r_max=4.5, num_bessel=8, num_polynomial_cutoff=5, max_ell=max_ell,
+            interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
+            interaction_cls_first=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
+            num_interactions=2, num_elements=n_elements, hidden_irreps=o3.Irreps(hidden),
+            MLP_irreps=o3.Irreps("16x0e"), atomic_energies=np.zeros(n_elements), avg_num_neighbors=40.0,
+            atomic_numbers=list(range(1, n_elements + 1)), correlation=correlation,
+            gate=torch.nn.functional.silu, atomic_inter_scale=1.0, atomic_inter_shift=0.0,
+        )
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.add_(0.1 * torch.randn_like(p))
+    finally:
+        torch.set_default_dtype(old)
+    return model.to(device)
+
+
+def make_backend(model, backend: str):
+    from workbench.kernels import accelerate
+
+    m = copy.deepcopy(model)
+    if backend == "numba":
+        return accelerate(m, backend="numba")
+    if backend == "cueq":
+        return accelerate(m, backend="cueq")
+    return m
+
+
+def timer(device: str, fn, warmup: int, repeats: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(repeats):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e))
+        return times
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(1e3 * (time.perf_counter() - t0))
+    return times
+
+
+def pass_fn(kind: str, call, x, params):
+    """A closure running one pass; gradients via autograd.grad (no accumulation between repeats)."""
+    g = None
+
+    def fwd():
+        with torch.no_grad():
+            return call(x)
+
+    def fwd_bwd():
+        nonlocal g
+        out = call(x)
+        if g is None:
+            g = torch.randn_like(out)
+        return torch.autograd.grad(out, [x] + params, g, allow_unused=True)
+
+    def dbl():
+        nonlocal g
+        out = call(x)
+        if g is None:
+            g = torch.randn_like(out)
+        (gx,) = torch.autograd.grad(out, [x], g, create_graph=True)
+        return torch.autograd.grad((gx**2).sum(), params, allow_unused=True)
+
+    return {"forward": fwd, "forward_backward": fwd_bwd, "double_backward": dbl}[kind]
+
+
+def measured_bandwidth(device: str) -> float | None:
+    """Device-to-device copy bandwidth in GB/s (read + write bytes), median of 20."""
+    if not device.startswith("cuda"):
+        return None
+    n = 256 * 1024 * 1024 // 4
+    a = torch.empty(n, dtype=torch.float32, device=device)
+    b = torch.empty_like(a)
+    ts = timer(device, lambda: b.copy_(a), 5, 20)
+    return 2 * a.numel() * 4 / (statistics.median(ts) * 1e-3) / 1e9
+
+
+def descriptor_costs(block_sc, atoms: int, itemsize: int) -> dict:
+    """FLOPs (multiplies + adds of the sparse term lists) and minimum bytes per pass."""
+    from workbench.kernels import SymmetricContraction
+
+    sc = block_sc if isinstance(block_sc, SymmetricContraction) else SymmetricContraction.from_mace(block_sc)
+    op = sc.op
+    C = sc.num_channels
+    st = sc.stats()
+    poly = op.outputs[0]
+    x_n = poly.operands[0].size * C
+    w_n = poly.operands[1].size * C
+    out_n = poly.output.size * C
+    Z = sc.contractions[0].weights_max.shape[0]
+    d1 = op.derivative((True, True))
+    d2 = d1.derivative((True, True, False), (True, False))  # loss on grad_x only
+    f_fwd = sum(p.flops_per_channel() for p in op.outputs) * atoms * C
+    f_bwd = f_fwd + sum(p.flops_per_channel() for p in d1.outputs) * atoms * C
+    f_dbl = f_bwd + sum(p.flops_per_channel() for p in d2.outputs) * atoms * C
+    b_fwd = itemsize * (atoms * (x_n + out_n) + Z * w_n)
+    b_bwd = b_fwd + itemsize * (atoms * (out_n + x_n + x_n) + 2 * Z * w_n)
+    b_dbl = b_bwd + itemsize * (atoms * (x_n + x_n + out_n + x_n + out_n) + 2 * Z * w_n)
+    return {
+        "sparsity": {"dense": st.dense, "nonzero": st.nonzero, "terms": st.terms,
+                     "nonzero_fraction": st.nonzero_fraction, "terms_fraction": st.terms_fraction},
+        "terms": {"forward": [c.num_terms for c in op.compiled], "backward": [c.num_terms for c in d1.compiled],
+                  "double_backward": [c.num_terms for c in d2.compiled]},
+        "flops": {"forward": f_fwd, "forward_backward": f_bwd, "double_backward": f_dbl},
+        "min_bytes": {"forward": b_fwd, "forward_backward": b_bwd, "double_backward": b_dbl},
+    }
+
+
+def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, add_help=add_help)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--atoms", type=int, default=3072)
+    ap.add_argument("--hidden", default="128x0e+128x1o")
+    ap.add_argument("--max-ell", type=int, default=3)
+    ap.add_argument("--correlation", type=int, default=3)
+    ap.add_argument("--elements", type=int, default=10)
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
+    ap.add_argument("--backends", nargs="+", default=["numba", "e3nn", "cueq"])
+    ap.add_argument("--targets", nargs="+", default=["contraction", "products0"])
+    ap.add_argument("--passes", nargs="+", default=list(PASSES))
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=25)
+    ap.add_argument("--out", default=None, help="JSON path (default kernels/results/symmetric_contraction_<device>_<time>.json)")
+    return ap
+
+
+def main(argv=None, args: argparse.Namespace | None = None) -> int:
+    if args is None:
+        args = build_parser().parse_args(argv)
+    device = args.device
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    dev_name = torch.cuda.get_device_name(0) if device.startswith("cuda") else platform.processor() or platform.machine()
+    results = {
+        "label": "GPU" if device.startswith("cuda") else "CPU (not the GPU benchmark; correctness/smoke timing only)",
+        "device": device, "device_name": dev_name, "timestamp": stamp,
+        "config": {k: getattr(args, k) for k in ("atoms", "hidden", "max_ell", "correlation", "elements", "warmup", "repeats")},
+        "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        "measured_bandwidth_GBps": measured_bandwidth(device), "runs": [],
+    }
+    for mod in ("mace", "e3nn", "numba", "cuequivariance_torch"):
+        try:
+            results["versions"][mod] = __import__(mod).__version__
+        except Exception as exc:  # noqa: BLE001
+            results["versions"][mod] = f"unavailable: {type(exc).__name__}"
+    if device == "cpu":
+        results["cpu_threads"] = torch.get_num_threads()
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        base = build_mace(args.hidden, args.max_ell, args.correlation, args.elements, dtype, device)
+        block0 = base.products[0]
+        C = block0.symmetric_contractions.contractions[0].num_features
+        I = block0.symmetric_contractions.irreps_in.dim // C
+        g = torch.Generator(device="cpu").manual_seed(0)
+        x0 = torch.randn(args.atoms, C, I, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+        species = torch.randint(0, args.elements, (args.atoms,), generator=g)
+        y = torch.nn.functional.one_hot(species, args.elements).to(device=device, dtype=dtype)
+        sc_in = torch.randn(args.atoms, block0.linear.irreps_out.dim, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+        results.setdefault("descriptor", {})[dtype_name] = descriptor_costs(block0.symmetric_contractions, args.atoms, x0.element_size())
+        for backend in args.backends:
+            try:
+                model = make_backend(base, backend)
+            except Exception as exc:  # noqa: BLE001 (record why a backend is missing, keep going)
+                results["runs"].append({"backend": backend, "dtype": dtype_name, "skipped": f"{type(exc).__name__}: {exc}"})
+                continue
+            block = model.products[0]
+            is_cueq = backend == "cueq"
+            idx = species.to(device=device, dtype=torch.int32)
+            for target in args.targets:
+                if target == "contraction":
+                    mod = block.symmetric_contractions
+                    call = (lambda x, mod=mod: mod(x.flatten(1), idx)) if is_cueq else (lambda x, mod=mod: mod(x, y))
+                else:
+                    call = lambda x, block=block: block(node_feats=x, sc=sc_in, node_attrs=y)  # noqa: E731
+                    mod = block
+                params = [p for p in mod.parameters() if p.requires_grad]
+                for kind in args.passes:
+                    x = x0.clone().requires_grad_(kind != "forward")
+                    entry = {"backend": backend, "dtype": dtype_name, "target": target, "pass": kind}
+                    try:
+                        ts = timer(device, pass_fn(kind, call, x, params), args.warmup, args.repeats)
+                        entry.update(median_ms=statistics.median(ts), min_ms=min(ts), times_ms=ts)
+                        if target == "contraction":
+                            d = results["descriptor"][dtype_name]
+                            sec = entry["median_ms"] * 1e-3
+                            entry["achieved_GBps_min_bytes"] = d["min_bytes"][kind] / sec / 1e9
+                            entry["achieved_GFLOPs_sparse"] = d["flops"][kind] / sec / 1e9
+                            if results["measured_bandwidth_GBps"]:
+                                entry["pct_of_measured_bandwidth"] = 100 * entry["achieved_GBps_min_bytes"] / results["measured_bandwidth_GBps"]
+                    except Exception as exc:  # noqa: BLE001
+                        entry["error"] = f"{type(exc).__name__}: {exc}"
+                        entry["traceback"] = traceback.format_exc()[-2000:]
+                    results["runs"].append(entry)
+                    print(f"{dtype_name:8s} {backend:6s} {target:12s} {kind:17s} "
+                          + (f"{entry['median_ms']:9.3f} ms" if "median_ms" in entry else entry.get("error", "")), flush=True)
+    out = Path(args.out) if args.out else ROOT / "kernels" / "results" / f"symmetric_contraction_{'gpu' if device.startswith('cuda') else 'cpu'}_{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    sys.exit(main())

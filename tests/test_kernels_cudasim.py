@@ -1,0 +1,48 @@
+"""The CUDA kernels themselves, run by numba's CUDA simulator on tiny shapes.
+
+``NUMBA_ENABLE_CUDASIM`` must be set before ``numba.cuda`` is first imported, so the checks run
+in a fresh interpreter. ``WORKBENCH_KERNELS_CUDASIM=1`` routes CPU tensors through the CUDA
+kernels (forward, backward and double backward, including the atomic weight-gradient
+reduction); results are compared with mace's e3nn model as in ``test_kernels_mace``.
+"""
+
+import os
+import subprocess
+import sys
+
+SCRIPT = r"""
+import copy, json, sys, torch
+sys.path.insert(0, {tests!r})
+from test_kernels_helpers import build_model, energy_force_grads, random_batch, rel_err
+from workbench.kernels import accelerate
+from workbench.kernels import cuda as kc
+assert kc.cudasim_enabled() and kc.cuda_available()
+errs = {{}}
+for cfg in [("MACE", "2x0e+2x1o", 1, 2, 2), ("ScaleShiftMACE", "2x0e+2x1o", 2, 3, 2)]:
+    m = build_model(*cfg)
+    d = random_batch(cfg[4], n_atoms=(3, 4))
+    ref = energy_force_grads(m, d)
+    for dtype in (torch.float64, torch.float32):
+        a = accelerate(copy.deepcopy(m).to(dtype))
+        dd = {{k: (v.to(dtype) if v.is_floating_point() else v) for k, v in d.items()}}
+        E, F, G = energy_force_grads(a, dd)
+        errs[f"{{cfg}}-{{dtype}}"] = [rel_err(E, ref[0]), rel_err(F, ref[1]),
+            max(rel_err(x, y) for x, y in zip(G, ref[2]) if y.abs().max() > 0) if dtype == torch.float64
+            else rel_err(torch.cat([x.flatten() for x in G]), torch.cat([y.flatten() for y in ref[2]]))]
+print("RESULT", json.dumps(errs))
+"""
+
+
+def test_cuda_kernels_under_simulator():
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", WORKBENCH_KERNELS_CUDASIM="1", WORKBENCH_CUDA_TPB="8")
+    res = subprocess.run([sys.executable, "-c", SCRIPT.format(tests=tests)], capture_output=True, text=True, env=env, timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    import json
+
+    line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    errs = json.loads(line[len("RESULT "):])
+    print(errs)
+    for key, (e, f, g) in errs.items():
+        tol = 1e-10 if "float64" in key else 1e-5
+        assert max(e, f, g) <= tol, (key, e, f, g)

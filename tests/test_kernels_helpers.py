@@ -1,0 +1,100 @@
+"""Shared builders for the kernels tests (no tests here): real mace-torch models on small random molecules."""
+
+from __future__ import annotations
+
+import workbench  # noqa: F401  (sets TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD before e3nn)
+
+import numpy as np
+import torch
+from e3nn import o3
+
+
+def build_model(cls_name: str, hidden: str, max_ell: int, correlation: int, n_elements: int,
+                dtype: torch.dtype = torch.float64, seed: int = 0) -> torch.nn.Module:
+    """A real ``mace.modules.MACE`` / ``ScaleShiftMACE`` with random (non-zero) weights."""
+    from mace import modules
+
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        torch.manual_seed(seed)
+        kwargs = dict(
+            r_max=4.0,
+            num_bessel=4,
+            num_polynomial_cutoff=5,
+            max_ell=max_ell,
+            interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
+            interaction_cls_first=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
+            num_interactions=2,
+            num_elements=n_elements,
+            hidden_irreps=o3.Irreps(hidden),
+            MLP_irreps=o3.Irreps("8x0e"),
+            atomic_energies=np.linspace(-1.0, -2.0, n_elements),
+            avg_num_neighbors=4.0,
+            atomic_numbers=list(range(1, n_elements + 1)),
+            correlation=correlation,
+            gate=torch.nn.functional.silu,
+        )
+        if cls_name == "ScaleShiftMACE":
+            model = modules.ScaleShiftMACE(atomic_inter_scale=1.3, atomic_inter_shift=0.2, **kwargs)
+        else:
+            model = modules.MACE(**kwargs)
+        # random, non-zero everywhere (mace's init leaves some product weights small)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.add_(0.3 * torch.randn_like(p))
+    finally:
+        torch.set_default_dtype(old)
+    return model
+
+
+def random_batch(n_elements: int, n_atoms=(5, 7), dtype=torch.float64, seed: int = 0, r_max: float = 4.0) -> dict:
+    """Two random molecules batched the way mace expects, with an O(n^2) neighbour list."""
+    g = torch.Generator().manual_seed(seed)
+    pos, attrs, batch, edges, ptr = [], [], [], [], [0]
+    start = 0
+    for gi, n in enumerate(n_atoms):
+        p = torch.rand(n, 3, generator=g, dtype=torch.float64) * 3.0
+        z = torch.randint(0, n_elements, (n,), generator=g)
+        for i in range(n):
+            for j in range(n):
+                if i != j and torch.linalg.norm(p[i] - p[j]) < r_max:
+                    edges.append((start + i, start + j))
+        pos.append(p)
+        attrs.append(torch.nn.functional.one_hot(z, n_elements).to(torch.float64))
+        batch.append(torch.full((n,), gi, dtype=torch.int64))
+        start += n
+        ptr.append(start)
+    E = len(edges)
+    return {
+        "positions": torch.cat(pos).to(dtype),
+        "node_attrs": torch.cat(attrs).to(dtype),
+        "edge_index": torch.tensor(edges, dtype=torch.int64).T.contiguous(),
+        "shifts": torch.zeros(E, 3, dtype=dtype),
+        "unit_shifts": torch.zeros(E, 3, dtype=dtype),
+        "cell": torch.zeros(3 * len(n_atoms), 3, dtype=dtype),
+        "batch": torch.cat(batch),
+        "ptr": torch.tensor(ptr, dtype=torch.int64),
+    }
+
+
+def energy_force_grads(model: torch.nn.Module, data: dict, seed: int = 1):
+    """Energies, forces and the parameter gradients of an energy+force loss (double backward)."""
+    data = {k: v.clone() for k, v in data.items()}
+    out = model(data, training=True, compute_force=True)
+    E, F = out["energy"], out["forces"]
+    g = torch.Generator().manual_seed(seed)
+    tE = torch.randn(E.shape, generator=g, dtype=torch.float64).to(E.dtype)
+    tF = torch.randn(F.shape, generator=g, dtype=torch.float64).to(F.dtype)
+    loss = ((E - tE) ** 2).sum() + ((F - tF) ** 2).sum()
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    grads = [torch.zeros_like(p) if gr is None else gr for p, gr in zip(params, grads)]
+    return E.detach(), F.detach(), [gr.detach() for gr in grads]
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b| (b the reference)."""
+    a, b = a.double(), b.double()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))

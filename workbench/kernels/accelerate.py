@@ -1,0 +1,82 @@
+"""``accelerate(model)``: swap MACE's hot ops for the workbench kernels, in place."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+__all__ = ["accelerate", "AVAILABLE_OPS", "BACKENDS"]
+
+#: ops this version can swap ("channelwise_tp" arrives with Kernels II)
+AVAILABLE_OPS: tuple[str, ...] = ("symmetric_contraction",)
+KNOWN_OPS: tuple[str, ...] = ("symmetric_contraction", "channelwise_tp")
+BACKENDS: tuple[str, ...] = ("numba", "e3nn", "cueq")
+
+
+def _is_mace_sc(m: torch.nn.Module) -> bool:
+    from mace.modules.symmetric_contraction import SymmetricContraction as MaceSC
+
+    return isinstance(m, MaceSC)
+
+
+def _swap_symmetric_contractions(model: torch.nn.Module, backend: str) -> int:
+    from workbench.kernels.symmetric_contraction import SymmetricContraction
+
+    n = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if backend == "numba" and _is_mace_sc(child):
+                setattr(parent, name, SymmetricContraction.from_mace(child))
+                n += 1
+            elif backend == "e3nn" and isinstance(child, SymmetricContraction):
+                setattr(parent, name, child.to_mace())
+                n += 1
+    return n
+
+
+def accelerate(model: torch.nn.Module, backend: str = "numba", ops: Iterable[str] | None = None) -> torch.nn.Module:
+    """Swap the hot ops of a mace-torch model (``MACE``, ``ScaleShiftMACE``, ...).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        a mace-torch model (or any module containing mace's ``SymmetricContraction``)
+    backend : str
+        ``"numba"``: the workbench's sparse-polynomial kernels (CUDA on GPU tensors, numba CPU
+        otherwise), in place, sharing the trained parameters (optimizers keep working);
+        ``"e3nn"``: back to mace's original modules, in place, same parameters;
+        ``"cueq"``: cuEquivariance through mace-torch's own converter
+        (``mace.cli.convert_e3nn_cueq.run``); this builds and returns a *new* model.
+    ops : tuple of str, optional
+        op names to swap, among ``AVAILABLE_OPS``; ``None`` swaps every available op
+
+    Returns
+    -------
+    the accelerated model (``model`` itself, except for ``backend="cueq"``)
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+    ops = AVAILABLE_OPS if ops is None else tuple(ops)
+    for op in ops:
+        if op not in KNOWN_OPS:
+            raise ValueError(f"unknown op {op!r}; known ops: {KNOWN_OPS}")
+        if op not in AVAILABLE_OPS:
+            raise NotImplementedError(f"op {op!r} is not implemented yet; available: {AVAILABLE_OPS}")
+    if backend == "cueq":
+        try:
+            import cuequivariance  # noqa: F401
+            import cuequivariance_torch  # noqa: F401
+        except ImportError as exc:
+            raise ImportError(
+                "backend='cueq' needs cuequivariance and cuequivariance-torch (the [cuda] extra: "
+                "pip install 'cfm-workbench[cuda]') and, to run fast, an NVIDIA GPU"
+            ) from exc
+        from mace.cli.convert_e3nn_cueq import run as run_e3nn_to_cueq
+
+        accelerate(model, backend="e3nn")  # the converter reads mace's own module layout
+        device = next(model.parameters()).device.type
+        return run_e3nn_to_cueq(model, device=device, return_model=True)
+    if "symmetric_contraction" in ops:
+        _swap_symmetric_contractions(model, backend)
+    return model

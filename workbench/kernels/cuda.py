@@ -1,0 +1,157 @@
+r"""numba-CUDA kernel for a compiled sparse polynomial (one fused launch per output).
+
+One thread per (atom, channel); consecutive threads take consecutive channels of one atom.
+Each thread gathers the operand components its polynomial uses into its own row of a
+shared-memory buffer (rows padded to an odd length so a warp reading the same slot hits 32
+different banks), then walks the term table, which every thread of a warp reads at the same
+address (a broadcast), accumulating one output component at a time in a register. Nothing
+intermediate goes to global memory: all correlation orders of the contraction (and all
+terms of a derivative) are one pass. Species outputs (weight gradients) are reduced with
+``cuda.atomic.add`` into ``[num_species, width]``.
+
+Torch tensors are handed over without copies through ``__cuda_array_interface__``
+(``numba.cuda.as_cuda_array``) and launched on torch's current stream. Kernels are compiled
+once per (buffer length, threads per block, dtype) and cached; term tables are uploaded once
+per device and cached on the compiled polynomial.
+
+``numba.cuda`` is imported lazily so that ``NUMBA_ENABLE_CUDASIM=1`` can be set first. Under
+the simulator the same kernels run on numpy arrays (see ``WORKBENCH_KERNELS_CUDASIM``).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+_SHARED_BYTES = 48 * 1024
+cuda = None  # numba.cuda, bound on first use (after NUMBA_ENABLE_CUDASIM is read)
+
+
+def cudasim_enabled() -> bool:
+    """True when numba's CUDA simulator is on and the workbench is asked to route CPU
+    tensors through the CUDA kernels (``WORKBENCH_KERNELS_CUDASIM=1``), for CI."""
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1" and os.environ.get("WORKBENCH_KERNELS_CUDASIM", "0") == "1"
+
+
+@lru_cache(maxsize=1)
+def cuda_available() -> bool:
+    """numba can launch CUDA kernels here (a GPU with a driver, or the simulator)."""
+    try:
+        from numba import cuda
+    except Exception:  # noqa: BLE001 (numba without CUDA support, or a broken toolkit)
+        return False
+    try:
+        return bool(cuda.is_available())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def threads_per_block(buffer_len: int, itemsize: int) -> int:
+    """Largest power of two <= 128 whose shared buffer ``[tpb, buffer_len]`` fits in 48 KiB."""
+    env = os.environ.get("WORKBENCH_CUDA_TPB")
+    if env:
+        return int(env)
+    fit = max(1, _SHARED_BYTES // (buffer_len * itemsize))
+    tpb = 1
+    while tpb * 2 <= min(fit, 128):
+        tpb *= 2
+    return tpb
+
+
+@lru_cache(maxsize=None)
+def get_kernel(buffer_len: int, tpb: int, dtype: str) -> Any:
+    """The fused kernel for one configuration, compiled on first launch and cached."""
+    import numba
+
+    global cuda  # a module global: the simulator swaps the kernel's global ``cuda`` for its fake
+    from numba import cuda
+
+    nb_dtype = numba.float64 if dtype == "float64" else numba.float32
+    SP = buffer_len if buffer_len % 2 == 1 else buffer_len + 1  # odd row stride: no bank conflicts
+    TPB = tpb
+
+    @cuda.jit
+    def sparse_poly_kernel(a0, a1, a2, a3, a4, a5, s0, s1, s2, s3, species, C,
+                           slot_src, slot_off, slot_cs, t_out, t_fac, t_coef,
+                           out, out_off, out_cs, species_output):
+        v = cuda.shared.array((TPB, SP), nb_dtype)
+        tid = cuda.threadIdx.x
+        gid = cuda.blockIdx.x * cuda.blockDim.x + tid
+        B = species.shape[0]
+        if gid >= B * C:
+            return
+        b = gid // C
+        c = gid - b * C
+        z = species[b]
+        S = slot_src.shape[0]
+        for s in range(S):
+            src = slot_src[s]
+            k = slot_off[s] + c * slot_cs[s]
+            if src == 0:
+                v[tid, s] = a0[b, k]
+            elif src == 1:
+                v[tid, s] = a1[b, k]
+            elif src == 2:
+                v[tid, s] = a2[b, k]
+            elif src == 3:
+                v[tid, s] = a3[b, k]
+            elif src == 4:
+                v[tid, s] = a4[b, k]
+            elif src == 5:
+                v[tid, s] = a5[b, k]
+            elif src == 6:
+                v[tid, s] = s0[z, k]
+            elif src == 7:
+                v[tid, s] = s1[z, k]
+            elif src == 8:
+                v[tid, s] = s2[z, k]
+            else:
+                v[tid, s] = s3[z, k]
+        v[tid, S] = 1.0
+        T = t_out.shape[0]
+        D = t_fac.shape[1]
+        cur = t_out[0]
+        acc = t_coef[0] * 0.0
+        for t in range(T):
+            o = t_out[t]
+            if o != cur:
+                if species_output:
+                    cuda.atomic.add(out, (z, out_off[cur] + c * out_cs[cur]), acc)
+                else:
+                    out[b, out_off[cur] + c * out_cs[cur]] += acc
+                acc = t_coef[0] * 0.0
+                cur = o
+            p = t_coef[t]
+            for j in range(D):
+                p *= v[tid, t_fac[t, j]]
+            acc += p
+        if species_output:
+            cuda.atomic.add(out, (z, out_off[cur] + c * out_cs[cur]), acc)
+        else:
+            out[b, out_off[cur] + c * out_cs[cur]] += acc
+
+    return sparse_poly_kernel
+
+
+def launch(compiled: Any, arrays: list, species: Any, channels: int, out: Any, stream: Any = 0) -> None:
+    """Launch one compiled polynomial.
+
+    ``arrays``: the 10 operand arrays (6 atom + 4 species slots, dummies where unused) as numba
+    device arrays (or numpy arrays under the simulator); ``out``: zero-initialised output.
+    """
+    if compiled.num_terms == 0:
+        return
+    dtype = str(np.dtype(out.dtype))
+    itemsize = np.dtype(out.dtype).itemsize
+    buffer_len = compiled.num_slots + 1
+    tpb = threads_per_block(buffer_len + (buffer_len + 1) % 2, itemsize)
+    kernel = get_kernel(buffer_len, tpb, dtype)
+    tables = compiled.device_tables(dtype, stream)
+    n = species.shape[0] * channels
+    if n == 0:
+        return
+    blocks = (n + tpb - 1) // tpb
+    kernel[blocks, tpb, stream](*arrays, species, channels, *tables[:6], out, tables[6], tables[7], compiled.species_output)

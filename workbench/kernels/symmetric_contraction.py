@@ -1,0 +1,262 @@
+r"""MACE's symmetric tensor contraction as one sparse polynomial (paper §4.1.2, Algorithm 3).
+
+For output irrep :math:`L` (components :math:`M`), channel :math:`c` and an atom of species
+:math:`z`, mace-torch computes
+
+.. math::
+
+    B[c, LM] = \sum_{\nu=1}^{\nu_{max}} \sum_k W^{L\nu}[z, k, c]
+               \sum_{i_1 \ldots i_\nu} U^{L\nu}[M, i_1, \ldots, i_\nu, k] \, x[c, i_1] \cdots x[c, i_\nu]
+
+with the generalised Clebsch-Gordan tensors :math:`U^{L\nu}` (``Contraction.U_matrix_ν``),
+``x`` of shape ``[atoms, channels, (l_max+1)^2]`` and weights ``[elements, k, channels]``
+(``weights_max`` is :math:`\nu = \nu_{max}`, ``weights[j]`` is :math:`\nu = \nu_{max}-1-j`).
+The output of irrep :math:`j` is ``[atoms, channels * (2L_j+1)]``, concatenated over irreps.
+
+:func:`symmetric_contraction_polynomial` keeps only the non-zero entries of every
+:math:`U^{L\nu}`, merges the entries that the symmetry of :math:`x_{i_1}\cdots x_{i_\nu}` makes
+equal (sorted index tuples), and writes it as one :class:`SparsePolynomial` over the operands
+``x`` (per atom) and ``W`` (per species, all orders and irreps concatenated along ``k``).
+:class:`SymmetricContraction` is a drop-in for mace's module with the same parameters,
+buffers and ``state_dict`` keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from workbench.kernels.descriptor import Operand, SparsePolynomial
+from workbench.kernels.op import PolyOp, apply_poly_op
+
+_OP_CACHE: dict = {}
+_OP_CACHE_LOCK = threading.Lock()
+
+__all__ = ["SymmetricContraction", "SymmetricContractionStats", "symmetric_contraction_polynomial"]
+
+
+@dataclass
+class SymmetricContractionStats:
+    """Sparsity of the coupling tensors: ``dense`` entries of all :math:`U^{L\\nu}`, ``nonzero``
+    entries, and ``terms`` after merging symmetric index tuples (the work per channel)."""
+
+    dense: int
+    nonzero: int
+    terms: int
+    per_block: list  # (L dim, nu, dense, nonzero, terms)
+
+    @property
+    def nonzero_fraction(self) -> float:
+        return self.nonzero / max(self.dense, 1)
+
+    @property
+    def terms_fraction(self) -> float:
+        return self.terms / max(self.dense, 1)
+
+
+def _u_blocks(U_list: Sequence[Sequence[np.ndarray]], out_dims: Sequence[int]):
+    # normalise scalar-output U (mace squeezes the M axis when 2L+1 == 1)
+    for j, (Us, d) in enumerate(zip(U_list, out_dims)):
+        for nu, U in enumerate(Us, start=1):
+            U = np.asarray(U, dtype=np.float64)
+            if U.ndim == nu + 1:
+                U = U[None]
+            assert U.shape[0] == d and U.ndim == nu + 2, (U.shape, d, nu)
+            yield j, nu, U
+
+
+def symmetric_contraction_polynomial(
+    U_list: Sequence[Sequence[np.ndarray]],
+    out_dims: Sequence[int],
+    channels: int,
+) -> tuple[SparsePolynomial, SymmetricContractionStats, list[list[tuple[int, int]]]]:
+    r"""Sparse polynomial of a MACE symmetric contraction.
+
+    Parameters
+    ----------
+    U_list : ``U_list[j][nu-1]``, the coupling tensor of output irrep ``j`` and order ``nu``,
+        shape ``[2L_j+1, I, ..., I, K_{j,nu}]`` (leading axis absent for scalars)
+    out_dims : ``2L_j+1`` per output irrep
+    channels : number of channels :math:`C` (fixes the memory layouts only)
+
+    Returns
+    -------
+    (polynomial, stats, k_slices) where ``k_slices[j][nu-1] = (start, stop)`` is the range of
+    the concatenated weight axis that holds :math:`W^{L_j \nu}`.
+    """
+    I = None
+    k_slices: list[list[tuple[int, int]]] = []
+    k0 = 0
+    blocks = list(_u_blocks(U_list, out_dims))
+    for j, Us in enumerate(U_list):
+        k_slices.append([])
+        for nu, U in enumerate(Us, start=1):
+            K = np.asarray(U).shape[-1]
+            k_slices[j].append((k0, k0 + K))
+            k0 += K
+    K_total = k0
+    M_starts = np.concatenate([[0], np.cumsum(out_dims)[:-1]]).astype(int)
+    terms = []
+    per_block = []
+    dense = nonzero = 0
+    for j, nu, U in blocks:
+        I = U.shape[1]
+        ks = k_slices[j][nu - 1][0]
+        idx = np.nonzero(U)
+        vals = U[idx]
+        block_terms = {}
+        for n in range(vals.shape[0]):
+            M = int(idx[0][n])
+            ii = tuple(sorted(int(idx[1 + p][n]) for p in range(nu)))
+            k = int(idx[nu + 1][n])
+            key = (M, ii, k)
+            block_terms[key] = block_terms.get(key, 0.0) + float(vals[n])
+        for (M, ii, k), coeff in block_terms.items():
+            terms.append((int(M_starts[j]) + M, [(0, i) for i in ii] + [(1, ks + k)], coeff))
+        scale = max((abs(v) for v in block_terms.values()), default=0.0)
+        n_terms = sum(1 for v in block_terms.values() if abs(v) > 1e-14 * scale)
+        per_block.append((out_dims[j], nu, int(U.size), int(vals.shape[0]), n_terms))
+        dense += int(U.size)
+        nonzero += int(vals.shape[0])
+    if I is None:
+        raise ValueError("no coupling tensors")
+    C = channels
+    x = Operand.channel_major("x", I, C, batch="atom")
+    W = Operand.component_major("W", K_total, C, batch="species")
+    offsets, cstrides = [], []
+    for j, d in enumerate(out_dims):
+        for m in range(d):
+            offsets.append(C * int(M_starts[j]) + m)
+            cstrides.append(d)
+    out = Operand("out", int(sum(out_dims)), "atom", tuple(offsets), tuple(cstrides), C * int(sum(out_dims)))
+    poly = SparsePolynomial.from_terms((x, W), out, terms)
+    stats = SymmetricContractionStats(dense, nonzero, poly.num_terms, per_block)
+    return poly, stats, k_slices
+
+
+class _ContractionParams(torch.nn.Module):
+    """Parameters and buffers of one output irrep, named as in mace's ``Contraction``."""
+
+    def __init__(self, src: torch.nn.Module):
+        super().__init__()
+        self.correlation = int(src.correlation)
+        self.num_features = int(src.num_features)
+        self.weights_max = src.weights_max  # the same Parameter objects: optimizers keep working
+        self.weights = src.weights
+        for name, buf in src.named_buffers(recurse=False):
+            self.register_buffer(name, buf)
+
+    def U_tensors(self, nu: int) -> torch.Tensor:
+        return getattr(self, f"U_matrix_{nu}")
+
+    def weights_by_order(self) -> list[torch.Tensor]:
+        """``[W^{nu=1}, ..., W^{nu=max}]``, each ``[elements, k, channels]``."""
+        ws = [self.weights[self.correlation - 1 - nu] for nu in range(1, self.correlation)]
+        return ws + [self.weights_max]
+
+
+class SymmetricContraction(torch.nn.Module):
+    r"""Drop-in for ``mace.modules.symmetric_contraction.SymmetricContraction`` on the
+    sparse-polynomial kernels (numba CUDA on GPU tensors, numba CPU otherwise).
+
+    ``forward(x, y)``: ``x`` ``[atoms, channels, (l_max+1)^2]``, ``y`` ``[atoms, elements]`` one-hot
+    node attributes (the species is ``y.argmax(-1)``, as in cuEquivariance's MACE path) ->
+    ``[atoms, sum_j channels * (2L_j+1)]``. Same parameters, buffers and ``state_dict`` keys
+    as mace's module, so state dicts load both ways.
+    """
+
+    def __init__(self, src: torch.nn.Module):
+        super().__init__()
+        self.irreps_in = src.irreps_in
+        self.irreps_out = src.irreps_out
+        self.internal_weights = getattr(src, "internal_weights", True)
+        self.shared_weights = getattr(src, "shared_weights", None)
+        self.contractions = torch.nn.ModuleList([_ContractionParams(c) for c in src.contractions])
+        self._op: PolyOp | None = None
+
+    @classmethod
+    def from_mace(cls, src: torch.nn.Module) -> "SymmetricContraction":
+        """Wrap a mace ``SymmetricContraction``, sharing its parameters and buffers."""
+        return cls(src)
+
+    def to_mace(self) -> torch.nn.Module:
+        """A mace ``SymmetricContraction`` holding this module's parameters and buffers."""
+        from mace.modules.symmetric_contraction import SymmetricContraction as MaceSC
+
+        ref = self.contractions[0].weights_max
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(ref.dtype)
+        try:
+            m = MaceSC(
+                irreps_in=self.irreps_in,
+                irreps_out=self.irreps_out,
+                correlation=self.contractions[0].correlation,
+                num_elements=ref.shape[0],
+            )
+        finally:
+            torch.set_default_dtype(old)
+        for dst, src in zip(m.contractions, self.contractions):
+            dst.weights_max = src.weights_max
+            dst.weights = src.weights
+            for name, buf in src.named_buffers(recurse=False):
+                dst.register_buffer(name, buf)
+        return m.to(ref.device)
+
+    # ------------------------------------------------------------------ descriptor
+    @property
+    def num_channels(self) -> int:
+        return self.contractions[0].num_features
+
+    def polynomial(self) -> tuple[SparsePolynomial, SymmetricContractionStats, list]:
+        U_list = [[c.U_tensors(nu).detach().cpu().double().numpy() for nu in range(1, c.correlation + 1)] for c in self.contractions]
+        out_dims = [ir.dim for _, ir in self.irreps_out]
+        return symmetric_contraction_polynomial(U_list, out_dims, self.num_channels)
+
+    @property
+    def op(self) -> PolyOp:
+        if getattr(self, "_op", None) is None:
+            # U depends only on the irreps: share one op (and its cached derivatives) between
+            # every module with the same coupling tensors and channel count
+            Us = [c.U_tensors(nu).detach().cpu().double().numpy() for c in self.contractions for nu in range(1, c.correlation + 1)]
+            h = hashlib.sha1()
+            for U in Us:
+                h.update(np.ascontiguousarray(U).tobytes())
+                h.update(str(U.shape).encode())
+            key = (h.hexdigest(), str(self.irreps_out), self.num_channels)
+            with _OP_CACHE_LOCK:
+                if key not in _OP_CACHE:
+                    poly, stats, _ = self.polynomial()
+                    _OP_CACHE[key] = (PolyOp(poly.operands, [poly]), stats)
+                self._op, self._stats = _OP_CACHE[key]
+        return self._op
+
+    def stats(self) -> SymmetricContractionStats:
+        self.op
+        return self._stats
+
+    def __getstate__(self):  # the compiled op is rebuilt from the buffers after loading
+        state = self.__dict__.copy()
+        state["_op"] = None
+        state.pop("_stats", None)
+        return state
+
+    def concatenated_weights(self) -> torch.Tensor:
+        """All weights as ``[elements, K_total, channels]`` in the polynomial's ``k`` order."""
+        return torch.cat([w for c in self.contractions for w in c.weights_by_order()], dim=1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        op = self.op
+        B = x.shape[0]
+        W = self.concatenated_weights()
+        Z = W.shape[0]
+        species = y.argmax(dim=-1) if y.dim() == 2 else y.to(torch.int64)
+        (out,) = apply_poly_op(op, species, Z, x.reshape(B, -1), W.reshape(Z, -1))
+        return out
+
+    def extra_repr(self) -> str:
+        return f"{self.irreps_in} -> {self.irreps_out}, correlation={self.contractions[0].correlation}, backend=numba"
