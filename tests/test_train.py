@@ -184,3 +184,23 @@ def test_cost_model_fit_from_logs(ddp_run):
     # The least-squares fit is unbiased on its own data, and the per-edge cost is positive.
     assert abs(predicted.mean() - measured.mean()) < 1e-6 + 1e-3 * measured.mean()
     assert model.b * 200 + model.c * 4000 > 0
+
+
+def test_numba_backend_trains_like_e3nn(tmp_path):
+    """The kernels are a drop-in: the same run with backend="numba" follows the e3nn run's losses."""
+    from workbench.train import train
+    from workbench.train.metrics import read_steps
+
+    losses = {}
+    for backend in ("e3nn", "numba"):
+        cfg = tiny(tmp_path, f"b_{backend}", backend=backend, max_steps=4, checkpoint_every=0, dtype="float64")
+        result = train(cfg, resume=False)
+        losses[backend] = [s["loss"] for s in read_steps(cfg.run_dir)]
+        assert result.model_path.exists()
+    np.testing.assert_allclose(losses["numba"], losses["e3nn"], rtol=1e-9)
+    # The exported model.model is plain mace-torch (e3nn), and the numba form is kept beside it.
+    from mace.modules.symmetric_contraction import SymmetricContraction as MaceSC
+
+    model = torch.load(tmp_path / "b_numba" / "model.model", weights_only=False)
+    assert any(isinstance(m, MaceSC) for m in model.modules())
+    assert (tmp_path / "b_numba" / "model_numba.model").exists()

@@ -142,7 +142,20 @@ def _maybe_fail(global_step: int, rank: int) -> None:
 
 
 def train(config: TrainConfig, structures: list | None = None, resume: bool = True) -> TrainResult:
-    """Train ``config``; resume from ``<run_dir>/checkpoint.pt`` when present and ``resume``."""
+    """Train ``config``; resume from ``<run_dir>/checkpoint.pt`` when present and ``resume``.
+
+    The torch default dtype is ``config.dtype`` while it runs (mace builds its data and
+    buffers in the default dtype) and is restored afterwards.
+    """
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, config.dtype))
+    try:
+        return _train(config, structures, resume)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _train(config: TrainConfig, structures: list | None, resume: bool) -> TrainResult:
     import torch.distributed as dist
     from mace.modules.loss import WeightedEnergyForcesLoss
     from mace.tools.torch_geometric import DataLoader
