@@ -68,3 +68,27 @@ def test_e3nn_imports_without_user_setup():
     assert out.returncode == 0, out.stderr
     assert "torch.Size([3, 3, 1])" in out.stdout
     assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected" not in out.stderr
+
+
+def test_synthetic_sizes_follow_table3_and_measured_edges():
+    from workbench.data import synthetic_sizes
+    from workbench.data.sizes import load_edge_stats
+
+    stats = load_edge_stats()
+    assert stats["cutoff"] == 4.5 and set(stats["families"]) == set(FAMILY_NAMES)
+    big = synthetic_sizes(265_000, seed=1)
+    assert big.size == 265_000
+    for f in FAMILIES:
+        sel = big[big["family"] == f.name]
+        share = sel.size / big.size
+        assert abs(share - f.paper_count / PAPER_TOTAL) <= 0.01 * f.paper_count / PAPER_TOTAL + 1 / big.size, f.name
+        assert sel["atoms"].min() >= f.atoms_min and sel["atoms"].max() <= f.atoms_max
+        # Edges per atom come from the measured values of the real generated structures of that family.
+        epa = sel["edges"] / sel["atoms"]
+        fam = stats["families"][f.name]
+        slack = 0.5 / sel["atoms"] + 1e-3  # edges are rounded to whole numbers
+        assert np.all(epa >= fam["edges_per_atom_min"] - slack) and np.all(epa <= fam["edges_per_atom_max"] + slack)
+        assert abs(epa.mean() - fam["edges_per_atom_mean"]) < 0.05 * fam["edges_per_atom_mean"]
+    # Deterministic per seed, different across seeds.
+    assert np.array_equal(synthetic_sizes(1000, seed=3), synthetic_sizes(1000, seed=3))
+    assert not np.array_equal(synthetic_sizes(1000, seed=3)["atoms"], synthetic_sizes(1000, seed=4)["atoms"])

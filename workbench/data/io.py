@@ -15,6 +15,7 @@ from typing import Iterable, Sequence
 
 import ase
 import ase.io
+import ase.io.formats
 import numpy as np
 
 ENERGY_KEY = "REF_energy"
@@ -130,8 +131,14 @@ def read_structures(
     if path.stat().st_size == 0:
         raise StructureError(path, None, "file is empty: it contains no structures")
     frames: list[ase.Atoms] = []
+    source: object = str(path)
+    if path.suffix == ".gz":
+        # ASE seeks inside the file per frame; on a gzip stream each seek re-decompresses
+        # from the start (quadratic). Decompress once and parse from memory instead.
+        source = io.StringIO(gzip.decompress(path.read_bytes()).decode())
+        format = format or ase.io.formats.filetype(path.name[:-3], read=False)
     try:
-        for atoms in ase.io.iread(str(path), index=index, format=format):
+        for atoms in ase.io.iread(source, index=index, format=format):
             frames.append(atoms)
     except StructureError:
         raise

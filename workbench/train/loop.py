@@ -179,6 +179,9 @@ def _train(config: TrainConfig, structures: list | None, resume: bool) -> TrainR
             torch.cuda.set_device(device)
         from datetime import timedelta
 
+        if device.type != "cuda" and os.environ.get("LOCAL_WORLD_SIZE", str(world)) == str(world):
+            # One node: keep gloo on loopback rather than whatever the hostname resolves to.
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                 timeout=timedelta(seconds=config.dist_timeout_s))
     torch.manual_seed(config.seed)
