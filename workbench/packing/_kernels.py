@@ -67,6 +67,25 @@ def csr_take_kernel(flat: np.ndarray, offsets: np.ndarray, bin_order: np.ndarray
 
 
 @njit(cache=True)
+def sift_down(hload: np.ndarray, hrank: np.ndarray, r: int) -> None:
+    """Restore the min-heap of rank loads (ties by rank id) after the root's load grew."""
+    i = 0
+    while True:
+        a = 2 * i + 1
+        if a >= r:
+            break
+        c = a
+        if a + 1 < r and (hload[a + 1] < hload[a] or (hload[a + 1] == hload[a] and hrank[a + 1] < hrank[a])):
+            c = a + 1
+        if hload[c] < hload[i] or (hload[c] == hload[i] and hrank[c] < hrank[i]):
+            hload[i], hload[c] = hload[c], hload[i]
+            hrank[i], hrank[c] = hrank[c], hrank[i]
+            i = c
+        else:
+            break
+
+
+@njit(cache=True)
 def _lpt_into(items: np.ndarray, sizes: np.ndarray, r: int, out_bin: np.ndarray, out_load: np.ndarray) -> None:
     """LPT: ``items`` (sorted by size, descending) into ``r`` bins; the first ``r`` seed bins 0..r-1."""
     hload = np.empty(r)
@@ -83,20 +102,7 @@ def _lpt_into(items: np.ndarray, sizes: np.ndarray, r: int, out_bin: np.ndarray,
         out_bin[k] = j
         hload[0] += sizes[items[k]]
         out_load[j] = hload[0]
-        i = 0
-        while True:
-            a = 2 * i + 1
-            if a >= r:
-                break
-            c = a
-            if a + 1 < r and (hload[a + 1] < hload[a] or (hload[a + 1] == hload[a] and hrank[a + 1] < hrank[a])):
-                c = a + 1
-            if hload[c] < hload[i] or (hload[c] == hload[i] and hrank[c] < hrank[i]):
-                hload[i], hload[c] = hload[c], hload[i]
-                hrank[i], hrank[c] = hrank[c], hrank[i]
-                i = c
-            else:
-                break
+        sift_down(hload, hrank, r)
 
 
 @njit(cache=True)

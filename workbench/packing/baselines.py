@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from workbench.packing._kernels import argsort_desc
+from workbench.packing._kernels import argsort_desc, sift_down
 
 
 def fixed_count(costs: np.ndarray, num_replicas: int, rng: np.random.Generator, graphs_per_batch: int = 8) -> tuple[np.ndarray, int]:
@@ -125,20 +125,7 @@ def _lpt_steps(perm: np.ndarray, sizes: np.ndarray, starts: np.ndarray, r: int, 
             j = hrank[0]
             assign[chunk[k]] = s * r + j
             hload[0] += sizes[chunk[k]]
-            i = 0
-            while True:  # sift the root down
-                a = 2 * i + 1
-                if a >= r:
-                    break
-                c = a
-                if a + 1 < r and (hload[a + 1] < hload[a] or (hload[a + 1] == hload[a] and hrank[a + 1] < hrank[a])):
-                    c = a + 1
-                if hload[c] < hload[i] or (hload[c] == hload[i] and hrank[c] < hrank[i]):
-                    hload[i], hload[c] = hload[c], hload[i]
-                    hrank[i], hrank[c] = hrank[c], hrank[i]
-                    i = c
-                else:
-                    break
+            sift_down(hload, hrank, r)
 
 
 def lpt(costs: np.ndarray, num_replicas: int, rng: np.random.Generator, graphs_per_batch: int = 8) -> tuple[np.ndarray, int]:
