@@ -22,7 +22,6 @@ Run on the GPU (needs mace-torch, numba-cuda, cuequivariance-torch)::
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime as _dt
 import json
 import os
@@ -37,47 +36,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import workbench  # noqa: E402,F401  (env fix for e3nn before torch/e3nn imports)
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from workbench.kernels.models import random_scaleshift_mace, with_backend  # noqa: E402
+
 PASSES = ("forward", "forward_backward", "double_backward")
-
-
-def build_mace(hidden: str, max_ell: int, correlation: int, n_elements: int, dtype: torch.dtype, device: str):
-    from e3nn import o3
-    from mace import modules
-
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        torch.manual_seed(0)
-        model = modules.ScaleShiftMACE(
-            r_max=4.5, num_bessel=8, num_polynomial_cutoff=5, max_ell=max_ell,
-            interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
-            interaction_cls_first=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
-            num_interactions=2, num_elements=n_elements, hidden_irreps=o3.Irreps(hidden),
-            MLP_irreps=o3.Irreps("16x0e"), atomic_energies=np.zeros(n_elements), avg_num_neighbors=40.0,
-            atomic_numbers=list(range(1, n_elements + 1)), correlation=correlation,
-            gate=torch.nn.functional.silu, atomic_inter_scale=1.0, atomic_inter_shift=0.0,
-        )
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.requires_grad:
-                    p.add_(0.1 * torch.randn_like(p))
-    finally:
-        torch.set_default_dtype(old)
-    return model.to(device)
-
-
-def make_backend(model, backend: str):
-    from workbench.kernels import accelerate
-
-    m = copy.deepcopy(model)
-    if backend == "numba":
-        return accelerate(m, backend="numba")
-    if backend == "cueq":
-        return accelerate(m, backend="cueq")
-    return m
 
 
 def timer(device: str, fn, warmup: int, repeats: int) -> list[float]:
@@ -210,7 +173,8 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
         results["cpu_threads"] = torch.get_num_threads()
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
-        base = build_mace(args.hidden, args.max_ell, args.correlation, args.elements, dtype, device)
+        base = random_scaleshift_mace(args.hidden, args.max_ell, args.correlation, range(1, args.elements + 1), 40.0,
+                                      dtype, device)
         block0 = base.products[0]
         C = block0.symmetric_contractions.contractions[0].num_features
         I = block0.symmetric_contractions.irreps_in.dim // C
@@ -222,7 +186,7 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
         results.setdefault("descriptor", {})[dtype_name] = descriptor_costs(block0.symmetric_contractions, args.atoms, x0.element_size())
         for backend in args.backends:
             try:
-                model = make_backend(base, backend)
+                model = with_backend(base, backend)
             except Exception as exc:  # noqa: BLE001 (record why a backend is missing, keep going)
                 results["runs"].append({"backend": backend, "dtype": dtype_name, "skipped": f"{type(exc).__name__}: {exc}"})
                 continue

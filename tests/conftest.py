@@ -3,3 +3,29 @@ import os
 # e3nn 0.4.4 needs this under torch >= 2.6; workbench sets it on import, but tests may import mace first.
 os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+# --- workbench.launch: a real single-node SLURM for the session (issue 7) ---
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real SLURM (munged + slurmctld + slurmd on 127.0.0.1) shared by the session.
+
+    Yields a started :class:`workbench.launch.testing.LocalSlurm`; point clients at it with
+    ``monkeypatch.setenv("SLURM_CONF", slurm_cluster.env["SLURM_CONF"])`` (or ``cluster.env``
+    for a subprocess). Skips only when the daemons are not installed; a cluster that is
+    installed but does not start is an error.
+    """
+    from workbench.launch.testing import LocalSlurm, missing_daemons
+
+    missing = missing_daemons()
+    if missing:
+        pytest.skip(f"SLURM is not installed here ({', '.join(missing)} missing); "
+                    "`make system-deps` or apt-get install slurm-wlm munge")
+    cluster = LocalSlurm().start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

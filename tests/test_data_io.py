@@ -132,3 +132,22 @@ def test_close_periodic_image(tmp_path, frames):
     p = write_structures(tmp_path / "pbc.extxyz", [frames[0], a])
     with pytest.raises(StructureError, match=r"frame 1: atoms 0 and 1 are 0\.200 Å apart"):
         read_structures(p)
+
+
+def test_parsed_frames_are_cached_by_content(tmp_path, frames, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_structures(tmp_path / "a.extxyz", frames)
+    first = read_structures(path)
+    cached = list((tmp_path / "cache" / "structures").glob("*.pkl"))
+    assert len(cached) == 1
+    again = read_structures(path)  # from the cache
+    assert [a.positions.tolist() for a in again] == [a.positions.tolist() for a in first]
+    assert [a.info["REF_energy"] for a in again] == [a.info["REF_energy"] for a in first]
+    # Other options or other content: another entry; a broken frame is never cached.
+    read_structures(path, energy_key="REF_energy", validate=False)
+    assert len(list((tmp_path / "cache" / "structures").glob("*.pkl"))) == 2
+    text = path.read_text().replace("Properties=", "Properties=broken:", 1)
+    path.write_text(text)
+    with pytest.raises(StructureError, match="a.extxyz"):
+        read_structures(path)
+    assert len(list((tmp_path / "cache" / "structures").glob("*.pkl"))) == 2

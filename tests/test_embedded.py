@@ -2,7 +2,6 @@
 
 import gzip
 
-import numpy as np
 import pytest
 
 from workbench.data import FAMILY_NAMES, family_counts, read_structures

@@ -2,7 +2,6 @@
 
 import workbench  # noqa: F401
 
-import itertools
 
 import numpy as np
 import pytest

@@ -94,8 +94,8 @@ def test_accelerate_arguments():
         accelerate(model, backend="triton")
     with pytest.raises(ValueError):
         accelerate(model, ops=("no_such_op",))
-    with pytest.raises(NotImplementedError):
-        accelerate(model, ops=("channelwise_tp",))
+    assert accelerate(model, ops=("channelwise_tp",)) is model
+    assert getattr(model.interactions[0], "conv_fusion", None) is not None
     try:
         import cuequivariance_torch  # noqa: F401
     except ImportError:

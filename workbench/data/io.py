@@ -8,8 +8,10 @@ instead of guessing. Validation never drops frames silently.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import os
+import pickle
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -18,6 +20,7 @@ import ase.io
 import ase.io.formats
 import numpy as np
 
+_CACHE_VERSION = 1  # bump when the parsed form changes
 ENERGY_KEY = "REF_energy"
 FORCES_KEY = "REF_forces"
 MIN_DISTANCE = 0.5  # Å; closer atoms are a corrupted frame, not chemistry
@@ -130,12 +133,20 @@ def read_structures(
         raise StructureError(path, None, "is a directory, expected a structure file")
     if path.stat().st_size == 0:
         raise StructureError(path, None, "file is empty: it contains no structures")
+    raw = path.read_bytes()
+    cache = _cache_file(raw, index, format, validate, require_labels, energy_key, forces_key)
+    if cache is not None and cache.exists():
+        try:
+            with open(cache, "rb") as fh:
+                return pickle.load(fh)
+        except Exception:  # a stale or truncated cache entry: read the file again
+            pass
     frames: list[ase.Atoms] = []
     source: object = str(path)
     if path.suffix == ".gz":
         # ASE seeks inside the file per frame; on a gzip stream each seek re-decompresses
         # from the start (quadratic). Decompress once and parse from memory instead.
-        source = io.StringIO(gzip.decompress(path.read_bytes()).decode())
+        source = io.StringIO(gzip.decompress(raw).decode())
         format = format or ase.io.formats.filetype(path.name[:-3], read=False)
     try:
         for atoms in ase.io.iread(source, index=index, format=format):
@@ -150,7 +161,35 @@ def read_structures(
         for k, atoms in enumerate(frames):
             validate_structure(atoms, path=path, frame=k, require_labels=require_labels,
                                energy_key=energy_key, forces_key=forces_key)
+    if cache is not None:
+        _write_cache(cache, frames)
     return frames
+
+
+def _cache_file(raw: bytes, *key: object) -> Path | None:
+    """Where the parsed, validated frames of this exact file content are cached, or None.
+
+    Parsing and validating the embedded mixture takes ~10 s, and every rank of every run reads
+    it; the cache (keyed by the file's sha256 and the read options) brings that under a second.
+    ``WORKBENCH_CACHE=0`` turns it off; ``WORKBENCH_CACHE_DIR`` moves it.
+    """
+    if os.environ.get("WORKBENCH_CACHE", "1") == "0":
+        return None
+    root = Path(os.environ.get("WORKBENCH_CACHE_DIR") or Path.home() / ".cache" / "cfm-workbench") / "structures"
+    digest = hashlib.sha256(raw)
+    digest.update(repr((key, ase.__version__, _CACHE_VERSION)).encode())
+    return root / f"{digest.hexdigest()}.pkl"
+
+
+def _write_cache(cache: Path, frames: list) -> None:
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        with open(tmp, "wb") as fh:
+            pickle.dump(frames, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, cache)  # atomic: ranks reading the same file at once never see half a file
+    except OSError:
+        pass  # a read-only home is fine: no cache
 
 
 def _clean_for_write(atoms: ase.Atoms) -> ase.Atoms:

@@ -6,11 +6,25 @@ autograd to any order, and :func:`accelerate` to swap them into mace-torch model
 * :class:`PolyOp` / :func:`apply_poly_op` - evaluation (CUDA kernel on GPU tensors, numba CPU
   otherwise) wrapped in a self-differentiating ``torch.autograd.Function``.
 * :class:`SymmetricContraction` - drop-in for mace's symmetric contraction.
+* :class:`EdgePolyOp` / :func:`apply_edge_poly_op` / :class:`EdgeGraph` - sparse polynomials
+  over edges with the gather from sender / receiver nodes and the scatter-sum fused in.
+* :func:`channelwise_tp_polynomial` / :func:`channelwise_tp_op` - mace's channelwise ("uvu")
+  tensor product + scatter (the message op) as one edge polynomial; :func:`fuse_conv_tp`
+  swaps it into an interaction block through mace's ``conv_fusion`` hook.
 * :func:`accelerate` - ``accelerate(model, backend="numba" | "e3nn" | "cueq", ops=None)``.
 """
 
 from workbench.kernels.accelerate import AVAILABLE_OPS, accelerate
+from workbench.kernels.channelwise_tp import (
+    SUPPORTED_INTERACTION_BLOCKS,
+    ChannelwiseTPStats,
+    channelwise_tp_op,
+    channelwise_tp_polynomial,
+    fuse_conv_tp,
+    unfuse_conv_tp,
+)
 from workbench.kernels.descriptor import Operand, SparsePolynomial
+from workbench.kernels.edge_op import EdgeGraph, EdgePolyOp, apply_edge_poly_op
 from workbench.kernels.op import PolyOp, apply_poly_op
 from workbench.kernels.symmetric_contraction import (
     SymmetricContraction,
@@ -20,6 +34,15 @@ from workbench.kernels.symmetric_contraction import (
 
 __all__ = [
     "AVAILABLE_OPS",
+    "ChannelwiseTPStats",
+    "EdgeGraph",
+    "EdgePolyOp",
+    "SUPPORTED_INTERACTION_BLOCKS",
+    "apply_edge_poly_op",
+    "channelwise_tp_op",
+    "channelwise_tp_polynomial",
+    "fuse_conv_tp",
+    "unfuse_conv_tp",
     "Operand",
     "PolyOp",
     "SparsePolynomial",

@@ -8,8 +8,8 @@ import torch
 
 __all__ = ["accelerate", "AVAILABLE_OPS", "BACKENDS"]
 
-#: ops this version can swap ("channelwise_tp" arrives with Kernels II)
-AVAILABLE_OPS: tuple[str, ...] = ("symmetric_contraction",)
+#: ops this version can swap
+AVAILABLE_OPS: tuple[str, ...] = ("symmetric_contraction", "channelwise_tp")
 KNOWN_OPS: tuple[str, ...] = ("symmetric_contraction", "channelwise_tp")
 BACKENDS: tuple[str, ...] = ("numba", "e3nn", "cueq")
 
@@ -35,13 +35,28 @@ def _swap_symmetric_contractions(model: torch.nn.Module, backend: str) -> int:
     return n
 
 
+def _swap_channelwise_tps(model: torch.nn.Module, backend: str) -> int:
+    """Fuse (``numba``) or unfuse (``e3nn``) the message op of every interaction block."""
+    from workbench.kernels.channelwise_tp import _is_interaction_block, fuse_conv_tp, unfuse_conv_tp
+
+    blocks = [m for m in model.modules() if _is_interaction_block(m)]
+    if backend == "numba":
+        from workbench.kernels.channelwise_tp import _check_block
+
+        for b in blocks:  # check every block first: all or nothing
+            _check_block(b)
+        return sum(fuse_conv_tp(b) for b in blocks)
+    return sum(unfuse_conv_tp(b) for b in blocks)
+
+
 def accelerate(model: torch.nn.Module, backend: str = "numba", ops: Iterable[str] | None = None) -> torch.nn.Module:
     """Swap the hot ops of a mace-torch model (``MACE``, ``ScaleShiftMACE``, ...).
 
     Parameters
     ----------
     model : torch.nn.Module
-        a mace-torch model (or any module containing mace's ``SymmetricContraction``)
+        a mace-torch model (or any module containing mace's ``SymmetricContraction`` or
+        interaction blocks)
     backend : str
         ``"numba"``: the workbench's sparse-polynomial kernels (CUDA on GPU tensors, numba CPU
         otherwise), in place, sharing the trained parameters (optimizers keep working);
@@ -49,7 +64,12 @@ def accelerate(model: torch.nn.Module, backend: str = "numba", ops: Iterable[str
         ``"cueq"``: cuEquivariance through mace-torch's own converter
         (``mace.cli.convert_e3nn_cueq.run``); this builds and returns a *new* model.
     ops : tuple of str, optional
-        op names to swap, among ``AVAILABLE_OPS``; ``None`` swaps every available op
+        op names to swap, among ``AVAILABLE_OPS``; ``None`` swaps every available op.
+        ``"symmetric_contraction"``: the product blocks' contraction
+        (:class:`~workbench.kernels.SymmetricContraction`); ``"channelwise_tp"``: gather +
+        channelwise tensor product + scatter-sum of every interaction block fused into one op
+        (:func:`~workbench.kernels.channelwise_tp.fuse_conv_tp`; raises ``TypeError`` naming
+        the class of an unsupported block). With ``backend="e3nn"`` the listed ops are restored.
 
     Returns
     -------
@@ -77,6 +97,8 @@ def accelerate(model: torch.nn.Module, backend: str = "numba", ops: Iterable[str
         accelerate(model, backend="e3nn")  # the converter reads mace's own module layout
         device = next(model.parameters()).device.type
         return run_e3nn_to_cueq(model, device=device, return_model=True)
+    if "channelwise_tp" in ops:
+        _swap_channelwise_tps(model, backend)
     if "symmetric_contraction" in ops:
         _swap_symmetric_contractions(model, backend)
     return model

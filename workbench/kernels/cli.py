@@ -1,7 +1,8 @@
-"""``workbench bench symmetric-contraction``: runs ``kernels/bench_symmetric_contraction.py``.
+"""``workbench bench symmetric-contraction`` and ``workbench bench channelwise-tp``: run the
+kernel lab's benchmark scripts (``kernels/bench_*.py``).
 
-The benchmark script lives in the repository's kernel lab (``kernels/``), not in the installed
-package, so this command works from a source checkout; it takes the script's options.
+The benchmark scripts live in the repository's kernel lab (``kernels/``), not in the installed
+package, so these commands work from a source checkout; each takes its script's options.
 """
 
 from __future__ import annotations
@@ -9,31 +10,47 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+#: command name -> (script file, help)
+BENCHES = {
+    "symmetric-contraction": (
+        "bench_symmetric_contraction.py",
+        "time MACE's symmetric contraction and products[0] (numba / e3nn / cueq), JSON to kernels/results/",
+    ),
+    "channelwise-tp": (
+        "bench_channelwise_tp.py",
+        "time MACE's interactions[1] message op: fused channelwise TP + scatter (numba / e3nn / cueq), JSON to kernels/results/",
+    ),
+}
 
-def _script() -> Path:
-    return Path(__file__).resolve().parents[2] / "kernels" / "bench_symmetric_contraction.py"
+
+def _script(name: str = "bench_symmetric_contraction.py") -> Path:
+    return Path(__file__).resolve().parents[2] / "kernels" / name
 
 
-def _load():
-    path = _script()
+def _load(name: str = "bench_symmetric_contraction.py"):
+    path = _script(name)
     if not path.exists():
         return None
-    spec = importlib.util.spec_from_file_location("bench_symmetric_contraction", path)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-def register_bench(bench_subparsers) -> None:
-    mod = _load()
-    help_ = "time MACE's symmetric contraction and products[0] (numba / e3nn / cueq), JSON to kernels/results/"
+def _register_one(bench_subparsers, command: str, script: str, help_: str) -> None:
+    mod = _load(script)
     if mod is None:  # installed without the source tree: explain instead of failing
-        p = bench_subparsers.add_parser("symmetric-contraction", help=help_)
+        p = bench_subparsers.add_parser(command, help=help_)
 
-        def _missing(args):
-            raise FileNotFoundError(f"{_script()} not found: run from a source checkout of cfm-workbench")
+        def _missing(args, script=script):
+            raise FileNotFoundError(f"{_script(script)} not found: run from a source checkout of cfm-workbench")
 
         p.set_defaults(func=_missing)
         return
-    p = bench_subparsers.add_parser("symmetric-contraction", help=help_, parents=[mod.build_parser(add_help=False)])
-    p.set_defaults(func=lambda args: int(mod.main(args=args) or 0))
+    p = bench_subparsers.add_parser(command, help=help_, parents=[mod.build_parser(add_help=False)])
+    p.set_defaults(func=lambda args, mod=mod: int(mod.main(args=args) or 0))
+
+
+def register_bench(bench_subparsers) -> None:
+    for command, (script, help_) in BENCHES.items():
+        _register_one(bench_subparsers, command, script, help_)

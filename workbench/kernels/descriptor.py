@@ -31,6 +31,9 @@ __all__ = ["Operand", "SparsePolynomial"]
 
 Factor = tuple[int, int]  # (operand position, component index)
 
+#: row kinds of an operand: per-atom ops ("atom", "species") and per-edge ops ("edge", "sender", "receiver")
+BATCH_KINDS: tuple[str, ...] = ("atom", "species", "edge", "sender", "receiver")
+
 
 @dataclass(frozen=True)
 class Operand:
@@ -45,9 +48,12 @@ class Operand:
     batch : str
         ``"atom"`` (array of shape ``[num_atoms, width]``) or ``"species"`` (array of shape
         ``[num_species, width]``, row picked by the atom's species, summed over atoms when
-        it is an output)
+        it is an output). Edge ops (:mod:`workbench.kernels.edge_op`) use ``"edge"`` (one row
+        per edge), ``"sender"`` / ``"receiver"`` (a node array whose row is the edge's sender /
+        receiver: gathered as an input, scatter-summed as an output).
     offsets, cstrides : tuple of int
-        memory layout: element :math:`(c, i)` of a row is ``row[offsets[i] + c * cstrides[i]]``
+        memory layout: element :math:`(c, i)` of a row is ``row[offsets[i] + c * cstrides[i]]``;
+        a zero cstride broadcasts the component over channels (as an output: summed over them)
     width : int
         row length of the array
     """
@@ -60,8 +66,8 @@ class Operand:
     width: int
 
     def __post_init__(self) -> None:
-        if self.batch not in ("atom", "species"):
-            raise ValueError(f"batch must be 'atom' or 'species', got {self.batch!r}")
+        if self.batch not in BATCH_KINDS:
+            raise ValueError(f"batch must be one of {BATCH_KINDS}, got {self.batch!r}")
         if len(self.offsets) != self.size or len(self.cstrides) != self.size:
             raise ValueError(f"operand {self.name}: layout length does not match size {self.size}")
 

@@ -167,10 +167,14 @@ class PolyOp:
                 if cot is not None:
                     total = total + p.vjp(op.name, cot).with_operands(ops)
             outs.append(total)
-        d = PolyOp(ops, outs)
+        d = self._make(ops, outs)
         with self._lock:
             self._derivatives[key] = d
         return d
+
+    def _make(self, operands, outputs) -> "PolyOp":
+        """A new op of this kind (subclasses with other row kinds reuse :meth:`derivative`)."""
+        return PolyOp(operands, outputs)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, tensors: Sequence[torch.Tensor], species: torch.Tensor, num_species: int) -> list[torch.Tensor]:

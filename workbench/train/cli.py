@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-import yaml
-
 
 def _run(args: argparse.Namespace) -> int:
     from workbench.train.config import TrainConfig
     from workbench.train.loop import train
 
-    config = TrainConfig.from_yaml(args.config) if args.config else TrainConfig()
-    overrides = {}
-    for item in args.set or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set expects key=value, got {item!r}")
-        overrides[key] = yaml.safe_load(value)
-    if overrides:
-        config = TrainConfig.from_dict({**config.to_dict(), **overrides}, source="--set")
+    config = (TrainConfig.from_yaml(args.config) if args.config else TrainConfig()).with_overrides(args.set)
     result = train(config, resume=not args.fresh)
     if result.model_path is not None:
         print(f"done: {result.global_step} steps, final loss {result.final_loss:.4g}; model {result.model_path}")
@@ -32,3 +22,28 @@ def register(sub) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
     p.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint in the run directory")
     p.set_defaults(func=_run)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from workbench.train.bench import VARIANTS, bench_train, format_table
+    from workbench.train.config import TrainConfig
+
+    config = (TrainConfig.from_yaml(args.config) if args.config else TrainConfig()).with_overrides(args.set)
+    variants = args.variants.split(",") if args.variants else list(VARIANTS)
+    results = bench_train(config, structures=args.structures, batch_size=args.batch_size, variants=variants,
+                          warmup_steps=args.warmup_steps, out=args.out)
+    print(format_table(results))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def register_bench(bench_sub) -> None:
+    p = bench_sub.add_parser("train", help="one epoch per variant: fixed-count+e3nn vs packer+e3nn/numba/cueq")
+    p.add_argument("--config", help="TrainConfig YAML for the model and capacity (default: the paper's settings)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
+    p.add_argument("--structures", type=int, default=5000, help="mixture size (embedded data tiled; default 5000)")
+    p.add_argument("--batch-size", type=int, default=7, help="graphs per baseline batch (paper: 6-8)")
+    p.add_argument("--variants", help="comma-separated subset of baseline,packer-e3nn,packer-numba,packer-cueq")
+    p.add_argument("--warmup-steps", type=int, default=3)
+    p.add_argument("--out", default="runs/bench/train.json")
+    p.set_defaults(func=_bench)

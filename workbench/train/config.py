@@ -71,6 +71,7 @@ class TrainConfig:
     checkpoint_every: int = 50  # steps; 0 disables mid-epoch checkpoints (one is still written per epoch)
     num_workers: int = 0
     progress: bool = True
+    export: bool = True  # write model.model (MACECalculator) and the per-backend model at the end
     dist_timeout_s: int = 1800  # a collective stuck this long fails the group (torchrun can then restart it)
 
     def __post_init__(self) -> None:
@@ -140,6 +141,19 @@ class TrainConfig:
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a mapping of TrainConfig fields, got {type(data).__name__}")
         return cls.from_dict(data, source=str(path))
+
+    def with_overrides(self, items: list[str] | None, source: str = "--set") -> "TrainConfig":
+        """A copy with ``key=value`` strings applied (values parsed as YAML: ``capacity=2048``,
+        ``families=[mptrj,hea]``); the command lines' ``--set``."""
+        import yaml
+
+        overrides = {}
+        for item in items or []:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"{source} expects key=value, got {item!r}")
+            overrides[key.strip()] = yaml.safe_load(value)
+        return TrainConfig.from_dict({**self.to_dict(), **overrides}, source=source) if overrides else self
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)

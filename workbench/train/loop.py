@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from workbench.train import preempt
 from workbench.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from workbench.train.config import TrainConfig
 from workbench.train.timing import AllreduceTimer, sync
@@ -150,9 +151,27 @@ def train(config: TrainConfig, structures: list | None = None, resume: bool = Tr
     previous = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, config.dtype))
     try:
-        return _train(config, structures, resume)
+        with preempt.guard_from_env():  # preemption hook (workbench.train.preempt); opt-in via env
+            return _train(config, structures, resume)
     finally:
         torch.set_default_dtype(previous)
+
+
+def _attempt_store(rank: int, world: int, timeout):
+    """The rendezvous store, namespaced by torchrun's restart attempt.
+
+    torchrun keeps one agent store across ``--max-restarts`` attempts, so the keys the dead
+    attempt's ranks published (their gloo/nccl listening addresses) are still there and the new
+    ranks would dial dead ports. A per-attempt prefix keeps each attempt's keys apart.
+    """
+    import torch.distributed as dist
+
+    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"])
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(host, port, world_size=world, is_master=not agent and rank == 0, timeout=timeout,
+                          wait_for_workers=False)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"workbench/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/attempt{attempt}", store)
 
 
 def _train(config: TrainConfig, structures: list | None, resume: bool) -> TrainResult:
@@ -182,8 +201,9 @@ def _train(config: TrainConfig, structures: list | None, resume: bool) -> TrainR
         if device.type != "cuda" and os.environ.get("LOCAL_WORLD_SIZE", str(world)) == str(world):
             # One node: keep gloo on loopback rather than whatever the hostname resolves to.
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                timeout=timedelta(seconds=config.dist_timeout_s))
+        timeout = timedelta(seconds=config.dist_timeout_s)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=_attempt_store(rank, world, timeout),
+                                rank=rank, world_size=world, timeout=timeout)
     torch.manual_seed(config.seed)
     np.random.seed(config.seed)
 
@@ -326,6 +346,12 @@ def _train(config: TrainConfig, structures: list | None, resume: bool) -> TrainR
             if config.max_steps is not None and global_step >= config.max_steps:
                 done = True
                 break
+            # -- preemption hook (workbench.train.preempt): all ranks stop at this step boundary together
+            stop = preempt.requested(world, device) if consumed < len(sampler) else None
+            if stop:
+                checkpoint(epoch, consumed)
+                raise preempt.Preempted(stop, global_step)
+            # -- end preemption hook
         epoch_s = time.perf_counter() - t_epoch
         totals = torch.tensor([sums["e_abs"], sums["f_abs"], sums["graphs"], sums["fatoms"], sums["compute"],
                                sums["allreduce"], sums["data"]], dtype=torch.float64)
@@ -350,6 +376,7 @@ def _train(config: TrainConfig, structures: list | None, resume: bool) -> TrainR
                 "valid_e_mae_mev_atom": valid["e_mae_mev_atom"], "valid_f_mae_mev_a": valid["f_mae_mev_a"],
                 "compute_share": float(totals[4]) / busy, "allreduce_share": float(totals[5]) / busy,
                 "data_share": float(totals[6]) / busy, "loss": last_loss, "lr": optimizer.param_groups[0]["lr"],
+                "peak_mem_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None,
             }) + "\n")
             epoch_log.flush()
         model.train()
@@ -362,12 +389,12 @@ def _train(config: TrainConfig, structures: list | None, resume: bool) -> TrainR
         bar.close()
     step_log.close()
     model_path = None
-    if rank == 0:
+    if rank == 0 and config.export:
         from workbench.train.export import export_models
 
         model_path = export_models(model, ema, config, run_dir)
-        if epoch_log is not None:
-            epoch_log.close()
+    if epoch_log is not None:
+        epoch_log.close()
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()

@@ -1,0 +1,253 @@
+r"""numba-CUDA kernels for edge (message-passing) sparse polynomials: gather, CG-sparse
+product and scatter-sum fused in one launch per output, no per-edge intermediate in global memory.
+
+Two kernels, chosen by the row kind of the output polynomial:
+
+* **node kernel** (output scatter-summed into sender or receiver nodes: the forward message
+  :math:`M_r = \sum_{e \to r} \ldots`, the gradient to the node features): one thread per
+  (node, channel), consecutive threads take consecutive channels of one node. The thread walks
+  the node's CSR segment of incident edges (edges sorted by receiver or sender once per forward
+  pass, on the device, and reused by every backward launch), gathers the used operand
+  components of each edge into its row of a shared-memory buffer, runs the term table and sums
+  into an accumulator row that also lives in shared memory; the node row is written once at
+  the end. No atomics, deterministic, and the ``[num_edges, irreps_mid]`` message tensor that
+  e3nn materialises never exists.
+* **edge kernel** (outputs per edge: gradients to the radial weights and, summed over channels,
+  to the spherical harmonics): one thread per (edge, channel) for channelwise outputs (each
+  element owned by one thread). A channel-broadcast output (zero cstride) is a reduction over
+  channels: ``G`` threads share an edge, each sums a strided subset of channels in a shared
+  accumulator row and adds it with ``cuda.atomic.add`` (``G``-way contention, ``G <= 8``; plain
+  store when ``G == 1``).
+
+Term tables are read by every thread of a warp at the same address (broadcast) exactly as in
+:mod:`workbench.kernels.cuda`; shared rows are padded to an odd length so that a warp reading
+the same slot hits 32 different banks. Kernels are compiled once per (buffer sizes, threads per
+block, dtype) and cached; under ``NUMBA_ENABLE_CUDASIM=1`` the same kernels run on numpy
+arrays.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from workbench.kernels.cuda import threads_per_block
+
+cuda = None  # numba.cuda, bound on first use (after NUMBA_ENABLE_CUDASIM is read)
+
+
+def _odd(n: int) -> int:
+    return n if n % 2 == 1 else n + 1
+
+
+def reduce_group(C: int) -> int:
+    """Threads sharing one edge for a channel-reduced output: largest of 8, 4, 2, 1 dividing C."""
+    for g in (8, 4, 2):
+        if C % g == 0:
+            return g
+    return 1
+
+
+@lru_cache(maxsize=None)
+def get_node_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
+    """Thread per (node, channel) walking the node's CSR segment; accumulators in shared memory."""
+    import numba
+
+    global cuda
+    from numba import cuda
+
+    nb_dtype = numba.float64 if dtype == "float64" else numba.float32
+    SP = _odd(buffer_len + out_len)
+    TPB = tpb
+    A0 = buffer_len  # accumulators start after the slots (and the constant 1)
+
+    @cuda.jit
+    def edge_poly_node_kernel(a0, a1, a2, a3, a4, a5, a6, a7, sender, receiver, seg_ptr, seg_perm, C,
+                              slot_arr, slot_kind, slot_off, slot_cs, t_out, t_fac, t_coef,
+                              out, out_off, out_cs, reduce_channels):
+        v = cuda.shared.array((TPB, SP), nb_dtype)
+        tid = cuda.threadIdx.x
+        gid = cuda.blockIdx.x * cuda.blockDim.x + tid
+        N = seg_ptr.shape[0] - 1
+        if gid >= N * C:
+            return
+        n = gid // C
+        c = gid - n * C
+        S = slot_arr.shape[0]
+        O = out_off.shape[0]
+        zero = t_coef[0] * 0.0
+        for o in range(O):
+            v[tid, A0 + o] = zero
+        v[tid, S] = 1.0
+        T = t_out.shape[0]
+        D = t_fac.shape[1]
+        for p in range(seg_ptr[n], seg_ptr[n + 1]):
+            e = seg_perm[p]
+            s = sender[e]
+            r = receiver[e]
+            for q in range(S):
+                kind = slot_kind[q]
+                row = e if kind == 0 else (s if kind == 1 else r)
+                k = slot_off[q] + c * slot_cs[q]
+                src = slot_arr[q]
+                if src == 0:
+                    v[tid, q] = a0[row, k]
+                elif src == 1:
+                    v[tid, q] = a1[row, k]
+                elif src == 2:
+                    v[tid, q] = a2[row, k]
+                elif src == 3:
+                    v[tid, q] = a3[row, k]
+                elif src == 4:
+                    v[tid, q] = a4[row, k]
+                elif src == 5:
+                    v[tid, q] = a5[row, k]
+                elif src == 6:
+                    v[tid, q] = a6[row, k]
+                else:
+                    v[tid, q] = a7[row, k]
+            cur = t_out[0]
+            acc = zero
+            for t in range(T):
+                o = t_out[t]
+                if o != cur:
+                    v[tid, A0 + cur] += acc
+                    acc = zero
+                    cur = o
+                prod = t_coef[t]
+                for j in range(D):
+                    prod *= v[tid, t_fac[t, j]]
+                acc += prod
+            v[tid, A0 + cur] += acc
+        for o in range(O):
+            if reduce_channels:
+                cuda.atomic.add(out, (n, out_off[o] + c * out_cs[o]), v[tid, A0 + o])
+            else:
+                out[n, out_off[o] + c * out_cs[o]] = v[tid, A0 + o]
+
+    return edge_poly_node_kernel
+
+
+@lru_cache(maxsize=None)
+def get_edge_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
+    """Thread per (edge, channel) or, for a channel-reduced output, per (edge, channel group)."""
+    import numba
+
+    global cuda
+    from numba import cuda
+
+    nb_dtype = numba.float64 if dtype == "float64" else numba.float32
+    SP = _odd(buffer_len + out_len)
+    TPB = tpb
+    A0 = buffer_len
+
+    @cuda.jit
+    def edge_poly_edge_kernel(a0, a1, a2, a3, a4, a5, a6, a7, sender, receiver, G, C,
+                              slot_arr, slot_kind, slot_off, slot_cs, t_out, t_fac, t_coef,
+                              out, out_off, out_cs, reduce_channels):
+        v = cuda.shared.array((TPB, SP), nb_dtype)
+        tid = cuda.threadIdx.x
+        gid = cuda.blockIdx.x * cuda.blockDim.x + tid
+        E = sender.shape[0]
+        if gid >= E * G:
+            return
+        e = gid // G
+        g = gid - e * G
+        s = sender[e]
+        r = receiver[e]
+        S = slot_arr.shape[0]
+        O = out_off.shape[0]
+        zero = t_coef[0] * 0.0
+        if reduce_channels:
+            for o in range(O):
+                v[tid, A0 + o] = zero
+        v[tid, S] = 1.0
+        T = t_out.shape[0]
+        D = t_fac.shape[1]
+        for c in range(g, C, G):  # strided: consecutive threads read consecutive channels
+            for q in range(S):
+                kind = slot_kind[q]
+                row = e if kind == 0 else (s if kind == 1 else r)
+                k = slot_off[q] + c * slot_cs[q]
+                src = slot_arr[q]
+                if src == 0:
+                    v[tid, q] = a0[row, k]
+                elif src == 1:
+                    v[tid, q] = a1[row, k]
+                elif src == 2:
+                    v[tid, q] = a2[row, k]
+                elif src == 3:
+                    v[tid, q] = a3[row, k]
+                elif src == 4:
+                    v[tid, q] = a4[row, k]
+                elif src == 5:
+                    v[tid, q] = a5[row, k]
+                elif src == 6:
+                    v[tid, q] = a6[row, k]
+                else:
+                    v[tid, q] = a7[row, k]
+            cur = t_out[0]
+            acc = zero
+            for t in range(T):
+                o = t_out[t]
+                if o != cur:
+                    if reduce_channels:
+                        v[tid, A0 + cur] += acc
+                    else:
+                        out[e, out_off[cur] + c * out_cs[cur]] += acc
+                    acc = zero
+                    cur = o
+                prod = t_coef[t]
+                for j in range(D):
+                    prod *= v[tid, t_fac[t, j]]
+                acc += prod
+            if reduce_channels:
+                v[tid, A0 + cur] += acc
+            else:
+                out[e, out_off[cur] + c * out_cs[cur]] += acc
+        if reduce_channels:
+            for o in range(O):
+                if G == 1:
+                    out[e, out_off[o]] = v[tid, A0 + o]
+                else:
+                    cuda.atomic.add(out, (e, out_off[o]), v[tid, A0 + o])
+
+    return edge_poly_edge_kernel
+
+
+def launch(compiled: Any, arrays: list, sender: Any, receiver: Any, seg: tuple | None, channels: int,
+           out: Any, stream: Any = 0) -> None:
+    """Launch one compiled edge polynomial (``workbench.kernels.edge_op.EdgeCompiledPolynomial``).
+
+    ``arrays``: the 8 operand arrays (dummies where unused) as numba device arrays (numpy under
+    the simulator); ``seg``: ``(seg_ptr, seg_perm)`` CSR for node outputs, ``None`` for edge
+    outputs; ``out``: zero-initialised output.
+    """
+    if compiled.num_terms == 0 or sender.shape[0] == 0:
+        return
+    dtype = str(np.dtype(out.dtype))
+    itemsize = np.dtype(out.dtype).itemsize
+    buffer_len = compiled.num_slots + 1
+    out_len = compiled.out_size if (compiled.node_output or compiled.reduce_channels) else 0
+    tpb = threads_per_block(_odd(buffer_len + out_len), itemsize)
+    tables = compiled.device_tables(dtype)
+    reduce_ = compiled.reduce_channels
+    if compiled.node_output:
+        seg_ptr, seg_perm = seg
+        n = (seg_ptr.shape[0] - 1) * channels
+        if n == 0:
+            return
+        kernel = get_node_kernel(buffer_len, out_len, tpb, dtype)
+        kernel[(n + tpb - 1) // tpb, tpb, stream](*arrays, sender, receiver, seg_ptr, seg_perm, channels,
+                                                  *tables[:7], out, tables[7], tables[8], reduce_)
+    else:
+        G = reduce_group(channels) if reduce_ else channels
+        n = sender.shape[0] * (G if reduce_ else channels)
+        kernel = get_edge_kernel(buffer_len, out_len, tpb, dtype)
+        if not reduce_:
+            # thread per (edge, channel): G == C makes the channel loop run exactly once
+            G = channels
+        kernel[(n + tpb - 1) // tpb, tpb, stream](*arrays, sender, receiver, G, channels,
+                                                  *tables[:7], out, tables[7], tables[8], reduce_)

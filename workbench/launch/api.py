@@ -1,0 +1,169 @@
+"""``launch()``: start a training run locally (torchrun) or on SLURM (submitit), or print how it would start."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from workbench.launch import local, slurm
+from workbench.launch.errors import LaunchError
+from workbench.launch.run import LAUNCH_FILE, Run, _pid_start_time, attach, load_info
+
+BACKENDS = ("local", "slurm")
+
+
+def _as_config(config):
+    from workbench.train.config import TrainConfig
+
+    if isinstance(config, TrainConfig):
+        return config
+    if isinstance(config, dict):
+        return TrainConfig.from_dict(config)
+    if isinstance(config, (str, os.PathLike)):
+        return TrainConfig.from_yaml(config)
+    raise TypeError(f"config must be a TrainConfig, a dict of its fields or a YAML path, got {type(config).__name__}")
+
+
+def _absolute(config):
+    # The job may start in another directory (a SLURM node, a torchrun worker): pin the paths.
+    changes: dict[str, Any] = {"output_dir": str(Path(config.output_dir).absolute())}
+    if config.dataset and not os.path.isabs(config.dataset) and Path(config.dataset).exists():
+        changes["dataset"] = str(Path(config.dataset).absolute())
+    return config.replace(**changes)
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r}: must be a positive integer")
+    return value
+
+
+def _prepare_run_dir(config, fresh: bool) -> Path:
+    run_dir = Path(config.run_dir)
+    previous = load_info(run_dir)
+    if previous is not None:
+        old = Run(run_dir, previous)
+        status = old.status
+        if status in ("pending", "running"):
+            where = f"SLURM job {old.job_id}" if old.backend == "slurm" else f"torchrun pid {old.pid}"
+            raise LaunchError(f"{run_dir} already has an active run ({where}, {status}: {old.reason}); "
+                              "use workbench.launch.attach(run_dir) to follow it, or cancel it first")
+    if fresh and run_dir.exists():
+        if not ((run_dir / "launch").exists() or (run_dir / "config.yaml").exists()):
+            raise LaunchError(f"fresh=True: {run_dir} does not look like a run directory; not deleting it")
+        shutil.rmtree(run_dir)
+    launch_dir = run_dir / "launch"
+    launch_dir.mkdir(parents=True, exist_ok=True)
+    # The previous launch's state files; attempts.jsonl keeps the history.
+    for pattern in ("rank*.json", "error_rank*.txt", "cancelled.json", "exit.json"):
+        for f in launch_dir.glob(pattern):
+            f.unlink()
+    return run_dir
+
+
+def launch(config, backend: str, nodes: int = 1, gpus_per_node: int = 1, *, dry_run: bool = False,
+           fresh: bool = False, env: dict[str, str] | None = None, max_restarts: int = 0,
+           **slurm_options: Any) -> Run | str:
+    """Start training ``config`` and return its :class:`~workbench.launch.run.Run`.
+
+    Parameters
+    ----------
+    config:
+        A ``TrainConfig``, a dict of its fields, or a path to its YAML.
+    backend:
+        ``"local"`` (torchrun on this machine) or ``"slurm"`` (sbatch through submitit). Required:
+        it is never guessed from what is on PATH.
+    nodes, gpus_per_node:
+        World size is ``nodes * gpus_per_node``, one rank per GPU. With ``TrainConfig.device="cpu"``
+        (or no CUDA, locally) ranks are CPU processes and no GPUs are requested.
+    dry_run:
+        Return the exact job script (slurm) or command line (local) as text; nothing is written
+        or submitted, and no cluster is contacted.
+    fresh:
+        Delete the run directory first. Otherwise a run resumes from its checkpoint.
+    env:
+        Extra environment variables for the workers (``export`` lines in the job script).
+    max_restarts:
+        local only: torchrun restarts of a failed worker group (each resumes from the checkpoint).
+    **slurm_options:
+        slurm only, see :class:`~workbench.launch.slurm.SlurmOptions`: ``account, partition, qos,
+        time ("HH:MM:SS", "D-HH:MM", minutes...), constraint, gpus_per_task, cpus_per_task, mem,
+        sbatch_lines (extra directives), setup (shell lines before srun), signal_delay_s (SIGUSR2
+        this long before the time limit: checkpoint and requeue), request_gpus, job_name``.
+
+    Raises ``ValueError`` for an invalid request (naming the argument), :class:`LaunchError` when
+    SLURM is missing or not answering or refuses the job.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: choose 'local' or 'slurm' explicitly")
+    nodes = _positive_int("nodes", nodes)
+    gpus_per_node = _positive_int("gpus_per_node", gpus_per_node)
+    env = {str(k): str(v) for k, v in (env or {}).items()}
+    config = _absolute(_as_config(config))
+    if backend == "local":
+        if slurm_options:
+            raise ValueError(f"SLURM option(s) {sorted(slurm_options)} given with backend='local'")
+        return _launch_local(config, nodes, gpus_per_node, dry_run, fresh, env, max_restarts)
+    if max_restarts:
+        raise ValueError("max_restarts is for backend='local'; on SLURM a stopped job is requeued and resumes")
+    return _launch_slurm(config, nodes, gpus_per_node, dry_run, fresh, env,
+                         slurm.SlurmOptions.from_kwargs(slurm_options))
+
+
+def _write_info(run_dir: Path, info: dict[str, Any]) -> None:
+    path = run_dir / "launch" / LAUNCH_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(info, indent=1))
+    os.replace(tmp, path)
+
+
+def _launch_local(config, nodes, gpus_per_node, dry_run, fresh, env, max_restarts) -> Run | str:
+    if max_restarts < 0:
+        raise ValueError(f"max_restarts={max_restarts}: must be >= 0")
+    config_yaml = Path(config.run_dir) / "launch" / "config.yaml"
+    cmd = local.command(config_yaml, gpus_per_node, max_restarts)
+    if dry_run:
+        if nodes != 1:
+            local.check_resources(config, nodes, gpus_per_node)
+        return local.command_text(cmd, env)
+    local.check_resources(config, nodes, gpus_per_node)
+    run_dir = _prepare_run_dir(config, fresh)
+    config.to_yaml(config_yaml)
+    attempt = f"local-{uuid.uuid4().hex[:12]}"
+    log = run_dir / "launch" / "local.log"
+    from workbench.launch.worker import ATTEMPT_ENV
+
+    proc = local.start(cmd, log, {**env, ATTEMPT_ENV: attempt})
+    info = {"backend": "local", "name": config.name, "run_dir": str(run_dir), "nodes": 1,
+            "gpus_per_node": gpus_per_node, "pid": proc.pid, "pid_start": _pid_start_time(proc.pid),
+            "attempt": attempt, "command": cmd, "env": env, "log": str(log), "submitted": time.time()}
+    _write_info(run_dir, info)
+    return Run(run_dir, info, process=proc)
+
+
+def _launch_slurm(config, nodes, gpus_per_node, dry_run, fresh, env, opts) -> Run | str:
+    params = slurm.sbatch_parameters(config, nodes, gpus_per_node, opts)
+    if env:
+        params["setup"] = params["setup"] + [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+    script = slurm.job_script(config, params)
+    if dry_run:
+        return script
+    slurm.ping()  # also checks the client commands
+    partition = slurm.check_resources(config, nodes, gpus_per_node, opts)
+    run_dir = _prepare_run_dir(config, fresh)
+    config.to_yaml(run_dir / "launch" / "config.yaml")
+    job_id = slurm.submit(config, params)
+    info = {"backend": "slurm", "name": config.name, "run_dir": str(run_dir), "nodes": nodes,
+            "gpus_per_node": gpus_per_node, "job_id": job_id, "partition": partition, "env": env,
+            "script": script, "submitted": time.time()}
+    _write_info(run_dir, info)
+    return Run(run_dir, info)
+
+
+__all__ = ["launch", "attach", "BACKENDS"]

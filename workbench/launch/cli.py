@@ -1,0 +1,77 @@
+"""``workbench launch --config X --backend local|slurm --nodes N --gpus-per-node G [--dry-run] [--set k=v]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+
+def _config(args: argparse.Namespace):
+    from workbench.train.config import TrainConfig
+
+    return (TrainConfig.from_yaml(args.config) if args.config else TrainConfig()).with_overrides(args.set)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from workbench.launch import LaunchError, RunFailed, launch
+
+    slurm_opts = {}
+    if args.backend == "slurm":
+        for key in ("account", "partition", "qos", "time", "constraint", "gpus_per_task", "cpus_per_task", "mem",
+                    "signal_delay_s"):
+            value = getattr(args, key)
+            if value is not None:
+                slurm_opts[key] = value
+        if args.sbatch:
+            slurm_opts["sbatch_lines"] = args.sbatch
+        if args.setup:
+            slurm_opts["setup"] = args.setup
+    else:
+        given = [k for k in ("account", "partition", "qos", "time", "constraint", "gpus_per_task", "cpus_per_task",
+                             "mem", "signal_delay_s", "sbatch", "setup") if getattr(args, k)]
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} is a SLURM option; use --backend slurm")
+    try:
+        out = launch(_config(args), backend=args.backend, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                     dry_run=args.dry_run, fresh=args.fresh, **slurm_opts)
+        if args.dry_run:
+            print(out, end="" if out.endswith("\n") else "\n")
+            return 0
+        run = out
+        where = f"SLURM job {run.job_id}" if run.backend == "slurm" else f"torchrun pid {run.pid}"
+        print(f"launched {run.name}: {where}; run directory {run.run_dir}")
+        if not args.wait:
+            return 0
+        status = run.wait()
+        m = run.metrics()
+        print(f"{status}: {run.reason}; {m.global_step} steps, last loss {m.last_loss}")
+        return 0 if status == "done" else 1
+    except (LaunchError, RunFailed) as exc:
+        print(f"workbench: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def register(sub) -> None:
+    p = sub.add_parser("launch", help="start a training run locally (torchrun) or on SLURM (submitit)")
+    p.add_argument("--config", help="TrainConfig YAML (default: the paper's settings)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
+    p.add_argument("--backend", required=True, choices=("local", "slurm"), help="where to run (required)")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--gpus-per-node", type=int, default=1, help="ranks per node (one per GPU)")
+    p.add_argument("--dry-run", action="store_true", help="print the job script / command instead of starting it")
+    p.add_argument("--fresh", action="store_true", help="delete the run directory first instead of resuming")
+    p.add_argument("--wait", action="store_true", help="wait for the run to finish")
+    s = p.add_argument_group("SLURM options")
+    s.add_argument("--account")
+    s.add_argument("--partition")
+    s.add_argument("--qos")
+    s.add_argument("--time", help="time limit: minutes, HH:MM:SS or D-HH:MM:SS (default 01:00:00)")
+    s.add_argument("--constraint")
+    s.add_argument("--gpus-per-task", type=int)
+    s.add_argument("--cpus-per-task", type=int)
+    s.add_argument("--mem")
+    s.add_argument("--signal-delay-s", type=int, help="SIGUSR2 this many seconds before the time limit (default 120)")
+    s.add_argument("--sbatch", action="append", metavar="LINE", help="extra sbatch directive, e.g. --sbatch=--exclusive")
+    s.add_argument("--setup", action="append", metavar="SHELL", help="shell line run before srun (repeatable)")
+    p.set_defaults(func=_run)

@@ -1,0 +1,181 @@
+"""``workbench bench train``: one epoch per variant, baseline against packer and kernels, in one run.
+
+Variants (paper §5.4–5.6): ``baseline`` (``fixed-count`` batches of ``batch_size`` graphs, e3nn),
+``packer-e3nn``, ``packer-numba`` and ``packer-cueq`` (the ``paper`` packer at ``capacity`` atoms).
+Each variant first runs ``warmup_steps`` steps in a throw-away run directory, so JIT compilation
+(numba, cuEquivariance, cuBLAS handles) stays out of the timed epoch, then trains one full epoch
+over the same training split. The table gives epoch time (sum of step wall times), atoms/s, peak
+GPU memory, the compute / data-wait / all-reduce split and the ratios against the baseline and
+against ``packer-cueq``.
+
+The mixture is the embedded dataset's labelled structures, tiled to ``structures`` with rattled
+copies (0.02 Å, labels copied): the copies are for timing only, their labels are not physical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from workbench.train.config import TrainConfig
+
+__all__ = ["VARIANTS", "bench_structures", "bench_train", "format_table"]
+
+#: name -> (sampler, backend)
+VARIANTS: dict[str, tuple[str, str]] = {
+    "baseline": ("fixed-count", "e3nn"),
+    "packer-e3nn": ("paper", "e3nn"),
+    "packer-numba": ("paper", "numba"),
+    "packer-cueq": ("paper", "cueq"),
+}
+#: one H100, paper config, 3072 atoms, float32 (DESIGN.md): per-step anchors
+ANCHORS = {"e3nn_step_ms_3072": 286.0, "e3nn_peak_gb_3072": 21.5, "cueq_step_ms_3072": 91.0, "cueq_peak_gb_3072": 4.5}
+
+
+def bench_structures(n: int, seed: int = 0, config: TrainConfig | None = None) -> list:
+    """``n`` labelled structures: ``config``'s dataset and families, tiled with rattled copies.
+
+    The family mix of the source is kept (copies cycle through a seeded permutation).
+    """
+    from workbench.train.data import load_structures
+
+    base = load_structures(config or TrainConfig())
+    rng = np.random.default_rng(seed)
+    out = list(base[:n])
+    order = rng.permutation(len(base))
+    i = 0
+    while len(out) < n:
+        a = base[order[i % len(base)]].copy()  # info (REF_energy) and arrays (REF_forces) come along
+        a.positions = a.positions + rng.normal(scale=0.02, size=a.positions.shape)
+        a.info["bench_copy"] = True
+        out.append(a)
+        i += 1
+    return out
+
+
+def _available(backend: str) -> str | None:
+    """None when ``backend`` can run here, else why not."""
+    import torch
+
+    if backend == "cueq":
+        if not torch.cuda.is_available():
+            return "cuEquivariance needs a CUDA GPU"
+        try:
+            import cuequivariance_torch  # noqa: F401
+        except ImportError:
+            return "cuequivariance-torch is not installed"
+    return None
+
+
+def _summarise(run_dir: Path, wall_s: float) -> dict:
+    from workbench.train.metrics import read_epochs, read_steps
+
+    steps = read_steps(run_dir, rank=0)
+    epoch = read_epochs(run_dir)[-1]
+    step_s = np.array([s["step_s"] for s in steps])
+    atoms = int(sum(s["atoms"] for s in steps))
+    total = float(step_s.sum())
+    return {
+        "steps": len(steps), "atoms": atoms, "edges": int(sum(s["edges"] for s in steps)),
+        "epoch_s": total, "wall_s": wall_s, "atoms_per_s": atoms / total if total else float("nan"),
+        "step_ms_median": 1000 * float(np.median(step_s)), "step_ms_max": 1000 * float(step_s.max()),
+        "atoms_per_step_mean": atoms / max(len(steps), 1),
+        "compute_share": epoch["compute_share"], "data_share": epoch["data_share"],
+        "allreduce_share": epoch["allreduce_share"], "peak_mem_gb": epoch.get("peak_mem_gb"),
+        "final_loss": epoch["loss"],
+    }
+
+
+def bench_train(config: TrainConfig, structures: int = 5000, batch_size: int = 7,
+                variants: Sequence[str] = tuple(VARIANTS), warmup_steps: int = 3, seed: int = 0,
+                out: str | os.PathLike | None = "runs/bench/train.json", keep_runs: bool = False) -> dict:
+    """Time one epoch for each of ``variants``; return (and write to ``out``) the results.
+
+    ``config`` gives the model and the capacity (default: the paper's settings); its ``sampler``,
+    ``backend``, ``epochs`` and run directory are set per variant.
+    """
+    import torch
+
+    from workbench.train.loop import train
+
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variant(s) {unknown}; choose among {list(VARIANTS)}")
+    data = bench_structures(structures, seed=seed, config=config)
+    root = Path(config.output_dir) / "bench-train"
+    results: dict = {"variants": {}, "skipped": {}}
+    for name in variants:
+        sampler, backend = VARIANTS[name]
+        why = _available(backend)
+        if why:
+            results["skipped"][name] = why
+            print(f"[bench train] skip {name}: {why}", flush=True)
+            continue
+        cfg = config.replace(name=name, output_dir=str(root), sampler=sampler, backend=backend,
+                             batch_size=batch_size, epochs=1, max_steps=None, checkpoint_every=0, seed=seed,
+                             export=False)
+        for d in (cfg.run_dir, root / f"{name}-warmup"):
+            shutil.rmtree(d, ignore_errors=True)
+        if warmup_steps:
+            train(cfg.replace(name=f"{name}-warmup", max_steps=warmup_steps, progress=False), data, resume=False)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        train(cfg, data, resume=False)
+        results["variants"][name] = {"sampler": sampler, "backend": backend,
+                                     **_summarise(cfg.run_dir, time.perf_counter() - t0)}
+        if not keep_runs:
+            shutil.rmtree(root / f"{name}-warmup", ignore_errors=True)
+    v = results["variants"]
+    ratios = {}
+    if "baseline" in v:
+        for name, r in v.items():
+            ratios[f"baseline/{name}"] = v["baseline"]["epoch_s"] / r["epoch_s"]
+    if "packer-cueq" in v and "packer-numba" in v:
+        ratios["packer-numba/packer-cueq"] = v["packer-numba"]["epoch_s"] / v["packer-cueq"]["epoch_s"]
+    results["ratios"] = ratios
+    results["targets"] = {
+        "packer-numba >= 3x faster than baseline": ratios.get("baseline/packer-numba", float("nan")) >= 3.0
+        if "baseline/packer-numba" in ratios else None,
+        "packer-numba not slower than packer-cueq": ratios.get("packer-numba/packer-cueq", float("nan")) <= 1.0
+        if "packer-numba/packer-cueq" in ratios else None,
+    }
+    results["setup"] = {
+        "structures": structures, "batch_size": batch_size, "capacity": config.capacity, "dtype": config.dtype,
+        "hidden_irreps": config.hidden_irreps, "max_ell": config.max_ell, "correlation": config.correlation,
+        "num_interactions": config.num_interactions, "warmup_steps": warmup_steps,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({platform.processor() or 'x86_64'}, {os.cpu_count()} cores)",
+        "torch": torch.__version__, "anchors": ANCHORS,
+        "note": "rattled copies of the embedded labelled structures; labels of copies are for timing only",
+    }
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(results, indent=2))
+    return results
+
+
+def format_table(results: dict) -> str:
+    """The results as a fixed-width table with ratios."""
+    head = f"{'variant':<14}{'steps':>7}{'epoch s':>10}{'atoms/s':>11}{'step ms':>9}{'peak GB':>9}" \
+           f"{'compute':>9}{'data':>7}{'allred':>8}{'x base':>8}"
+    lines = [head, "-" * len(head)]
+    base = results["variants"].get("baseline")
+    for name, r in results["variants"].items():
+        speed = base["epoch_s"] / r["epoch_s"] if base else float("nan")
+        mem = f"{r['peak_mem_gb']:.2f}" if r.get("peak_mem_gb") is not None else "-"
+        lines.append(f"{name:<14}{r['steps']:>7}{r['epoch_s']:>10.2f}{r['atoms_per_s']:>11.0f}"
+                     f"{r['step_ms_median']:>9.1f}{mem:>9}{r['compute_share']:>9.0%}{r['data_share']:>7.0%}"
+                     f"{r['allreduce_share']:>8.0%}{speed:>8.2f}")
+    for name, why in results.get("skipped", {}).items():
+        lines.append(f"{name:<14} skipped: {why}")
+    for k, ok in results.get("targets", {}).items():
+        lines.append(f"target {k}: {'n/a' if ok is None else ('met' if ok else 'NOT met')}")
+    return "\n".join(lines)

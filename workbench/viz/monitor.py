@@ -1,0 +1,218 @@
+"""Run monitor: the launcher's status panel, live loss and per-rank step times of a run directory.
+
+Everything here reads a run directory (``metrics/rank*.jsonl`` and
+``metrics.jsonl``, via :mod:`workbench.train.metrics`), so the same views work
+on a finished run, on a live one, and on a run started elsewhere and attached.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from workbench.viz.style import style
+
+RANK_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#EECA3B", "#9D755D")
+FIELDS = ("global_step", "epoch", "loss", "data_s", "compute_s", "allreduce_s", "step_s", "atoms", "edges", "time")
+
+
+def _run_dir(run) -> Path:
+    return Path(getattr(run, "run_dir", run))
+
+
+def step_series(run_dir: str | os.PathLike) -> dict[int, dict[str, np.ndarray]]:
+    """Per rank, the step records as arrays (fields of :data:`FIELDS` the log has), in step order."""
+    from workbench.train.metrics import read_steps
+
+    recs = read_steps(_run_dir(run_dir)) if Path(_run_dir(run_dir), "metrics").exists() else []
+    out: dict[int, dict[str, np.ndarray]] = {}
+    for r in sorted({rec["rank"] for rec in recs}):
+        mine = [rec for rec in recs if rec["rank"] == r]
+        out[r] = {f: np.array([rec.get(f, np.nan) for rec in mine], dtype=float) for f in FIELDS}
+    return out
+
+
+def rank_time_shares(series: dict[int, dict[str, np.ndarray]], skip_first: int = 2) -> dict[int, dict[str, float]]:
+    """Mean seconds per step spent loading data, computing and waiting in all-reduce, per rank.
+
+    The all-reduce wait includes waiting for the slowest rank: a balanced
+    packing shows up as short, even all-reduce bars (the paper's Figure 13).
+    """
+    out = {}
+    for r, s in series.items():
+        keep = s["global_step"] > skip_first if np.any(s["global_step"] > skip_first) else np.ones_like(s["loss"], bool)
+        out[r] = {k: float(np.nanmean(s[k][keep])) if keep.any() else 0.0 for k in ("data_s", "compute_s", "allreduce_s")}
+    return out
+
+
+def loss_figure(run_dir, title: str | None = None):
+    """Training loss per rank (log scale) and, per epoch, train/validation energy and force MAE."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from workbench.train.metrics import read_epochs
+
+    series = step_series(run_dir)
+    epochs = read_epochs(_run_dir(run_dir))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("loss per step", "error per epoch"),
+                        specs=[[{}, {"secondary_y": True}]], horizontal_spacing=0.1)
+    for r, s in series.items():
+        fig.add_trace(go.Scatter(x=s["global_step"], y=s["loss"], mode="lines", name=f"rank {r}",
+                                 line=dict(color=RANK_COLORS[r % len(RANK_COLORS)], width=1.6),
+                                 hovertemplate=f"rank {r}<br>step %{{x}}<br>loss %{{y:.4g}}<extra></extra>"), 1, 1)
+    if epochs:
+        x = [e["epoch"] for e in epochs]
+        for key, name, dash, sec in (("train_e_mae_mev_atom", "train E MAE", "solid", False),
+                                     ("valid_e_mae_mev_atom", "valid E MAE", "dot", False),
+                                     ("train_f_mae_mev_a", "train F MAE", "solid", True),
+                                     ("valid_f_mae_mev_a", "valid F MAE", "dot", True)):
+            if key in epochs[0]:
+                fig.add_trace(go.Scatter(x=x, y=[e.get(key) for e in epochs], mode="lines+markers", name=name,
+                                         line=dict(dash=dash, color="#E45756" if sec else "#4C78A8")),
+                              row=1, col=2, secondary_y=sec)
+    else:
+        fig.add_annotation(text="no finished epoch yet", showarrow=False, xref="x2 domain", yref="y2 domain",
+                           x=0.5, y=0.5)
+    fig.update_yaxes(type="log", title_text="loss (energy + forces, weighted)", row=1, col=1)
+    fig.update_xaxes(title_text="optimizer step", row=1, col=1)
+    fig.update_xaxes(title_text="epoch", row=1, col=2)
+    fig.update_yaxes(title_text="energy MAE (meV/atom)", row=1, col=2, secondary_y=False)
+    fig.update_yaxes(title_text="force MAE (meV/Å)", row=1, col=2, secondary_y=True)
+    return style(fig, title or f"Run {_run_dir(run_dir).name}: loss", height=360)
+
+
+def step_time_figure(run_dir, title: str | None = None):
+    """Step time per rank and step, and per rank the mean split into data / compute / all-reduce wait."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    series = step_series(run_dir)
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.62, 0.38], horizontal_spacing=0.1,
+                        subplot_titles=("step time per rank", "where each rank's time goes (mean per step)"))
+    for r, s in series.items():
+        c = RANK_COLORS[r % len(RANK_COLORS)]
+        fig.add_trace(go.Scatter(x=s["global_step"], y=s["step_s"], mode="lines", name=f"rank {r} step",
+                                 line=dict(color=c, width=1.8), legendgroup=f"r{r}",
+                                 customdata=np.column_stack([s["compute_s"], s["allreduce_s"], s["atoms"], s["edges"]]),
+                                 hovertemplate=(f"rank {r}, step %{{x}}<br>step %{{y:.3f}} s: compute "
+                                                "%{customdata[0]:.3f} s, all-reduce wait %{customdata[1]:.3f} s<br>"
+                                                "%{customdata[2]:.0f} atoms, %{customdata[3]:.0f} edges<extra></extra>")),
+                      1, 1)
+        fig.add_trace(go.Scatter(x=s["global_step"], y=s["compute_s"], mode="lines", name=f"rank {r} compute",
+                                 line=dict(color=c, width=1, dash="dot"), legendgroup=f"r{r}", hoverinfo="skip"), 1, 1)
+    shares = rank_time_shares(series)
+    ranks = [f"rank {r}" for r in shares]
+    for key, name, color in (("data_s", "data loading", "#BAB0AC"), ("compute_s", "compute", "#4C78A8"),
+                             ("allreduce_s", "all-reduce wait", "#E45756")):
+        fig.add_trace(go.Bar(y=ranks, x=[v[key] for v in shares.values()], orientation="h", name=name,
+                             marker_color=color, hovertemplate=f"%{{y}}: {name} %{{x:.3f}} s<extra></extra>"), 1, 2)
+    if not series:
+        fig.add_annotation(text="no step logged yet", showarrow=False, xref="x domain", yref="y domain", x=0.5, y=0.5)
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(title_text="optimizer step", row=1, col=1)
+    fig.update_yaxes(title_text="seconds", row=1, col=1)
+    fig.update_xaxes(title_text="seconds per step (after 2 warm-up steps)", row=1, col=2)
+    return style(fig, title or f"Run {_run_dir(run_dir).name}: step time per rank", height=360)
+
+
+def summary_html(run_dir, status: str | None = None) -> str:
+    """One line: status, steps and epochs logged, last loss, ranks."""
+    from workbench.train.metrics import read_epochs
+
+    series = step_series(run_dir)
+    epochs = read_epochs(_run_dir(run_dir))
+    steps = int(max((s["global_step"].max() for s in series.values() if s["global_step"].size), default=0))
+    last = [s["loss"][-1] for s in series.values() if s["loss"].size]
+    badge = {"running": "#1B9E77", "pending": "#E6AB02", "done": "#4C78A8", "failed": "#D62728"}.get(status or "",
+                                                                                                      "#777")
+    st = (f"<span class='wb-run-status' style='background:{badge};color:white;border-radius:4px;padding:1px 6px'>"
+          f"{status}</span> " if status else "")
+    return (f"<div class='wb-run-summary' style='font-size:13px'>{st}<code>{_run_dir(run_dir)}</code> · "
+            f"{len(series)} rank(s) · {steps} steps · {len(epochs)} epoch(s) logged"
+            + (f" · last loss {np.mean(last):.4g}" if last else "") + "</div>")
+
+
+class RunMonitor:
+    """Widget with the launcher's panel (when given a launcher ``Run``), live loss and step-time plots.
+
+    ``run``: a :class:`workbench.launch.Run`-like object (``run_dir``,
+    ``status``, optionally ``panel()``) or a run directory. :meth:`refresh`
+    re-reads the logs; :meth:`start` polls every ``interval`` seconds in a
+    background thread until the run is no longer pending/running (or, for a
+    bare directory, until :meth:`stop`).
+    """
+
+    def __init__(self, run, interval: float = 2.0) -> None:
+        import ipywidgets as W
+        import plotly.graph_objects as go
+
+        self.run = run
+        self.run_dir = _run_dir(run)
+        self.interval = float(interval)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.header = W.HTML()
+        self.loss = go.FigureWidget()
+        self.times = go.FigureWidget()
+        self.refresh_button = W.Button(description="Refresh", icon="refresh")
+        self.refresh_button.on_click(lambda *_: self.refresh())
+        parts = [self.header]
+        panel = getattr(run, "panel", None)
+        if callable(panel):
+            try:
+                parts.append(panel())
+            except Exception as exc:  # noqa: BLE001 - a broken panel must not hide the plots
+                parts.append(W.HTML(f"<i>launcher panel unavailable: {type(exc).__name__}: {exc}</i>"))
+        parts += [self.refresh_button, self.loss, self.times]
+        self.widget = W.VBox(parts)
+        self.widget.add_class("wb-run-monitor")
+        self.refresh()
+
+    @property
+    def status(self) -> str | None:
+        st = getattr(self.run, "status", None)
+        return st() if callable(st) else st
+
+    def refresh(self) -> None:
+        """Re-read the run's logs and redraw."""
+        for fw, new in ((self.loss, loss_figure(self.run_dir)), (self.times, step_time_figure(self.run_dir))):
+            with fw.batch_update():
+                fw.data = []
+            fw.add_traces(list(new.data))
+            fw.layout = new.layout
+        self.header.value = summary_html(self.run_dir, self.status)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.refresh()
+            except (OSError, ValueError):  # a log line half-written: try again next tick
+                continue
+            if self.status not in (None, "pending", "running"):
+                self.refresh()
+                break
+
+    def start(self) -> "RunMonitor":
+        """Poll in the background (no-op if already polling)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, daemon=True, name="wb-run-monitor")
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _repr_mimebundle_(self, **kw):
+        return self.widget._repr_mimebundle_(**kw)
+
+
+def run_monitor(run, interval: float = 2.0, live: bool | None = None) -> RunMonitor:
+    """A :class:`RunMonitor`; polls in the background when ``live`` (default: when the run is pending/running)."""
+    mon = RunMonitor(run, interval)
+    if live or (live is None and mon.status in ("pending", "running")):
+        mon.start()
+    return mon

@@ -1,0 +1,281 @@
+"""Scaling projection (the paper's Figures 7, 8 and 10 kind): simulated, not measured.
+
+For every GPU count the 2.65M graph sizes are packed for real (``fixed-count``
+baseline and the ``paper`` packer); every step's time is the time of its
+slowest rank under a per-batch cost model ``t = a + b*atoms + c*edges`` fitted
+to real step times, plus a gradient all-reduce term. Kernel speed-ups divide
+the atom and edge terms. Everything not measured is an assumption and is
+printed on the figure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from workbench.viz.style import style
+
+DEFAULT_GPUS: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 740)
+#: Trainable parameters of the paper's MACE (TrainConfig() defaults, 17 elements of the embedded mixture),
+#: counted with workbench.train.model.build_model.
+PAPER_MODEL_PARAMS = 1_269_264
+VARIANTS: tuple[tuple[str, str, bool], ...] = (
+    ("baseline (fixed-count)", "fixed-count", False),
+    ("baseline + kernels", "fixed-count", True),
+    ("packer (paper)", "paper", False),
+    ("packer + kernels", "paper", True),
+)
+VARIANT_COLORS = {"baseline (fixed-count)": "#D95F02", "baseline + kernels": "#FDAE6B",
+                  "packer (paper)": "#1B9E77", "packer + kernels": "#7570B3"}
+
+
+@dataclass(frozen=True)
+class AllReduceModel:
+    """Gradient all-reduce per step: ``2 (R-1)/R * bytes / bandwidth + 2 ceil(log2 R) * latency``.
+
+    Bandwidth is NVLink-class inside a node (``R <= gpus_per_node``) and the
+    NIC's inside the dragonfly otherwise (4 A100 per node and 25 GB/s per GPU,
+    as on the paper's system). One all-reduce per step, not overlapped with
+    the backward pass (pessimistic).
+    """
+
+    grad_bytes: float = PAPER_MODEL_PARAMS * 4.0
+    inter_node_bandwidth: float = 25e9
+    intra_node_bandwidth: float = 200e9
+    gpus_per_node: int = 4
+    latency: float = 10e-6
+
+    def seconds(self, num_gpus: int) -> float:
+        r = int(num_gpus)
+        if r <= 1:
+            return 0.0
+        bw = self.intra_node_bandwidth if r <= self.gpus_per_node else self.inter_node_bandwidth
+        return 2.0 * (r - 1) / r * self.grad_bytes / bw + 2.0 * np.ceil(np.log2(r)) * self.latency
+
+    def describe(self) -> str:
+        return (f"all-reduce: {self.grad_bytes / 1e6:.1f} MB fp32 gradients per step, ring at "
+                f"{self.inter_node_bandwidth / 1e9:.0f} GB/s/GPU between nodes ({self.intra_node_bandwidth / 1e9:.0f} "
+                f"inside a {self.gpus_per_node}-GPU node) + {self.latency * 1e6:.0f} µs × 2⌈log2 R⌉, not overlapped")
+
+
+@dataclass(frozen=True)
+class KernelSpeedup:
+    """Factors dividing the atom term (product block) and the edge term (channelwise TP) of the cost model."""
+
+    atoms: float = 46.5 / 26.2
+    edges: float = 181.0 / 31.4
+    source: str = ("H100 per-block replay at 3072 atoms, double backward, e3nn → cuEquivariance "
+                   "(products 46.5→26.2 ms, interactions 181→31.4 ms; DESIGN.md)")
+
+    def apply(self, model):
+        """The cost model with the kernels' speed-ups (constant term unchanged)."""
+        return replace(model, b=model.b / self.atoms, c=model.c / self.edges)
+
+    def describe(self) -> str:
+        return f"kernels: atom term ÷{self.atoms:.2f}, edge term ÷{self.edges:.2f} ({self.source})"
+
+
+def kernel_speedup_from_results(records: list[dict] | None = None, pass_: str = "double_backward") -> KernelSpeedup:
+    """Speed-ups of our numba kernels over e3nn from GPU results in ``kernels/results``, where recorded.
+
+    The symmetric contraction sets the atom factor and a channelwise-TP bench
+    the edge factor; a factor without a GPU measurement keeps the default.
+    """
+    if records is None:
+        from workbench.viz.kernels import read_kernel_results
+
+        records, _ = read_kernel_results()
+    default = KernelSpeedup()
+    found = {}
+    for kind, match in (("atoms", lambda r: r["target"] == "contraction"),
+                        ("edges", lambda r: "tp" in str(r["bench"]).lower() or "tp" in str(r["target"]).lower())):
+        gpu = [r for r in records if r["gpu"] and r["pass"] == pass_ and r["dtype"] in (None, "float32") and match(r)]
+        t = {b: min(r["median_ms"] for r in gpu if r["backend"] == b) for b in ("e3nn", "numba")
+             if any(r["backend"] == b for r in gpu)}
+        if len(t) == 2 and t["numba"] > 0:
+            found[kind] = (t["e3nn"] / t["numba"], next(r["file"] for r in gpu if r["backend"] == "numba"))
+    if not found:
+        return default
+    src = "; ".join(f"{k}: numba vs e3nn {pass_} in {f}" for k, (_, f) in found.items())
+    missing = [k for k in ("atoms", "edges") if k not in found]
+    if missing:
+        src += f"; {', '.join(missing)}: {default.source}"
+    return KernelSpeedup(atoms=found.get("atoms", (default.atoms,))[0], edges=found.get("edges", (default.edges,))[0],
+                         source=src)
+
+
+def fit_step_cost_model(run_dir: str | Path, skip_first: int = 2):
+    """Non-negative least-squares fit of ``compute_s = a + b*atoms + c*edges`` to a run's step log.
+
+    Same data as :func:`workbench.train.metrics.fit_cost_model`, but constrained
+    to ``a, b, c >= 0``: a short run covers a narrow range of batch sizes, and an
+    unconstrained fit there can return negative terms that make extrapolated
+    batches take negative time. Returns ``(CostModel, description)``.
+    """
+    from scipy.optimize import nnls
+
+    from workbench.packing import CostModel
+    from workbench.train.metrics import read_steps
+
+    recs = [r for r in read_steps(run_dir) if r["global_step"] > skip_first]
+    if len(recs) < 3:
+        raise ValueError(f"{run_dir}: need at least 3 logged steps after warm-up, found {len(recs)}")
+    x = np.array([[1.0, r["atoms"], r["edges"]] for r in recs])
+    y = np.array([r["compute_s"] for r in recs])
+    scale = np.maximum(x.max(axis=0), 1.0)
+    coef, _ = nnls(x / scale, y)
+    a, b, c = coef / scale
+    resid = y - x @ np.array([a, b, c])
+    epa = float(x[:, 2].sum() / max(x[:, 1].sum(), 1.0))
+    model = CostModel(a=float(a), b=float(b), c=float(c), edges_per_atom=epa)
+    desc = (f"cost model: NNLS fit to {len(recs)} measured step compute times of run '{Path(run_dir).name}' "
+            f"(batches of {x[:, 1].min():.0f}–{x[:, 1].max():.0f} atoms): t = {a * 1e3:.3g} ms + "
+            f"{b * 1e6:.3g} µs/atom + {c * 1e6:.3g} µs/edge, rms residual {np.sqrt(np.mean(resid ** 2)) * 1e3:.3g} ms")
+    return model, desc
+
+
+def find_run_dir(root: str | Path = "runs", min_steps: int = 6) -> Path | None:
+    """Newest run directory under ``root`` with at least ``min_steps`` logged steps, else ``None``."""
+    best = None
+    for d in Path(root).glob("*/metrics"):
+        files = list(d.glob("rank*.jsonl"))
+        n = sum(f.read_text().count("\n") for f in files)
+        if n >= min_steps:
+            t = max(f.stat().st_mtime for f in files)
+            if best is None or t > best[0]:
+                best = (t, d.parent)
+    return best[1] if best else None
+
+
+def projection_cost_model(run_dir: str | Path | None = None, root: str | Path = "runs"):
+    """Cost model for the projection: fitted to ``run_dir`` (or the newest run), else the H100 anchor."""
+    from workbench.packing import CostModel
+
+    run_dir = run_dir or find_run_dir(root)
+    if run_dir is not None:
+        try:
+            return fit_step_cost_model(run_dir)
+        except (ValueError, OSError):
+            pass
+    m = CostModel()
+    return m, (f"cost model: H100 anchor of workbench.packing.CostModel (no run with step times found): "
+               f"t = {m.a * 1e3:.3g} ms + {m.b * 1e6:.3g} µs/atom + {m.c * 1e6:.3g} µs/edge")
+
+
+def simulate_epoch(packing, sizes: np.ndarray, cost_model, allreduce: AllReduceModel | None = None) -> dict:
+    """Epoch time of a packing: every step lasts as long as its slowest rank, plus one all-reduce.
+
+    Returns ``compute_s`` (sum of per-step maxima), ``balanced_s`` (sum of
+    per-step means: the same work with perfect balance), ``allreduce_s``,
+    ``epoch_s`` and ``steps``.
+    """
+    from workbench.packing.core import batch_sums
+
+    r = packing.num_replicas
+    atoms = batch_sums(sizes["atoms"], packing.flat, packing.offsets).reshape(-1, r)
+    edges = batch_sums(sizes["edges"], packing.flat, packing.offsets).reshape(-1, r)
+    t = cost_model.batch_seconds(atoms, edges)
+    steps = t.shape[0]
+    ar = (allreduce or AllReduceModel()).seconds(r) * steps
+    compute = float(t.max(axis=1).sum())
+    return {"steps": steps, "compute_s": compute, "balanced_s": float(t.mean(axis=1).sum()), "allreduce_s": ar,
+            "epoch_s": compute + ar}
+
+
+def project_scaling(sizes: np.ndarray, gpus: Sequence[int] = DEFAULT_GPUS, mode: str = "strong",
+                    capacity: int = 3072, cost_model=None, speedup: KernelSpeedup | None = None,
+                    allreduce: AllReduceModel | None = None, seed: int = 0) -> list[dict]:
+    """One row per (GPU count, variant): graphs, steps, compute, all-reduce and epoch seconds, speed-up.
+
+    ``mode="strong"``: all graphs at every GPU count. ``mode="weak"``: graphs in
+    proportion to GPUs, ``len(sizes) * R / max(gpus)`` (a prefix of the sizes,
+    which are in random order, so a uniform subsample), so the largest count
+    gets every graph. Baseline: ``fixed-count`` with the same mean atoms per
+    batch as a full bin (``round(capacity / mean atoms)`` graphs).
+    """
+    from workbench.packing import CostModel, pack
+
+    if mode not in ("strong", "weak"):
+        raise ValueError(f"mode must be 'strong' or 'weak', got {mode!r}")
+    cost_model = cost_model or CostModel()
+    speedup = speedup or KernelSpeedup()
+    allreduce = allreduce or AllReduceModel()
+    fast = speedup.apply(cost_model)
+    k = max(1, int(round(capacity / float(np.mean(sizes["atoms"])))))
+    rows = []
+    for r in gpus:
+        n = sizes.size if mode == "strong" else max(int(r), int(round(sizes.size * r / max(gpus))))
+        sub = sizes[:n]
+        packs = {"fixed-count": pack(sub, capacity, r, "fixed-count", seed, graphs_per_batch=k),
+                 "paper": pack(sub, capacity, r, "paper", seed)}
+        base = None
+        for name, algo, kernels in VARIANTS:
+            sim = simulate_epoch(packs[algo], sub, fast if kernels else cost_model, allreduce)
+            base = sim["epoch_s"] if base is None else base
+            rows.append(dict(gpus=int(r), variant=name, algorithm=algo, kernels=kernels, graphs=int(n),
+                             speedup=base / sim["epoch_s"], **sim))
+    return rows
+
+
+def scaling_figure(rows: list[dict], mode: str = "strong", assumptions: Sequence[str] = (), title: str | None = None):
+    """Epoch time against GPUs (log-log, ideal line) and speed-up over the baseline, labelled a projection."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    gpus = sorted({r["gpus"] for r in rows})
+    names = [v for v, _, _ in VARIANTS if any(r["variant"] == v for r in rows)]
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.56, 0.44], horizontal_spacing=0.1,
+                        subplot_titles=("epoch time (projected)", "speed-up over the baseline"))
+    for v in names:
+        mine = sorted((r for r in rows if r["variant"] == v), key=lambda r: r["gpus"])
+        fig.add_trace(go.Scatter(
+            x=[r["gpus"] for r in mine], y=[r["epoch_s"] for r in mine], mode="lines+markers", name=v,
+            legendgroup=v, line=dict(color=VARIANT_COLORS.get(v), width=2.5),
+            customdata=[[r["compute_s"], r["allreduce_s"], r["steps"], r["graphs"]] for r in mine],
+            hovertemplate=(f"<b>{v}</b><br>%{{x}} GPUs, %{{customdata[3]:,}} graphs<br>epoch %{{y:.4g}} s = "
+                           "compute %{customdata[0]:.4g} s + all-reduce %{customdata[1]:.3g} s<br>"
+                           "%{customdata[2]:,} steps<extra></extra>")), 1, 1)
+        fig.add_trace(go.Bar(x=[str(r["gpus"]) for r in mine], y=[r["speedup"] for r in mine], name=v, legendgroup=v,
+                             showlegend=False, marker_color=VARIANT_COLORS.get(v),
+                             hovertemplate=f"{v}<br>%{{x}} GPUs: %{{y:.2f}}× the baseline<extra></extra>"), 1, 2)
+    base = sorted((r for r in rows if r["variant"] == names[0]), key=lambda r: r["gpus"])
+    if base:
+        r0 = base[0]
+        ideal = [r0["epoch_s"] * (r0["gpus"] / g if mode == "strong" else 1.0) for g in gpus]
+        fig.add_trace(go.Scatter(x=gpus, y=ideal, mode="lines", name="ideal (from the baseline's first point)",
+                                 line=dict(color="#999", dash="dash"), hoverinfo="skip"), 1, 1)
+    fig.update_xaxes(type="log", title_text="GPUs", tickvals=gpus, ticktext=[str(g) for g in gpus], row=1, col=1)
+    fig.update_yaxes(type="log", dtick="D2", title_text="seconds per epoch (log)", row=1, col=1)
+    fig.update_xaxes(title_text="GPUs", type="category", row=1, col=2)
+    fig.update_yaxes(title_text="× faster than baseline (same GPUs)", row=1, col=2)
+    fig.update_layout(barmode="group", legend=dict(orientation="h", y=-0.2, x=0))
+    label = "Strong scaling, the same graphs at every GPU count" if mode == "strong" else \
+        "Weak scaling, graphs grow with GPUs"
+    import textwrap
+
+    lines = [("• " if i == 0 else "   ") + part for a in assumptions
+             for i, part in enumerate(textwrap.wrap(a, 150))]
+    text = "<b>PROJECTION, not a measurement.</b> Assumptions:<br>" + "<br>".join(lines)
+    fig.add_annotation(text=text, xref="paper", yref="paper", x=0, y=-0.36, yanchor="top", xanchor="left",
+                       showarrow=False, align="left", font=dict(size=11, color="#444"),
+                       bordercolor="#ccc", borderwidth=1, bgcolor="#fcfcf4")
+    ns = sorted({r["graphs"] for r in rows})
+    span = f"{ns[0]:,} graphs" if len(ns) == 1 else f"{ns[0]:,}–{ns[-1]:,} graphs"
+    style(fig, title or f"Projected {label[0].lower() + label[1:]} ({span})",
+          height=560 + 16 * len(lines))
+    fig.update_layout(margin=dict(b=140 + 16 * len(lines)))
+    return fig
+
+
+def scaling_assumptions(cost_desc: str, speedup: KernelSpeedup, allreduce: AllReduceModel, capacity: int,
+                        mode: str, n: int, gpus: Sequence[int]) -> list[str]:
+    """The lines printed under a scaling figure."""
+    how = (f"all {n:,} graphs at every GPU count" if mode == "strong" else
+           f"graphs ∝ GPUs: {n:,} × R / {max(gpus)} (uniform prefix of the shuffled sizes)")
+    return [f"data: synthetic_sizes (Table-3 mixture), {how}; every step packed for real (pack())",
+            f"batches: paper packer at capacity {capacity} atoms; baseline fixed-count with the same mean atoms per batch",
+            "step time = slowest rank's batch time (straggler model), data loading free",
+            cost_desc, speedup.describe(), allreduce.describe()]

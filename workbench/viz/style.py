@@ -1,0 +1,79 @@
+"""One look for every view: family colours, algorithm colours, a plotly template.
+
+Every figure in :mod:`workbench.viz` colours a chemical family the same way, so a
+reader who learned "orange is TMD" in the dataset view reads the bin layout and
+the molecule gallery without a legend hunt.
+"""
+
+from __future__ import annotations
+
+from workbench.data.families import FAMILY_NAMES
+
+#: Colour of each Table-3 family (colour-blind-safe, Tableau-like; water families in blues).
+FAMILY_COLORS: dict[str, str] = {
+    "mptrj": "#4C78A8",
+    "water_clusters": "#9ECAE9",
+    "tmd": "#F58518",
+    "liquid_water": "#72B7B2",
+    "zeolite": "#54A24B",
+    "cuni": "#E45756",
+    "hea": "#B279A2",
+    "al_hcl": "#EECA3B",
+}
+UNKNOWN_COLOR = "#9D755D"
+
+#: Human-readable family labels (Table 3 of the paper).
+FAMILY_LABELS: dict[str, str] = {
+    "mptrj": "MPtrj",
+    "water_clusters": "water clusters",
+    "tmd": "TMD",
+    "liquid_water": "liquid water",
+    "zeolite": "zeolite",
+    "cuni": "CuNi",
+    "hea": "HEA",
+    "al_hcl": "Al-HCl(aq)",
+}
+
+#: Colour of each packing algorithm / scaling variant.
+ALGORITHM_COLORS: dict[str, str] = {
+    "paper": "#1B9E77",
+    "shuffled-paper": "#66A61E",
+    "ffd": "#7570B3",
+    "dynamic": "#E6AB02",
+    "lpt": "#A6761D",
+    "fixed-count": "#D95F02",
+}
+
+#: Colour of each kernel backend.
+BACKEND_COLORS: dict[str, str] = {"e3nn": "#D95F02", "numba": "#1B9E77", "cueq": "#7570B3"}
+
+TEMPLATE = "plotly_white"
+FONT = dict(family="Inter, Helvetica, Arial, sans-serif", size=13)
+
+
+def family_color(name: str) -> str:
+    """Colour of family ``name`` (a fixed brown for families outside Table 3)."""
+    return FAMILY_COLORS.get(str(name), UNKNOWN_COLOR)
+
+
+def family_label(name: str) -> str:
+    """Display name of family ``name``."""
+    return FAMILY_LABELS.get(str(name), str(name))
+
+
+def family_order(names) -> list[str]:
+    """Families in Table-3 order, unknown names after them, sorted."""
+    present = set(map(str, names))
+    return [f for f in FAMILY_NAMES if f in present] + sorted(present - set(FAMILY_NAMES))
+
+
+def style(fig, title: str | None = None, height: int | None = None):
+    """Apply the workbench template, font and margins to a plotly figure (returns it)."""
+    kw = dict(template=TEMPLATE, font=FONT, margin=dict(l=60, r=20, t=70, b=50),
+              hoverlabel=dict(font_size=12))
+    if title is not None:
+        kw["title"] = dict(text=title, x=0.01, xanchor="left")
+    if height is not None:
+        kw["height"] = height
+    fig.update_layout(**kw)
+    return fig
