@@ -294,6 +294,20 @@ def test_slurm_cancel_and_active_run_guard(slurm_env, dataset, tmp_path):
     assert run.wait(timeout=10) == "failed"  # a cancel is not an error to raise
 
 
+def test_slurm_cancel_running_job_checkpoints_first(slurm_env, dataset, tmp_path):
+    """cancel() on a running job: the rank checkpoints at a step boundary, then the job ends CANCELLED."""
+    config = tiny_config(tmp_path, "cancel-running", dataset, checkpoint_every=0, max_steps=10_000)
+    run = launch(config, backend="slurm", gpus_per_node=1)
+    wait_until(lambda: run.metrics().global_step >= 2, START_TIMEOUT, "the SLURM job to train 2 steps")
+    assert run.status == "running"
+    run.cancel(timeout=120)
+    assert run.status == "failed" and run.reason.startswith("cancelled by user")
+    assert "JobState=CANCELLED" in slurm_env.run("scontrol", "show", "job", run.job_id).stdout
+    ckpt = torch.load(config.run_dir / "checkpoint.pt", weights_only=False)
+    done = run.metrics().global_step
+    assert ckpt["global_step"] == done >= 2  # the checkpoint holds every step that ran, none more
+
+
 def test_slurm_invalid_resources(slurm_env, tmp_path):
     cpu = TrainConfig(output_dir=str(tmp_path), device="cpu")
     with pytest.raises(ValueError, match=r"gpus_per_node=2 but nodes in partition 'debug' have at most 0 GPU\(s\)"):
