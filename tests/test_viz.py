@@ -357,6 +357,31 @@ def test_run_monitor_reads_any_run_dir(tmp_path):
     assert "0 steps" in empty.header.value
 
 
+def test_run_monitor_refresh_is_safe_while_polling(tmp_path):
+    """The poll thread and a cell's refresh() redraw the same FigureWidgets; neither may break the other."""
+    import threading
+
+    run = _fake_run(tmp_path)
+    mon = viz.run_monitor(run, interval=0.001, live=True)  # a bare directory polls until stop()
+    errors = []
+
+    def hammer():
+        try:
+            for _ in range(12):
+                mon.refresh()
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=hammer) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    mon.stop()
+    assert not errors, errors
+    assert len(mon.loss.data) == 6 and "12 steps" in mon.header.value
+
+
 # ---------------------------------------------------------------- molecules and the nglview fix
 def _python(code: str) -> str:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

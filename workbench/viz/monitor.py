@@ -154,6 +154,8 @@ class RunMonitor:
         self.interval = float(interval)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # The poll thread and a user's refresh() (or the button) must not edit a FigureWidget at once.
+        self._lock = threading.RLock()
         self.header = W.HTML()
         self.loss = go.FigureWidget()
         self.times = go.FigureWidget()
@@ -177,13 +179,15 @@ class RunMonitor:
         return st() if callable(st) else st
 
     def refresh(self) -> None:
-        """Re-read the run's logs and redraw."""
-        for fw, new in ((self.loss, loss_figure(self.run_dir)), (self.times, step_time_figure(self.run_dir))):
-            with fw.batch_update():
-                fw.data = []
-            fw.add_traces(list(new.data))
-            fw.layout = new.layout
-        self.header.value = summary_html(self.run_dir, self.status)
+        """Re-read the run's logs and redraw (safe to call while the poll thread runs)."""
+        figures = ((self.loss, loss_figure(self.run_dir)), (self.times, step_time_figure(self.run_dir)))
+        with self._lock:
+            for fw, new in figures:
+                with fw.batch_update():
+                    fw.data = []
+                fw.add_traces(list(new.data))
+                fw.layout = new.layout
+            self.header.value = summary_html(self.run_dir, self.status)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
