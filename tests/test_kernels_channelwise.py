@@ -214,32 +214,8 @@ MODEL_CFGS = [
 
 
 def build(cfg, dtype=torch.float64, seed=0):
-    from mace import modules
-
     cls, hidden, max_ell, corr, nel, icls = cfg
-    m = build_model(cls, hidden, max_ell, corr, nel, dtype=dtype, seed=seed)
-    if icls != "RealAgnosticResidualInteractionBlock":
-        # rebuild with the other interaction class (build_model fixes the residual one)
-        import workbench.kernels  # noqa: F401
-
-        old = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)
-        try:
-            torch.manual_seed(seed)
-            from e3nn import o3
-
-            kw = dict(r_max=4.0, num_bessel=4, num_polynomial_cutoff=5, max_ell=max_ell,
-                      interaction_cls=modules.interaction_classes[icls], interaction_cls_first=modules.interaction_classes[icls],
-                      num_interactions=2, num_elements=nel, hidden_irreps=o3.Irreps(hidden), MLP_irreps=o3.Irreps("8x0e"),
-                      atomic_energies=np.linspace(-1.0, -2.0, nel), avg_num_neighbors=4.0,
-                      atomic_numbers=list(range(1, nel + 1)), correlation=corr, gate=torch.nn.functional.silu)
-            m = getattr(modules, cls)(**kw)
-            with torch.no_grad():
-                for p in m.parameters():
-                    if p.requires_grad:
-                        p.add_(0.3 * torch.randn_like(p))
-        finally:
-            torch.set_default_dtype(old)
+    m = build_model(cls, hidden, max_ell, corr, nel, dtype=dtype, seed=seed, interaction=icls)
     assert all(type(b).__name__ == icls for b in m.interactions)
     return m
 

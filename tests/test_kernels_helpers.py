@@ -10,7 +10,8 @@ from e3nn import o3
 
 
 def build_model(cls_name: str, hidden: str, max_ell: int, correlation: int, n_elements: int,
-                dtype: torch.dtype = torch.float64, seed: int = 0) -> torch.nn.Module:
+                dtype: torch.dtype = torch.float64, seed: int = 0,
+                interaction: str = "RealAgnosticResidualInteractionBlock") -> torch.nn.Module:
     """A real ``mace.modules.MACE`` / ``ScaleShiftMACE`` with random (non-zero) weights."""
     from mace import modules
 
@@ -23,8 +24,8 @@ def build_model(cls_name: str, hidden: str, max_ell: int, correlation: int, n_el
             num_bessel=4,
             num_polynomial_cutoff=5,
             max_ell=max_ell,
-            interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
-            interaction_cls_first=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
+            interaction_cls=modules.interaction_classes[interaction],
+            interaction_cls_first=modules.interaction_classes[interaction],
             num_interactions=2,
             num_elements=n_elements,
             hidden_irreps=o3.Irreps(hidden),
