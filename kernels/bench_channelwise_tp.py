@@ -43,7 +43,7 @@ import workbench  # noqa: E402,F401  (env fix for e3nn before torch/e3nn imports
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from workbench.kernels.models import random_scaleshift_mace, with_backend  # noqa: E402
+from workbench.kernels.models import kernel_variant, random_scaleshift_mace, with_backend  # noqa: E402
 
 from bench_symmetric_contraction import measured_bandwidth, timer  # noqa: E402  (Kernels I helpers)
 
@@ -179,7 +179,9 @@ def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
     ap.add_argument("--max-ell", type=int, default=3)
     ap.add_argument("--correlation", type=int, default=3)
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
-    ap.add_argument("--backends", nargs="+", default=["numba", "e3nn", "cueq"])
+    ap.add_argument("--backends", nargs="+", default=["numba", "numba-table", "e3nn", "cueq"],
+                    help="numba: the kernels the dispatcher picks (unrolled up to WORKBENCH_UNROLL_MAX_TERMS terms); "
+                         "numba-table / numba-unrolled: one kind forced")
     ap.add_argument("--passes", nargs="+", default=list(PASSES))
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=25)
@@ -224,12 +226,13 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
         base = random_scaleshift_mace(args.hidden, args.max_ell, args.correlation, zs, E / max(N, 1), dtype, device)
         results.setdefault("descriptor", {})[dtype_name] = descriptor_costs(base.interactions[1], N, E, torch.finfo(dtype).bits // 8)
         for backend in args.backends:
+            os.environ["WORKBENCH_CUDA_KERNELS"] = kernel_variant(backend)  # read at every launch
             try:
                 model = with_backend(base, backend)
                 kwargs = capture_block_inputs(model, bdt)
             except Exception as exc:  # noqa: BLE001 (record why a backend is missing, keep going)
                 results["runs"].append({"backend": backend, "dtype": dtype_name, "skipped": f"{type(exc).__name__}: {exc}"})
-                print(f"{dtype_name:8s} {backend:6s} skipped: {type(exc).__name__}: {exc}", flush=True)
+                print(f"{dtype_name:8s} {backend:12s} skipped: {type(exc).__name__}: {exc}", flush=True)
                 continue
             block = model.interactions[1]
             params = [p for p in block.parameters() if p.requires_grad]
@@ -257,7 +260,7 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
                     entry["error"] = f"{type(exc).__name__}: {exc}"
                     entry["traceback"] = traceback.format_exc()[-2000:]
                 results["runs"].append(entry)
-                print(f"{dtype_name:8s} {backend:6s} {kind:17s} "
+                print(f"{dtype_name:8s} {backend:12s} {kind:17s} "
                       + (f"{entry['median_ms']:10.3f} ms" + (f"  peak {entry['peak_mem_MB']:.0f} MB" if "peak_mem_MB" in entry else "")
                          if "median_ms" in entry else entry.get("error", "")), flush=True)
     print_table(results)

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 import workbench  # noqa: E402,F401  (env fix for e3nn before torch/e3nn imports)
 import torch  # noqa: E402
 
-from workbench.kernels.models import random_scaleshift_mace, with_backend  # noqa: E402
+from workbench.kernels.models import kernel_variant, random_scaleshift_mace, with_backend  # noqa: E402
 
 PASSES = ("forward", "forward_backward", "double_backward")
 
@@ -142,7 +142,9 @@ def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
     ap.add_argument("--correlation", type=int, default=3)
     ap.add_argument("--elements", type=int, default=10)
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
-    ap.add_argument("--backends", nargs="+", default=["numba", "e3nn", "cueq"])
+    ap.add_argument("--backends", nargs="+", default=["numba", "numba-table", "e3nn", "cueq"],
+                    help="numba: the kernels the dispatcher picks (unrolled up to WORKBENCH_UNROLL_MAX_TERMS terms); "
+                         "numba-table / numba-unrolled: one kind forced")
     ap.add_argument("--targets", nargs="+", default=["contraction", "products0"])
     ap.add_argument("--passes", nargs="+", default=list(PASSES))
     ap.add_argument("--warmup", type=int, default=5)
@@ -185,6 +187,7 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
         sc_in = torch.randn(args.atoms, block0.linear.irreps_out.dim, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
         results.setdefault("descriptor", {})[dtype_name] = descriptor_costs(block0.symmetric_contractions, args.atoms, x0.element_size())
         for backend in args.backends:
+            os.environ["WORKBENCH_CUDA_KERNELS"] = kernel_variant(backend)  # read at every launch
             try:
                 model = with_backend(base, backend)
             except Exception as exc:  # noqa: BLE001 (record why a backend is missing, keep going)
@@ -218,7 +221,7 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
                         entry["error"] = f"{type(exc).__name__}: {exc}"
                         entry["traceback"] = traceback.format_exc()[-2000:]
                     results["runs"].append(entry)
-                    print(f"{dtype_name:8s} {backend:6s} {target:12s} {kind:17s} "
+                    print(f"{dtype_name:8s} {backend:12s} {target:12s} {kind:17s} "
                           + (f"{entry['median_ms']:9.3f} ms" if "median_ms" in entry else entry.get("error", "")), flush=True)
     out = Path(args.out) if args.out else ROOT / "kernels" / "results" / f"symmetric_contraction_{'gpu' if device.startswith('cuda') else 'cpu'}_{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

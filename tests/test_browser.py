@@ -15,14 +15,14 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from workbench.launch.testing import WaitError, free_port, http_ok, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -34,12 +34,6 @@ RUN_TIMEOUT_MS = 180_000  # a whole notebook, on a busy 2-core CI machine
 pytestmark = [
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium not installed (make system-deps)"),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _settings(d: Path) -> None:
@@ -65,7 +59,7 @@ def lab(tmp_path_factory):
     for sub in ("config", "runtime", "data", "settings", "workspaces", "ipython", "runs"):
         (tmp / sub).mkdir()
     _settings(tmp / "settings")
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
                JUPYTER_DATA_DIR=str(tmp / "data"), IPYTHONDIR=str(tmp / "ipython"), WORKBENCH_RUNS=str(tmp / "runs"),
                JUPYTER_PLATFORM_DIRS="1")
@@ -81,18 +75,12 @@ def lab(tmp_path_factory):
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                             cwd=nbdir, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"JupyterLab did not start: {(tmp / 'jupyter.log').read_text()[-3000:]}")
-        time.sleep(0.5)
+    try:
+        wait_for(lambda: http_ok(f"{base}/api/status?token={token}"), "JupyterLab to answer /api/status", 120,
+                 {"jupyter lab": proc}, interval_s=0.5)
+    except WaitError as exc:
+        proc.kill()
+        pytest.fail(f"JupyterLab did not start ({exc}): {(tmp / 'jupyter.log').read_text()[-3000:]}")
     try:
         yield {"base": base, "token": token, "log": tmp / "jupyter.log"}
     finally:

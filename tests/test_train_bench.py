@@ -21,7 +21,24 @@ def test_bench_structures_tiles_with_rattled_copies():
         assert 0 < shift.max() < 0.15 and c.info["REF_energy"] == o.info["REF_energy"]
 
 
-def test_bench_train_smoke(tmp_path):
+def _counting(monkeypatch, module, name: str) -> list:
+    """Wrap ``module.name`` so each call is recorded, then delegate to the real function."""
+    real, calls = getattr(module, name), []
+
+    def wrapper(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapper)
+    return calls
+
+
+def test_bench_train_smoke(tmp_path, monkeypatch):
+    import workbench.train.data
+    import workbench.train.model
+
+    prepared = _counting(monkeypatch, workbench.train.data, "prepare_data")
+    stats = _counting(monkeypatch, workbench.train.model, "compute_stats")
     cfg = TrainConfig(output_dir=str(tmp_path), hidden_irreps="8x0e+8x1o", max_ell=1, correlation=2, num_bessel=4,
                       radial_mlp=[16, 16], capacity=300, families=["water_clusters", "mptrj"], valid_fraction=0.1,
                       progress=False)
@@ -29,6 +46,8 @@ def test_bench_train_smoke(tmp_path):
     res = bench_train(cfg, structures=40, batch_size=4, variants=("baseline", "packer-numba", "packer-cueq"),
                       warmup_steps=1, out=out)
     assert json.loads(out.read_text()) == json.loads(json.dumps(res))
+    # Four runs (warm-up and timed, two variants) share one data preparation and one set of statistics.
+    assert len(prepared) == 1 and len(stats) == 1
     v = res["variants"]
     assert set(v) == {"baseline", "packer-numba"} and "packer-cueq" in res["skipped"]
     # One epoch each over the same 36 training graphs: same atoms, different batching.

@@ -54,3 +54,9 @@ def _register_one(bench_subparsers, command: str, script: str, help_: str) -> No
 def register_bench(bench_subparsers) -> None:
     for command, (script, help_) in BENCHES.items():
         _register_one(bench_subparsers, command, script, help_)
+
+
+def register(subparsers) -> None:
+    from workbench.kernels.resources import register as register_resources
+
+    register_resources(subparsers)

@@ -114,7 +114,7 @@ def get_kernel(buffer_len: int, tpb: int, dtype: str) -> Any:
         T = t_out.shape[0]
         D = t_fac.shape[1]
         cur = t_out[0]
-        acc = t_coef[0] * 0.0
+        acc = nb_dtype(0.0)  # typed zero: a bare 0.0 would make float32 kernels accumulate in float64
         for t in range(T):
             o = t_out[t]
             if o != cur:
@@ -122,7 +122,7 @@ def get_kernel(buffer_len: int, tpb: int, dtype: str) -> Any:
                     cuda.atomic.add(out, (z, out_off[cur] + c * out_cs[cur]), acc)
                 else:
                     out[b, out_off[cur] + c * out_cs[cur]] += acc
-                acc = t_coef[0] * 0.0
+                acc = nb_dtype(0.0)
                 cur = o
             p = t_coef[t]
             for j in range(D):
@@ -136,22 +136,37 @@ def get_kernel(buffer_len: int, tpb: int, dtype: str) -> Any:
     return sparse_poly_kernel
 
 
-def launch(compiled: Any, arrays: list, species: Any, channels: int, out: Any, stream: Any = 0) -> None:
-    """Launch one compiled polynomial.
+def plan(compiled: Any, arrays: list, species: Any, channels: int, out: Any, host: bool = False) -> tuple | None:
+    """``(kernel, blocks, threads_per_block, args)`` for one compiled polynomial, or None when
+    there is nothing to do. The unrolled kernel (:mod:`workbench.kernels.unrolled`) is chosen
+    unless the polynomial is too large for it (or ``WORKBENCH_CUDA_KERNELS=table``).
 
     ``arrays``: the 10 operand arrays (6 atom + 4 species slots, dummies where unused) as numba
-    device arrays (or numpy arrays under the simulator); ``out``: zero-initialised output.
+    device arrays (numpy arrays under the simulator or for PTX compilation); ``out``:
+    zero-initialised output; ``host``: table arguments as host arrays (for PTX compilation).
     """
-    if compiled.num_terms == 0:
-        return
+    from workbench.kernels import unrolled
+
+    n = species.shape[0] * channels
+    if compiled.num_terms == 0 or n == 0:
+        return None
     dtype = str(np.dtype(out.dtype))
+    if unrolled.use_unrolled(compiled.num_terms):
+        kernel = unrolled.get_unrolled_kernel(compiled.table, "atom", dtype, atomic=compiled.species_output)
+        tpb = int(os.environ.get("WORKBENCH_CUDA_TPB", unrolled.THREADS_PER_BLOCK))
+        return kernel, (n + tpb - 1) // tpb, tpb, (*arrays, species, channels, out)
     itemsize = np.dtype(out.dtype).itemsize
     buffer_len = compiled.num_slots + 1
     tpb = threads_per_block(buffer_len + (buffer_len + 1) % 2, itemsize)
     kernel = get_kernel(buffer_len, tpb, dtype)
-    tables = compiled.device_tables(dtype, stream)
-    n = species.shape[0] * channels
-    if n == 0:
-        return
-    blocks = (n + tpb - 1) // tpb
-    kernel[blocks, tpb, stream](*arrays, species, channels, *tables[:6], out, tables[6], tables[7], compiled.species_output)
+    tables = compiled.host_tables(dtype) if host else compiled.device_tables(dtype)
+    args = (*arrays, species, channels, *tables[:6], out, tables[6], tables[7], compiled.species_output)
+    return kernel, (n + tpb - 1) // tpb, tpb, args
+
+
+def launch(compiled: Any, arrays: list, species: Any, channels: int, out: Any, stream: Any = 0) -> None:
+    """Launch one compiled polynomial on ``stream`` (see :func:`plan`)."""
+    p = plan(compiled, arrays, species, channels, out)
+    if p is not None:
+        kernel, blocks, tpb, args = p
+        kernel[blocks, tpb, stream](*args)

@@ -77,7 +77,7 @@ def get_node_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
         c = gid - n * C
         S = slot_arr.shape[0]
         O = out_off.shape[0]
-        zero = t_coef[0] * 0.0
+        zero = nb_dtype(0.0)  # typed zero: a bare 0.0 would make float32 kernels accumulate in float64
         for o in range(O):
             v[tid, A0 + o] = zero
         v[tid, S] = 1.0
@@ -159,7 +159,7 @@ def get_edge_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
         r = receiver[e]
         S = slot_arr.shape[0]
         O = out_off.shape[0]
-        zero = t_coef[0] * 0.0
+        zero = nb_dtype(0.0)  # typed zero: a bare 0.0 would make float32 kernels accumulate in float64
         if reduce_channels:
             for o in range(O):
                 v[tid, A0 + o] = zero
@@ -217,37 +217,60 @@ def get_edge_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
     return edge_poly_edge_kernel
 
 
-def launch(compiled: Any, arrays: list, sender: Any, receiver: Any, seg: tuple | None, channels: int,
-           out: Any, stream: Any = 0) -> None:
-    """Launch one compiled edge polynomial (``workbench.kernels.edge_op.EdgeCompiledPolynomial``).
+def plan(compiled: Any, arrays: list, sender: Any, receiver: Any, seg: tuple | None, channels: int,
+         out: Any, host: bool = False) -> tuple | None:
+    """``(kernel, blocks, threads_per_block, args)`` for one compiled edge polynomial
+    (``workbench.kernels.edge_op.EdgeCompiledPolynomial``), or None when there is nothing to do.
+    The unrolled kernel is chosen unless the polynomial is too large for it.
 
     ``arrays``: the 8 operand arrays (dummies where unused) as numba device arrays (numpy under
-    the simulator); ``seg``: ``(seg_ptr, seg_perm)`` CSR for node outputs, ``None`` for edge
-    outputs; ``out``: zero-initialised output.
+    the simulator or for PTX compilation); ``seg``: ``(seg_ptr, seg_perm)`` CSR for node outputs,
+    ``None`` for edge outputs; ``out``: zero-initialised output; ``host``: table arguments as
+    host arrays (for PTX compilation).
     """
+    import os
+
+    from workbench.kernels import unrolled
+
     if compiled.num_terms == 0 or sender.shape[0] == 0:
-        return
+        return None
     dtype = str(np.dtype(out.dtype))
-    itemsize = np.dtype(out.dtype).itemsize
-    buffer_len = compiled.num_slots + 1
-    out_len = compiled.out_size if (compiled.node_output or compiled.reduce_channels) else 0
-    tpb = threads_per_block(_odd(buffer_len + out_len), itemsize)
-    tables = compiled.device_tables(dtype)
     reduce_ = compiled.reduce_channels
     if compiled.node_output:
-        seg_ptr, seg_perm = seg
-        n = (seg_ptr.shape[0] - 1) * channels
-        if n == 0:
-            return
-        kernel = get_node_kernel(buffer_len, out_len, tpb, dtype)
-        kernel[(n + tpb - 1) // tpb, tpb, stream](*arrays, sender, receiver, seg_ptr, seg_perm, channels,
-                                                  *tables[:7], out, tables[7], tables[8], reduce_)
+        n = (seg[0].shape[0] - 1) * channels
     else:
+        # thread per (edge, channel), or G threads per edge for a channel-summed output
         G = reduce_group(channels) if reduce_ else channels
-        n = sender.shape[0] * (G if reduce_ else channels)
+        n = sender.shape[0] * G
+    if n == 0:
+        return None
+    if unrolled.use_unrolled(compiled.num_terms):
+        tpb = int(os.environ.get("WORKBENCH_CUDA_TPB", unrolled.THREADS_PER_BLOCK))
+        shape = "node" if compiled.node_output else "edge"
+        kernel = unrolled.get_unrolled_kernel(compiled.table, shape, dtype, reduce_channels=reduce_)
+        if compiled.node_output:
+            args = (*arrays, sender, receiver, seg[0], seg[1], channels, out)
+        else:
+            args = (*arrays, sender, receiver, G, channels, out)
+        return kernel, (n + tpb - 1) // tpb, tpb, args
+    itemsize = np.dtype(out.dtype).itemsize
+    buffer_len = compiled.num_slots + 1
+    out_len = compiled.out_size if (compiled.node_output or reduce_) else 0
+    tpb = threads_per_block(_odd(buffer_len + out_len), itemsize)
+    tables = compiled.host_tables(dtype) if host else compiled.device_tables(dtype)
+    if compiled.node_output:
+        kernel = get_node_kernel(buffer_len, out_len, tpb, dtype)
+        args = (*arrays, sender, receiver, seg[0], seg[1], channels, *tables[:7], out, tables[7], tables[8], reduce_)
+    else:
         kernel = get_edge_kernel(buffer_len, out_len, tpb, dtype)
-        if not reduce_:
-            # thread per (edge, channel): G == C makes the channel loop run exactly once
-            G = channels
-        kernel[(n + tpb - 1) // tpb, tpb, stream](*arrays, sender, receiver, G, channels,
-                                                  *tables[:7], out, tables[7], tables[8], reduce_)
+        args = (*arrays, sender, receiver, G, channels, *tables[:7], out, tables[7], tables[8], reduce_)
+    return kernel, (n + tpb - 1) // tpb, tpb, args
+
+
+def launch(compiled: Any, arrays: list, sender: Any, receiver: Any, seg: tuple | None, channels: int,
+           out: Any, stream: Any = 0) -> None:
+    """Launch one compiled edge polynomial on ``stream`` (see :func:`plan`)."""
+    p = plan(compiled, arrays, sender, receiver, seg, channels, out)
+    if p is not None:
+        kernel, blocks, tpb, args = p
+        kernel[blocks, tpb, stream](*args)

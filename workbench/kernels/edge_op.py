@@ -34,6 +34,7 @@ from workbench.kernels import cuda as _cuda
 from workbench.kernels import edge_cpu as _ecpu
 from workbench.kernels.descriptor import Operand, SparsePolynomial
 from workbench.kernels.op import PolyOp, _warn_once
+from workbench.kernels.tables import CompiledTables, term_table
 
 __all__ = ["EdgeGraph", "EdgePolyOp", "apply_edge_poly_op"]
 
@@ -67,17 +68,13 @@ class EdgeGraph:
         return self._csr[kind]
 
 
-class EdgeCompiledPolynomial:
+class EdgeCompiledPolynomial(CompiledTables):
     """Term tables of one edge polynomial: slot ``q`` reads array ``slot_arr[q]`` at the row of
     kind ``slot_kind[q]`` (0 edge, 1 sender, 2 receiver), element ``slot_off + c * slot_cs``."""
 
     def __init__(self, poly: SparsePolynomial):
-        used = sorted({f for _, fs in poly.terms for f in fs})
-        slot_of = {f: q for q, f in enumerate(used)}
-        S = len(used)
-        self.num_slots = S
-        self.num_terms = poly.num_terms
-        self.output = poly.output
+        kinds = [_ecpu.KIND_CODES[op.batch] for op in poly.operands]
+        super().__init__(poly, term_table(poly, range(len(poly.operands)), kinds))
         self.out_size = poly.output.size
         self.out_kind = poly.output.batch
         self.node_output = poly.output.batch in ("sender", "receiver")
@@ -85,51 +82,10 @@ class EdgeCompiledPolynomial:
         if 0 in cs and cs != {0}:
             raise ValueError("an output must be either channelwise or channel-broadcast in every component")
         self.reduce_channels = cs == {0}
-        self.slot_arr = np.array([a for a, _ in used], dtype=np.int64)
-        self.slot_kind = np.array([_ecpu.KIND_CODES[poly.operands[a].batch] for a, _ in used], dtype=np.int64)
-        self.slot_off = np.array([poly.operands[a].offsets[i] for a, i in used], dtype=np.int64)
-        self.slot_cs = np.array([poly.operands[a].cstrides[i] for a, i in used], dtype=np.int64)
-        items = sorted(poly.terms.items())  # by output component, then factors
-        D = max(poly.max_degree, 1)
-        self.t_out = np.array([o for (o, _), _ in items], dtype=np.int64)
-        self.t_fac = np.full((len(items), D), S, dtype=np.int64)  # slot S holds 1.0
-        for t, ((_, fs), _) in enumerate(items):
-            for j, f in enumerate(fs):
-                self.t_fac[t, j] = slot_of[f]
-        coef = np.array([c for _, c in items], dtype=np.float64)
-        self.t_coef = {"float64": coef, "float32": coef.astype(np.float32)}
-        self.out_off = np.array(poly.output.offsets, dtype=np.int64)
-        self.out_cs = np.array(poly.output.cstrides, dtype=np.int64)
-        if self.num_terms == 0:
-            self.t_fac = np.zeros((0, 1), dtype=np.int64)
-        self._device: dict = {}
-        self._lock = threading.Lock()
 
     def host_tables(self, dtype: str) -> tuple:
-        return (self.slot_arr, self.slot_kind, self.slot_off, self.slot_cs, self.t_out, self.t_fac,
-                self.t_coef[dtype], self.out_off, self.out_cs)
-
-    def device_tables(self, dtype: str) -> tuple:
-        """Tables on the current CUDA device (uploaded once, cached); numpy under the simulator."""
-        if _cuda.cudasim_enabled():
-            return self.host_tables(dtype)
-        from numba import cuda
-
-        key = (cuda.get_current_device().id, dtype)
-        with self._lock:
-            if key not in self._device:
-                self._device[key] = tuple(cuda.to_device(np.ascontiguousarray(a)) for a in self.host_tables(dtype))
-            return self._device[key]
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_device"] = {}
-        state.pop("_lock")
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
+        t = self.table
+        return (t.slot_arr, t.slot_kind, t.slot_off, t.slot_cs, t.t_out, t.t_fac, self._coef[dtype], t.out_off, t.out_cs)
 
 
 class EdgePolyOp(PolyOp):

@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-__all__ = ["random_scaleshift_mace", "with_backend"]
+__all__ = ["kernel_variant", "random_scaleshift_mace", "with_backend"]
 
 
 def random_scaleshift_mace(hidden: str, max_ell: int, correlation: int, atomic_numbers: Sequence[int],
@@ -45,9 +45,20 @@ def random_scaleshift_mace(hidden: str, max_ell: int, correlation: int, atomic_n
     return model.to(device)
 
 
+def kernel_variant(backend: str) -> str:
+    """``WORKBENCH_CUDA_KERNELS`` for a benchmark backend name: ``"numba-table"`` and
+    ``"numba-unrolled"`` force one CUDA kernel kind, every other name leaves the choice to the
+    dispatcher (``"auto"``)."""
+    base, _, variant = backend.partition("-")
+    return variant if base == "numba" and variant in ("table", "unrolled") else "auto"
+
+
 def with_backend(model: torch.nn.Module, backend: str) -> torch.nn.Module:
-    """A copy of ``model`` with ``backend`` (``"e3nn"``: the original modules)."""
+    """A copy of ``model`` with ``backend`` (``"e3nn"``: the original modules; ``"numba-table"``
+    and ``"numba-unrolled"`` are ``"numba"``, see :func:`kernel_variant`)."""
     from workbench.kernels import accelerate
 
     m = copy.deepcopy(model)
+    if backend.startswith("numba-"):
+        backend = "numba"
     return m if backend == "e3nn" else accelerate(m, backend=backend)

@@ -22,6 +22,7 @@ import torch
 from workbench.kernels import cpu as _cpu
 from workbench.kernels import cuda as _cuda
 from workbench.kernels.descriptor import Operand, SparsePolynomial
+from workbench.kernels.tables import CompiledTables, term_table
 
 __all__ = ["CompiledPolynomial", "PolyOp", "apply_poly_op"]
 
@@ -34,7 +35,7 @@ def _warn_once(msg: str) -> None:
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
-class CompiledPolynomial:
+class CompiledPolynomial(CompiledTables):
     """Term tables of one output polynomial, ready for the kernels.
 
     Slots are the operand components the polynomial actually uses; ``slot_src`` says in which
@@ -42,56 +43,13 @@ class CompiledPolynomial:
     """
 
     def __init__(self, poly: SparsePolynomial, array_ids: Sequence[int]):
-        used = sorted({f for _, fs in poly.terms for f in fs})
-        slot_of = {f: s for s, f in enumerate(used)}
-        S = len(used)
-        self.num_slots = S
-        self.num_terms = poly.num_terms
+        species_kind = [int(i >= _cpu.MAX_ATOM_ARRAYS) for i in array_ids]
+        super().__init__(poly, term_table(poly, array_ids, species_kind))
         self.species_output = poly.output.batch == "species"
-        self.output = poly.output
-        self.slot_src = np.array([array_ids[a] for a, _ in used], dtype=np.int64)
-        self.slot_off = np.array([poly.operands[a].offsets[i] for a, i in used], dtype=np.int64)
-        self.slot_cs = np.array([poly.operands[a].cstrides[i] for a, i in used], dtype=np.int64)
-        items = sorted(poly.terms.items())  # by output component, then factors
-        D = max(poly.max_degree, 1)
-        self.t_out = np.array([o for (o, _), _ in items], dtype=np.int64)
-        self.t_fac = np.full((len(items), D), S, dtype=np.int64)  # slot S holds 1.0
-        for t, ((_, fs), _) in enumerate(items):
-            for j, f in enumerate(fs):
-                self.t_fac[t, j] = slot_of[f]
-        coef = np.array([c for _, c in items], dtype=np.float64)
-        self.t_coef = {"float64": coef, "float32": coef.astype(np.float32)}
-        self.out_off = np.array(poly.output.offsets, dtype=np.int64)
-        self.out_cs = np.array(poly.output.cstrides, dtype=np.int64)
-        if self.num_terms == 0:  # numba wants non-empty index arrays to type the loops
-            self.t_fac = np.zeros((0, 1), dtype=np.int64)
-        self._device: dict = {}
-        self._lock = threading.Lock()
 
     def host_tables(self, dtype: str) -> tuple:
-        return (self.slot_src, self.slot_off, self.slot_cs, self.t_out, self.t_fac, self.t_coef[dtype], self.out_off, self.out_cs)
-
-    def device_tables(self, dtype: str, stream=0) -> tuple:
-        """Tables on the current CUDA device (uploaded once, cached); numpy under the simulator."""
-        if _cuda.cudasim_enabled():
-            return self.host_tables(dtype)
-        from numba import cuda
-
-        key = (cuda.get_current_device().id, dtype)
-        with self._lock:
-            if key not in self._device:
-                self._device[key] = tuple(cuda.to_device(np.ascontiguousarray(a)) for a in self.host_tables(dtype))
-            return self._device[key]
-
-    def __getstate__(self):  # device arrays never pickle
-        state = self.__dict__.copy()
-        state["_device"] = {}
-        state.pop("_lock")
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
+        t = self.table
+        return (t.slot_arr, t.slot_off, t.slot_cs, t.t_out, t.t_fac, self._coef[dtype], t.out_off, t.out_cs)
 
 
 class PolyOp:

@@ -34,6 +34,8 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.request
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -49,10 +51,42 @@ def _which(name: str) -> str | None:
     return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin:/usr/local/sbin")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class WaitError(RuntimeError):
+    """``wait_for`` gave up; ``proc`` names the process that exited, or is None on a timeout."""
+
+    def __init__(self, message: str, proc: str | None = None) -> None:
+        super().__init__(message)
+        self.proc = proc
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout_s: float,
+             procs: Mapping[str, subprocess.Popen] | None = None, interval_s: float = 0.25) -> None:
+    """Poll ``check()`` until it is true; raise ``WaitError`` on timeout or when one of ``procs`` exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for name, proc in (procs or {}).items():
+            if proc.poll() is not None:
+                raise WaitError(f"{name} exited with code {proc.returncode} while waiting for {what}", name)
+        if check():
+            return
+        time.sleep(interval_s)
+    raise WaitError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def http_ok(url: str, timeout_s: float = 5) -> bool:
+    """True when a GET of ``url`` answers 200 (a server still starting answers nothing)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 def _memory_mb() -> int:
@@ -183,7 +217,7 @@ class LocalSlurm:
         os.chmod(key, 0o400)
         (root / "plugstack.conf").write_text("")  # keep /etc/slurm/plugstack.conf's SPANK plugins out
         user = getpass.getuser()
-        self.ctld_port, self.slurmd_port = _free_port(), _free_port()
+        self.ctld_port, self.slurmd_port = free_port(), free_port()
         conf = f"""\
 # Written by workbench.launch.testing.LocalSlurm
 ClusterName=workbench
@@ -247,17 +281,10 @@ PartitionName={self.partition} Nodes={self.hostname} Default=YES MaxTime=INFINIT
         return out.returncode == 0 and any(line.split()[1:2] == ["idle"] for line in out.stdout.splitlines())
 
     def _wait_for(self, check, what: str, daemon: str) -> None:
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            for name, proc in self.procs.items():
-                if proc.poll() is not None:
-                    raise SlurmStartError(f"{name} exited with code {proc.returncode} while waiting for {what}:\n"
-                                          f"{self._daemon_output(name)}")
-            if check():
-                return
-            time.sleep(0.25)
-        raise SlurmStartError(f"timed out after {self.start_timeout_s:.0f} s waiting for {what}:\n"
-                              f"{self._daemon_output(daemon)}")
+        try:
+            wait_for(check, what, self.start_timeout_s, self.procs)
+        except WaitError as exc:
+            raise SlurmStartError(f"{exc}:\n{self._daemon_output(exc.proc or daemon)}") from None
 
     def _daemon_output(self, name: str) -> str:
         texts = []

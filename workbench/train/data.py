@@ -8,6 +8,10 @@ import numpy as np
 
 from workbench.train.config import TrainConfig
 
+#: The ``TrainConfig`` fields ``prepare_data`` reads: configs equal on these get equal ``TrainData``.
+PREPARE_FIELDS = ("dataset", "families", "energy_key", "forces_key", "seed", "max_structures", "valid_fraction",
+                  "cutoff", "dtype")
+
 
 @dataclass
 class TrainData:
@@ -20,6 +24,7 @@ class TrainData:
     z_table: object
     train_atoms: np.ndarray  # atoms per training graph, int64
     train_edges: np.ndarray  # directed edges per training graph, int64
+    stats: object | None = None  # ModelStats of the training split, filled by the first run that needs it
 
 
 def load_structures(config: TrainConfig) -> list:
@@ -40,7 +45,21 @@ def load_structures(config: TrainConfig) -> list:
 
 
 def prepare_data(config: TrainConfig, structures: list | None = None) -> TrainData:
-    """Seeded shuffle, optional ``max_structures`` cut, train/validation split, mace conversion."""
+    """Seeded shuffle, optional ``max_structures`` cut, train/validation split, mace conversion.
+
+    Tensors are built in ``config.dtype`` (the torch default dtype is set while this runs).
+    """
+    import torch
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, config.dtype))  # mace builds AtomicData in the default dtype
+    try:
+        return _prepare_data(config, structures)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _prepare_data(config: TrainConfig, structures: list | None) -> TrainData:
     from mace.data import AtomicData, config_from_atoms
 
     from workbench.data.atomic_data import key_specification, z_table_for

@@ -32,6 +32,7 @@ import torch
 from workbench.train import preempt
 from workbench.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from workbench.train.config import TrainConfig
+from workbench.train.data import TrainData
 from workbench.train.timing import AllreduceTimer, sync
 
 PACKERS = ("paper", "shuffled-paper", "dynamic", "ffd", "lpt")
@@ -142,9 +143,12 @@ def _maybe_fail(global_step: int, rank: int) -> None:
     os._exit(int(os.environ.get("WORKBENCH_FAIL_CODE", 17)))
 
 
-def train(config: TrainConfig, structures: list | None = None, resume: bool = True) -> TrainResult:
+def train(config: TrainConfig, structures: list | None = None, resume: bool = True,
+          data: TrainData | None = None) -> TrainResult:
     """Train ``config``; resume from ``<run_dir>/checkpoint.pt`` when present and ``resume``.
 
+    ``data``: already prepared by ``prepare_data`` for a config equal to ``config`` on
+    ``PREPARE_FIELDS`` (``structures`` is then unused); several runs can share it.
     The torch default dtype is ``config.dtype`` while it runs (mace builds its data and
     buffers in the default dtype) and is restored afterwards.
     """
@@ -152,7 +156,7 @@ def train(config: TrainConfig, structures: list | None = None, resume: bool = Tr
     torch.set_default_dtype(getattr(torch, config.dtype))
     try:
         with preempt.guard_from_env():  # preemption hook (workbench.train.preempt); opt-in via env
-            return _train(config, structures, resume)
+            return _train(config, structures, resume, data)
     finally:
         torch.set_default_dtype(previous)
 
@@ -174,7 +178,7 @@ def _attempt_store(rank: int, world: int, timeout):
     return dist.PrefixStore(f"workbench/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/attempt{attempt}", store)
 
 
-def _train(config: TrainConfig, structures: list | None, resume: bool) -> TrainResult:
+def _train(config: TrainConfig, structures: list | None, resume: bool, data: TrainData | None) -> TrainResult:
     import torch.distributed as dist
     from mace.modules.loss import WeightedEnergyForcesLoss
     from mace.tools.torch_geometric import DataLoader
@@ -185,7 +189,8 @@ def _train(config: TrainConfig, structures: list | None, resume: bool) -> TrainR
     rank, world, local_rank = _dist_env()
     device = _device(config, local_rank)
     preflight(config, device)
-    data = prepare_data(config, structures)
+    if data is None:
+        data = prepare_data(config, structures)
     sampler = make_sampler(config, data.train_atoms, data.train_edges, world, rank)
     run_dir = config.run_dir
     ckpt_path = run_dir / CHECKPOINT_NAME
@@ -208,7 +213,12 @@ def _train(config: TrainConfig, structures: list | None, resume: bool) -> TrainR
     np.random.seed(config.seed)
 
     ckpt = load_checkpoint(ckpt_path) if resume else None
-    stats = ModelStats(**ckpt["stats"]) if ckpt else compute_stats(data.train_configs, data.train, data.z_table)
+    if ckpt:
+        stats = ModelStats(**ckpt["stats"])
+    else:
+        if data.stats is None:
+            data.stats = compute_stats(data.train_configs, data.train, data.z_table)
+        stats = data.stats
     model = build_model(config, stats).to(device)
     if config.backend != "e3nn":
         from workbench.kernels import accelerate

@@ -1,0 +1,120 @@
+"""The CUDA kernels compile for a real GPU: every kernel a force-training step launches, built
+to PTX for sm_90 (H100) by numba-cuda's NVVM and assembled by ptxas, with no GPU.
+
+The simulator tests check what the kernels compute but run them as Python, so they cannot see
+a construct that does not compile for the device, a float64 constant leaking into a float32
+kernel, or register spills. These tests can.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from test_kernels_helpers import build_model
+from workbench.kernels import accelerate, unrolled
+from workbench.kernels.channelwise_tp import channelwise_tp_op
+from workbench.kernels.resources import find_ptxas, kernel_resources, occupancy, training_ops
+
+
+@pytest.fixture(scope="module")
+def small_ops():
+    torch.manual_seed(0)
+    model = accelerate(build_model("ScaleShiftMACE", "4x0e+4x1o", 2, 2, 3))
+    sc = model.products[0].symmetric_contractions.op
+    tp, _ = channelwise_tp_op(model.interactions[1].conv_tp)
+    return {"symmetric_contraction": training_ops(sc), "channelwise_tp": training_ops(tp)}
+
+
+def test_ptxas_is_installed():
+    # the dev extra installs the nvidia-cuda-nvcc wheel; without it the resource checks would be vacuous
+    assert find_ptxas() is not None
+
+
+@pytest.mark.parametrize("variant", ["unrolled", "table"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_training_kernels_compile_for_sm90(small_ops, variant, dtype, monkeypatch):
+    from numba import cuda
+
+    captured: list[str] = []
+    real = cuda.compile_ptx
+
+    def keep(*args, **kwargs):
+        ptx, resty = real(*args, **kwargs)
+        captured.append(ptx)
+        return ptx, resty
+
+    monkeypatch.setattr(cuda, "compile_ptx", keep)
+    rows = []
+    for family, ops in small_ops.items():
+        rows += kernel_resources(ops, dtype, variant, cc=(9, 0), family=family)
+    # forward, 2 backward and 3 double-backward outputs for the contraction; 1 + 3 + 4 for the TP
+    assert len(rows) == len(captured) == 6 + 8
+    assert {r.variant for r in rows} == {variant}
+    for r, ptx in zip(rows, captured):
+        assert ".target sm_90" in ptx and ".entry" in ptx, (r.family, r.op, r.output)
+        if dtype == "float32":
+            # no float64 arithmetic or conversion: a bare Python float in a kernel would promote
+            assert not re.search(r"\.f64\b", ptx), (r.family, r.op, r.output, re.findall(r".*\.f64.*", ptx)[:3])
+        assert r.registers is not None and 0 < r.registers <= 255
+        assert r.spill_stores == 0 and r.spill_loads == 0, r
+        assert 0 < r.occupancy <= 1
+        if variant == "unrolled":
+            assert r.shared_bytes == 0  # operands and accumulators live in registers
+        else:
+            assert r.shared_bytes > 0
+
+
+def test_occupancy_model():
+    # H100: 64 K registers and 2048 threads per SM
+    assert occupancy(32, 0, 128) == 1.0
+    assert occupancy(64, 0, 128) == 0.5
+    assert occupancy(255, 0, 128) == pytest.approx(0.125)  # 256 regs/thread after rounding: 2 blocks
+    assert occupancy(32, 100 * 1024, 128) == pytest.approx(2 * 128 / 2048)  # shared memory bound
+
+
+def test_unrolled_switch(monkeypatch):
+    monkeypatch.delenv("WORKBENCH_CUDA_KERNELS", raising=False)
+    monkeypatch.delenv("WORKBENCH_UNROLL_MAX_TERMS", raising=False)
+    assert unrolled.use_unrolled(unrolled.DEFAULT_MAX_TERMS)
+    assert not unrolled.use_unrolled(unrolled.DEFAULT_MAX_TERMS + 1)
+    monkeypatch.setenv("WORKBENCH_UNROLL_MAX_TERMS", "10")
+    assert not unrolled.use_unrolled(11)
+    monkeypatch.setenv("WORKBENCH_CUDA_KERNELS", "unrolled")
+    assert unrolled.use_unrolled(10**6)
+    monkeypatch.setenv("WORKBENCH_CUDA_KERNELS", "table")
+    assert not unrolled.use_unrolled(1)
+    monkeypatch.setenv("WORKBENCH_CUDA_KERNELS", "fast")
+    with pytest.raises(ValueError, match="WORKBENCH_CUDA_KERNELS"):
+        unrolled.use_unrolled(1)
+
+
+def test_generated_source_is_straight_line(small_ops):
+    """Offsets and coefficients are literals, every term appears once, float32 constants are typed."""
+    op = small_ops["channelwise_tp"][0][1]
+    comp = op.compiled[0]
+    src = unrolled.kernel_source(comp.table, "node", "float32")
+    compile(src, "<test>", "exec")
+    assert "for p in range(seg_ptr[n], seg_ptr[n + 1]):" in src
+    n_terms = sum(line.count(" * f32(") for line in src.splitlines())
+    assert n_terms == comp.num_terms
+    assert "t_coef" not in src and "cuda.shared" not in src
+
+
+def test_cli_writes_report(tmp_path):
+    out = tmp_path / "res.json"
+    res = subprocess.run([sys.executable, "-m", "workbench.cli", "kernels", "resources", "--ops", "channelwise_tp",
+                          "--variant", "table", "--dtype", "float32", "--json", str(out)],
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads(out.read_text())
+    rows = report["kernels"]
+    assert report["meta"]["cc"] == [9, 0]
+    assert [r["op"] for r in rows] == ["forward"] + ["backward"] * 3 + ["double backward"] * 4
+    assert all(r["terms"] in (86, 172, 258) and r["registers"] > 0 for r in rows)  # paper config interactions[1]
+    assert "double backward" in res.stdout

@@ -1,0 +1,300 @@
+r"""Static resource report of the CUDA kernels: compile every kernel a training step launches to
+PTX for a target GPU and ask ``ptxas`` what it costs, with no GPU needed.
+
+The CUDA simulator checks what the kernels compute, not that they compile: it runs them as
+Python, so an untyped construct or a float64 constant leaking into a float32 kernel passes it.
+This module compiles the same kernels with numba-cuda's NVVM (``cuda.compile_ptx``, which needs
+the NVVM and NVRTC libraries but no driver), assembles the PTX with ``ptxas -v`` when it is
+found, and reports per kernel: registers per thread, spill stores and loads, shared memory,
+stack frame, and the theoretical occupancy these imply on the target.
+
+.. code-block:: text
+
+    workbench kernels resources --cc 9.0            # paper config: launched and table kernels, both dtypes
+    workbench kernels resources --variant unrolled  # every kernel unrolled (slow to compile)
+
+"The kernels a training step launches" are the forward op and the derivative ops that force
+training builds from it (:func:`training_ops`): the first derivative to every operand, and
+its derivative with the cotangents that force training actually passes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+__all__ = ["KernelResources", "training_ops", "kernel_resources", "find_ptxas", "occupancy", "paper_ops", "format_table"]
+
+#: per-SM limits used for the occupancy estimate, by compute capability (Hopper, Ampere)
+SM_LIMITS = {
+    (9, 0): {"registers": 65536, "threads": 2048, "blocks": 32, "smem": 228 * 1024},
+    (8, 0): {"registers": 65536, "threads": 2048, "blocks": 32, "smem": 164 * 1024},
+}
+
+
+@dataclass
+class KernelResources:
+    """What ``ptxas`` reports for one kernel (``None`` where ptxas was not found)."""
+
+    op: str
+    output: str
+    variant: str
+    dtype: str
+    terms: int
+    slots: int
+    threads_per_block: int
+    ptx_lines: int
+    compile_s: float
+    registers: int | None = None
+    spill_stores: int | None = None
+    spill_loads: int | None = None
+    shared_bytes: int | None = None
+    stack_bytes: int | None = None
+    occupancy: float | None = None
+    family: str = ""
+
+
+def training_ops(op) -> list[tuple[str, object]]:
+    """``(label, op)`` for the forward op and the derivative ops force training launches.
+
+    First derivative: to every operand, with the forward output's cotangent. Second: the
+    derivative of that op to every one of its operands, with cotangents on the first
+    derivative's outputs that the loss reaches; for the symmetric contraction (operands
+    ``x, W``) the weight-gradient output of the force computation is never used, so its
+    cotangent is absent, as autograd gives it."""
+    n = len(op.operands)
+    d1 = op.derivative((True,) * n, (True,) * len(op.outputs))
+    weights_unused = [o.output.batch == "species" for o in d1.outputs]
+    present = tuple(not w for w in weights_unused)
+    d2 = d1.derivative((True,) * len(d1.operands), present)
+    return [("forward", op), ("backward", d1), ("double backward", d2)]
+
+
+def find_ptxas() -> str | None:
+    """``ptxas``: ``$PTXAS``, then the ``nvidia-cuda-nvcc`` wheel (same release as the NVVM that
+    writes the PTX), then PATH, then /usr/local/cuda*."""
+    if os.environ.get("PTXAS"):
+        return os.environ["PTXAS"]
+    candidates = []
+    for base in map(Path, sys.path):
+        candidates += sorted(base.glob("nvidia/cu*/bin/ptxas")) + sorted(base.glob("nvidia/cuda_nvcc/bin/ptxas"))
+    if shutil.which("ptxas"):
+        candidates.append(Path(shutil.which("ptxas")))
+    candidates += sorted(Path("/usr/local").glob("cuda*/bin/ptxas"), reverse=True)
+    return str(candidates[0]) if candidates else None
+
+
+_REG = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def _ptxas(ptx: str, cc: tuple[int, int], ptxas: str) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "k.ptx"
+        src.write_text(ptx)
+        res = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-v", "-o", str(Path(d) / "k.cubin"), str(src)],
+                             capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        raise RuntimeError(f"ptxas failed ({ptxas}): {res.stderr.strip()[-2000:]}")
+    log = res.stdout + res.stderr
+    reg, smem, stack = _REG.search(log), _SMEM.search(log), _STACK.search(log)
+    return {
+        "registers": int(reg.group(1)) if reg else 0,
+        "shared_bytes": int(smem.group(1)) if smem else 0,
+        "stack_bytes": int(stack.group(1)) if stack else 0,
+        "spill_stores": int(stack.group(2)) if stack else 0,
+        "spill_loads": int(stack.group(3)) if stack else 0,
+    }
+
+
+def occupancy(registers: int, shared_bytes: int, threads_per_block: int, cc: tuple[int, int] = (9, 0)) -> float:
+    """Theoretical occupancy (resident warps / maximum warps per SM) for one kernel.
+
+    Registers are allocated per warp in units of 256; shared memory per block."""
+    lim = SM_LIMITS.get(tuple(cc), SM_LIMITS[(9, 0)])
+    warps_per_block = -(-threads_per_block // 32)
+    regs_per_warp = -(-max(registers, 1) * 32 // 256) * 256
+    by_regs = lim["registers"] // (regs_per_warp * warps_per_block)
+    by_smem = lim["smem"] // shared_bytes if shared_bytes else lim["blocks"]
+    by_threads = lim["threads"] // (warps_per_block * 32)
+    blocks = min(by_regs, by_smem, by_threads, lim["blocks"])
+    return blocks * warps_per_block * 32 / lim["threads"]
+
+
+@contextmanager
+def _kernel_variant(variant: str) -> Iterator[None]:
+    old = os.environ.get("WORKBENCH_CUDA_KERNELS")
+    os.environ["WORKBENCH_CUDA_KERNELS"] = variant
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("WORKBENCH_CUDA_KERNELS", None)
+        else:
+            os.environ["WORKBENCH_CUDA_KERNELS"] = old
+
+
+def _plans(op, dtype: str, channels: int):
+    """``(output name, compiled, plan)`` for every output of ``op``, planned on small host arrays
+    of the launch shapes (the kernels' types depend only on dtypes, ranks and layouts)."""
+    from workbench.kernels import cuda as _cuda
+    from workbench.kernels import edge_cuda
+    from workbench.kernels.edge_op import EdgePolyOp
+
+    rows = 4
+    dummy = np.zeros((1, 1), dtype=dtype)
+    idx = np.arange(rows, dtype=np.int64)
+    if isinstance(op, EdgePolyOp):
+        arrays = [np.zeros((rows, o.width), dtype=dtype) for o in op.operands]
+        arrays += [dummy] * (8 - len(arrays))
+        seg = (np.arange(rows + 1, dtype=np.int64), idx)
+        for comp in op.compiled:
+            out = np.zeros((rows, comp.output.width), dtype=dtype)
+            yield comp.output.name, comp, edge_cuda.plan(comp, arrays, idx, idx, seg if comp.node_output else None, channels, out, host=True)
+    else:
+        arrays = [dummy] * 10
+        for aid, o in zip(op.array_ids, op.operands):
+            arrays[aid] = np.zeros((rows, o.width), dtype=dtype)
+        for comp in op.compiled:
+            out = np.zeros((rows, comp.output.width), dtype=dtype)
+            yield comp.output.name, comp, _cuda.plan(comp, arrays, idx, channels, out, host=True)
+
+
+def kernel_resources(ops: Sequence[tuple[str, object]], dtype: str, variant: str = "auto",
+                     cc: tuple[int, int] = (9, 0), ptxas: str | None = "auto", channels: int = 128,
+                     progress: bool = False, family: str = "") -> list[KernelResources]:
+    """Compile every kernel of ``ops`` (``(label, PolyOp or EdgePolyOp)``) to PTX for ``cc``
+    and, with ``ptxas``, assemble it and read off its resources.
+
+    ``variant``: ``"auto"`` (the kernel the dispatcher launches, see
+    :func:`workbench.kernels.unrolled.use_unrolled`), ``"table"`` or ``"unrolled"`` (forced)."""
+    import numba
+    from numba import cuda
+
+    from workbench.kernels.unrolled import use_unrolled
+
+    if ptxas == "auto":
+        ptxas = find_ptxas()
+    rows: list[KernelResources] = []
+    with _kernel_variant(variant):
+        for label, op in ops:
+            for name, comp, plan in _plans(op, dtype, channels):
+                if plan is None:
+                    continue
+                kernel, _, tpb, args = plan
+                sig = tuple(numba.typeof(a) for a in args)
+                t0 = time.perf_counter()
+                ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=cc)
+                dt = time.perf_counter() - t0
+                used = "unrolled" if use_unrolled(comp.num_terms) else "table"
+                r = KernelResources(family=family, op=label, output=name, variant=used, dtype=dtype, terms=comp.num_terms,
+                                    slots=comp.num_slots, threads_per_block=tpb,
+                                    ptx_lines=ptx.count("\n"), compile_s=round(dt, 2))
+                if ptxas:
+                    for k, v in _ptxas(ptx, cc, ptxas).items():
+                        setattr(r, k, v)
+                    r.occupancy = round(occupancy(r.registers, r.shared_bytes, tpb, cc), 3)
+                rows.append(r)
+                if progress:
+                    print(f"  {label:16s} {name:14s} {used:8s} {dtype}: {comp.num_terms} terms, "
+                          f"compiled in {dt:.1f} s", file=sys.stderr, flush=True)
+    return rows
+
+
+def paper_ops(families: Sequence[str] = ("symmetric_contraction", "channelwise_tp"), hidden: str = "128x0e+128x1o",
+              max_ell: int = 3, correlation: int = 3, num_elements: int = 4) -> dict[str, list[tuple[str, object]]]:
+    """The ops of the paper configuration: ``products[0]``'s symmetric contraction and
+    ``interactions[1]``'s channelwise message op, each with its training derivatives."""
+    import torch
+
+    from workbench.kernels import accelerate
+    from workbench.kernels.channelwise_tp import channelwise_tp_op
+    from workbench.kernels.models import random_scaleshift_mace
+
+    z = [1, 6, 7, 8, 9, 16, 17, 15][:num_elements]
+    model = random_scaleshift_mace(hidden, max_ell, correlation, z, 16.0, torch.float64, "cpu", perturb=0.0)
+    model = accelerate(model, backend="numba")
+    unknown = set(families) - {"symmetric_contraction", "channelwise_tp"}
+    if unknown:
+        raise ValueError(f"unknown op(s) {sorted(unknown)}; choose from symmetric_contraction, channelwise_tp")
+    res = {}
+    if "symmetric_contraction" in families:
+        res["symmetric_contraction"] = training_ops(model.products[0].symmetric_contractions.op)
+    if "channelwise_tp" in families:
+        res["channelwise_tp"] = training_ops(channelwise_tp_op(model.interactions[1].conv_tp)[0])
+    return res
+
+
+def format_table(rows: Sequence[KernelResources]) -> str:
+    head = f"{'op':21s} {'pass':16s} {'output':10s} {'variant':8s} {'dtype':7s} {'terms':>6s} {'regs':>5s} {'spill B':>8s} {'smem B':>7s} {'occ.':>5s} {'compile':>8s}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        spill = "-" if r.spill_stores is None else str(r.spill_stores + r.spill_loads)
+        lines.append(f"{r.family:21s} {r.op:16s} {r.output[:10]:10s} {r.variant:8s} {r.dtype:7s} {r.terms:6d} "
+                     f"{'-' if r.registers is None else r.registers:>5} {spill:>8s} "
+                     f"{'-' if r.shared_bytes is None else r.shared_bytes:>7} "
+                     f"{'-' if r.occupancy is None else f'{r.occupancy:.2f}':>5} {r.compile_s:7.1f}s")
+    return "\n".join(lines)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("kernels", help="kernel tools: static resource report (PTX + ptxas, no GPU needed)")
+    ks = p.add_subparsers(dest="kernels_cmd", metavar="CMD")
+    r = ks.add_parser("resources", help="compile the paper config's kernels to PTX; registers, spills, occupancy")
+    r.add_argument("--cc", default="9.0", help="compute capability (default 9.0, H100)")
+    r.add_argument("--variant", choices=("auto", "unrolled", "table", "both"), default="both",
+                   help="auto: the kernels the dispatcher launches; both: auto and table (default)")
+    r.add_argument("--dtype", choices=("float32", "float64", "both"), default="both")
+    r.add_argument("--ops", default="symmetric_contraction,channelwise_tp")
+    r.add_argument("--json", default="kernels/results/kernel_resources_sm{cc}.json", help="output JSON ('' for none)")
+    r.set_defaults(func=_main)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def _main(args) -> int:
+    import platform
+
+    cc = tuple(int(v) for v in args.cc.split("."))
+    ptxas = find_ptxas()
+    if ptxas is None:
+        print("note: ptxas not found (install the nvidia-cuda-nvcc wheel or set PTXAS): PTX only, no resource counts",
+              file=sys.stderr)
+    variants = ("auto", "table") if args.variant == "both" else (args.variant,)
+    dtypes = ("float32", "float64") if args.dtype == "both" else (args.dtype,)
+    wanted = [o.strip() for o in args.ops.split(",") if o.strip()]
+    all_ops = paper_ops(wanted)
+    rows = []
+    for name in wanted:
+        for variant in variants:
+            for dtype in dtypes:
+                rows += kernel_resources(all_ops[name], dtype, variant, cc, ptxas, progress=True, family=name)
+    print(format_table(rows))
+    if args.json:
+        path = Path(args.json.format(cc=f"{cc[0]}{cc[1]}"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        import numba
+
+        meta = {"cc": list(cc), "ptxas": ptxas, "numba": numba.__version__, "machine": platform.node(),
+                "config": "paper: 128x0e+128x1o, max_ell 3, correlation 3, 4 elements, 128 channels"}
+        try:
+            from importlib.metadata import version
+
+            meta["numba_cuda"] = version("numba-cuda")
+        except Exception:  # noqa: BLE001
+            pass
+        path.write_text(json.dumps({"meta": meta, "kernels": [asdict(r) for r in rows]}, indent=1))
+        print(f"wrote {path}")
+    return 0
