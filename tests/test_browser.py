@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.launch.testing import WaitError, free_port, http_ok, wait_for
+from workbench.launch.testing import WaitError, free_port, http_ok, stop_process, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -85,12 +85,7 @@ def lab(tmp_path_factory):
         yield {"base": base, "token": token, "log": tmp / "jupyter.log"}
     finally:
         # Stop our server by its PID; it shuts down its kernels. Then its process group, in case.
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc, 30, kill_timeout_s=10)
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

@@ -7,12 +7,10 @@ mace's e3nn path.
 in a fresh interpreter; ``WORKBENCH_KERNELS_CUDASIM=1`` routes CPU tensors through the kernels.
 """
 
-import json
-import os
-import subprocess
-import sys
 
 import pytest
+
+from test_kernels_helpers import run_under_simulator
 
 SCRIPT = r"""
 import copy, json, sys, torch
@@ -62,28 +60,12 @@ for dtype in (torch.float64, torch.float32):
     gerr = (max(rel_err(p, q) for p, q in zip(G_, ref[2]) if q.abs().max() > 0) if dtype == torch.float64
             else rel_err(torch.cat([p.flatten() for p in G_]), torch.cat([q.flatten() for q in ref[2]])))
     errs[f"model-{{dtype}}"] = max(rel_err(E_, ref[0]), rel_err(F_, ref[1]), gerr)
-from workbench.kernels import edge_cuda, unrolled
-compiled = {{"unrolled": unrolled._compile.cache_info().currsize,
-            "table": kc.get_kernel.cache_info().currsize + edge_cuda.get_node_kernel.cache_info().currsize
-            + edge_cuda.get_edge_kernel.cache_info().currsize}}
-print("KERNELS", json.dumps(compiled))
-print("RESULT", json.dumps(errs))
 """
 
 
 @pytest.mark.parametrize("variant", ["unrolled", "table"])
 def test_channelwise_kernels_under_simulator(variant):
-    tests = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", WORKBENCH_KERNELS_CUDASIM="1", WORKBENCH_CUDA_TPB="8",
-               WORKBENCH_CUDA_KERNELS=variant)
-    res = subprocess.run([sys.executable, "-c", SCRIPT.format(tests=tests)], capture_output=True, text=True,
-                         env=env, timeout=900, cwd=tests)
-    assert res.returncode == 0, res.stderr[-4000:]
-    line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    errs = json.loads(line[len("RESULT "):])
-    kernels = json.loads([ln for ln in res.stdout.splitlines() if ln.startswith("KERNELS ")][-1][len("KERNELS "):])
-    other = "table" if variant == "unrolled" else "unrolled"
-    assert kernels[variant] > 0 and kernels[other] == 0, kernels  # the variant asked for is the one that ran
+    errs = run_under_simulator(SCRIPT, variant)
     print(errs)
     assert set(errs) == {"op-torch.float64", "op-torch.float32", "model-torch.float64", "model-torch.float32"}
     for key, e in errs.items():

@@ -6,11 +6,9 @@ kernels (forward, backward and double backward, including the atomic weight-grad
 reduction); results are compared with mace's e3nn model as in ``test_kernels_mace``.
 """
 
-import os
-import subprocess
-import sys
-
 import pytest
+
+from test_kernels_helpers import run_under_simulator
 
 SCRIPT = r"""
 import copy, json, sys, torch
@@ -31,29 +29,12 @@ for cfg in [("MACE", "2x0e+2x1o", 1, 2, 2), ("ScaleShiftMACE", "2x0e+2x1o", 2, 3
         errs[f"{{cfg}}-{{dtype}}"] = [rel_err(E, ref[0]), rel_err(F, ref[1]),
             max(rel_err(x, y) for x, y in zip(G, ref[2]) if y.abs().max() > 0) if dtype == torch.float64
             else rel_err(torch.cat([x.flatten() for x in G]), torch.cat([y.flatten() for y in ref[2]]))]
-from workbench.kernels import edge_cuda, unrolled
-compiled = {{"unrolled": unrolled._compile.cache_info().currsize,
-            "table": kc.get_kernel.cache_info().currsize + edge_cuda.get_node_kernel.cache_info().currsize
-            + edge_cuda.get_edge_kernel.cache_info().currsize}}
-print("KERNELS", json.dumps(compiled))
-print("RESULT", json.dumps(errs))
 """
 
 
 @pytest.mark.parametrize("variant", ["unrolled", "table"])
 def test_cuda_kernels_under_simulator(variant):
-    tests = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", WORKBENCH_KERNELS_CUDASIM="1", WORKBENCH_CUDA_TPB="8",
-               WORKBENCH_CUDA_KERNELS=variant)
-    res = subprocess.run([sys.executable, "-c", SCRIPT.format(tests=tests)], capture_output=True, text=True, env=env, timeout=900)
-    assert res.returncode == 0, res.stderr[-4000:]
-    import json
-
-    line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    errs = json.loads(line[len("RESULT "):])
-    kernels = json.loads([ln for ln in res.stdout.splitlines() if ln.startswith("KERNELS ")][-1][len("KERNELS "):])
-    other = "table" if variant == "unrolled" else "unrolled"
-    assert kernels[variant] > 0 and kernels[other] == 0, kernels  # the variant asked for is the one that ran
+    errs = run_under_simulator(SCRIPT, variant)
     print(errs)
     for key, (e, f, g) in errs.items():
         tol = 1e-10 if "float64" in key else 1e-5

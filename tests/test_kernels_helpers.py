@@ -99,3 +99,38 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| / max |b| (b the reference)."""
     a, b = a.double(), b.double()
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
+
+
+#: appended to every simulator script: which kernel kinds were compiled, then the errors
+SIMULATOR_REPORT = """
+from workbench.kernels import cuda as _kc, edge_cuda as _ec, unrolled as _un
+print("KERNELS", json.dumps({"unrolled": _un._compile.cache_info().currsize,
+                             "table": _kc.get_kernel.cache_info().currsize + _ec.get_node_kernel.cache_info().currsize
+                             + _ec.get_edge_kernel.cache_info().currsize}))
+print("RESULT", json.dumps(errs))
+"""
+
+
+def run_under_simulator(script: str, variant: str) -> dict:
+    """Run ``script`` (which fills ``errs``) in a fresh interpreter with numba's CUDA simulator,
+    the CUDA kernels of kind ``variant`` and tiny blocks; check that ``variant`` is the kind that
+    ran, and return ``errs``. The simulator must be switched on before ``numba.cuda`` is imported."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", WORKBENCH_KERNELS_CUDASIM="1", WORKBENCH_CUDA_TPB="8",
+               WORKBENCH_CUDA_KERNELS=variant)
+    res = subprocess.run([sys.executable, "-c", script.format(tests=tests) + SIMULATOR_REPORT], capture_output=True,
+                         text=True, env=env, timeout=900, cwd=tests)
+    assert res.returncode == 0, res.stderr[-4000:]
+
+    def last(tag: str):
+        return json.loads([ln for ln in res.stdout.splitlines() if ln.startswith(tag + " ")][-1][len(tag) + 1:])
+
+    kernels = last("KERNELS")
+    other = "table" if variant == "unrolled" else "unrolled"
+    assert kernels[variant] > 0 and kernels[other] == 0, kernels  # the kind asked for is the one that ran
+    return last("RESULT")

@@ -33,7 +33,7 @@ import torch
 from workbench.kernels import cuda as _cuda
 from workbench.kernels import edge_cpu as _ecpu
 from workbench.kernels.descriptor import Operand, SparsePolynomial
-from workbench.kernels.op import PolyOp, _warn_once
+from workbench.kernels.op import PolyOp, _warn_no_cuda_target
 from workbench.kernels.tables import CompiledTables, term_table
 
 __all__ = ["EdgeGraph", "EdgePolyOp", "apply_edge_poly_op"]
@@ -145,11 +145,7 @@ class EdgePolyOp(PolyOp):
         if device.type == "cuda" and _cuda.cuda_available():
             self._evaluate_cuda(tensors, graph, outs)
         elif device.type != "cpu":
-            _warn_once(
-                f"workbench.kernels: no numba CUDA target for {device} tensors; running the CPU path "
-                "on host copies. Install numba-cuda (the [cuda] extra) or convert back with "
-                "accelerate(model, backend='e3nn')."
-            )
+            _warn_no_cuda_target(device)
             host = [torch.zeros(o.shape, dtype=dtype) for o in outs]
             g = EdgeGraph(torch.stack([graph.sender.cpu(), graph.receiver.cpu()]), graph.num_nodes)
             self._evaluate_host([t.cpu() for t in tensors], g, host, sim=False)

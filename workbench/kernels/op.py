@@ -35,6 +35,15 @@ def _warn_once(msg: str) -> None:
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
+def _warn_no_cuda_target(device: torch.device) -> None:
+    # no numba CUDA target here (e.g. numba-cuda not installed): correct but slow
+    _warn_once(
+        f"workbench.kernels: no numba CUDA target for {device} tensors; running the CPU path "
+        "on host copies. Install numba-cuda (the [cuda] extra) or convert back with "
+        "accelerate(model, backend='e3nn')."
+    )
+
+
 class CompiledPolynomial(CompiledTables):
     """Term tables of one output polynomial, ready for the kernels.
 
@@ -152,12 +161,7 @@ class PolyOp:
         if device.type == "cuda" and _cuda.cuda_available():
             self._evaluate_cuda(tensors, species, C, outs)
         elif device.type != "cpu":
-            # no numba CUDA target here (e.g. numba-cuda not installed): correct but slow
-            _warn_once(
-                f"workbench.kernels: no numba CUDA target for {device} tensors; running the CPU path "
-                "on host copies. Install numba-cuda (the [cuda] extra) or convert back with "
-                "accelerate(model, backend='e3nn')."
-            )
+            _warn_no_cuda_target(device)
             host = [torch.zeros(o.shape, dtype=dtype) for o in outs]
             self._evaluate_cpu([t.cpu() for t in tensors], species.cpu(), C, host)
             for o, h in zip(outs, host):

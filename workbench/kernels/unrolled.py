@@ -222,6 +222,9 @@ def _compile(source: str) -> Any:
     return module.kernel
 
 
+@lru_cache(maxsize=None)
 def get_unrolled_kernel(table: TermTable, shape: str, dtype: str, *, atomic: bool = False, reduce_channels: bool = False) -> Any:
-    """The compiled unrolled kernel for ``table`` (cached per generated source)."""
+    """The compiled unrolled kernel for ``table``: cached per table object, so a launch does not
+    regenerate the source (tables from another process, e.g. unpickled, share the compiled
+    kernel through the per-source cache)."""
     return _compile(kernel_source(table, shape, dtype, atomic=atomic, reduce_channels=reduce_channels))

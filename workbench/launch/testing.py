@@ -80,6 +80,16 @@ def wait_for(check: Callable[[], bool], what: str, timeout_s: float,
     raise WaitError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
+def stop_process(proc: subprocess.Popen, timeout_s: float, kill_timeout_s: float = 5) -> None:
+    """SIGTERM ``proc`` and wait ``timeout_s``; SIGKILL it if it is still running then."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=kill_timeout_s)
+
+
 def http_ok(url: str, timeout_s: float = 5) -> bool:
     """True when a GET of ``url`` answers 200 (a server still starting answers nothing)."""
     try:
@@ -173,12 +183,7 @@ class LocalSlurm:
             proc = self.procs.pop(name, None)
             if proc is None or proc.poll() is not None:
                 continue
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+            stop_process(proc, 15)
         self._kill_leftover_steps()
         if self._own_root and self.root is not None and self.root.exists():
             shutil.rmtree(self.root, ignore_errors=True)
