@@ -3,18 +3,23 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-STAMP  := $(VENV)/.installed
 # torch first: this pin takes the CPU wheel on disk; an unpinned torch pulls a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
+# Installs go through the lock (exact versions the suite was last green with); `LOCK=` takes the
+# newest releases instead. `make lock` refreshes requirements.lock and environment.yml.
+LOCK   ?= requirements.lock
+INSTALL_FLAGS := $(if $(LOCK),-c $(LOCK),--upgrade --upgrade-strategy eager)
+STAMP  := $(VENV)/.installed$(if $(LOCK),-locked,-latest)
 
-.PHONY: demo test lab venv bench-packing clean-venv system-deps
+.PHONY: demo test lab venv lock bench-packing clean-venv system-deps
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e '.[dev,lab]'
+	$(PIP) install -q --upgrade pip $(if $(LOCK),-c $(LOCK),)
+	$(PIP) install -q $(TORCH) $(if $(LOCK),-c $(LOCK),)
+	$(PIP) install -q -e '.[dev,lab]' $(INSTALL_FLAGS)
+	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP)
 
 venv: $(STAMP)
@@ -32,7 +37,18 @@ system-deps:
 	else echo "note: $(SYSTEM_PKGS) missing and not root; the SLURM and browser tests will be skipped"; fi
 
 test: $(STAMP) system-deps
-	$(PY) -m pytest -q --durations=20 $(PYTEST_ARGS)
+	WORKBENCH_LOCK="$(LOCK)" $(PY) -m pytest -q --durations=20 $(PYTEST_ARGS)
+
+# Resolve everything afresh in a scratch venv (no constraints) and pin what it got.
+LOCK_VENV ?= .venv-lock
+lock:
+	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LOCK_VENV)/bin/python -m pip install -q $(TORCH)
+	$(LOCK_VENV)/bin/python -m pip install -q -e '.[dev,lab]'
+	$(LOCK_VENV)/bin/python .ci/lock.py $(LOCK_VENV)/bin/python
+	rm -rf $(LOCK_VENV)
+	@echo "now run 'make test' to check the new pins, and commit requirements.lock + environment.yml"
 
 # JupyterLab refuses to start as root unless told to.
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)

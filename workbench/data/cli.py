@@ -37,6 +37,19 @@ def _make(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify(args: argparse.Namespace) -> int:
+    from workbench.data.embedded import ENERGY_RTOL, FORCE_ATOL, GEOMETRY_ATOL, check_regeneration
+
+    skip = tuple(s for s in (args.skip or "").split(",") if s)
+    n, problems = check_regeneration(args.path, per_family=args.per_family, skip=skip)
+    for line in problems:
+        print(line)
+    verdict = "differ" if problems else "regenerate"
+    print(f"{n} frames checked: {len(problems)} difference(s); frames {verdict} within geometry {GEOMETRY_ATOL:g} Å, "
+          f"energy {ENERGY_RTOL:g} relative, forces {FORCE_ATOL:g} eV/Å")
+    return 1 if problems else 0
+
+
 def _load_sizes(path: str | None, cutoff: float):
     from workbench.data.embedded import EMBEDDED_PATH
     from workbench.data.io import read_structures
@@ -100,6 +113,12 @@ def register(sub) -> None:
     m.add_argument("--workers", type=int, default=0, help="processes for labelling (default: all cores)")
     m.add_argument("--cutoff", type=float, default=4.5)
     m.set_defaults(func=_make)
+
+    v = dsub.add_parser("verify", help="rebuild frames of a mixture file from their seeds and compare (tolerances in the dataset card)")
+    v.add_argument("path", nargs="?", help="mixture file (default: the embedded dataset)")
+    v.add_argument("--per-family", type=int, default=2, help="frames per family to rebuild (default: %(default)s)")
+    v.add_argument("--skip", default="al_hcl", help="comma list of families to skip (default: %(default)s, ~2 min of xTB)")
+    v.set_defaults(func=_verify)
 
     for name, fn, text in (("info", _info, "per-family summary of a structure file"),
                            ("stats", _stats, "measure edges per atom per family (feeds synthetic_sizes)")):

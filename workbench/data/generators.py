@@ -6,6 +6,16 @@
 builds a physically sensible, lightly strained/rattled structure with exactly that
 many atoms, and labels it with :func:`workbench.data.labels.label`.
 Lengths are in Å, energies in eV.
+
+**The same structure on every CPU.** Sums, matrix products and numpy's SIMD
+transcendentals differ in their last bits between CPUs (and between numpy's SIMD paths
+on one CPU). A random draw never lands within those bits of a threshold, but exact
+ties do: equal cell lengths, symmetric lattice sites, equally compact supercells. So
+every geometric decision here is taken on values snapped to a 1e-9 grid
+(:func:`_snap`), ties are broken by integer keys, and neighbour pairs are put in a
+canonical order before they drive the random stream. Species, cell and positions then
+agree between CPUs to rounding (~1e-12 Å); labels go through floating-point codes and
+are compared with the tolerances of ``workbench.data.embedded``.
 """
 
 from __future__ import annotations
@@ -37,6 +47,14 @@ _AVOGADRO = 6.02214076e23
 
 
 # ----------------------------------------------------------------------------- helpers
+SNAP_DECIMALS = 9  # decisions see values rounded to 1e-9 (Å, or a ratio): far above last-bit noise
+
+
+def _snap(x):
+    """``x`` rounded to the decision grid, so values equal up to last-bit noise compare equal."""
+    return np.round(x, SNAP_DECIMALS)
+
+
 def _random_rotation(rng: np.random.Generator) -> np.ndarray:
     """Uniform random rotation matrix (3, 3) from a unit quaternion."""
     q = rng.normal(size=4)
@@ -73,10 +91,10 @@ def _tilings(n: int, basis: int, lengths: np.ndarray, max_aspect: float = 3.0, m
         if total < n or total > n + max(basis, n // 4) + basis:
             continue
         size = np.asarray(rep) * lengths
-        aspect = size.max() / size.min()
+        aspect = float(_snap(size.max() / size.min()))  # permuted repeats of equal lengths tie exactly
         if aspect <= max_aspect:
             out.append((total - n, aspect, rep))
-    return sorted(out)
+    return sorted(out)  # ties in (extra, aspect) fall to the integer repeats
 
 
 def _vegard(symbols) -> float:
@@ -194,9 +212,9 @@ def _compact_2d_supercell(p: int, cell2: np.ndarray, rng: np.random.Generator) -
     m = m[np.rint(np.linalg.det(m)).astype(int) == p]
     vec = m @ cell2  # (k, 2, 2): rows are the new in-plane vectors
     lens = np.linalg.norm(vec, axis=2)
-    cosang = np.abs((vec[:, 0] * vec[:, 1]).sum(1)) / lens.prod(1)
-    score = lens.max(1) * np.where(cosang > 0.55, 10.0, 1.0)  # avoid needle-like cells
-    ok = np.flatnonzero(score <= score.min() * 1.05)
+    cosang = _snap(np.abs((vec[:, 0] * vec[:, 1]).sum(1)) / lens.prod(1))
+    score = _snap(lens.max(1) * np.where(cosang > 0.55, 10.0, 1.0))  # avoid needle-like cells
+    ok = np.flatnonzero(score <= _snap(score.min() * 1.05))  # symmetric shapes tie exactly
     out = np.eye(3, dtype=int)
     out[:2, :2] = m[ok[rng.integers(len(ok))]]
     return out
@@ -244,7 +262,7 @@ def _place_waters(centres: np.ndarray, rng: np.random.Generator, others: np.ndar
     L = None if cell is None else np.diag(cell)
     for i, o in enumerate(centres):
         prev = np.concatenate(placed) if placed else np.empty((0, 3))
-        prev = prev[np.linalg.norm(prev - o if L is None else (prev - o) - L * np.round((prev - o) / L), axis=1) < 4.0]
+        prev = prev[_snap(np.linalg.norm(prev - o if L is None else (prev - o) - L * np.round((prev - o) / L), axis=1)) < 4.0]
         best, best_d = None, -1.0
         for t in range(tries):
             rot = _random_rotation(rng)
@@ -256,7 +274,7 @@ def _place_waters(centres: np.ndarray, rng: np.random.Generator, others: np.ndar
                 oh /= np.linalg.norm(oh)
                 v = np.cross(oh, target)
                 c, s = float(oh @ target), np.linalg.norm(v)
-                if s > 1e-8:
+                if _snap(s) > 1e-8:
                     k = v / s
                     K = np.array([[0, -k[2], k[1]], [k[2], 0, -k[0]], [-k[1], k[0], 0]])
                     rot = (np.eye(3) + s * K + (1 - c) * K @ K) @ rot
@@ -267,7 +285,7 @@ def _place_waters(centres: np.ndarray, rng: np.random.Generator, others: np.ndar
             d = mol[1:, None, :] - prev[None, :, :]
             if L is not None:
                 d -= L * np.round(d / L)
-            dmin = np.sqrt((d**2).sum(-1)).min()
+            dmin = float(_snap(np.sqrt((d**2).sum(-1)).min()))
             if dmin > best_d:
                 best, best_d = mol, dmin
             if dmin >= min_dist:
@@ -286,7 +304,7 @@ def build_water_cluster(n: int, rng: np.random.Generator) -> Atoms:
         j = int(rng.integers(len(oxy)))
         d = rng.normal(size=3)
         p = oxy[j] + rng.uniform(2.7, 2.95) * d / np.linalg.norm(d)
-        if np.linalg.norm(np.asarray(oxy) - p, axis=1).min() >= 2.6:
+        if _snap(np.linalg.norm(np.asarray(oxy) - p, axis=1).min()) >= 2.6:
             oxy.append(p)
             partner.append(oxy[j])
     oxy = np.asarray(oxy)
@@ -331,7 +349,7 @@ def build_al_hcl(n: int, rng: np.random.Generator) -> Atoms:
     grid = np.stack(np.meshgrid(g, g, g, indexing="ij"), -1).reshape(-1, 3)
     centre = grid[len(grid) // 2]
     axes = np.concatenate([np.eye(3), -np.eye(3)])
-    shell_idx = [int(np.argmin(np.linalg.norm(grid - (centre + ax * L / side), axis=1))) for ax in axes]
+    shell_idx = [int(np.argmin(_snap(np.linalg.norm(grid - (centre + ax * L / side), axis=1)))) for ax in axes]
     free = np.setdiff1d(np.arange(len(grid)), shell_idx + [len(grid) // 2])
     chosen = grid[rng.choice(free, size=k + h + (w - 6), replace=False)]
     chosen += rng.uniform(-0.15, 0.15, size=chosen.shape)
@@ -346,7 +364,7 @@ def build_al_hcl(n: int, rng: np.random.Generator) -> Atoms:
         # rotate the molecule so its H–H bisector points along +ax (away from Al)
         v = np.cross(bis / np.linalg.norm(bis), ax)
         s, c = np.linalg.norm(v), bis @ ax / np.linalg.norm(bis)
-        if s > 1e-8:
+        if _snap(s) > 1e-8:
             kk = v / s
             K = np.array([[0, -kk[2], kk[1]], [kk[2], 0, -kk[0]], [-kk[1], kk[0], 0]])
             mol = mol @ (np.eye(3) + s * K + (1 - c) * K @ K).T
@@ -377,7 +395,12 @@ def _sod_framework(rep: tuple[int, int, int], rng: np.random.Generator) -> Atoms
     si = crystal(["Si"], [(0.25, 0.0, 0.5)], spacegroup=229, cellpar=[a, a, a, 90, 90, 90]).repeat(rep)
     i, j, D = neighbor_list("ijD", si, 3.3)
     keep = i < j
-    i, j, D = i[keep], j[keep], D[keep]
+    # ASE's pair order follows its cell binning, which moves with last-bit differences
+    # (atoms sit on bin edges): sort, so the bonds consume the random stream in one order.
+    order = np.lexsort((j[keep], i[keep]))
+    i, j, D = i[keep][order], j[keep][order], D[keep][order]
+    if len(np.unique(i * len(si) + j)) != len(i):
+        raise RuntimeError("SOD framework: a Si pair is bonded through two periodic images")
     h = np.sqrt(1.61**2 - (np.linalg.norm(D, axis=1) / 2) ** 2)
     oxy = np.empty((len(i), 3))
     for b, (a_i, d) in enumerate(zip(i, D)):
@@ -389,7 +412,7 @@ def _sod_framework(rep: tuple[int, int, int], rng: np.random.Generator) -> Atoms
             p = rng.normal(size=3)
             p -= (p @ u) * u
             cand = mid + h[b] * p / np.linalg.norm(p)
-            if len(near) == 0 or _mic_min(oxy[near], cand, si.cell) > 2.4:
+            if len(near) == 0 or _snap(_mic_min(oxy[near], cand, si.cell)) > 2.4:
                 break
         oxy[b] = cand
     fw = si + Atoms(["O"] * len(oxy), positions=oxy)
@@ -448,11 +471,11 @@ def build_zeolite(n: int, rng: np.random.Generator) -> Atoms:
         trial = rng.random((512, 3)) * L
         d = trial[:, None, :] - fw.positions[None, :, :]
         d -= L * np.round(d / L)
-        trial = trial[(d**2).sum(-1).min(1) >= 2.6**2]
+        trial = trial[_snap(np.sqrt((d**2).sum(-1).min(1))) >= 2.6]
         for p in trial:
             if len(oxy) == n_water:
                 break
-            if not oxy or _mic_min(np.asarray(oxy), p, cell) >= 2.6:
+            if not oxy or _snap(_mic_min(np.asarray(oxy), p, cell)) >= 2.6:
                 oxy.append(p)
     if len(oxy) < n_water:
         raise RuntimeError(f"zeolite: could fit only {len(oxy)} of {n_water} waters in a {nfw}-atom framework")

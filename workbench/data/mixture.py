@@ -1,7 +1,7 @@
 """The Table-3 mixture: many labelled structures of the eight families, interleaved.
 
-``make_mixture(n, seed)`` is bit-for-bit deterministic for the same arguments on the
-same machine: every structure comes from :func:`generate` with its own seed, and the
+``make_mixture(n, seed)`` is deterministic for the same arguments: the same structures on
+any CPU (labels within the dataset card's tolerances), the same bytes on the same machine: every structure comes from :func:`generate` with its own seed, and the
 interleaving permutation from ``np.random.default_rng(seed)``; ``workers`` only changes
 where structures are computed, never what they are or their order.
 """
