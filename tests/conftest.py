@@ -5,7 +5,7 @@ os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-# --- workbench.launch: a real single-node SLURM for the session (issue 7) ---
+# --- workbench.launch: a real single-node SLURM for the session ---
 import pytest  # noqa: E402
 
 

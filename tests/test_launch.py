@@ -18,6 +18,7 @@ from workbench.data.embedded import EMBEDDED_PATH
 from workbench.launch import LaunchError, RunFailed, attach, launch
 from workbench.launch.slurm import parse_time
 from workbench.launch.testing import LocalSlurm, missing_daemons, small_dataset, tiny_config
+from workbench.train.rundir import RunDir
 from workbench.train import TrainConfig
 
 pytestmark = pytest.mark.skipif(not EMBEDDED_PATH.exists(), reason="embedded dataset missing")
@@ -38,12 +39,12 @@ def wait_until(predicate, timeout: float, what: str, poll: float = 0.2):
 
 def raw_steps(run_dir: Path, rank: int) -> list[dict]:
     """Every step record a rank ever wrote, repeats included."""
-    path = run_dir / "metrics" / f"rank{rank}.jsonl"
+    path = RunDir(run_dir).step_log(rank)
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 def final_weights(run_dir: Path) -> dict:
-    return torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
+    return torch.load(RunDir(run_dir).checkpoint, weights_only=False)["model"]
 
 
 def assert_same_training(run_dir: Path, ref_dir: Path, ranks=(0, 1)) -> None:
@@ -97,7 +98,7 @@ def test_dry_run_local_and_cli(tmp_path, capsys):
 
     text = launch(TrainConfig(output_dir=str(tmp_path), device="cpu"), backend="local", gpus_per_node=2, dry_run=True)
     assert "torch.distributed.run --standalone --nproc-per-node=2" in text
-    assert text.endswith(f"-m workbench.launch.worker {tmp_path / 'mace' / 'launch' / 'config.yaml'}")
+    assert text.endswith(f"-m workbench.launch.worker {RunDir(tmp_path / 'mace').launch_config}")
     path = tmp_path / "c.yaml"
     TrainConfig(name="cli", output_dir=str(tmp_path)).to_yaml(path)
     assert main(["launch", "--config", str(path), "--backend", "slurm", "--nodes", "3", "--gpus-per-node", "4",
@@ -202,7 +203,7 @@ def test_slurm_two_task_run_completes(slurm_ref, tmp_path):
     assert sum(curve[-5:]) / 5 < sum(curve[:5]) / 5
     assert set(m.step_time_per_rank()) == {0, 1} and all(t > 0 for t in m.step_time_per_rank().values())
     assert m.epochs and m.epochs[-1]["global_step"] == MAX_STEPS
-    assert (config.run_dir / "model.model").exists()
+    assert RunDir(config.run_dir).model.exists()
     # The script submitted is exactly the dry run's.
     submitted = (config.run_dir / "slurm" / f"{run.job_id}_submission.sh").read_text()
     assert submitted == launch(config, backend="slurm", gpus_per_node=2, time="00:30:00", dry_run=True)
@@ -303,7 +304,7 @@ def test_slurm_cancel_running_job_checkpoints_first(slurm_env, dataset, tmp_path
     run.cancel(timeout=120)
     assert run.status == "failed" and run.reason.startswith("cancelled by user")
     assert "JobState=CANCELLED" in slurm_env.run("scontrol", "show", "job", run.job_id).stdout
-    ckpt = torch.load(config.run_dir / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(RunDir(config.run_dir).checkpoint, weights_only=False)
     done = run.metrics().global_step
     assert ckpt["global_step"] == done >= 2  # the checkpoint holds every step that ran, none more
 

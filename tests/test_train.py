@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from workbench.data.embedded import EMBEDDED_PATH
+from workbench.train.rundir import RunDir, read_steps
 from workbench.train import TrainConfig
 
 pytestmark = pytest.mark.skipif(not EMBEDDED_PATH.exists(), reason="embedded dataset missing")
@@ -52,15 +53,11 @@ def run_cli(cfg: TrainConfig, tmp_path: Path, nproc: int = 1, env_extra: dict | 
 
 def steps(run_dir: Path, rank: int = 0) -> list[dict]:
     """Step records as the run finally saw them: a step redone after a restart replaces the lost one."""
-    last = {}
-    for line in (run_dir / "metrics" / f"rank{rank}.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        last[rec["global_step"]] = rec
-    return [last[k] for k in sorted(last)]
+    return read_steps(run_dir, rank)
 
 
 def final_weights(run_dir: Path) -> dict:
-    return torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
+    return torch.load(RunDir(run_dir).checkpoint, weights_only=False)["model"]
 
 
 def test_config_yaml_roundtrip_and_errors(tmp_path):
@@ -115,10 +112,10 @@ def test_torchrun_two_ranks_gloo_loss_decreases(ddp_run):
     assert sum(a["allreduce_s"] for a in r0 + r1) > 0
     for rec in r0:
         assert rec["compute_s"] > 0 and rec["atoms"] <= cfg.capacity and rec["edges"] > 0
-    epochs = [json.loads(x) for x in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    epochs = [json.loads(x) for x in RunDir(cfg.run_dir).epoch_log.read_text().splitlines()]
     assert epochs and all(0 <= e["compute_share"] <= 1 for e in epochs)
     assert epochs[-1]["valid_f_mae_mev_a"] < 0.9 * epochs[0]["valid_f_mae_mev_a"]
-    assert (cfg.run_dir / "model.model").exists()
+    assert RunDir(cfg.run_dir).model.exists()
 
 
 def test_rank_failure_restarts_group_from_checkpoint(ddp_run, tmp_path):
@@ -127,7 +124,7 @@ def test_rank_failure_restarts_group_from_checkpoint(ddp_run, tmp_path):
     out = run_cli(cfg, tmp_path, nproc=2, restarts=3,
                   env_extra={"WORKBENCH_FAIL_AT_STEP": "10", "WORKBENCH_FAIL_RANK": "1"})
     assert out.returncode == 0, out.stderr[-4000:]
-    raw = (cfg.run_dir / "metrics" / "rank1.jsonl").read_text().splitlines()
+    raw = RunDir(cfg.run_dir).step_log(1).read_text().splitlines()
     assert len(raw) > cfg.max_steps  # steps 9-10 ran twice: the group restarted from the step-8 checkpoint
     for rank in (0, 1):
         assert [s["batch_hash"] for s in steps(cfg.run_dir, rank)] == [s["batch_hash"] for s in steps(ref_cfg.run_dir, rank)]
@@ -160,7 +157,7 @@ def test_md_with_mace_calculator(ddp_run):
     from workbench.data import load_embedded
 
     cfg, _ = ddp_run
-    calc = MACECalculator(model_paths=str(cfg.run_dir / "model.model"), device="cpu", default_dtype="float32")
+    calc = MACECalculator(model_paths=str(RunDir(cfg.run_dir).model), device="cpu", default_dtype="float32")
     atoms = next(a for a in load_embedded() if a.info["config_type"] == "water_clusters").copy()
     atoms.calc = calc
     MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
@@ -202,6 +199,6 @@ def test_numba_backend_trains_like_e3nn(tmp_path):
     # The exported model.model is plain mace-torch (e3nn), and the numba form is kept beside it.
     from mace.modules.symmetric_contraction import SymmetricContraction as MaceSC
 
-    model = torch.load(tmp_path / "b_numba" / "model.model", weights_only=False)
+    model = torch.load(RunDir(tmp_path / "b_numba").model, weights_only=False)
     assert any(isinstance(m, MaceSC) for m in model.modules())
     assert (tmp_path / "b_numba" / "model_numba.model").exists()

@@ -14,6 +14,7 @@ import pytest
 
 from workbench.data import FAMILY_NAMES, synthetic_sizes
 from workbench.packing import pack
+from workbench.train.rundir import RunDir
 
 pytest.importorskip("plotly")
 pytest.importorskip("ipywidgets")
@@ -296,7 +297,8 @@ def test_project_scaling_strong_and_weak():
 def _fake_run(tmp_path: Path, a=0.02, b=1e-4, c=3e-6, ranks=2, steps=12, name="fake") -> Path:
     rng = np.random.default_rng(0)
     run = tmp_path / name
-    (run / "metrics").mkdir(parents=True)
+    paths = RunDir(run)
+    paths.metrics_dir.mkdir(parents=True)
     for r in range(ranks):
         lines = []
         for s in range(1, steps + 1):
@@ -307,8 +309,8 @@ def _fake_run(tmp_path: Path, a=0.02, b=1e-4, c=3e-6, ranks=2, steps=12, name="f
                                      "global_step": s, "data_s": 0.01, "compute_s": comp, "allreduce_s": 0.05 * r,
                                      "step_s": comp + 0.01 + 0.05 * r, "atoms": atoms, "edges": edges,
                                      "graphs": 10, "loss": 10.0 / s + r, "lr": 0.01, "time": float(s)}))
-        (run / "metrics" / f"rank{r}.jsonl").write_text("\n".join(lines) + "\n")
-    (run / "metrics.jsonl").write_text("\n".join(json.dumps(
+        paths.step_log(r).write_text("\n".join(lines) + "\n")
+    paths.epoch_log.write_text("\n".join(json.dumps(
         {"type": "epoch", "epoch": e, "train_e_mae_mev_atom": 50.0 - e, "valid_e_mae_mev_atom": 55.0 - e,
          "train_f_mae_mev_a": 300.0 - e, "valid_f_mae_mev_a": 310.0 - e}) for e in range(3)) + "\n")
     return run

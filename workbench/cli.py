@@ -13,8 +13,7 @@ import argparse
 import importlib
 import sys
 
-# Subpackages whose cli module may add commands; missing ones are skipped so the
-# CLI works while a subpackage is still being built.
+# The modules that add commands.
 _COMMAND_MODULES = (
     "workbench.data.cli",
     "workbench.packing.cli",
@@ -35,12 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH")
     bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
     for name in _COMMAND_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
+        mod = importlib.import_module(name)
         if hasattr(mod, "register"):
             mod.register(sub)
         if hasattr(mod, "register_bench"):

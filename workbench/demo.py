@@ -70,11 +70,12 @@ def _train_and_report(path: str | None, num_replicas: int, sizes: np.ndarray, pa
     from workbench.train.report import write_report
 
     cfg = TrainConfig(dataset=path, **DEMO_TRAIN)
+    from workbench.train.rundir import RunDir
+
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    for old in ("checkpoint.pt", "metrics.jsonl"):
-        (cfg.run_dir / old).unlink(missing_ok=True)
-    for old in (cfg.run_dir / "metrics").glob("*.jsonl"):
-        old.unlink()
+    run = RunDir(cfg.run_dir)
+    for old in (run.checkpoint, *run.logs()):  # a fresh demo, not a resume
+        old.unlink(missing_ok=True)
     cfg_path = cfg.run_dir / "demo.yaml"
     cfg.to_yaml(cfg_path)
     print(f"\nTraining {cfg.hidden_irreps} MACE (max_ell {cfg.max_ell}, correlation {cfg.correlation}) "
@@ -85,7 +86,7 @@ def _train_and_report(path: str | None, num_replicas: int, sizes: np.ndarray, pa
     env = dict(os.environ, OMP_NUM_THREADS="1")
     t0 = time.perf_counter()
     subprocess.run(cmd, env=env, check=True)
-    from workbench.train.metrics import read_epochs, read_steps
+    from workbench.train.rundir import read_epochs, read_steps
 
     steps = read_steps(cfg.run_dir)
     epochs = read_epochs(cfg.run_dir)

@@ -13,9 +13,10 @@ from typing import Any
 
 from workbench.launch import local, slurm
 from workbench.launch.errors import LaunchError
-from workbench.launch.run import LAUNCH_FILE, Run, _pid_start_time, attach, load_info
+from workbench.launch.run import Run, _pid_start_time, attach, load_info
+from workbench.train.rundir import RunDir
 
-BACKENDS = ("local", "slurm")
+LAUNCH_BACKENDS = ("local", "slurm")
 
 
 def _as_config(config):
@@ -55,15 +56,13 @@ def _prepare_run_dir(config, fresh: bool) -> Path:
             raise LaunchError(f"{run_dir} already has an active run ({where}, {status}: {old.reason}); "
                               "use workbench.launch.attach(run_dir) to follow it, or cancel it first")
     if fresh and run_dir.exists():
-        if not ((run_dir / "launch").exists() or (run_dir / "config.yaml").exists()):
+        if not (RunDir(run_dir).launch.exists() or RunDir(run_dir).config.exists()):
             raise LaunchError(f"fresh=True: {run_dir} does not look like a run directory; not deleting it")
         shutil.rmtree(run_dir)
-    launch_dir = run_dir / "launch"
-    launch_dir.mkdir(parents=True, exist_ok=True)
-    # The previous launch's state files; attempts.jsonl keeps the history.
-    for pattern in ("rank*.json", "error_rank*.txt", "cancelled.json", "exit.json"):
-        for f in launch_dir.glob(pattern):
-            f.unlink()
+    paths = RunDir(run_dir)
+    paths.launch.mkdir(parents=True, exist_ok=True)
+    for f in paths.launch_state_files():  # the previous launch's; the attempts log keeps the history
+        f.unlink(missing_ok=True)
     return run_dir
 
 
@@ -100,7 +99,7 @@ def launch(config, backend: str, nodes: int = 1, gpus_per_node: int = 1, *, dry_
     Raises ``ValueError`` for an invalid request (naming the argument), :class:`LaunchError` when
     SLURM is missing or not answering or refuses the job.
     """
-    if backend not in BACKENDS:
+    if backend not in LAUNCH_BACKENDS:
         raise ValueError(f"backend={backend!r}: choose 'local' or 'slurm' explicitly")
     nodes = _positive_int("nodes", nodes)
     gpus_per_node = _positive_int("gpus_per_node", gpus_per_node)
@@ -117,7 +116,7 @@ def launch(config, backend: str, nodes: int = 1, gpus_per_node: int = 1, *, dry_
 
 
 def _write_info(run_dir: Path, info: dict[str, Any]) -> None:
-    path = run_dir / "launch" / LAUNCH_FILE
+    path = RunDir(run_dir).launch_info
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(info, indent=1))
     os.replace(tmp, path)
@@ -126,7 +125,7 @@ def _write_info(run_dir: Path, info: dict[str, Any]) -> None:
 def _launch_local(config, nodes, gpus_per_node, dry_run, fresh, env, max_restarts) -> Run | str:
     if max_restarts < 0:
         raise ValueError(f"max_restarts={max_restarts}: must be >= 0")
-    config_yaml = Path(config.run_dir) / "launch" / "config.yaml"
+    config_yaml = RunDir(config.run_dir).launch_config
     cmd = local.command(config_yaml, gpus_per_node, max_restarts)
     if dry_run:
         if nodes != 1:
@@ -136,7 +135,7 @@ def _launch_local(config, nodes, gpus_per_node, dry_run, fresh, env, max_restart
     run_dir = _prepare_run_dir(config, fresh)
     config.to_yaml(config_yaml)
     attempt = f"local-{uuid.uuid4().hex[:12]}"
-    log = run_dir / "launch" / "local.log"
+    log = RunDir(run_dir).local_log
     from workbench.launch.worker import ATTEMPT_ENV
 
     proc = local.start(cmd, log, {**env, ATTEMPT_ENV: attempt})
@@ -157,7 +156,7 @@ def _launch_slurm(config, nodes, gpus_per_node, dry_run, fresh, env, opts) -> Ru
     slurm.ping()  # also checks the client commands
     partition = slurm.check_resources(config, nodes, gpus_per_node, opts)
     run_dir = _prepare_run_dir(config, fresh)
-    config.to_yaml(run_dir / "launch" / "config.yaml")
+    config.to_yaml(RunDir(run_dir).launch_config)
     job_id = slurm.submit(config, params)
     info = {"backend": "slurm", "name": config.name, "run_dir": str(run_dir), "nodes": nodes,
             "gpus_per_node": gpus_per_node, "job_id": job_id, "partition": partition, "env": env,
@@ -166,4 +165,4 @@ def _launch_slurm(config, nodes, gpus_per_node, dry_run, fresh, env, opts) -> Ru
     return Run(run_dir, info)
 
 
-__all__ = ["launch", "attach", "BACKENDS"]
+__all__ = ["launch", "attach", "LAUNCH_BACKENDS"]

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from workbench.launch.errors import LaunchError, RunFailed
+from workbench.train.rundir import RunDir, read_epochs, read_jsonl, read_steps
 
 STATUSES = ("pending", "running", "done", "failed")
-LAUNCH_FILE = "launch.json"
 
 
 # --------------------------------------------------------------------------- metrics
@@ -79,33 +79,9 @@ class RunMetrics:
                 "last_loss": self.last_loss, "step_time_per_rank": self.step_time_per_rank()}
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    out = []
-    try:
-        text = path.read_text()
-    except OSError:
-        return out
-    for line in text.splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # the line a rank is writing right now
-    return out
-
-
 def read_metrics(run_dir: str | os.PathLike) -> RunMetrics:
     """:class:`RunMetrics` of a run directory, tolerant of a line being written while it reads."""
-    run_dir = Path(run_dir)
-    last: dict[tuple[int, int], dict] = {}
-    for f in sorted((run_dir / "metrics").glob("rank*.jsonl")):
-        for rec in _read_jsonl(f):
-            if rec.get("type", "step") == "step":
-                last[(rec["rank"], rec["global_step"])] = rec
-    steps = [last[k] for k in sorted(last, key=lambda k: (k[1], k[0]))]
-    return RunMetrics(steps=steps, epochs=_read_jsonl(run_dir / "metrics.jsonl"))
+    return RunMetrics(steps=read_steps(run_dir), epochs=read_epochs(run_dir))
 
 
 # --------------------------------------------------------------------------- the handle
@@ -119,6 +95,7 @@ class Run:
     def __init__(self, run_dir: str | os.PathLike, info: dict[str, Any],
                  process: subprocess.Popen | None = None) -> None:
         self.run_dir = Path(run_dir)
+        self.paths = RunDir(self.run_dir)
         self.info = info
         self._process = process
         self._last = ("pending", "submitted")
@@ -144,7 +121,7 @@ class Run:
 
     @property
     def launch_dir(self) -> Path:
-        return self.run_dir / "launch"
+        return self.paths.launch
 
     def __repr__(self) -> str:
         where = f"slurm job {self.job_id}" if self.backend == "slurm" else f"pid {self.pid}"
@@ -171,7 +148,7 @@ class Run:
 
     def _markers(self, attempt: str | None) -> dict[int, dict]:
         out = {}
-        for f in self.launch_dir.glob("rank*.json"):
+        for f in self.paths.rank_markers():
             try:
                 m = json.loads(f.read_text())
             except (OSError, json.JSONDecodeError):
@@ -191,7 +168,7 @@ class Run:
         return None
 
     def _stopped_reason(self, markers: dict[int, dict], default: str) -> str:
-        cancelled = (self.launch_dir / "cancelled.json").exists()
+        cancelled = self.paths.cancelled.exists()
         pre = [m for m in markers.values() if m["state"] == "preempted"]
         text = "cancelled by user" if cancelled else default
         if pre:
@@ -218,7 +195,7 @@ class Run:
 
     def _local_returncode(self) -> int | None:
         """None while torchrun runs; its exit code after (or -1 when it cannot be known)."""
-        exit_file = self.launch_dir / "exit.json"
+        exit_file = self.paths.exit_status
         if self._process is not None:
             rc = self._process.poll()
             if rc is not None and not exit_file.exists():
@@ -265,8 +242,8 @@ class Run:
     def log_files(self) -> list[Path]:
         """The run's log files: torchrun's output (local) or each task's stderr/stdout (slurm)."""
         if self.backend == "local":
-            return [self.launch_dir / "local.log"]
-        folder = self.run_dir / "slurm"
+            return [self.paths.local_log]
+        folder = self.paths.slurm
 
         def key(p: Path) -> tuple[int, int]:
             parts = p.name.split("_")
@@ -286,8 +263,7 @@ class Run:
 
     def traceback(self) -> str:
         """The traceback of the first failed rank of the current attempt ('' when none)."""
-        for f in sorted(self.launch_dir.glob("error_rank*.txt")):
-            rank = int(f.stem.removeprefix("error_rank"))
+        for rank, f in self.paths.rank_errors():
             marker = self._markers(None).get(rank)
             if marker and marker.get("state") == "failed":
                 return f.read_text()
@@ -305,7 +281,7 @@ class Run:
 
     def attempts(self) -> list[dict]:
         """One record per start of the run (a requeued SLURM job has several)."""
-        return [a for a in _read_jsonl(self.launch_dir / "attempts.jsonl")
+        return [a for a in read_jsonl(self.paths.attempts)
                 if self.backend != "slurm" or str(a.get("job_id")) == str(self.job_id)]
 
     # -- control
@@ -322,7 +298,7 @@ class Run:
             if status == "done":
                 return status
             if status == "failed":
-                if (self.launch_dir / "cancelled.json").exists():
+                if self.paths.cancelled.exists():
                     return status
                 raise RunFailed(self.run_dir, reason, self.traceback(), self.logs(tail=30))
             if deadline is not None and time.monotonic() > deadline:
@@ -338,7 +314,7 @@ class Run:
         """
         if self.refresh()[0] in ("done", "failed"):
             return
-        (self.launch_dir / "cancelled.json").write_text(json.dumps({"time": time.time()}))
+        self.paths.cancelled.write_text(json.dumps({"time": time.time()}))
         if self.backend == "slurm":
             from workbench.launch import slurm
 
@@ -413,7 +389,7 @@ def _pid_is(pid: int, start: str | None) -> bool:
 
 
 def load_info(run_dir: Path) -> dict[str, Any] | None:
-    path = Path(run_dir) / "launch" / LAUNCH_FILE
+    path = RunDir(run_dir).launch_info
     if not path.exists():
         return None
     return json.loads(path.read_text())
@@ -424,6 +400,6 @@ def attach(run_dir: str | os.PathLike) -> Run:
     run_dir = Path(run_dir).absolute()
     info = load_info(run_dir)
     if info is None:
-        raise FileNotFoundError(f"{run_dir}: no {LAUNCH_FILE} under launch/; was this run started with "
+        raise FileNotFoundError(f"{run_dir}: no {RunDir(run_dir).launch_info.relative_to(run_dir)}; was this run started with "
                                 "workbench.launch.launch()?")
     return Run(run_dir, info)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.launch.errors import LaunchError
+from workbench.train.rundir import RunDir
 
 CLIENT_COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")
 PING_TIMEOUT_S = 20.0
@@ -188,14 +189,14 @@ def sbatch_parameters(config, nodes: int, gpus_per_node: int, opts: SlurmOptions
         if value is not None:
             params[key] = value
     # A comment in the script saying what it trains (the task itself is submitit's pickled callable).
-    params["setup"] = [f"# workbench: trains {Path(config.run_dir).absolute() / 'launch' / 'config.yaml'}, "
+    params["setup"] = [f"# workbench: trains {RunDir(Path(config.run_dir).absolute()).launch_config}, "
                        "one task per rank"] + list(opts.setup)
     params["additional_parameters"].update(_extra_directives(opts.sbatch_lines))
     return params
 
 
 def _folder(config) -> Path:
-    return Path(config.run_dir) / "slurm"
+    return RunDir(config.run_dir).slurm
 
 
 def job_script(config, params: dict[str, Any]) -> str:

@@ -32,6 +32,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from workbench.train.rundir import JsonlLog, RunDir
+
 ATTEMPT_ENV = "WORKBENCH_ATTEMPT"
 
 
@@ -55,14 +57,15 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 class _Markers:
     def __init__(self, run_dir: Path, rank: int) -> None:
-        self.dir = Path(run_dir) / "launch"
+        self.paths = RunDir(run_dir)
+        self.dir = self.paths.launch
         self.dir.mkdir(parents=True, exist_ok=True)
         self.rank = rank
         self.base = {"rank": rank, "attempt": attempt_id(), "host": socket.gethostname(), "pid": os.getpid(),
                      "job_id": os.environ.get("SLURM_JOB_ID"), "started": _now()}
 
     def write(self, state: str, **extra: Any) -> None:
-        _write_json(self.dir / f"rank{self.rank}.json", {**self.base, "state": state, "time": _now(), **extra})
+        _write_json(self.paths.rank_marker(self.rank), {**self.base, "state": state, "time": _now(), **extra})
 
 
 def run_rank(config_dict: dict[str, Any]) -> dict[str, Any]:
@@ -76,11 +79,11 @@ def run_rank(config_dict: dict[str, Any]) -> dict[str, Any]:
     os.environ.setdefault(preempt.ENV_VAR, "TERM,USR2")
     markers = _Markers(config.run_dir, rank)
     if rank == 0:
-        with open(markers.dir / "attempts.jsonl", "a") as f:
-            f.write(json.dumps({"attempt": attempt_id(), "job_id": os.environ.get("SLURM_JOB_ID"),
-                                "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0),
-                                "world_size": int(os.environ.get("WORLD_SIZE", 1)), "host": socket.gethostname(),
-                                "time": _now()}) + "\n")
+        with JsonlLog(markers.paths.attempts) as attempts:
+            attempts.write({"attempt": attempt_id(), "job_id": os.environ.get("SLURM_JOB_ID"),
+                            "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0),
+                            "world_size": int(os.environ.get("WORLD_SIZE", 1)), "host": socket.gethostname(),
+                            "time": _now()})
     markers.write("running")
     try:
         from workbench.train.loop import train
@@ -95,7 +98,7 @@ def run_rank(config_dict: dict[str, Any]) -> dict[str, Any]:
         return {"state": "preempted", "signal": exc.signal_name, "global_step": exc.global_step}
     except BaseException as exc:
         text = traceback.format_exc()
-        (markers.dir / f"error_rank{rank}.txt").write_text(text)
+        markers.paths.rank_error(rank).write_text(text)
         markers.write("failed", error=f"{type(exc).__name__}: {exc}"[:2000])
         raise
     summary = {"global_step": result.global_step, "epochs_done": result.epochs_done,

@@ -23,6 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+#: Trainable parameters of the paper's MACE (TrainConfig() defaults, 17 elements of the embedded mixture),
+#: counted with workbench.train.model.build_model.
+PAPER_MODEL_PARAMS = 1_269_264
+
 
 @dataclass(frozen=True)
 class CostModel:
@@ -47,11 +51,14 @@ class CostModel:
         return self.b * atoms + self.c * edges
 
     @classmethod
-    def fit(cls, atoms: np.ndarray, edges: np.ndarray, seconds: np.ndarray) -> "CostModel":
+    def fit(cls, atoms: np.ndarray, edges: np.ndarray, seconds: np.ndarray, nonnegative: bool = True) -> "CostModel":
         """Least-squares fit of ``seconds ~ a + b*atoms + c*edges`` over measured batches.
 
-        Needs at least three batches with independent atom and edge totals;
-        otherwise ``numpy.linalg.lstsq`` returns the minimum-norm solution.
+        ``nonnegative`` (default) constrains ``a, b, c >= 0`` (NNLS): a short run covers a
+        narrow range of batch sizes, and an unconstrained fit there can return negative
+        terms that make extrapolated batches take negative time. Needs at least three
+        batches with independent atom and edge totals; otherwise the unconstrained solve
+        returns the minimum-norm solution.
         """
         atoms = np.asarray(atoms, dtype=np.float64)
         edges = np.asarray(edges, dtype=np.float64)
@@ -61,11 +68,69 @@ class CostModel:
         # Scale columns so the solve is well conditioned (atoms ~1e3, edges ~1e5).
         sa, se = max(atoms.max(), 1.0), max(edges.max(), 1.0)
         x = np.column_stack([np.ones_like(atoms), atoms / sa, edges / se])
-        coef, *_ = np.linalg.lstsq(x, seconds, rcond=None)
+        if nonnegative:
+            from scipy.optimize import nnls
+
+            coef, _ = nnls(x, seconds)
+        else:
+            coef, *_ = np.linalg.lstsq(x, seconds, rcond=None)
         epa = float(edges.sum() / atoms.sum()) if atoms.sum() > 0 else cls.edges_per_atom
         return cls(a=float(coef[0]), b=float(coef[1] / sa), c=float(coef[2] / se), edges_per_atom=epa)
+
+    def describe(self) -> str:
+        return f"t = {self.a * 1e3:.3g} ms + {self.b * 1e6:.3g} µs/atom + {self.c * 1e6:.3g} µs/edge"
 
     def epoch_seconds(self, step_batch_atoms: np.ndarray, step_batch_edges: np.ndarray | None = None) -> float:
         """Epoch time for per-batch totals shaped ``(steps, ranks)``: sum of per-step maxima."""
         t = self.batch_seconds(step_batch_atoms, step_batch_edges)
         return float(t.max(axis=1).sum()) if t.size else 0.0
+
+
+@dataclass(frozen=True)
+class AllReduceModel:
+    """Gradient all-reduce per step: ``2 (R-1)/R * bytes / bandwidth + 2 ceil(log2 R) * latency``.
+
+    Bandwidth is NVLink-class inside a node (``R <= gpus_per_node``) and the
+    NIC's inside the dragonfly otherwise (4 A100 per node and 25 GB/s per GPU,
+    as on the paper's system). One all-reduce per step, not overlapped with
+    the backward pass (pessimistic). ``grad_bytes``: fp32 gradients of the paper's
+    MACE (:data:`PAPER_MODEL_PARAMS` parameters).
+    """
+
+    grad_bytes: float = PAPER_MODEL_PARAMS * 4.0
+    inter_node_bandwidth: float = 25e9
+    intra_node_bandwidth: float = 200e9
+    gpus_per_node: int = 4
+    latency: float = 10e-6
+
+    def seconds(self, num_gpus: int) -> float:
+        r = int(num_gpus)
+        if r <= 1:
+            return 0.0
+        bw = self.intra_node_bandwidth if r <= self.gpus_per_node else self.inter_node_bandwidth
+        return 2.0 * (r - 1) / r * self.grad_bytes / bw + 2.0 * np.ceil(np.log2(r)) * self.latency
+
+    def describe(self) -> str:
+        return (f"all-reduce: {self.grad_bytes / 1e6:.1f} MB fp32 gradients per step, ring at "
+                f"{self.inter_node_bandwidth / 1e9:.0f} GB/s/GPU between nodes ({self.intra_node_bandwidth / 1e9:.0f} "
+                f"inside a {self.gpus_per_node}-GPU node) + {self.latency * 1e6:.0f} µs × 2⌈log2 R⌉, not overlapped")
+
+
+def simulate_epoch(packing, sizes: np.ndarray, cost_model: CostModel,
+                   allreduce: AllReduceModel | None = None) -> dict:
+    """Epoch time of a packing: every step lasts as long as its slowest rank, plus one all-reduce.
+
+    ``sizes``: structured array with ``atoms`` and ``edges`` per graph. Returns ``compute_s``
+    (sum of per-step maxima, :meth:`CostModel.epoch_seconds`), ``balanced_s`` (sum of per-step
+    means: the same work with perfect balance), ``allreduce_s``, ``epoch_s`` and ``steps``.
+    """
+    from workbench.packing.core import batch_sums
+
+    r = packing.num_replicas
+    atoms = batch_sums(sizes["atoms"], packing.flat, packing.offsets).reshape(-1, r)
+    edges = batch_sums(sizes["edges"], packing.flat, packing.offsets).reshape(-1, r)
+    steps = atoms.shape[0]
+    ar = (allreduce or AllReduceModel()).seconds(r) * steps
+    compute = cost_model.epoch_seconds(atoms, edges)
+    balanced = float(cost_model.batch_seconds(atoms, edges).mean(axis=1).sum()) if steps else 0.0
+    return {"steps": steps, "compute_s": compute, "balanced_s": balanced, "allreduce_s": ar, "epoch_s": compute + ar}

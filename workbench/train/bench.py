@@ -76,7 +76,7 @@ def _available(backend: str) -> str | None:
 
 
 def _summarise(run_dir: Path, wall_s: float) -> dict:
-    from workbench.train.metrics import read_epochs, read_steps
+    from workbench.train.rundir import read_epochs, read_steps
 
     steps = read_steps(run_dir, rank=0)
     epoch = read_epochs(run_dir)[-1]

@@ -16,8 +16,6 @@ from typing import Any
 import numpy as np
 import torch
 
-CHECKPOINT_NAME = "checkpoint.pt"
-
 
 def rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}

@@ -17,8 +17,10 @@ from typing import Any
 
 import yaml
 
-SAMPLERS = ("paper", "shuffled-paper", "fixed-count", "dynamic", "ffd", "lpt")
-BACKENDS = ("e3nn", "numba", "cueq")
+from workbench.packing.api import ALGORITHMS
+
+SAMPLERS: tuple[str, ...] = tuple(ALGORITHMS)  # one source: the packing algorithms
+MODEL_BACKENDS = ("e3nn", "numba", "cueq")  # how the model's hot ops run (workbench.kernels.accelerate)
 DTYPES = ("float32", "float64")
 
 
@@ -84,8 +86,8 @@ class TrainConfig:
 
         if self.sampler not in SAMPLERS:
             raise bad("sampler", f"{self.sampler!r} is not one of {', '.join(SAMPLERS)}")
-        if self.backend not in BACKENDS:
-            raise bad("backend", f"{self.backend!r} is not one of {', '.join(BACKENDS)}")
+        if self.backend not in MODEL_BACKENDS:
+            raise bad("backend", f"{self.backend!r} is not one of {', '.join(MODEL_BACKENDS)}")
         if self.dtype not in DTYPES:
             raise bad("dtype", f"{self.dtype!r} is not one of {', '.join(DTYPES)}")
         if not 0.0 <= self.valid_fraction < 1.0:

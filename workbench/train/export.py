@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from workbench.train.config import TrainConfig
+from workbench.train.rundir import RunDir
 
 
 def export_models(model: torch.nn.Module, ema, config: TrainConfig, run_dir: Path) -> Path:
@@ -20,11 +21,11 @@ def export_models(model: torch.nn.Module, ema, config: TrainConfig, run_dir: Pat
     if ema is not None:
         ema.copy_to(final.parameters())  # same parameter order: final is a deep copy of model
     if config.backend != "e3nn":
-        torch.save(final, run_dir / f"model_{config.backend}.model")
+        torch.save(final, RunDir(run_dir).accelerated_model(config.backend))
         from workbench.kernels import accelerate
 
         accelerate(final, backend="e3nn")
-    path = run_dir / "model.model"
+    path = RunDir(run_dir).model
     torch.save(final, path)
     return path
 

@@ -5,37 +5,36 @@ with nccl on GPUs and gloo on CPUs. Every rank builds the same data split, the
 same statistics and the same packing from the seed, so nothing but gradients is
 communicated.
 
-Run directory ``<output_dir>/<name>/``::
+The run directory's layout and log records are owned by :mod:`workbench.train.rundir`.
 
-    config.yaml           the config used
-    metrics/rank<r>.jsonl one line per step per rank (timing, sizes, loss, lr, batch hash)
-    metrics.jsonl         one line per epoch (MAEs, epoch time, compute/wait shares), rank 0
-    checkpoint.pt         latest checkpoint (resume point)
-    model.model           final model (EMA weights, e3nn backend): mace's MACECalculator loads it
-    model_<backend>.model the accelerated model, when a kernel backend was used
+The loop is split the way mace-torch's is: :func:`set_up` (process group, data, sampler,
+model, optimiser), :func:`restore` (from the checkpoint), :func:`train_one_epoch` over
+:func:`take_step`, :func:`evaluate`, :func:`log_epoch` and :func:`checkpoint`.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import math
 import os
 import time
 import zlib
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, field, fields
 from pathlib import Path
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 
 from workbench.train import preempt
-from workbench.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from workbench.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from workbench.train.config import TrainConfig
 from workbench.train.data import TrainData
+from workbench.train.rundir import EPOCH_FIELDS, STEP_FIELDS, JsonlLog, RunDir
 from workbench.train.timing import AllreduceTimer, sync
 
-PACKERS = ("paper", "shuffled-paper", "dynamic", "ffd", "lpt")
+COUNT_SAMPLERS = ("fixed-count",)  # batches by graph count (TrainConfig.batch_size); the rest pack to capacity
 
 
 @dataclass
@@ -77,7 +76,7 @@ def preflight(config: TrainConfig, device: torch.device) -> None:
 def make_sampler(config: TrainConfig, atoms: np.ndarray, edges: np.ndarray, num_replicas: int, rank: int):
     from workbench.packing import BinPackingBatchSampler
 
-    if config.sampler in PACKERS:
+    if config.sampler not in COUNT_SAMPLERS:
         big = int(np.argmax(atoms))
         if atoms[big] > config.capacity:
             raise ValueError(f"capacity {config.capacity} atoms is smaller than training graph {big} "
@@ -155,7 +154,7 @@ def train(config: TrainConfig, structures: list | None = None, resume: bool = Tr
     previous = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, config.dtype))
     try:
-        with preempt.guard_from_env():  # preemption hook (workbench.train.preempt); opt-in via env
+        with preempt.guard_from_env():  # opt-in via env: workbench.train.preempt
             return _train(config, structures, resume, data)
     finally:
         torch.set_default_dtype(previous)
@@ -178,13 +177,79 @@ def _attempt_store(rank: int, world: int, timeout):
     return dist.PrefixStore(f"workbench/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/attempt{attempt}", store)
 
 
-def _train(config: TrainConfig, structures: list | None, resume: bool, data: TrainData | None) -> TrainResult:
-    import torch.distributed as dist
-    from mace.modules.loss import WeightedEnergyForcesLoss
-    from mace.tools.torch_geometric import DataLoader
+@dataclass
+class StepTotals:
+    """Sums over an epoch's steps on one rank; :meth:`all_reduce` sums them over ranks."""
 
+    e_abs: float = 0.0  # sum over graphs of |E error| / atoms, eV/atom
+    f_abs: float = 0.0  # sum over atoms of mean |F error| component, eV/Å
+    graphs: int = 0
+    force_atoms: int = 0
+    compute_s: float = 0.0
+    allreduce_s: float = 0.0
+    data_s: float = 0.0
+
+    def all_reduce(self, world: int) -> "StepTotals":
+        if world == 1:
+            return self
+        import torch.distributed as dist
+
+        t = torch.tensor(astuple(self), dtype=torch.float64)
+        dist.all_reduce(t)
+        return StepTotals(**{f.name: type(getattr(self, f.name))(v) for f, v in zip(fields(self), t.tolist())})
+
+    @property
+    def busy_s(self) -> float:
+        return (self.compute_s + self.allreduce_s + self.data_s) or 1.0
+
+
+@dataclass
+class Session:
+    """Everything one rank holds while it trains."""
+
+    config: TrainConfig
+    rank: int
+    world: int
+    device: torch.device
+    data: TrainData
+    sampler: Any
+    run: RunDir
+    stats: Any = None
+    model: Any = None
+    net: Any = None  # the DDP wrapper (or the model itself on one rank)
+    optimizer: Any = None
+    scheduler: Any = None
+    ema: Any = None
+    loss_fn: Any = None
+    timer: AllreduceTimer | None = None
+    epoch: int = 0
+    global_step: int = 0
+    resume_sampler: dict | None = None
+    last_loss: float = float("nan")
+    done: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+def _init_process_group(config: TrainConfig, rank: int, world: int, device: torch.device) -> None:
+    import torch.distributed as dist
+
+    if world == 1 or dist.is_initialized():
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    from datetime import timedelta
+
+    if device.type != "cuda" and os.environ.get("LOCAL_WORLD_SIZE", str(world)) == str(world):
+        # One node: keep gloo on loopback rather than whatever the hostname resolves to.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    timeout = timedelta(seconds=config.dist_timeout_s)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=_attempt_store(rank, world, timeout),
+                            rank=rank, world_size=world, timeout=timeout)
+
+
+def set_up(config: TrainConfig, structures: list | None, data: TrainData | None) -> Session:
+    """Device, data, sampler and process group; the run directory's config (rank 0)."""
     from workbench.train.data import prepare_data
-    from workbench.train.model import ModelStats, build_model, compute_stats
 
     rank, world, local_rank = _dist_env()
     device = _device(config, local_rank)
@@ -192,220 +257,282 @@ def _train(config: TrainConfig, structures: list | None, resume: bool, data: Tra
     if data is None:
         data = prepare_data(config, structures)
     sampler = make_sampler(config, data.train_atoms, data.train_edges, world, rank)
-    run_dir = config.run_dir
-    ckpt_path = run_dir / CHECKPOINT_NAME
+    run = RunDir(config.run_dir)
     if rank == 0:
-        (run_dir / "metrics").mkdir(parents=True, exist_ok=True)
-        config.to_yaml(run_dir / "config.yaml")
-
-    if world > 1 and not dist.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        from datetime import timedelta
-
-        if device.type != "cuda" and os.environ.get("LOCAL_WORLD_SIZE", str(world)) == str(world):
-            # One node: keep gloo on loopback rather than whatever the hostname resolves to.
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        timeout = timedelta(seconds=config.dist_timeout_s)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=_attempt_store(rank, world, timeout),
-                                rank=rank, world_size=world, timeout=timeout)
+        run.metrics_dir.mkdir(parents=True, exist_ok=True)
+        config.to_yaml(run.config)
+    _init_process_group(config, rank, world, device)
     torch.manual_seed(config.seed)
     np.random.seed(config.seed)
+    return Session(config, rank, world, device, data, sampler, run)
 
-    ckpt = load_checkpoint(ckpt_path) if resume else None
+
+def build_training(s: Session, ckpt: dict | None) -> None:
+    """Model (accelerated when asked), optimiser, scheduler, EMA and loss."""
+    from mace.modules.loss import WeightedEnergyForcesLoss
+
+    from workbench.train.model import ModelStats, build_model, compute_stats
+
+    config = s.config
     if ckpt:
-        stats = ModelStats(**ckpt["stats"])
+        s.stats = ModelStats(**ckpt["stats"])
     else:
-        if data.stats is None:
-            data.stats = compute_stats(data.train_configs, data.train, data.z_table)
-        stats = data.stats
-    model = build_model(config, stats).to(device)
+        if s.data.stats is None:
+            s.data.stats = compute_stats(s.data.train_configs, s.data.train, s.data.z_table)
+        s.stats = s.data.stats
+    s.model = build_model(config, s.stats).to(s.device)
     if config.backend != "e3nn":
         from workbench.kernels import accelerate
 
-        model = accelerate(model, backend=config.backend).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, amsgrad=config.amsgrad,
-                                 weight_decay=config.weight_decay)
-    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=config.lr_factor,
-                                                           patience=config.scheduler_patience)
-    ema = None
+        s.model = accelerate(s.model, backend=config.backend).to(s.device)
+    s.optimizer = torch.optim.Adam(s.model.parameters(), lr=config.lr, amsgrad=config.amsgrad,
+                                   weight_decay=config.weight_decay)
+    s.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(s.optimizer, factor=config.lr_factor,
+                                                             patience=config.scheduler_patience)
     if config.ema_decay is not None:
         from torch_ema import ExponentialMovingAverage
 
-        ema = ExponentialMovingAverage(model.parameters(), decay=config.ema_decay)
-    loss_fn = WeightedEnergyForcesLoss(energy_weight=config.energy_weight, forces_weight=config.forces_weight).to(device)
+        s.ema = ExponentialMovingAverage(s.model.parameters(), decay=config.ema_decay)
+    s.loss_fn = WeightedEnergyForcesLoss(energy_weight=config.energy_weight,
+                                         forces_weight=config.forces_weight).to(s.device)
 
-    start_epoch, global_step, resume_sampler = 0, 0, None
-    if ckpt:
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        if ema is not None and ckpt.get("ema") is not None:
-            ema.load_state_dict(ckpt["ema"])
-        start_epoch, global_step = ckpt["epoch"], ckpt["global_step"]
-        resume_sampler = ckpt["sampler"][rank] if world == len(ckpt["sampler"]) else None
-        if resume_sampler is None:
-            raise ValueError(f"{ckpt_path}: checkpoint was written by {len(ckpt['sampler'])} ranks, "
-                             f"this run has {world}; resume with the same number of ranks")
-        set_rng_state(ckpt["rng"][rank] if isinstance(ckpt["rng"], list) else ckpt["rng"])
 
-    timer = None
-    net = model
-    if world > 1:
+def restore(s: Session, ckpt: dict | None) -> None:
+    """Continue from ``ckpt``: weights, optimiser, scheduler, EMA, counters, sampler position and RNG."""
+    if not ckpt:
+        return
+    s.model.load_state_dict(ckpt["model"])
+    s.optimizer.load_state_dict(ckpt["optimizer"])
+    s.scheduler.load_state_dict(ckpt["scheduler"])
+    if s.ema is not None and ckpt.get("ema") is not None:
+        s.ema.load_state_dict(ckpt["ema"])
+    s.epoch, s.global_step = ckpt["epoch"], ckpt["global_step"]
+    if s.world != len(ckpt["sampler"]):
+        raise ValueError(f"{s.run.checkpoint}: checkpoint was written by {len(ckpt['sampler'])} ranks, "
+                         f"this run has {s.world}; resume with the same number of ranks")
+    s.resume_sampler = ckpt["sampler"][s.rank]
+    set_rng_state(ckpt["rng"][s.rank] if isinstance(ckpt["rng"], list) else ckpt["rng"])
+
+
+def wrap_ddp(s: Session) -> None:
+    s.net = s.model
+    if s.world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-        timer = AllreduceTimer()
-        net.register_comm_hook(None, timer.hook)
+        s.net = DDP(s.model, device_ids=[s.device.index] if s.device.type == "cuda" else None)
+        s.timer = AllreduceTimer()
+        s.net.register_comm_hook(None, s.timer.hook)
 
-    step_log = open(run_dir / "metrics" / f"rank{rank}.jsonl", "a")
-    epoch_log = open(run_dir / "metrics.jsonl", "a") if rank == 0 else None
+
+def checkpoint(s: Session, epoch: int, consumed: int) -> None:
+    """One file, written by rank 0, with every rank's sampler position and RNG state."""
+    import torch.distributed as dist
+
+    mine = {"sampler": s.sampler.state_dict(consumed=consumed), "rng": rng_state()}
+    gathered = [None] * s.world
+    if s.world > 1:
+        dist.all_gather_object(gathered, mine)
+    else:
+        gathered = [mine]
+    if s.rank == 0:
+        save_checkpoint(s.run.checkpoint, {
+            "model": s.model.state_dict(), "optimizer": s.optimizer.state_dict(),
+            "scheduler": s.scheduler.state_dict(), "ema": s.ema.state_dict() if s.ema is not None else None,
+            "epoch": epoch, "global_step": s.global_step, "stats": s.stats.to_dict(),
+            "sampler": [g["sampler"] for g in gathered], "rng": [g["rng"] for g in gathered],
+            "config": s.config.to_dict(),
+        })
+    if s.world > 1:
+        dist.barrier()
+
+
+def take_step(s: Session, batch) -> tuple[Any, dict, float]:
+    """Forward, energy+forces loss, backward, clip, optimiser and EMA update.
+
+    Returns ``(loss, output, blocked)``: ``blocked`` is the time spent waiting in the
+    gradient all-reduce (DDP), measured by the comm hook.
+    """
+    config = s.config
+    if s.timer is not None:
+        s.timer.reset()
+    s.optimizer.zero_grad(set_to_none=True)
+    out = s.net(batch.to_dict(), training=True, compute_force=True)
+    loss = s.loss_fn(pred=out, ref=batch, ddp=False)
+    loss.backward()
+    sync(s.device)
+    t_backward = time.perf_counter()
+    if config.clip_grad:
+        torch.nn.utils.clip_grad_norm_(s.model.parameters(), config.clip_grad)
+    s.optimizer.step()
+    if s.ema is not None:
+        s.ema.update()
+    sync(s.device)
+    timer = s.timer
+    blocked = max(t_backward - timer.last_ready, 0.0) if timer is not None and timer.last_ready else 0.0
+    return loss, out, blocked
+
+
+def _step_record(s: Session, epoch: int, consumed: int, batch, indices, t: tuple[float, float, float],
+                 blocked: float) -> dict:
+    t0, t1, t3 = t
+    return {
+        "type": "step", "rank": s.rank, "epoch": epoch, "step": consumed - 1, "global_step": s.global_step,
+        "data_s": round(t1 - t0, 6), "compute_s": round((t3 - t1) - blocked, 6),
+        "allreduce_s": round(blocked, 6), "step_s": round(t3 - t0, 6),
+        "atoms": int(batch.num_nodes), "edges": int(batch.edge_index.shape[1]), "graphs": int(batch.num_graphs),
+        "loss": s.last_loss, "lr": s.optimizer.param_groups[0]["lr"], "batch_hash": _batch_hash(indices),
+        "time": time.time(),
+    }
+
+
+def _accumulate(totals: StepTotals, batch, out, t: tuple[float, float, float], blocked: float) -> None:
+    t0, t1, t3 = t
+    n = (batch.ptr[1:] - batch.ptr[:-1]).to(out["energy"].dtype)
+    totals.e_abs += float(((out["energy"].detach() - batch.energy).abs() / n).sum())
+    totals.f_abs += float((out["forces"].detach() - batch.forces).abs().mean(dim=1).sum())
+    totals.graphs += int(batch.num_graphs)
+    totals.force_atoms += int(batch.forces.shape[0])
+    totals.data_s += t1 - t0
+    totals.compute_s += (t3 - t1) - blocked
+    totals.allreduce_s += blocked
+
+
+def _epoch_batches(s: Session, epoch: int) -> tuple[Iterator, _Recording, int]:
+    """This epoch's loader (resumed mid-epoch when the checkpoint says so) and batches already done."""
+    from mace.tools.torch_geometric import DataLoader
+
+    s.sampler.set_epoch(epoch)
+    consumed = 0
+    if s.resume_sampler is not None and s.resume_sampler["epoch"] == epoch:
+        s.sampler.load_state_dict(s.resume_sampler)
+        consumed = s.resume_sampler["batches_done"]
+    s.resume_sampler = None
+    recording = _Recording(s.sampler)
+    loader = DataLoader(s.data.train, batch_sampler=recording, num_workers=s.config.num_workers)
+    return iter(loader), recording, consumed
+
+
+def train_one_epoch(s: Session, epoch: int, step_log: JsonlLog, bar) -> tuple[StepTotals, int]:
+    """Steps of one epoch until it ends, ``max_steps`` is reached or a preemption stops all ranks.
+
+    Returns this rank's totals and the number of the epoch's batches consumed.
+    """
+    config = s.config
+    it, recording, consumed = _epoch_batches(s, epoch)
+    s.model.train()
+    totals = StepTotals()
+    while True:
+        t0 = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        indices = recording.queue.popleft()
+        batch = batch.to(s.device)
+        t1 = time.perf_counter()
+        loss, out, blocked = take_step(s, batch)
+        t = (t0, t1, time.perf_counter())
+        consumed += 1
+        s.global_step += 1
+        s.last_loss = float(loss.detach())
+        _accumulate(totals, batch, out, t, blocked)
+        step_log.write(_step_record(s, epoch, consumed, batch, indices, t, blocked))
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{s.last_loss:.4g}", epoch=epoch)
+        _maybe_fail(s.global_step, s.rank)
+        if config.checkpoint_every and s.global_step % config.checkpoint_every == 0:
+            checkpoint(s, epoch, consumed)
+        if config.max_steps is not None and s.global_step >= config.max_steps:
+            s.done = True
+            break
+        # All ranks stop at this step boundary together (workbench.train.preempt).
+        stop = preempt.requested(s.world, s.device) if consumed < len(s.sampler) else None
+        if stop:
+            checkpoint(s, epoch, consumed)
+            raise preempt.Preempted(stop, s.global_step)
+    return totals, consumed
+
+
+def validate(s: Session) -> dict:
+    """Validation MAEs with the EMA weights (when kept), then the plateau scheduler's step."""
+    if s.ema is not None:
+        with s.ema.average_parameters():
+            valid = evaluate(s.model, s.data.valid, s.device)
+    else:
+        valid = evaluate(s.model, s.data.valid, s.device)
+    if not math.isnan(valid.get("e_mae_mev_atom", float("nan"))):
+        s.scheduler.step(valid["e_mae_mev_atom"] + valid["f_mae_mev_a"])
+    return valid
+
+
+def log_epoch(s: Session, epoch_log: JsonlLog | None, epoch: int, complete: bool, epoch_s: float,
+              totals: StepTotals, valid: dict) -> None:
+    if epoch_log is None:
+        return
+    busy = totals.busy_s
+    epoch_log.write({
+        "type": "epoch", "epoch": epoch, "complete": complete, "global_step": s.global_step,
+        "epoch_s": round(epoch_s, 4),
+        "train_e_mae_mev_atom": 1000 * totals.e_abs / max(totals.graphs, 1),
+        "train_f_mae_mev_a": 1000 * totals.f_abs / max(totals.force_atoms, 1),
+        "valid_e_mae_mev_atom": valid["e_mae_mev_atom"], "valid_f_mae_mev_a": valid["f_mae_mev_a"],
+        "compute_share": totals.compute_s / busy, "allreduce_share": totals.allreduce_s / busy,
+        "data_share": totals.data_s / busy, "loss": s.last_loss, "lr": s.optimizer.param_groups[0]["lr"],
+        "peak_mem_gb": torch.cuda.max_memory_allocated(s.device) / 1e9 if s.device.type == "cuda" else None,
+    })
+
+
+@contextlib.contextmanager
+def _progress(s: Session):
     bar = None
-    total_steps = config.max_steps or config.epochs * len(sampler)
-    if rank == 0 and config.progress:
+    if s.rank == 0 and s.config.progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=total_steps, initial=min(global_step, total_steps), desc=config.name, unit="step")
+        total = s.config.max_steps or s.config.epochs * len(s.sampler)
+        bar = tqdm(total=total, initial=min(s.global_step, total), desc=s.config.name, unit="step")
+    try:
+        yield bar
+    finally:
+        if bar is not None:
+            bar.close()
 
-    def checkpoint(epoch: int, consumed: int) -> None:
-        # Every rank's sampler position and RNG go into one file written by rank 0.
-        mine = {"sampler": sampler.state_dict(consumed=consumed), "rng": rng_state()}
-        gathered = [None] * world
-        if world > 1:
-            dist.all_gather_object(gathered, mine)
-        else:
-            gathered = [mine]
-        if rank == 0:
-            save_checkpoint(ckpt_path, {
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "ema": ema.state_dict() if ema is not None else None,
-                "epoch": epoch, "global_step": global_step, "stats": stats.to_dict(),
-                "sampler": [g["sampler"] for g in gathered], "rng": [g["rng"] for g in gathered],
-                "config": config.to_dict(),
-            })
-        if world > 1:
-            dist.barrier()
 
-    last_loss = float("nan")
-    done = config.max_steps is not None and global_step >= config.max_steps
-    epoch = start_epoch
-    while epoch < config.epochs and not done:
-        sampler.set_epoch(epoch)
-        consumed = 0
-        if resume_sampler is not None and resume_sampler["epoch"] == epoch:
-            sampler.load_state_dict(resume_sampler)
-            consumed = resume_sampler["batches_done"]
-        resume_sampler = None
-        recording = _Recording(sampler)
-        loader = DataLoader(data.train, batch_sampler=recording, num_workers=config.num_workers)
-        model.train()
-        t_epoch = time.perf_counter()
-        sums = {"data": 0.0, "compute": 0.0, "allreduce": 0.0, "e_abs": 0.0, "f_abs": 0.0, "graphs": 0, "fatoms": 0}
-        it = iter(loader)
-        while True:
-            t0 = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                break
-            indices = recording.queue.popleft()
-            batch = batch.to(device)
-            t1 = time.perf_counter()
-            if timer is not None:
-                timer.reset()
-            optimizer.zero_grad(set_to_none=True)
-            out = net(batch.to_dict(), training=True, compute_force=True)
-            loss = loss_fn(pred=out, ref=batch, ddp=False)
-            loss.backward()
-            sync(device)
-            t2 = time.perf_counter()
-            if config.clip_grad:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_grad)
-            optimizer.step()
-            if ema is not None:
-                ema.update()
-            sync(device)
-            t3 = time.perf_counter()
-            blocked = max(t2 - timer.last_ready, 0.0) if timer is not None and timer.last_ready else 0.0
-            consumed += 1
-            global_step += 1
-            last_loss = float(loss.detach())
-            n = (batch.ptr[1:] - batch.ptr[:-1]).to(out["energy"].dtype)
-            sums["e_abs"] += float(((out["energy"].detach() - batch.energy).abs() / n).sum())
-            sums["f_abs"] += float((out["forces"].detach() - batch.forces).abs().mean(dim=1).sum())
-            sums["graphs"] += int(batch.num_graphs)
-            sums["fatoms"] += int(batch.forces.shape[0])
-            sums["data"] += t1 - t0
-            sums["compute"] += (t3 - t1) - blocked
-            sums["allreduce"] += blocked
-            step_log.write(json.dumps({
-                "type": "step", "rank": rank, "epoch": epoch, "step": consumed - 1, "global_step": global_step,
-                "data_s": round(t1 - t0, 6), "compute_s": round((t3 - t1) - blocked, 6),
-                "allreduce_s": round(blocked, 6), "step_s": round(t3 - t0, 6),
-                "atoms": int(batch.num_nodes), "edges": int(batch.edge_index.shape[1]), "graphs": int(batch.num_graphs),
-                "loss": last_loss, "lr": optimizer.param_groups[0]["lr"], "batch_hash": _batch_hash(indices),
-                "time": time.time(),
-            }) + "\n")
-            step_log.flush()
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{last_loss:.4g}", epoch=epoch)
-            _maybe_fail(global_step, rank)
-            if config.checkpoint_every and global_step % config.checkpoint_every == 0:
-                checkpoint(epoch, consumed)
-            if config.max_steps is not None and global_step >= config.max_steps:
-                done = True
-                break
-            # -- preemption hook (workbench.train.preempt): all ranks stop at this step boundary together
-            stop = preempt.requested(world, device) if consumed < len(sampler) else None
-            if stop:
-                checkpoint(epoch, consumed)
-                raise preempt.Preempted(stop, global_step)
-            # -- end preemption hook
-        epoch_s = time.perf_counter() - t_epoch
-        totals = torch.tensor([sums["e_abs"], sums["f_abs"], sums["graphs"], sums["fatoms"], sums["compute"],
-                               sums["allreduce"], sums["data"]], dtype=torch.float64)
-        if world > 1:
-            dist.all_reduce(totals)
-        valid = {}
-        if ema is not None:
-            with ema.average_parameters():
-                valid = evaluate(model, data.valid, device)
-        else:
-            valid = evaluate(model, data.valid, device)
-        if not math.isnan(valid.get("e_mae_mev_atom", float("nan"))):
-            scheduler.step(valid["e_mae_mev_atom"] + valid["f_mae_mev_a"])
-        finished_epoch = not done or consumed == len(sampler)
-        if rank == 0:
-            busy = float(totals[4] + totals[5] + totals[6]) or 1.0
-            epoch_log.write(json.dumps({
-                "type": "epoch", "epoch": epoch, "complete": finished_epoch, "global_step": global_step,
-                "epoch_s": round(epoch_s, 4),
-                "train_e_mae_mev_atom": 1000 * float(totals[0]) / max(float(totals[2]), 1),
-                "train_f_mae_mev_a": 1000 * float(totals[1]) / max(float(totals[3]), 1),
-                "valid_e_mae_mev_atom": valid["e_mae_mev_atom"], "valid_f_mae_mev_a": valid["f_mae_mev_a"],
-                "compute_share": float(totals[4]) / busy, "allreduce_share": float(totals[5]) / busy,
-                "data_share": float(totals[6]) / busy, "loss": last_loss, "lr": optimizer.param_groups[0]["lr"],
-                "peak_mem_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None,
-            }) + "\n")
-            epoch_log.flush()
-        model.train()
-        if finished_epoch:
-            epoch += 1
-            checkpoint(epoch, 0)
-        else:
-            checkpoint(epoch, consumed)
-    if bar is not None:
-        bar.close()
-    step_log.close()
+def _finish(s: Session) -> TrainResult:
+    import torch.distributed as dist
+
     model_path = None
-    if rank == 0 and config.export:
+    if s.rank == 0 and s.config.export:
         from workbench.train.export import export_models
 
-        model_path = export_models(model, ema, config, run_dir)
-    if epoch_log is not None:
-        epoch_log.close()
-    if world > 1:
+        model_path = export_models(s.model, s.ema, s.config, s.run.path)
+    if s.world > 1:
         dist.barrier()
         dist.destroy_process_group()
-    return TrainResult(run_dir, global_step, epoch, last_loss, model_path)
+    return TrainResult(s.run.path, s.global_step, s.epoch, s.last_loss, model_path)
+
+
+def _train(config: TrainConfig, structures: list | None, resume: bool, data: TrainData | None) -> TrainResult:
+    s = set_up(config, structures, data)
+    ckpt = load_checkpoint(s.run.checkpoint) if resume else None
+    build_training(s, ckpt)
+    restore(s, ckpt)
+    wrap_ddp(s)
+    s.done = config.max_steps is not None and s.global_step >= config.max_steps
+    epoch_log = JsonlLog(s.run.epoch_log, EPOCH_FIELDS) if s.rank == 0 else contextlib.nullcontext()
+    with JsonlLog(s.run.step_log(s.rank), STEP_FIELDS) as step_log, epoch_log as epoch_log, _progress(s) as bar:
+        while s.epoch < config.epochs and not s.done:
+            t_epoch = time.perf_counter()
+            totals, consumed = train_one_epoch(s, s.epoch, step_log, bar)
+            epoch_s = time.perf_counter() - t_epoch
+            totals = totals.all_reduce(s.world)
+            valid = validate(s)
+            complete = not s.done or consumed == len(s.sampler)
+            log_epoch(s, epoch_log, s.epoch, complete, epoch_s, totals, valid)
+            s.model.train()
+            if complete:
+                s.epoch += 1
+                checkpoint(s, s.epoch, 0)
+            else:
+                checkpoint(s, s.epoch, consumed)
+    return _finish(s)

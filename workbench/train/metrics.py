@@ -1,42 +1,25 @@
-"""Reading a run's JSONL logs, and fitting the packer's cost model from real step times."""
+"""Fitting the packer's cost model from a run's measured step times (the logs: :mod:`workbench.train.rundir`)."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import numpy as np
 
+from workbench.train.rundir import read_epochs, read_steps
 
-def read_steps(run_dir: str | os.PathLike, rank: int | None = None) -> list[dict]:
-    """Step records of one rank (or all ranks), as the run finally saw them.
-
-    A step redone after a restart from a checkpoint replaces the record of the
-    attempt that was lost, so each ``(rank, global_step)`` appears once.
-    """
-    files = sorted(Path(run_dir, "metrics").glob("rank*.jsonl"))
-    if rank is not None:
-        files = [f for f in files if f.stem == f"rank{rank}"]
-    last: dict[tuple[int, int], dict] = {}
-    for f in files:
-        for line in f.read_text().splitlines():
-            if line.strip():
-                rec = json.loads(line)
-                last[(rec["rank"], rec["global_step"])] = rec
-    return [last[k] for k in sorted(last, key=lambda k: (k[1], k[0]))]
+__all__ = ["fit_cost_model", "read_epochs", "read_steps"]
 
 
-def read_epochs(run_dir: str | os.PathLike) -> list[dict]:
-    path = Path(run_dir, "metrics.jsonl")
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+def fit_cost_model(run_dir: str | os.PathLike, skip_first: int = 2, nonnegative: bool = True,
+                   with_description: bool = False):
+    """Fit ``t = a + b*atoms + c*edges`` to the measured compute times of every rank's steps.
 
-
-def fit_cost_model(run_dir: str | os.PathLike, skip_first: int = 2):
-    """Fit ``t = a + b*atoms + c*edges`` to measured compute times of every rank's steps.
-
-    The first ``skip_first`` steps of each rank are dropped: they include
-    one-off costs (allocator warm-up, lazy initialisation, kernel compilation).
+    The first ``skip_first`` steps of each rank are dropped: they include one-off costs
+    (allocator warm-up, lazy initialisation, kernel compilation). The fit is
+    :meth:`workbench.packing.CostModel.fit` (non-negative by default). Returns the
+    ``CostModel``, or ``(CostModel, one-line description)`` with ``with_description``.
     """
     from workbench.packing import CostModel
 
@@ -46,4 +29,11 @@ def fit_cost_model(run_dir: str | os.PathLike, skip_first: int = 2):
     atoms = np.array([r["atoms"] for r in recs], dtype=float)
     edges = np.array([r["edges"] for r in recs], dtype=float)
     seconds = np.array([r["compute_s"] for r in recs], dtype=float)
-    return CostModel.fit(atoms, edges, seconds)
+    model = CostModel.fit(atoms, edges, seconds, nonnegative=nonnegative)
+    if not with_description:
+        return model
+    rms = float(np.sqrt(np.mean((seconds - model.batch_seconds(atoms, edges)) ** 2)))
+    kind = "NNLS" if nonnegative else "least-squares"
+    desc = (f"cost model: {kind} fit to {len(recs)} measured step compute times of run '{Path(run_dir).name}' "
+            f"(batches of {atoms.min():.0f}–{atoms.max():.0f} atoms): {model.describe()}, rms residual {rms * 1e3:.3g} ms")
+    return model, desc

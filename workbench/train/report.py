@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.train.metrics import read_epochs, read_steps
+from workbench.train.rundir import RunDir, read_epochs, read_steps
 
 
 def _layout_figure(packing, families: np.ndarray | None, step: int = 0):
@@ -70,6 +70,6 @@ def write_report(run_dir: str | os.PathLike, packing=None, families: np.ndarray 
         parts.append(_layout_figure(packing, families).to_html(full_html=False, include_plotlyjs=False))
     html = "<html><head><meta charset='utf-8'><title>cfm-workbench run report</title></head><body>" \
            + "\n".join(parts) + "</body></html>"
-    out = run_dir / "report.html"
+    out = RunDir(run_dir).report
     out.write_text(html)
     return out

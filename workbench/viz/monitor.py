@@ -1,7 +1,7 @@
 """Run monitor: the launcher's status panel, live loss and per-rank step times of a run directory.
 
 Everything here reads a run directory (``metrics/rank*.jsonl`` and
-``metrics.jsonl``, via :mod:`workbench.train.metrics`), so the same views work
+``metrics.jsonl``, via :mod:`workbench.train.rundir`), so the same views work
 on a finished run, on a live one, and on a run started elsewhere and attached.
 """
 
@@ -25,9 +25,9 @@ def _run_dir(run) -> Path:
 
 def step_series(run_dir: str | os.PathLike) -> dict[int, dict[str, np.ndarray]]:
     """Per rank, the step records as arrays (fields of :data:`FIELDS` the log has), in step order."""
-    from workbench.train.metrics import read_steps
+    from workbench.train.rundir import read_steps
 
-    recs = read_steps(_run_dir(run_dir)) if Path(_run_dir(run_dir), "metrics").exists() else []
+    recs = read_steps(_run_dir(run_dir))
     out: dict[int, dict[str, np.ndarray]] = {}
     for r in sorted({rec["rank"] for rec in recs}):
         mine = [rec for rec in recs if rec["rank"] == r]
@@ -53,7 +53,7 @@ def loss_figure(run_dir, title: str | None = None):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from workbench.train.metrics import read_epochs
+    from workbench.train.rundir import read_epochs
 
     series = step_series(run_dir)
     epochs = read_epochs(_run_dir(run_dir))
@@ -120,7 +120,7 @@ def step_time_figure(run_dir, title: str | None = None):
 
 def summary_html(run_dir, status: str | None = None) -> str:
     """One line: status, steps and epochs logged, last loss, ranks."""
-    from workbench.train.metrics import read_epochs
+    from workbench.train.rundir import read_epochs
 
     series = step_series(run_dir)
     epochs = read_epochs(_run_dir(run_dir))
@@ -193,7 +193,7 @@ class RunMonitor:
         while not self._stop.wait(self.interval):
             try:
                 self.refresh()
-            except (OSError, ValueError):  # a log line half-written: try again next tick
+            except OSError:  # a file replaced under us (checkpoint, marker): try again next tick
                 continue
             if self.status not in (None, "pending", "running"):
                 self.refresh()

@@ -16,12 +16,10 @@ from typing import Sequence
 
 import numpy as np
 
+from workbench.packing.cost import PAPER_MODEL_PARAMS, AllReduceModel, simulate_epoch  # noqa: F401 (re-exported)
 from workbench.viz.style import style
 
 DEFAULT_GPUS: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 740)
-#: Trainable parameters of the paper's MACE (TrainConfig() defaults, 17 elements of the embedded mixture),
-#: counted with workbench.train.model.build_model.
-PAPER_MODEL_PARAMS = 1_269_264
 VARIANTS: tuple[tuple[str, str, bool], ...] = (
     ("baseline (fixed-count)", "fixed-count", False),
     ("baseline + kernels", "fixed-count", True),
@@ -30,35 +28,6 @@ VARIANTS: tuple[tuple[str, str, bool], ...] = (
 )
 VARIANT_COLORS = {"baseline (fixed-count)": "#D95F02", "baseline + kernels": "#FDAE6B",
                   "packer (paper)": "#1B9E77", "packer + kernels": "#7570B3"}
-
-
-@dataclass(frozen=True)
-class AllReduceModel:
-    """Gradient all-reduce per step: ``2 (R-1)/R * bytes / bandwidth + 2 ceil(log2 R) * latency``.
-
-    Bandwidth is NVLink-class inside a node (``R <= gpus_per_node``) and the
-    NIC's inside the dragonfly otherwise (4 A100 per node and 25 GB/s per GPU,
-    as on the paper's system). One all-reduce per step, not overlapped with
-    the backward pass (pessimistic).
-    """
-
-    grad_bytes: float = PAPER_MODEL_PARAMS * 4.0
-    inter_node_bandwidth: float = 25e9
-    intra_node_bandwidth: float = 200e9
-    gpus_per_node: int = 4
-    latency: float = 10e-6
-
-    def seconds(self, num_gpus: int) -> float:
-        r = int(num_gpus)
-        if r <= 1:
-            return 0.0
-        bw = self.intra_node_bandwidth if r <= self.gpus_per_node else self.inter_node_bandwidth
-        return 2.0 * (r - 1) / r * self.grad_bytes / bw + 2.0 * np.ceil(np.log2(r)) * self.latency
-
-    def describe(self) -> str:
-        return (f"all-reduce: {self.grad_bytes / 1e6:.1f} MB fp32 gradients per step, ring at "
-                f"{self.inter_node_bandwidth / 1e9:.0f} GB/s/GPU between nodes ({self.intra_node_bandwidth / 1e9:.0f} "
-                f"inside a {self.gpus_per_node}-GPU node) + {self.latency * 1e6:.0f} µs × 2⌈log2 R⌉, not overlapped")
 
 
 @dataclass(frozen=True)
@@ -108,46 +77,18 @@ def kernel_speedup_from_results(records: list[dict] | None = None, pass_: str = 
 
 
 def fit_step_cost_model(run_dir: str | Path, skip_first: int = 2):
-    """Non-negative least-squares fit of ``compute_s = a + b*atoms + c*edges`` to a run's step log.
+    """``(CostModel, description)`` fitted (NNLS) to a run's step log: :func:`workbench.train.metrics.fit_cost_model`."""
+    from workbench.train.metrics import fit_cost_model
 
-    Same data as :func:`workbench.train.metrics.fit_cost_model`, but constrained
-    to ``a, b, c >= 0``: a short run covers a narrow range of batch sizes, and an
-    unconstrained fit there can return negative terms that make extrapolated
-    batches take negative time. Returns ``(CostModel, description)``.
-    """
-    from scipy.optimize import nnls
-
-    from workbench.packing import CostModel
-    from workbench.train.metrics import read_steps
-
-    recs = [r for r in read_steps(run_dir) if r["global_step"] > skip_first]
-    if len(recs) < 3:
-        raise ValueError(f"{run_dir}: need at least 3 logged steps after warm-up, found {len(recs)}")
-    x = np.array([[1.0, r["atoms"], r["edges"]] for r in recs])
-    y = np.array([r["compute_s"] for r in recs])
-    scale = np.maximum(x.max(axis=0), 1.0)
-    coef, _ = nnls(x / scale, y)
-    a, b, c = coef / scale
-    resid = y - x @ np.array([a, b, c])
-    epa = float(x[:, 2].sum() / max(x[:, 1].sum(), 1.0))
-    model = CostModel(a=float(a), b=float(b), c=float(c), edges_per_atom=epa)
-    desc = (f"cost model: NNLS fit to {len(recs)} measured step compute times of run '{Path(run_dir).name}' "
-            f"(batches of {x[:, 1].min():.0f}–{x[:, 1].max():.0f} atoms): t = {a * 1e3:.3g} ms + "
-            f"{b * 1e6:.3g} µs/atom + {c * 1e6:.3g} µs/edge, rms residual {np.sqrt(np.mean(resid ** 2)) * 1e3:.3g} ms")
-    return model, desc
+    return fit_cost_model(run_dir, skip_first=skip_first, with_description=True)
 
 
 def find_run_dir(root: str | Path = "runs", min_steps: int = 6) -> Path | None:
     """Newest run directory under ``root`` with at least ``min_steps`` logged steps, else ``None``."""
-    best = None
-    for d in Path(root).glob("*/metrics"):
-        files = list(d.glob("rank*.jsonl"))
-        n = sum(f.read_text().count("\n") for f in files)
-        if n >= min_steps:
-            t = max(f.stat().st_mtime for f in files)
-            if best is None or t > best[0]:
-                best = (t, d.parent)
-    return best[1] if best else None
+    from workbench.train.rundir import latest_run
+
+    run = latest_run(root, min_steps)
+    return run.path if run is not None else None
 
 
 def projection_cost_model(run_dir: str | Path | None = None, root: str | Path = "runs"):
@@ -161,28 +102,7 @@ def projection_cost_model(run_dir: str | Path | None = None, root: str | Path = 
         except (ValueError, OSError):
             pass
     m = CostModel()
-    return m, (f"cost model: H100 anchor of workbench.packing.CostModel (no run with step times found): "
-               f"t = {m.a * 1e3:.3g} ms + {m.b * 1e6:.3g} µs/atom + {m.c * 1e6:.3g} µs/edge")
-
-
-def simulate_epoch(packing, sizes: np.ndarray, cost_model, allreduce: AllReduceModel | None = None) -> dict:
-    """Epoch time of a packing: every step lasts as long as its slowest rank, plus one all-reduce.
-
-    Returns ``compute_s`` (sum of per-step maxima), ``balanced_s`` (sum of
-    per-step means: the same work with perfect balance), ``allreduce_s``,
-    ``epoch_s`` and ``steps``.
-    """
-    from workbench.packing.core import batch_sums
-
-    r = packing.num_replicas
-    atoms = batch_sums(sizes["atoms"], packing.flat, packing.offsets).reshape(-1, r)
-    edges = batch_sums(sizes["edges"], packing.flat, packing.offsets).reshape(-1, r)
-    t = cost_model.batch_seconds(atoms, edges)
-    steps = t.shape[0]
-    ar = (allreduce or AllReduceModel()).seconds(r) * steps
-    compute = float(t.max(axis=1).sum())
-    return {"steps": steps, "compute_s": compute, "balanced_s": float(t.mean(axis=1).sum()), "allreduce_s": ar,
-            "epoch_s": compute + ar}
+    return m, f"cost model: H100 anchor of workbench.packing.CostModel (no run with step times found): {m.describe()}"
 
 
 def project_scaling(sizes: np.ndarray, gpus: Sequence[int] = DEFAULT_GPUS, mode: str = "strong",

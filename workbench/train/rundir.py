@@ -1,0 +1,219 @@
+"""The run directory: its layout, its log-record schema and one tolerant reader.
+
+Every module that writes or reads a run goes through here, so a file name is spelled once::
+
+    <output_dir>/<name>/
+        config.yaml             the config used                          RunDir.config
+        metrics/rank<r>.jsonl   one step record per line, per rank       RunDir.step_log(r)
+        metrics.jsonl           one epoch record per line (rank 0)       RunDir.epoch_log
+        checkpoint.pt           latest checkpoint (resume point)         RunDir.checkpoint
+        model.model             final model, e3nn modules (MACECalculator loads it)
+        model_<backend>.model   the accelerated model, when a kernel backend was used
+        report.html             the run report
+        launch/                 the launcher's state (launch.json, rank<r>.json, attempts.jsonl, ...)
+        slurm/                  submitit's folder (SLURM backend)
+
+Logs are JSON Lines. A monitor polls them while ranks append, so :func:`read_jsonl` skips a
+last line that has no newline yet (it is still being written) and reads it once it is
+complete; a broken line anywhere else is corruption and raises, naming the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+# Record schema: the keys every step / epoch record carries (writers may add more).
+STEP_FIELDS = ("type", "rank", "epoch", "step", "global_step", "data_s", "compute_s", "allreduce_s", "step_s",
+               "atoms", "edges", "graphs", "loss", "lr", "batch_hash", "time")
+EPOCH_FIELDS = ("type", "epoch", "complete", "global_step", "epoch_s", "train_e_mae_mev_atom", "train_f_mae_mev_a",
+                "valid_e_mae_mev_atom", "valid_f_mae_mev_a", "compute_share", "allreduce_share", "data_share",
+                "loss", "lr", "peak_mem_gb")
+
+
+class RunDir:
+    """Paths of one run directory (nothing is created until a writer needs it)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    # -- trainer
+    @property
+    def config(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.path / "checkpoint.pt"
+
+    @property
+    def metrics_dir(self) -> Path:
+        return self.path / "metrics"
+
+    def step_log(self, rank: int) -> Path:
+        return self.metrics_dir / f"rank{int(rank)}.jsonl"
+
+    def step_logs(self) -> list[Path]:
+        """Every rank's step log, in rank order."""
+        files = self.metrics_dir.glob("rank*.jsonl") if self.metrics_dir.is_dir() else []
+        return sorted(files, key=lambda f: int(f.stem.removeprefix("rank") or 0))
+
+    @property
+    def epoch_log(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def model(self) -> Path:
+        return self.path / "model.model"
+
+    def accelerated_model(self, backend: str) -> Path:
+        return self.path / f"model_{backend}.model"
+
+    @property
+    def report(self) -> Path:
+        return self.path / "report.html"
+
+    # -- launcher
+    @property
+    def launch(self) -> Path:
+        return self.path / "launch"
+
+    @property
+    def launch_info(self) -> Path:
+        return self.launch / "launch.json"
+
+    @property
+    def launch_config(self) -> Path:
+        return self.launch / "config.yaml"
+
+    def rank_marker(self, rank: int) -> Path:
+        return self.launch / f"rank{int(rank)}.json"
+
+    def rank_markers(self) -> list[Path]:
+        return sorted(self.launch.glob("rank*.json"))
+
+    def rank_error(self, rank: int) -> Path:
+        return self.launch / f"error_rank{int(rank)}.txt"
+
+    def rank_errors(self) -> list[tuple[int, Path]]:
+        return sorted((int(f.stem.removeprefix("error_rank")), f) for f in self.launch.glob("error_rank*.txt"))
+
+    @property
+    def attempts(self) -> Path:
+        return self.launch / "attempts.jsonl"
+
+    @property
+    def exit_status(self) -> Path:
+        return self.launch / "exit.json"
+
+    @property
+    def cancelled(self) -> Path:
+        return self.launch / "cancelled.json"
+
+    @property
+    def local_log(self) -> Path:
+        return self.launch / "local.log"
+
+    @property
+    def slurm(self) -> Path:
+        return self.path / "slurm"
+
+    def launch_state_files(self) -> list[Path]:
+        """One launch's state, cleared before the next (``attempts.jsonl`` keeps the history)."""
+        return [*self.rank_markers(), *(f for _, f in self.rank_errors()), self.cancelled, self.exit_status]
+
+    def logs(self) -> list[Path]:
+        """Files that hold log records (epoch log first)."""
+        return [self.epoch_log, *self.step_logs()]
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Records of a JSON Lines file; a missing file is empty, a half-written last line is skipped."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return []
+    lines = text.split("\n")
+    if lines and lines[-1].strip():  # no newline yet: a writer is still on this line
+        lines = lines[:-1]
+    out = []
+    for k, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}, line {k}: not a JSON record ({exc.msg}); the log is corrupt") from None
+    return out
+
+
+def read_steps(run_dir: str | os.PathLike, rank: int | None = None) -> list[dict]:
+    """Step records of one rank (or all ranks), as the run finally saw them.
+
+    A step redone after a restart from a checkpoint replaces the record of the attempt
+    that was lost, so each ``(rank, global_step)`` appears once; sorted by (step, rank).
+    """
+    run = RunDir(run_dir)
+    files = [run.step_log(rank)] if rank is not None else run.step_logs()
+    last: dict[tuple[int, int], dict] = {}
+    for f in files:
+        for rec in read_jsonl(f):
+            if rec.get("type", "step") == "step":
+                last[(rec["rank"], rec["global_step"])] = rec
+    return [last[k] for k in sorted(last, key=lambda k: (k[1], k[0]))]
+
+
+def read_epochs(run_dir: str | os.PathLike) -> list[dict]:
+    """Epoch records (rank 0's ``metrics.jsonl``)."""
+    return read_jsonl(RunDir(run_dir).epoch_log)
+
+
+class JsonlLog:
+    """Append records to a JSON Lines file, one flushed line each; use as a context manager."""
+
+    def __init__(self, path: str | os.PathLike, fields: tuple[str, ...] = ()) -> None:
+        self.path = Path(path)
+        self.fields = fields
+        self._fh = None
+
+    def __enter__(self) -> "JsonlLog":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def write(self, record: dict[str, Any]) -> None:
+        missing = [k for k in self.fields if k not in record]
+        if missing:
+            raise KeyError(f"{self.path.name} record lacks {missing}")
+        self._fh.write(json.dumps(record) + "\n")
+        self._fh.flush()
+
+
+def iter_runs(root: str | os.PathLike) -> Iterator[RunDir]:
+    """Run directories directly under ``root`` that hold step logs."""
+    for d in sorted(Path(root).iterdir()) if Path(root).is_dir() else []:
+        run = RunDir(d)
+        if run.step_logs():
+            yield run
+
+
+def latest_run(root: str | os.PathLike = "runs", min_steps: int = 6) -> RunDir | None:
+    """The run under ``root`` whose step logs changed last, among those with ``min_steps`` steps."""
+    best = None
+    for run in iter_runs(root):
+        files = run.step_logs()
+        if sum(len(read_jsonl(f)) for f in files) >= min_steps:
+            t = max(f.stat().st_mtime for f in files)
+            if best is None or t > best[0]:
+                best = (t, run)
+    return best[1] if best else None
