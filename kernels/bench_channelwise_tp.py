@@ -43,7 +43,7 @@ import workbench  # noqa: E402,F401  (env fix for e3nn before torch/e3nn imports
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from workbench.kernels.models import kernel_variant, random_scaleshift_mace, with_backend  # noqa: E402
+from workbench.kernels.tools.bench import add_common_arguments, kernel_variant, random_scaleshift_mace, run_versions, with_backend  # noqa: E402
 
 from bench_symmetric_contraction import measured_bandwidth, timer  # noqa: E402  (Kernels I helpers)
 
@@ -125,7 +125,7 @@ def pass_fn(kind: str, block, kwargs: dict, params: list):
 def descriptor_costs(block, num_nodes: int, num_edges: int, itemsize: int) -> dict:
     """Exact FLOPs (multiplies + adds of the sparse term lists) and minimum bytes of the fused
     message op per pass, plus the radial MLP (which produces the per-edge weights) for scale."""
-    from workbench.kernels.channelwise_tp import channelwise_tp_op
+    from workbench.kernels.mace.channelwise_tp import channelwise_tp_op
 
     tp = block.conv_tp
     op, st = channelwise_tp_op(tp)
@@ -175,16 +175,7 @@ def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
     ap.add_argument("--boxes", type=int, default=4)
     ap.add_argument("--atoms-per-box", type=int, default=768)
     ap.add_argument("--cutoff", type=float, default=4.5)
-    ap.add_argument("--hidden", default="128x0e+128x1o")
-    ap.add_argument("--max-ell", type=int, default=3)
-    ap.add_argument("--correlation", type=int, default=3)
-    ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
-    ap.add_argument("--backends", nargs="+", default=["numba", "numba-table", "e3nn", "cueq"],
-                    help="numba: the kernels the dispatcher picks (unrolled up to WORKBENCH_UNROLL_MAX_TERMS terms); "
-                         "numba-table / numba-unrolled: one kind forced")
-    ap.add_argument("--passes", nargs="+", default=list(PASSES))
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--repeats", type=int, default=25)
+    add_common_arguments(ap, PASSES)
     ap.add_argument("--smoke", action="store_true",
                     help="tiny CPU run (1 box of 24 atoms, 4x0e+4x1o, 2 repeats) to check the script end to end")
     ap.add_argument("--out", default=None, help="JSON path (default kernels/results/channelwise_tp_<device>_<time>.json)")
@@ -210,14 +201,9 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
                                                  "warmup", "repeats", "smoke")},
         "graph": {"atoms": N, "edges": E, "edges_per_atom": E / max(N, 1)},
         "anchors_ms_float32": {k: {"e3nn": v[0], "cueq": v[1]} for k, v in ANCHORS_MS.items()},
-        "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        "versions": run_versions(),
         "measured_bandwidth_GBps": measured_bandwidth(device), "runs": [],
     }
-    for mod in ("mace", "e3nn", "numba", "cuequivariance_torch"):
-        try:
-            results["versions"][mod] = __import__(mod).__version__
-        except Exception as exc:  # noqa: BLE001
-            results["versions"][mod] = f"unavailable: {type(exc).__name__}"
     print(f"graph: {N} atoms, {E} edges ({E / max(N, 1):.1f} per atom), device {dev_name}", flush=True)
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 import workbench  # noqa: E402,F401  (env fix for e3nn before torch/e3nn imports)
 import torch  # noqa: E402
 
-from workbench.kernels.models import kernel_variant, random_scaleshift_mace, with_backend  # noqa: E402
+from workbench.kernels.tools.bench import add_common_arguments, kernel_variant, random_scaleshift_mace, run_versions, with_backend  # noqa: E402
 
 PASSES = ("forward", "forward_backward", "double_backward")
 
@@ -137,18 +137,9 @@ def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, add_help=add_help)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--atoms", type=int, default=3072)
-    ap.add_argument("--hidden", default="128x0e+128x1o")
-    ap.add_argument("--max-ell", type=int, default=3)
-    ap.add_argument("--correlation", type=int, default=3)
+    add_common_arguments(ap, PASSES)
     ap.add_argument("--elements", type=int, default=10)
-    ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
-    ap.add_argument("--backends", nargs="+", default=["numba", "numba-table", "e3nn", "cueq"],
-                    help="numba: the kernels the dispatcher picks (unrolled up to WORKBENCH_UNROLL_MAX_TERMS terms); "
-                         "numba-table / numba-unrolled: one kind forced")
     ap.add_argument("--targets", nargs="+", default=["contraction", "products0"])
-    ap.add_argument("--passes", nargs="+", default=list(PASSES))
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--repeats", type=int, default=25)
     ap.add_argument("--out", default=None, help="JSON path (default kernels/results/symmetric_contraction_<device>_<time>.json)")
     return ap
 
@@ -163,14 +154,9 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
         "label": "GPU" if device.startswith("cuda") else "CPU (not the GPU benchmark; correctness/smoke timing only)",
         "device": device, "device_name": dev_name, "timestamp": stamp,
         "config": {k: getattr(args, k) for k in ("atoms", "hidden", "max_ell", "correlation", "elements", "warmup", "repeats")},
-        "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        "versions": run_versions(),
         "measured_bandwidth_GBps": measured_bandwidth(device), "runs": [],
     }
-    for mod in ("mace", "e3nn", "numba", "cuequivariance_torch"):
-        try:
-            results["versions"][mod] = __import__(mod).__version__
-        except Exception as exc:  # noqa: BLE001
-            results["versions"][mod] = f"unavailable: {type(exc).__name__}"
     if device == "cpu":
         results["cpu_threads"] = torch.get_num_threads()
     for dtype_name in args.dtypes:

@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 import torch
 
-from test_kernels_helpers import build_model, energy_force_grads, rel_err
+from kernel_fixtures import build_model, energy_force_grads, rel_err
 
 from workbench.kernels import AVAILABLE_OPS, SymmetricContraction, accelerate
-from workbench.kernels.channelwise_tp import (
+from workbench.kernels.mace.channelwise_tp import (
     SUPPORTED_INTERACTION_BLOCKS,
     FusedChannelwiseTensorProduct,
     channelwise_tp_op,
     channelwise_tp_polynomial,
 )
-from workbench.kernels.edge_op import EdgeGraph, apply_edge_poly_op
+from workbench.kernels.ops import EdgeGraph, apply_edge_poly_op
 
 
 # ---------------------------------------------------------------------------------------- helpers

@@ -10,18 +10,18 @@ in a fresh interpreter; ``WORKBENCH_KERNELS_CUDASIM=1`` routes CPU tensors throu
 
 import pytest
 
-from test_kernels_helpers import run_under_simulator
+from kernel_fixtures import run_under_simulator
 
 SCRIPT = r"""
 import copy, json, sys, torch
 sys.path.insert(0, {tests!r})
-from test_kernels_helpers import energy_force_grads, rel_err
+from kernel_fixtures import energy_force_grads, rel_err
 from test_kernels_channelwise import (MODEL_CFGS, build, e3nn_message, make_conv_tp, mixed_graphs,
                                       random_graph, away_from_zero)
 from workbench.kernels import accelerate
-from workbench.kernels import cuda as kc
-from workbench.kernels.channelwise_tp import channelwise_tp_op
-from workbench.kernels.edge_op import EdgeGraph, apply_edge_poly_op
+from workbench.kernels.backends import cuda as kc
+from workbench.kernels.mace.channelwise_tp import channelwise_tp_op
+from workbench.kernels.ops import EdgeGraph, apply_edge_poly_op
 assert kc.cudasim_enabled() and kc.cuda_available()
 errs = {{}}
 

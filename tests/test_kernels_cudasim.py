@@ -8,14 +8,14 @@ reduction); results are compared with mace's e3nn model as in ``test_kernels_mac
 
 import pytest
 
-from test_kernels_helpers import run_under_simulator
+from kernel_fixtures import run_under_simulator
 
 SCRIPT = r"""
 import copy, json, sys, torch
 sys.path.insert(0, {tests!r})
-from test_kernels_helpers import build_model, energy_force_grads, random_batch, rel_err
+from kernel_fixtures import build_model, energy_force_grads, random_batch, rel_err
 from workbench.kernels import accelerate
-from workbench.kernels import cuda as kc
+from workbench.kernels.backends import cuda as kc
 assert kc.cudasim_enabled() and kc.cuda_available()
 errs = {{}}
 for cfg in [("MACE", "2x0e+2x1o", 1, 2, 2), ("ScaleShiftMACE", "2x0e+2x1o", 2, 3, 2)]:

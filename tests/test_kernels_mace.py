@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from test_kernels_helpers import build_model, energy_force_grads, random_batch, rel_err
+from kernel_fixtures import build_model, energy_force_grads, random_batch, rel_err
 
 from workbench.kernels import SymmetricContraction, accelerate
 
@@ -112,7 +112,7 @@ def test_saved_model_loads_in_a_process_without_cuda(tmp_path):
     torch.save(model, path)
     code = (
         "import sys, torch; sys.path.insert(0, %r)\n"
-        "from test_kernels_helpers import random_batch\n"
+        "from kernel_fixtures import random_batch\n"
         "m = torch.load(%r, weights_only=False)\n"
         "out = m(random_batch(%d), training=False, compute_force=True)\n"
         "assert torch.isfinite(out['forces']).all(); print('ok', type(m.products[0].symmetric_contractions).__name__)\n"

@@ -16,10 +16,11 @@ import sys
 import pytest
 import torch
 
-from test_kernels_helpers import build_model
-from workbench.kernels import accelerate, unrolled
-from workbench.kernels.channelwise_tp import channelwise_tp_op
-from workbench.kernels.resources import find_ptxas, kernel_resources, occupancy, training_ops
+from kernel_fixtures import build_model
+from workbench.kernels import accelerate
+from workbench.kernels.backends import unrolled
+from workbench.kernels.mace.channelwise_tp import channelwise_tp_op
+from workbench.kernels.tools.resources import find_ptxas, kernel_resources, occupancy, training_ops
 
 
 @pytest.fixture(scope="module")

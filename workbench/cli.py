@@ -17,7 +17,7 @@ import sys
 _COMMAND_MODULES = (
     "workbench.data.cli",
     "workbench.packing.cli",
-    "workbench.kernels.cli",
+    "workbench.kernels.tools.cli",
     "workbench.train.cli",
     "workbench.launch.cli",
     "workbench.demo",

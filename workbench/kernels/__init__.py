@@ -12,10 +12,19 @@ autograd to any order, and :func:`accelerate` to swap them into mace-torch model
   tensor product + scatter (the message op) as one edge polynomial; :func:`fuse_conv_tp`
   swaps it into an interaction block through mace's ``conv_fusion`` hook.
 * :func:`accelerate` - ``accelerate(model, backend="numba" | "e3nn" | "cueq", ops=None)``.
+
+Layers (imports run one way, top to bottom):
+
+* :mod:`~workbench.kernels.descriptor` - polynomials, term tables, kernel layout;
+* :mod:`~workbench.kernels.backends` - numba CPU, table-driven and unrolled CUDA kernels;
+* :mod:`~workbench.kernels.ops` - :class:`PolyOp`, its autograd function and the dispatch;
+* :mod:`~workbench.kernels.mace` - the MACE ops and :func:`accelerate`;
+* :mod:`~workbench.kernels.tools` - resource report, CLI, benchmark fixtures.
 """
 
-from workbench.kernels.accelerate import AVAILABLE_OPS, accelerate
-from workbench.kernels.channelwise_tp import (
+from workbench.kernels.descriptor import Operand, SparsePolynomial
+from workbench.kernels.mace.accelerate import AVAILABLE_OPS, KERNEL_BACKENDS, accelerate
+from workbench.kernels.mace.channelwise_tp import (
     SUPPORTED_INTERACTION_BLOCKS,
     ChannelwiseTPStats,
     channelwise_tp_op,
@@ -23,20 +32,19 @@ from workbench.kernels.channelwise_tp import (
     fuse_conv_tp,
     unfuse_conv_tp,
 )
-from workbench.kernels.descriptor import Operand, SparsePolynomial
-from workbench.kernels.edge_op import EdgeGraph, EdgePolyOp, apply_edge_poly_op
-from workbench.kernels.op import PolyOp, apply_poly_op
-from workbench.kernels.symmetric_contraction import (
+from workbench.kernels.mace.symmetric_contraction import (
     SymmetricContraction,
     SymmetricContractionStats,
     symmetric_contraction_polynomial,
 )
+from workbench.kernels.ops import EdgeGraph, EdgePolyOp, PolyOp, apply_edge_poly_op, apply_poly_op
 
 __all__ = [
     "AVAILABLE_OPS",
     "ChannelwiseTPStats",
     "EdgeGraph",
     "EdgePolyOp",
+    "KERNEL_BACKENDS",
     "SUPPORTED_INTERACTION_BLOCKS",
     "apply_edge_poly_op",
     "channelwise_tp_op",

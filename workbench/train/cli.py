@@ -5,11 +5,22 @@ from __future__ import annotations
 import argparse
 
 
-def _run(args: argparse.Namespace) -> int:
+def _config(args: argparse.Namespace):
+    """The TrainConfig named by ``--config`` (default: the paper's settings) with ``--set`` applied."""
     from workbench.train.config import TrainConfig
+
+    return (TrainConfig.from_yaml(args.config) if args.config else TrainConfig()).with_overrides(args.set)
+
+
+def _add_config_args(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--config", help=f"TrainConfig YAML{what} (default: the paper's settings)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
+
+
+def _run(args: argparse.Namespace) -> int:
     from workbench.train.loop import train
 
-    config = (TrainConfig.from_yaml(args.config) if args.config else TrainConfig()).with_overrides(args.set)
+    config = _config(args)
     result = train(config, resume=not args.fresh)
     if result.model_path is not None:
         print(f"done: {result.global_step} steps, final loss {result.final_loss:.4g}; model {result.model_path}")
@@ -18,17 +29,15 @@ def _run(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a MACE model (single process or under torchrun)")
-    p.add_argument("--config", help="TrainConfig YAML (default: the paper's settings)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
+    _add_config_args(p, "")
     p.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint in the run directory")
     p.set_defaults(func=_run)
 
 
 def _bench(args: argparse.Namespace) -> int:
     from workbench.train.bench import VARIANTS, bench_train, format_table
-    from workbench.train.config import TrainConfig
 
-    config = (TrainConfig.from_yaml(args.config) if args.config else TrainConfig()).with_overrides(args.set)
+    config = _config(args)
     variants = args.variants.split(",") if args.variants else list(VARIANTS)
     results = bench_train(config, structures=args.structures, batch_size=args.batch_size, variants=variants,
                           warmup_steps=args.warmup_steps, out=args.out)
@@ -39,8 +48,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def register_bench(bench_sub) -> None:
     p = bench_sub.add_parser("train", help="one epoch per variant: fixed-count+e3nn vs packer+e3nn/numba/cueq")
-    p.add_argument("--config", help="TrainConfig YAML for the model and capacity (default: the paper's settings)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
+    _add_config_args(p, " for the model and capacity")
     p.add_argument("--structures", type=int, default=5000, help="mixture size (embedded data tiled; default 5000)")
     p.add_argument("--batch-size", type=int, default=7, help="graphs per baseline batch (paper: 6-8)")
     p.add_argument("--variants", help="comma-separated subset of baseline,packer-e3nn,packer-numba,packer-cueq")

@@ -17,7 +17,7 @@ column ``offset_k + u``). Shapes: ``h`` ``[num_nodes, irreps_in1.dim]``, ``Y``
 ``[num_edges, irreps_in2.dim]``, ``M`` ``[num_nodes, irreps_out.dim]`` (e3nn ``mul_ir``
 layout everywhere). e3nn computes ``conv_tp(h[sender], Y, R)`` into an
 ``[num_edges, irreps_out.dim]`` tensor and ``scatter_sum`` s it; here gather, product and
-scatter are one :class:`~workbench.kernels.edge_op.EdgePolyOp` whose terms are only the
+scatter are one :class:`~workbench.kernels.ops.EdgePolyOp` whose terms are only the
 non-zero :math:`\alpha_k C_{m_1 m_2 m_3}`.
 
 Drop-in: :func:`fuse_conv_tp` uses mace's own fused-convolution hook. Every interaction block
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from workbench.kernels.descriptor import Operand, SparsePolynomial
-from workbench.kernels.edge_op import EdgeGraph, EdgePolyOp, apply_edge_poly_op
+from workbench.kernels.ops import EdgeGraph, EdgePolyOp, apply_edge_poly_op
 
 __all__ = [
     "ChannelwiseTPStats",
@@ -238,7 +238,7 @@ def _fused_class():
 
 def __getattr__(name: str):
     # built on first use so that importing workbench.kernels does not import e3nn; pickles
-    # refer to ``workbench.kernels.channelwise_tp.FusedChannelwiseTensorProduct``
+    # refer to ``workbench.kernels.mace.channelwise_tp.FusedChannelwiseTensorProduct``
     if name == "FusedChannelwiseTensorProduct":
         return _fused_class()
     raise AttributeError(name)

@@ -1,14 +1,19 @@
-"""Random-weight mace-torch models for the kernel benchmarks (same architecture as training)."""
+"""Benchmark fixtures: random-weight mace-torch models (same architecture as training), backend
+switching, and the version record of a benchmark run."""
 
 from __future__ import annotations
 
+import argparse
 import copy
 from typing import Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["kernel_variant", "random_scaleshift_mace", "with_backend"]
+__all__ = ["add_common_arguments", "kernel_variant", "random_scaleshift_mace", "run_versions", "with_backend"]
+
+#: packages whose versions a benchmark result records (besides torch and python)
+RECORDED_PACKAGES = ("mace", "e3nn", "numba", "cuequivariance_torch")
 
 
 def random_scaleshift_mace(hidden: str, max_ell: int, correlation: int, atomic_numbers: Sequence[int],
@@ -56,9 +61,38 @@ def kernel_variant(backend: str) -> str:
 def with_backend(model: torch.nn.Module, backend: str) -> torch.nn.Module:
     """A copy of ``model`` with ``backend`` (``"e3nn"``: the original modules; ``"numba-table"``
     and ``"numba-unrolled"`` are ``"numba"``, see :func:`kernel_variant`)."""
-    from workbench.kernels import accelerate
+    from workbench.kernels.mace.accelerate import accelerate
 
     m = copy.deepcopy(model)
     if backend.startswith("numba-"):
         backend = "numba"
     return m if backend == "e3nn" else accelerate(m, backend=backend)
+
+
+def run_versions() -> dict[str, str]:
+    """``{package: version}`` of torch, python and :data:`RECORDED_PACKAGES` for a benchmark
+    result; a package that does not import is ``"unavailable: <exception class>"``."""
+    import platform
+
+    versions = {"torch": torch.__version__, "python": platform.python_version()}
+    for mod in RECORDED_PACKAGES:
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception as exc:  # noqa: BLE001 (record why, keep going)
+            versions[mod] = f"unavailable: {type(exc).__name__}"
+    return versions
+
+
+def add_common_arguments(ap: argparse.ArgumentParser, passes: Sequence[str]) -> None:
+    """Options every kernel benchmark takes: the model (paper config by default), dtypes,
+    backends, passes and the repeat counts."""
+    ap.add_argument("--hidden", default="128x0e+128x1o")
+    ap.add_argument("--max-ell", type=int, default=3)
+    ap.add_argument("--correlation", type=int, default=3)
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
+    ap.add_argument("--backends", nargs="+", default=["numba", "numba-table", "e3nn", "cueq"],
+                    help="numba: the kernels the dispatcher picks (unrolled up to WORKBENCH_UNROLL_MAX_TERMS terms); "
+                         "numba-table / numba-unrolled: one kind forced")
+    ap.add_argument("--passes", nargs="+", default=list(passes))
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=25)

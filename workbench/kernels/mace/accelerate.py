@@ -6,12 +6,12 @@ from typing import Iterable
 
 import torch
 
-__all__ = ["accelerate", "AVAILABLE_OPS", "BACKENDS"]
+__all__ = ["accelerate", "AVAILABLE_OPS", "KERNEL_BACKENDS"]
 
-#: ops this version can swap
+#: ops :func:`accelerate` can swap
 AVAILABLE_OPS: tuple[str, ...] = ("symmetric_contraction", "channelwise_tp")
-KNOWN_OPS: tuple[str, ...] = ("symmetric_contraction", "channelwise_tp")
-BACKENDS: tuple[str, ...] = ("numba", "e3nn", "cueq")
+#: how :func:`accelerate` runs them (the model's hot ops; not the training launch backends)
+KERNEL_BACKENDS: tuple[str, ...] = ("numba", "e3nn", "cueq")
 
 
 def _is_mace_sc(m: torch.nn.Module) -> bool:
@@ -21,7 +21,7 @@ def _is_mace_sc(m: torch.nn.Module) -> bool:
 
 
 def _swap_symmetric_contractions(model: torch.nn.Module, backend: str) -> int:
-    from workbench.kernels.symmetric_contraction import SymmetricContraction
+    from workbench.kernels.mace.symmetric_contraction import SymmetricContraction
 
     n = 0
     for parent in list(model.modules()):
@@ -37,11 +37,11 @@ def _swap_symmetric_contractions(model: torch.nn.Module, backend: str) -> int:
 
 def _swap_channelwise_tps(model: torch.nn.Module, backend: str) -> int:
     """Fuse (``numba``) or unfuse (``e3nn``) the message op of every interaction block."""
-    from workbench.kernels.channelwise_tp import _is_interaction_block, fuse_conv_tp, unfuse_conv_tp
+    from workbench.kernels.mace.channelwise_tp import _is_interaction_block, fuse_conv_tp, unfuse_conv_tp
 
     blocks = [m for m in model.modules() if _is_interaction_block(m)]
     if backend == "numba":
-        from workbench.kernels.channelwise_tp import _check_block
+        from workbench.kernels.mace.channelwise_tp import _check_block
 
         for b in blocks:  # check every block first: all or nothing
             _check_block(b)
@@ -68,21 +68,19 @@ def accelerate(model: torch.nn.Module, backend: str = "numba", ops: Iterable[str
         ``"symmetric_contraction"``: the product blocks' contraction
         (:class:`~workbench.kernels.SymmetricContraction`); ``"channelwise_tp"``: gather +
         channelwise tensor product + scatter-sum of every interaction block fused into one op
-        (:func:`~workbench.kernels.channelwise_tp.fuse_conv_tp`; raises ``TypeError`` naming
+        (:func:`~workbench.kernels.mace.channelwise_tp.fuse_conv_tp`; raises ``TypeError`` naming
         the class of an unsupported block). With ``backend="e3nn"`` the listed ops are restored.
 
     Returns
     -------
     the accelerated model (``model`` itself, except for ``backend="cueq"``)
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+    if backend not in KERNEL_BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {KERNEL_BACKENDS}")
     ops = AVAILABLE_OPS if ops is None else tuple(ops)
     for op in ops:
-        if op not in KNOWN_OPS:
-            raise ValueError(f"unknown op {op!r}; known ops: {KNOWN_OPS}")
         if op not in AVAILABLE_OPS:
-            raise NotImplementedError(f"op {op!r} is not implemented yet; available: {AVAILABLE_OPS}")
+            raise ValueError(f"unknown op {op!r}; known ops: {AVAILABLE_OPS}")
     if backend == "cueq":
         try:
             import cuequivariance  # noqa: F401

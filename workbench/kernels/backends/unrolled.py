@@ -1,6 +1,6 @@
 r"""Unrolled numba-CUDA kernels generated per term table (paper §4.2: CG-sparse, unrolled, fused).
 
-The table-driven kernels (:mod:`workbench.kernels.cuda`, :mod:`workbench.kernels.edge_cuda`)
+The table-driven kernels (:mod:`~workbench.kernels.backends.cuda`, :mod:`~workbench.kernels.backends.edge_cuda`)
 walk the term table at run time and keep operand components in shared memory, so every term
 costs ~3 dependent shared loads. Here the table is turned into straight-line source instead:
 
@@ -45,7 +45,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from workbench.kernels.tables import TermTable
+from workbench.kernels.backends.device import cudasim_enabled
+from workbench.kernels.descriptor.tables import TermTable
 
 __all__ = ["kernel_source", "get_unrolled_kernel", "use_unrolled", "DEFAULT_MAX_TERMS"]
 
@@ -110,7 +111,7 @@ def kernel_source(table: TermTable, shape: str, dtype: str, *, atomic: bool = Fa
     """Python source of the unrolled kernel ``kernel`` for ``table``.
 
     ``shape``: ``"atom"`` (arrays ``x0..x9``: 0-5 per atom, 6-9 per species; ``atomic``: the
-    output is per species), ``"node"`` or ``"edge"`` (arrays ``x0..x7`` with row kinds edge /
+    output is per species), ``"node"`` or ``"edge"`` (arrays ``x0..x7`` with rows edge /
     sender / receiver; ``reduce_channels``: a channel-summed output)."""
     zero = _const(0.0, dtype)
     body: list[str] = []
@@ -140,7 +141,7 @@ def kernel_source(table: TermTable, shape: str, dtype: str, *, atomic: bool = Fa
 
     def loads(prefix: str) -> list[str]:
         return [f"{prefix}v{q} = x{a}[{rows[int(k)]}, {_index(int(off), int(cs))}]"
-                for q, (a, k, off, cs) in enumerate(zip(table.slot_arr, table.slot_kind, table.slot_off, table.slot_cs))]
+                for q, (a, k, off, cs) in enumerate(zip(table.slot_arr, table.slot_rows, table.slot_off, table.slot_cs))]
 
     body.append("go = C > 0")
     if shape == "atom":
@@ -200,8 +201,6 @@ def _compile(source: str) -> Any:
     per process. Under the simulator (or ``WORKBENCH_CACHE=0``) it is built in memory."""
     global cuda  # a module global: the simulator swaps the kernel's global ``cuda`` for its fake
     from numba import cuda
-
-    from workbench.kernels.cuda import cudasim_enabled
 
     digest = hashlib.sha1(source.encode()).hexdigest()[:20]
     name = f"workbench_unrolled_{digest}"

@@ -24,7 +24,7 @@ BENCHES = {
 
 
 def _script(name: str = "bench_symmetric_contraction.py") -> Path:
-    return Path(__file__).resolve().parents[2] / "kernels" / name
+    return Path(__file__).resolve().parents[3] / "kernels" / name
 
 
 def _load(name: str = "bench_symmetric_contraction.py"):
@@ -57,6 +57,6 @@ def register_bench(bench_subparsers) -> None:
 
 
 def register(subparsers) -> None:
-    from workbench.kernels.resources import register as register_resources
+    from workbench.kernels.tools.resources import register as register_resources
 
     register_resources(subparsers)

@@ -8,9 +8,11 @@ A :class:`SparsePolynomial` describes, for every channel :math:`c` independently
 
 where each term :math:`t = (o, F_t, \alpha_t)` names one output component :math:`o`, a
 multiset of factors :math:`F_t` (operand :math:`a`, component :math:`i`) and a real
-coefficient. Operands are either per atom (one row per atom) or per species (one row per
-chemical element, gathered by the atom's species; when a species operand is an *output*
-its rows are summed over the atoms of that species).
+coefficient. Each operand says how its rows are indexed (:data:`ROWS`): per atom (one row
+per atom), per species (one row per chemical element, gathered by the atom's species; as an
+*output* its rows are summed over the atoms of that species), or, for message passing, per
+edge / sender node / receiver node (gathered through the edge's end points; as an output,
+scatter-summed).
 
 Every kernel in :mod:`workbench.kernels` evaluates only this form, and derivatives are
 derived, never hand written: the vector-Jacobian product of a sparse polynomial with
@@ -27,12 +29,11 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["Operand", "SparsePolynomial"]
+__all__ = ["Operand", "ROWS", "SparsePolynomial"]
 
 Factor = tuple[int, int]  # (operand position, component index)
 
-#: row kinds of an operand: per-atom ops ("atom", "species") and per-edge ops ("edge", "sender", "receiver")
-BATCH_KINDS: tuple[str, ...] = ("atom", "species", "edge", "sender", "receiver")
+from workbench.kernels.descriptor.layout import ROWS
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,12 @@ class Operand:
         unique name inside a polynomial (``"x"``, ``"W"``, ``"grad_out"``, ...)
     size : int
         number of components :math:`i` per channel
-    batch : str
-        ``"atom"`` (array of shape ``[num_atoms, width]``) or ``"species"`` (array of shape
-        ``[num_species, width]``, row picked by the atom's species, summed over atoms when
-        it is an output). Edge ops (:mod:`workbench.kernels.edge_op`) use ``"edge"`` (one row
-        per edge), ``"sender"`` / ``"receiver"`` (a node array whose row is the edge's sender /
-        receiver: gathered as an input, scatter-summed as an output).
+    rows : str
+        how the array's rows are indexed, one of :data:`ROWS`: ``"atom"`` (``[num_atoms,
+        width]``) or ``"species"`` (``[num_species, width]``, row picked by the atom's species,
+        summed over atoms when it is an output); for edge ops ``"edge"`` (one row per edge),
+        ``"sender"`` / ``"receiver"`` (a node array whose row is the edge's sender / receiver:
+        gathered as an input, scatter-summed as an output).
     offsets, cstrides : tuple of int
         memory layout: element :math:`(c, i)` of a row is ``row[offsets[i] + c * cstrides[i]]``;
         a zero cstride broadcasts the component over channels (as an output: summed over them)
@@ -60,29 +61,36 @@ class Operand:
 
     name: str
     size: int
-    batch: str
+    rows: str
     offsets: tuple[int, ...]
     cstrides: tuple[int, ...]
     width: int
 
     def __post_init__(self) -> None:
-        if self.batch not in BATCH_KINDS:
-            raise ValueError(f"batch must be one of {BATCH_KINDS}, got {self.batch!r}")
+        if self.rows not in ROWS:
+            raise ValueError(f"rows must be one of {ROWS}, got {self.rows!r}")
         if len(self.offsets) != self.size or len(self.cstrides) != self.size:
             raise ValueError(f"operand {self.name}: layout length does not match size {self.size}")
 
-    @staticmethod
-    def channel_major(name: str, size: int, channels: int, batch: str = "atom") -> "Operand":
-        """Layout ``[rows, channels, size]`` (MACE's ``[atoms, channels, (lmax+1)^2]`` features)."""
-        return Operand(name, size, batch, tuple(range(size)), (size,) * size, channels * size)
+    @property
+    def batch(self) -> str:
+        """The former name of :attr:`rows` (kept for existing code)."""
+        return self.rows
 
     @staticmethod
-    def component_major(name: str, size: int, channels: int, batch: str = "species") -> "Operand":
-        """Layout ``[rows, size, channels]`` (MACE's ``[elements, k, channels]`` weights)."""
-        return Operand(name, size, batch, tuple(k * channels for k in range(size)), (1,) * size, size * channels)
+    def channel_major(name: str, size: int, channels: int, rows: str = "atom", *, batch: str | None = None) -> "Operand":
+        """Layout ``[rows, channels, size]`` (MACE's ``[atoms, channels, (lmax+1)^2]`` features);
+        ``batch`` is the former name of ``rows``."""
+        return Operand(name, size, batch or rows, tuple(range(size)), (size,) * size, channels * size)
+
+    @staticmethod
+    def component_major(name: str, size: int, channels: int, rows: str = "species", *, batch: str | None = None) -> "Operand":
+        """Layout ``[rows, size, channels]`` (MACE's ``[elements, k, channels]`` weights);
+        ``batch`` is the former name of ``rows``."""
+        return Operand(name, size, batch or rows, tuple(k * channels for k in range(size)), (1,) * size, size * channels)
 
     def renamed(self, name: str) -> "Operand":
-        return Operand(name, self.size, self.batch, self.offsets, self.cstrides, self.width)
+        return Operand(name, self.size, self.rows, self.offsets, self.cstrides, self.width)
 
 
 @dataclass(frozen=True, eq=False)
@@ -141,14 +149,14 @@ class SparsePolynomial:
             \bar{a}[c, i] = \sum_o \bar{y}[c, o] \, \frac{\partial y[c, o]}{\partial a[c, i]}
 
         The result is a sparse polynomial over ``operands + (cotangent,)`` whose output has
-        the layout and batch kind of ``wrt``. A factor that occurs :math:`n` times gives
+        the layout and rows of ``wrt``. A factor that occurs :math:`n` times gives
         :math:`n` equal terms, merged into one with coefficient :math:`n \alpha`.
         """
         a = self.operand_index(wrt)
         if cotangent is None:
             cotangent = self.output.renamed(f"d({self.output.name})")
-        if cotangent.size != self.output.size or cotangent.batch != self.output.batch:
-            raise ValueError("cotangent must match the output's size and batch kind")
+        if cotangent.size != self.output.size or cotangent.rows != self.output.rows:
+            raise ValueError("cotangent must match the output's size and rows")
         cot = len(self.operands)
         new_terms = []
         for (o, factors), coeff in self.terms.items():
@@ -169,7 +177,7 @@ class SparsePolynomial:
         return SparsePolynomial(tuple(operands), self.output, terms)
 
     def __add__(self, other: "SparsePolynomial") -> "SparsePolynomial":
-        if (other.output.size, other.output.batch) != (self.output.size, self.output.batch):
+        if (other.output.size, other.output.rows) != (self.output.size, self.output.rows):
             raise ValueError("can only add polynomials with the same output")
         ops = list(self.operands)
         for op in other.operands:

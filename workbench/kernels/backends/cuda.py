@@ -26,39 +26,14 @@ from typing import Any
 
 import numpy as np
 
-_SHARED_BYTES = 48 * 1024
+from workbench.kernels.backends import unrolled
+from workbench.kernels.backends.device import cuda_available, cudasim_enabled, threads_per_block
+from workbench.kernels.backends.gather import cuda_pick, cuda_split, cuda_term
+from workbench.kernels.descriptor.layout import MAX_ATOM_ARRAYS
+
+__all__ = ["cuda_available", "cudasim_enabled", "get_kernel", "launch", "plan"]
+
 cuda = None  # numba.cuda, bound on first use (after NUMBA_ENABLE_CUDASIM is read)
-
-
-def cudasim_enabled() -> bool:
-    """True when numba's CUDA simulator is on and the workbench is asked to route CPU
-    tensors through the CUDA kernels (``WORKBENCH_KERNELS_CUDASIM=1``), for CI."""
-    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1" and os.environ.get("WORKBENCH_KERNELS_CUDASIM", "0") == "1"
-
-
-@lru_cache(maxsize=1)
-def cuda_available() -> bool:
-    """numba can launch CUDA kernels here (a GPU with a driver, or the simulator)."""
-    try:
-        from numba import cuda
-    except Exception:  # noqa: BLE001 (numba without CUDA support, or a broken toolkit)
-        return False
-    try:
-        return bool(cuda.is_available())
-    except Exception:  # noqa: BLE001
-        return False
-
-
-def threads_per_block(buffer_len: int, itemsize: int) -> int:
-    """Largest power of two <= 128 whose shared buffer ``[tpb, buffer_len]`` fits in 48 KiB."""
-    env = os.environ.get("WORKBENCH_CUDA_TPB")
-    if env:
-        return int(env)
-    fit = max(1, _SHARED_BYTES // (buffer_len * itemsize))
-    tpb = 1
-    while tpb * 2 <= min(fit, 128):
-        tpb *= 2
-    return tpb
 
 
 @lru_cache(maxsize=None)
@@ -72,6 +47,9 @@ def get_kernel(buffer_len: int, tpb: int, dtype: str) -> Any:
     nb_dtype = numba.float64 if dtype == "float64" else numba.float32
     SP = buffer_len if buffer_len % 2 == 1 else buffer_len + 1  # odd row stride: no bank conflicts
     TPB = tpb
+    pick = cuda_pick()
+    split = cuda_split()
+    term = cuda_term()
 
     @cuda.jit
     def sparse_poly_kernel(a0, a1, a2, a3, a4, a5, s0, s1, s2, s3, species, C,
@@ -83,36 +61,15 @@ def get_kernel(buffer_len: int, tpb: int, dtype: str) -> Any:
         B = species.shape[0]
         if gid >= B * C:
             return
-        b = gid // C
-        c = gid - b * C
+        b, c = split(gid, C)
         z = species[b]
         S = slot_src.shape[0]
         for s in range(S):
             src = slot_src[s]
-            k = slot_off[s] + c * slot_cs[s]
-            if src == 0:
-                v[tid, s] = a0[b, k]
-            elif src == 1:
-                v[tid, s] = a1[b, k]
-            elif src == 2:
-                v[tid, s] = a2[b, k]
-            elif src == 3:
-                v[tid, s] = a3[b, k]
-            elif src == 4:
-                v[tid, s] = a4[b, k]
-            elif src == 5:
-                v[tid, s] = a5[b, k]
-            elif src == 6:
-                v[tid, s] = s0[z, k]
-            elif src == 7:
-                v[tid, s] = s1[z, k]
-            elif src == 8:
-                v[tid, s] = s2[z, k]
-            else:
-                v[tid, s] = s3[z, k]
+            row = b if src < MAX_ATOM_ARRAYS else z
+            v[tid, s] = pick(a0, a1, a2, a3, a4, a5, s0, s1, s2, s3, src, row, slot_off[s] + c * slot_cs[s])
         v[tid, S] = 1.0
         T = t_out.shape[0]
-        D = t_fac.shape[1]
         cur = t_out[0]
         acc = nb_dtype(0.0)  # typed zero: a bare 0.0 would make float32 kernels accumulate in float64
         for t in range(T):
@@ -124,10 +81,7 @@ def get_kernel(buffer_len: int, tpb: int, dtype: str) -> Any:
                     out[b, out_off[cur] + c * out_cs[cur]] += acc
                 acc = nb_dtype(0.0)
                 cur = o
-            p = t_coef[t]
-            for j in range(D):
-                p *= v[tid, t_fac[t, j]]
-            acc += p
+            acc += term(v, tid, t_coef, t_fac, t)
         if species_output:
             cuda.atomic.add(out, (z, out_off[cur] + c * out_cs[cur]), acc)
         else:
@@ -138,15 +92,13 @@ def get_kernel(buffer_len: int, tpb: int, dtype: str) -> Any:
 
 def plan(compiled: Any, arrays: list, species: Any, channels: int, out: Any, host: bool = False) -> tuple | None:
     """``(kernel, blocks, threads_per_block, args)`` for one compiled polynomial, or None when
-    there is nothing to do. The unrolled kernel (:mod:`workbench.kernels.unrolled`) is chosen
+    there is nothing to do. The unrolled kernel (:mod:`workbench.kernels.backends.unrolled`) is chosen
     unless the polynomial is too large for it (or ``WORKBENCH_CUDA_KERNELS=table``).
 
     ``arrays``: the 10 operand arrays (6 atom + 4 species slots, dummies where unused) as numba
     device arrays (numpy arrays under the simulator or for PTX compilation); ``out``:
     zero-initialised output; ``host``: table arguments as host arrays (for PTX compilation).
     """
-    from workbench.kernels import unrolled
-
     n = species.shape[0] * channels
     if compiled.num_terms == 0 or n == 0:
         return None
@@ -160,7 +112,8 @@ def plan(compiled: Any, arrays: list, species: Any, channels: int, out: Any, hos
     tpb = threads_per_block(buffer_len + (buffer_len + 1) % 2, itemsize)
     kernel = get_kernel(buffer_len, tpb, dtype)
     tables = compiled.host_tables(dtype) if host else compiled.device_tables(dtype)
-    args = (*arrays, species, channels, *tables[:6], out, tables[6], tables[7], compiled.species_output)
+    t = tables
+    args = (*arrays, species, channels, t[0], t[2], t[3], t[4], t[5], t[6], out, t[7], t[8], compiled.species_output)
     return kernel, (n + tpb - 1) // tpb, tpb, args
 
 

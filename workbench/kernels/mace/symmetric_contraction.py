@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from workbench.kernels.descriptor import Operand, SparsePolynomial
-from workbench.kernels.op import PolyOp, apply_poly_op
+from workbench.kernels.ops import PolyOp, apply_poly_op
 
 _OP_CACHE: dict = {}
 _OP_CACHE_LOCK = threading.Lock()
@@ -126,8 +126,8 @@ def symmetric_contraction_polynomial(
     if I is None:
         raise ValueError("no coupling tensors")
     C = channels
-    x = Operand.channel_major("x", I, C, batch="atom")
-    W = Operand.component_major("W", K_total, C, batch="species")
+    x = Operand.channel_major("x", I, C, rows="atom")
+    W = Operand.component_major("W", K_total, C, rows="species")
     offsets, cstrides = [], []
     for j, d in enumerate(out_dims):
         for m in range(d):

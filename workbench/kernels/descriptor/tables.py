@@ -3,9 +3,10 @@ r"""Term tables: one flat, kernel-ready layout of a :class:`~workbench.kernels.d
 Every kernel (CPU loops, table-driven CUDA, unrolled CUDA) reads the same tables:
 
 * **slots** - the operand components the polynomial actually uses, each one an element
-  ``array[row, off + c * cs]`` of a kernel array argument (``slot_arr``) at a row picked by
-  ``slot_kind`` (the thread's own row, or one reached through an index: species / sender /
-  receiver), where ``c`` is the channel;
+  ``array[row, off + c * cs]`` of a kernel array argument (``slot_arr``) at the row given by
+  its row code ``slot_rows`` (:data:`~workbench.kernels.descriptor.layout.ROW_CODES`: the
+  thread's own row, or one reached through an index: species / sender / receiver), where
+  ``c`` is the channel;
 * **terms** - sorted by output component: ``out[t_out[t]] += t_coef[t] * prod_j v[t_fac[t, j]]``
   (a lower-degree term pads ``t_fac`` with slot ``num_slots``, which holds 1);
 * **output** - component ``o`` of the output is ``out[row, out_off[o] + c * out_cs[o]]``.
@@ -13,15 +14,14 @@ Every kernel (CPU loops, table-driven CUDA, unrolled CUDA) reads the same tables
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from workbench.kernels.descriptor import SparsePolynomial
+from workbench.kernels.descriptor.polynomial import SparsePolynomial
 
-__all__ = ["CompiledTables", "TermTable", "term_table"]
+__all__ = ["TermTable", "term_table"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -29,7 +29,7 @@ class TermTable:
     """Flat tables of one output polynomial (see the module docstring); int64 index arrays."""
 
     slot_arr: np.ndarray
-    slot_kind: np.ndarray
+    slot_rows: np.ndarray
     slot_off: np.ndarray
     slot_cs: np.ndarray
     t_out: np.ndarray
@@ -56,8 +56,8 @@ class TermTable:
                 for o, a, f in zip(self.t_out, self.coef64, self.t_fac)]
 
 
-def term_table(poly: SparsePolynomial, array_of: Sequence[int], kind_of: Sequence[int]) -> TermTable:
-    """Tables of ``poly``; operand ``a`` lives in kernel array ``array_of[a]`` with row kind ``kind_of[a]``."""
+def term_table(poly: SparsePolynomial, array_of: Sequence[int], rows_of: Sequence[int]) -> TermTable:
+    """Tables of ``poly``; operand ``a`` lives in kernel array ``array_of[a]`` with row code ``rows_of[a]``."""
     used = sorted({f for _, fs in poly.terms for f in fs})
     slot_of = {f: q for q, f in enumerate(used)}
     S = len(used)
@@ -75,7 +75,7 @@ def term_table(poly: SparsePolynomial, array_of: Sequence[int], kind_of: Sequenc
 
     return TermTable(
         slot_arr=ints(array_of[a] for a, _ in used),
-        slot_kind=ints(kind_of[a] for a, _ in used),
+        slot_rows=ints(rows_of[a] for a, _ in used),
         slot_off=ints(poly.operands[a].offsets[i] for a, i in used),
         slot_cs=ints(poly.operands[a].cstrides[i] for a, i in used),
         t_out=ints(o for (o, _), _ in items),
@@ -84,47 +84,3 @@ def term_table(poly: SparsePolynomial, array_of: Sequence[int], kind_of: Sequenc
         out_off=ints(poly.output.offsets),
         out_cs=ints(poly.output.cstrides),
     )
-
-
-class CompiledTables:
-    """A :class:`TermTable` with its host arrays and per-device copies (uploaded once, cached).
-
-    Subclasses say which tables their kernels take, in order (:meth:`host_tables`)."""
-
-    def __init__(self, poly: SparsePolynomial, table: TermTable):
-        self.table = table
-        self.output = poly.output
-        self.num_slots = table.num_slots
-        self.num_terms = table.num_terms
-        self.out_off = table.out_off
-        self.out_cs = table.out_cs
-        self._coef = {"float64": table.coef64, "float32": table.coef("float32")}
-        self._device: dict = {}
-        self._lock = threading.Lock()
-
-    def host_tables(self, dtype: str) -> tuple:
-        raise NotImplementedError
-
-    def device_tables(self, dtype: str) -> tuple:
-        """Tables on the current CUDA device; the host arrays under the simulator."""
-        from workbench.kernels import cuda as _cuda
-
-        if _cuda.cudasim_enabled():
-            return self.host_tables(dtype)
-        from numba import cuda
-
-        key = (cuda.get_current_device().id, dtype)
-        with self._lock:
-            if key not in self._device:
-                self._device[key] = tuple(cuda.to_device(np.ascontiguousarray(a)) for a in self.host_tables(dtype))
-            return self._device[key]
-
-    def __getstate__(self):  # device arrays never pickle
-        state = self.__dict__.copy()
-        state["_device"] = {}
-        state.pop("_lock")
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._lock = threading.Lock()

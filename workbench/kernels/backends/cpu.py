@@ -1,6 +1,6 @@
 r"""CPU path: numba ``njit(parallel=True)`` evaluation of a compiled sparse polynomial.
 
-Same numerics as the CUDA kernels (:mod:`workbench.kernels.cuda`): for every (row, channel)
+Same numerics as the CUDA kernels (:mod:`workbench.kernels.backends.cuda`): for every (row, channel)
 the used operand components are gathered into a small buffer ``v`` (last entry 1, which pads
 terms of lower degree), then terms, sorted by output component, are accumulated in one scalar
 and flushed when the output component changes. Atom outputs are parallel over atoms; species
@@ -10,43 +10,28 @@ threads ever write the same element and no atomics are needed.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numba import njit, prange
 
-MAX_ATOM_ARRAYS = 6
-MAX_SPECIES_ARRAYS = 4
+from workbench.kernels.backends.gather import pick
+from workbench.kernels.descriptor.layout import MAX_ATOM_ARRAYS
+
+__all__ = ["accumulate", "evaluate_cpu", "run"]
 
 
 @njit(cache=True, inline="always")
 def _load(v, a0, a1, a2, a3, a4, a5, s0, s1, s2, s3, b, z, c, slot_src, slot_off, slot_cs):
     for s in range(slot_src.shape[0]):
         src = slot_src[s]
-        k = slot_off[s] + c * slot_cs[s]
-        if src == 0:
-            v[s] = a0[b, k]
-        elif src == 1:
-            v[s] = a1[b, k]
-        elif src == 2:
-            v[s] = a2[b, k]
-        elif src == 3:
-            v[s] = a3[b, k]
-        elif src == 4:
-            v[s] = a4[b, k]
-        elif src == 5:
-            v[s] = a5[b, k]
-        elif src == 6:
-            v[s] = s0[z, k]
-        elif src == 7:
-            v[s] = s1[z, k]
-        elif src == 8:
-            v[s] = s2[z, k]
-        else:
-            v[s] = s3[z, k]
+        row = np.int64(b) if src < MAX_ATOM_ARRAYS else np.int64(z)  # prange indices may be unsigned
+        v[s] = pick(a0, a1, a2, a3, a4, a5, s0, s1, s2, s3, src, row, slot_off[s] + c * slot_cs[s])
     v[slot_src.shape[0]] = 1.0
 
 
 @njit(cache=True, inline="always")
-def _accumulate(v, out, row, c, t_out, t_fac, t_coef, out_off, out_cs):
+def accumulate(v, out, row, c, t_out, t_fac, t_coef, out_off, out_cs):
     T = t_out.shape[0]
     D = t_fac.shape[1]
     cur = t_out[0]
@@ -84,11 +69,20 @@ def evaluate_cpu(a0, a1, a2, a3, a4, a5, s0, s1, s2, s3, species, C,
             z = species[b]
             for c in range(C):
                 _load(v, a0, a1, a2, a3, a4, a5, s0, s1, s2, s3, b, z, c, slot_src, slot_off, slot_cs)
-                _accumulate(v, out, b, c, t_out, t_fac, t_coef, out_off, out_cs)
+                accumulate(v, out, b, c, t_out, t_fac, t_coef, out_off, out_cs)
     else:
         for c in prange(C):
             v = np.empty(S + 1, dtype=out.dtype)
             for b in range(B):
                 z = species[b]
                 _load(v, a0, a1, a2, a3, a4, a5, s0, s1, s2, s3, b, z, c, slot_src, slot_off, slot_cs)
-                _accumulate(v, out, z, c, t_out, t_fac, t_coef, out_off, out_cs)
+                accumulate(v, out, z, c, t_out, t_fac, t_coef, out_off, out_cs)
+
+
+def run(comp: Any, arrays: list, species: np.ndarray, channels: int, out: np.ndarray) -> None:
+    """Evaluate one compiled atom polynomial (:class:`~workbench.kernels.backends.compiled.CompiledPolynomial`)
+    into ``out``; ``arrays``: the 10 operand arrays (dummies where unused)."""
+    if comp.num_terms == 0:
+        return
+    t = comp.host_tables(str(out.dtype))
+    evaluate_cpu(*arrays, species, channels, t[0], t[2], t[3], t[4], t[5], t[6], out, t[7], t[8], comp.species_output)

@@ -150,14 +150,13 @@ def _kernel_variant(variant: str) -> Iterator[None]:
 def _plans(op, dtype: str, channels: int):
     """``(output name, compiled, plan)`` for every output of ``op``, planned on small host arrays
     of the launch shapes (the kernels' types depend only on dtypes, ranks and layouts)."""
-    from workbench.kernels import cuda as _cuda
-    from workbench.kernels import edge_cuda
-    from workbench.kernels.edge_op import EdgePolyOp
+    from workbench.kernels.backends import cuda as _cuda
+    from workbench.kernels.backends import edge_cuda
 
     rows = 4
     dummy = np.zeros((1, 1), dtype=dtype)
     idx = np.arange(rows, dtype=np.int64)
-    if isinstance(op, EdgePolyOp):
+    if op.edge:
         arrays = [np.zeros((rows, o.width), dtype=dtype) for o in op.operands]
         arrays += [dummy] * (8 - len(arrays))
         seg = (np.arange(rows + 1, dtype=np.int64), idx)
@@ -180,11 +179,11 @@ def kernel_resources(ops: Sequence[tuple[str, object]], dtype: str, variant: str
     and, with ``ptxas``, assemble it and read off its resources.
 
     ``variant``: ``"auto"`` (the kernel the dispatcher launches, see
-    :func:`workbench.kernels.unrolled.use_unrolled`), ``"table"`` or ``"unrolled"`` (forced)."""
+    :func:`workbench.kernels.backends.unrolled.use_unrolled`), ``"table"`` or ``"unrolled"`` (forced)."""
     import numba
     from numba import cuda
 
-    from workbench.kernels.unrolled import use_unrolled
+    from workbench.kernels.backends.unrolled import use_unrolled
 
     if ptxas == "auto":
         ptxas = find_ptxas()
@@ -220,9 +219,9 @@ def paper_ops(families: Sequence[str] = ("symmetric_contraction", "channelwise_t
     ``interactions[1]``'s channelwise message op, each with its training derivatives."""
     import torch
 
-    from workbench.kernels import accelerate
-    from workbench.kernels.channelwise_tp import channelwise_tp_op
-    from workbench.kernels.models import random_scaleshift_mace
+    from workbench.kernels.mace.accelerate import accelerate
+    from workbench.kernels.mace.channelwise_tp import channelwise_tp_op
+    from workbench.kernels.tools.bench import random_scaleshift_mace
 
     z = [1, 6, 7, 8, 9, 16, 17, 15][:num_elements]
     model = random_scaleshift_mace(hidden, max_ell, correlation, z, 16.0, torch.float64, "cpu", perturb=0.0)

@@ -1,7 +1,7 @@
 r"""numba-CUDA kernels for edge (message-passing) sparse polynomials: gather, CG-sparse
 product and scatter-sum fused in one launch per output, no per-edge intermediate in global memory.
 
-Two kernels, chosen by the row kind of the output polynomial:
+Two kernels, chosen by the rows of the output polynomial:
 
 * **node kernel** (output scatter-summed into sender or receiver nodes: the forward message
   :math:`M_r = \sum_{e \to r} \ldots`, the gradient to the node features): one thread per
@@ -20,7 +20,7 @@ Two kernels, chosen by the row kind of the output polynomial:
   store when ``G == 1``).
 
 Term tables are read by every thread of a warp at the same address (broadcast) exactly as in
-:mod:`workbench.kernels.cuda`; shared rows are padded to an odd length so that a warp reading
+:mod:`workbench.kernels.backends.cuda`; shared rows are padded to an odd length so that a warp reading
 the same slot hits 32 different banks. Kernels are compiled once per (buffer sizes, threads per
 block, dtype) and cached; under ``NUMBA_ENABLE_CUDASIM=1`` the same kernels run on numpy
 arrays.
@@ -28,12 +28,17 @@ arrays.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-from workbench.kernels.cuda import threads_per_block
+from workbench.kernels.backends import unrolled
+from workbench.kernels.backends.device import threads_per_block
+from workbench.kernels.backends.gather import cuda_edge_loader, cuda_split, cuda_term
+
+__all__ = ["get_edge_kernel", "get_node_kernel", "launch", "plan", "reduce_group"]
 
 cuda = None  # numba.cuda, bound on first use (after NUMBA_ENABLE_CUDASIM is read)
 
@@ -50,22 +55,27 @@ def reduce_group(C: int) -> int:
     return 1
 
 
+def _setup(buffer_len: int, out_len: int, dtype: str) -> tuple:
+    """``(numba dtype, shared row length, slot loader, thread split, term product)`` of an edge kernel."""
+    import numba
+
+    nb_dtype = numba.float64 if dtype == "float64" else numba.float32
+    return nb_dtype, _odd(buffer_len + out_len), cuda_edge_loader(), cuda_split(), cuda_term()
+
+
 @lru_cache(maxsize=None)
 def get_node_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
     """Thread per (node, channel) walking the node's CSR segment; accumulators in shared memory."""
-    import numba
-
     global cuda
     from numba import cuda
 
-    nb_dtype = numba.float64 if dtype == "float64" else numba.float32
-    SP = _odd(buffer_len + out_len)
+    nb_dtype, SP, load, split, term = _setup(buffer_len, out_len, dtype)
     TPB = tpb
     A0 = buffer_len  # accumulators start after the slots (and the constant 1)
 
     @cuda.jit
     def edge_poly_node_kernel(a0, a1, a2, a3, a4, a5, a6, a7, sender, receiver, seg_ptr, seg_perm, C,
-                              slot_arr, slot_kind, slot_off, slot_cs, t_out, t_fac, t_coef,
+                              slot_arr, slot_rows, slot_off, slot_cs, t_out, t_fac, t_coef,
                               out, out_off, out_cs, reduce_channels):
         v = cuda.shared.array((TPB, SP), nb_dtype)
         tid = cuda.threadIdx.x
@@ -73,8 +83,7 @@ def get_node_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
         N = seg_ptr.shape[0] - 1
         if gid >= N * C:
             return
-        n = gid // C
-        c = gid - n * C
+        n, c = split(gid, C)
         S = slot_arr.shape[0]
         O = out_off.shape[0]
         zero = nb_dtype(0.0)  # typed zero: a bare 0.0 would make float32 kernels accumulate in float64
@@ -82,45 +91,13 @@ def get_node_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
             v[tid, A0 + o] = zero
         v[tid, S] = 1.0
         T = t_out.shape[0]
-        D = t_fac.shape[1]
         for p in range(seg_ptr[n], seg_ptr[n + 1]):
             e = seg_perm[p]
             s = sender[e]
             r = receiver[e]
-            for q in range(S):
-                kind = slot_kind[q]
-                row = e if kind == 0 else (s if kind == 1 else r)
-                k = slot_off[q] + c * slot_cs[q]
-                src = slot_arr[q]
-                if src == 0:
-                    v[tid, q] = a0[row, k]
-                elif src == 1:
-                    v[tid, q] = a1[row, k]
-                elif src == 2:
-                    v[tid, q] = a2[row, k]
-                elif src == 3:
-                    v[tid, q] = a3[row, k]
-                elif src == 4:
-                    v[tid, q] = a4[row, k]
-                elif src == 5:
-                    v[tid, q] = a5[row, k]
-                elif src == 6:
-                    v[tid, q] = a6[row, k]
-                else:
-                    v[tid, q] = a7[row, k]
-            cur = t_out[0]
-            acc = zero
-            for t in range(T):
-                o = t_out[t]
-                if o != cur:
-                    v[tid, A0 + cur] += acc
-                    acc = zero
-                    cur = o
-                prod = t_coef[t]
-                for j in range(D):
-                    prod *= v[tid, t_fac[t, j]]
-                acc += prod
-            v[tid, A0 + cur] += acc
+            load(v, tid, a0, a1, a2, a3, a4, a5, a6, a7, e, s, r, c, slot_arr, slot_rows, slot_off, slot_cs)
+            for t in range(T):  # accumulators live in shared memory: no run-length flush needed
+                v[tid, A0 + t_out[t]] += term(v, tid, t_coef, t_fac, t)
         for o in range(O):
             if reduce_channels:
                 cuda.atomic.add(out, (n, out_off[o] + c * out_cs[o]), v[tid, A0 + o])
@@ -133,19 +110,16 @@ def get_node_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
 @lru_cache(maxsize=None)
 def get_edge_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
     """Thread per (edge, channel) or, for a channel-reduced output, per (edge, channel group)."""
-    import numba
-
     global cuda
     from numba import cuda
 
-    nb_dtype = numba.float64 if dtype == "float64" else numba.float32
-    SP = _odd(buffer_len + out_len)
+    nb_dtype, SP, load, split, term = _setup(buffer_len, out_len, dtype)
     TPB = tpb
     A0 = buffer_len
 
     @cuda.jit
     def edge_poly_edge_kernel(a0, a1, a2, a3, a4, a5, a6, a7, sender, receiver, G, C,
-                              slot_arr, slot_kind, slot_off, slot_cs, t_out, t_fac, t_coef,
+                              slot_arr, slot_rows, slot_off, slot_cs, t_out, t_fac, t_coef,
                               out, out_off, out_cs, reduce_channels):
         v = cuda.shared.array((TPB, SP), nb_dtype)
         tid = cuda.threadIdx.x
@@ -153,8 +127,7 @@ def get_edge_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
         E = sender.shape[0]
         if gid >= E * G:
             return
-        e = gid // G
-        g = gid - e * G
+        e, g = split(gid, G)
         s = sender[e]
         r = receiver[e]
         S = slot_arr.shape[0]
@@ -165,29 +138,8 @@ def get_edge_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
                 v[tid, A0 + o] = zero
         v[tid, S] = 1.0
         T = t_out.shape[0]
-        D = t_fac.shape[1]
         for c in range(g, C, G):  # strided: consecutive threads read consecutive channels
-            for q in range(S):
-                kind = slot_kind[q]
-                row = e if kind == 0 else (s if kind == 1 else r)
-                k = slot_off[q] + c * slot_cs[q]
-                src = slot_arr[q]
-                if src == 0:
-                    v[tid, q] = a0[row, k]
-                elif src == 1:
-                    v[tid, q] = a1[row, k]
-                elif src == 2:
-                    v[tid, q] = a2[row, k]
-                elif src == 3:
-                    v[tid, q] = a3[row, k]
-                elif src == 4:
-                    v[tid, q] = a4[row, k]
-                elif src == 5:
-                    v[tid, q] = a5[row, k]
-                elif src == 6:
-                    v[tid, q] = a6[row, k]
-                else:
-                    v[tid, q] = a7[row, k]
+            load(v, tid, a0, a1, a2, a3, a4, a5, a6, a7, e, s, r, c, slot_arr, slot_rows, slot_off, slot_cs)
             cur = t_out[0]
             acc = zero
             for t in range(T):
@@ -199,10 +151,7 @@ def get_edge_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
                         out[e, out_off[cur] + c * out_cs[cur]] += acc
                     acc = zero
                     cur = o
-                prod = t_coef[t]
-                for j in range(D):
-                    prod *= v[tid, t_fac[t, j]]
-                acc += prod
+                acc += term(v, tid, t_coef, t_fac, t)
             if reduce_channels:
                 v[tid, A0 + cur] += acc
             else:
@@ -220,7 +169,7 @@ def get_edge_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
 def plan(compiled: Any, arrays: list, sender: Any, receiver: Any, seg: tuple | None, channels: int,
          out: Any, host: bool = False) -> tuple | None:
     """``(kernel, blocks, threads_per_block, args)`` for one compiled edge polynomial
-    (``workbench.kernels.edge_op.EdgeCompiledPolynomial``), or None when there is nothing to do.
+    (:class:`~workbench.kernels.backends.compiled.CompiledPolynomial`), or None when there is nothing to do.
     The unrolled kernel is chosen unless the polynomial is too large for it.
 
     ``arrays``: the 8 operand arrays (dummies where unused) as numba device arrays (numpy under
@@ -228,10 +177,6 @@ def plan(compiled: Any, arrays: list, sender: Any, receiver: Any, seg: tuple | N
     ``None`` for edge outputs; ``out``: zero-initialised output; ``host``: table arguments as
     host arrays (for PTX compilation).
     """
-    import os
-
-    from workbench.kernels import unrolled
-
     if compiled.num_terms == 0 or sender.shape[0] == 0:
         return None
     dtype = str(np.dtype(out.dtype))

@@ -1,0 +1,85 @@
+"""Compiled polynomials: a :class:`~workbench.kernels.descriptor.TermTable` with its host arrays
+and per-device copies (uploaded once, cached), as every backend takes them."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from workbench.kernels.descriptor.layout import EDGE_ROWS, row_codes
+from workbench.kernels.descriptor.polynomial import SparsePolynomial
+from workbench.kernels.descriptor.tables import term_table
+from workbench.kernels.backends.device import cudasim_enabled
+
+__all__ = ["CompiledPolynomial", "TransientCache"]
+
+
+class TransientCache:
+    """A lock and a dict of derived objects that are rebuilt, never pickled."""
+
+    def _init_cache(self) -> None:
+        self._cache: dict = {}
+        self._lock = threading.Lock()
+
+    def _cached(self, key: Any, build: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key not in self._cache:
+                self._cache[key] = build()
+            return self._cache[key]
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_cache"] = {}
+        state.pop("_lock")
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+class CompiledPolynomial(TransientCache):
+    """Term tables of one output polynomial, ready for the kernels.
+
+    Slot ``q`` reads kernel array ``slot_arr[q]`` (see :func:`~workbench.kernels.descriptor.layout.array_ids`)
+    at the row of code ``slot_rows[q]``, element ``slot_off[q] + c * slot_cs[q]``. The output's
+    rows say the kernel shape: per atom, per species (atomic sum), per edge (``reduce_channels``:
+    summed over channels) or per sender / receiver node (scatter-sum over a CSR segment).
+    """
+
+    def __init__(self, poly: SparsePolynomial, array_ids: Sequence[int]):
+        self.table = term_table(poly, array_ids, row_codes(op.rows for op in poly.operands))
+        self.output = poly.output
+        self.num_slots = self.table.num_slots
+        self.num_terms = self.table.num_terms
+        self.out_off = self.table.out_off
+        self.out_cs = self.table.out_cs
+        self.out_size = poly.output.size
+        self.out_rows = poly.output.rows
+        self.edge = poly.output.rows in EDGE_ROWS
+        self.species_output = poly.output.rows == "species"
+        self.node_output = poly.output.rows in ("sender", "receiver")
+        cs = set(poly.output.cstrides)
+        if self.edge and 0 in cs and cs != {0}:
+            raise ValueError("an output must be either channelwise or channel-broadcast in every component")
+        self.reduce_channels = self.edge and cs == {0}
+        self._coef = {"float64": self.table.coef64, "float32": self.table.coef("float32")}
+        self._init_cache()
+
+    def host_tables(self, dtype: str) -> tuple:
+        """``(slot_arr, slot_rows, slot_off, slot_cs, t_out, t_fac, t_coef, out_off, out_cs)``."""
+        t = self.table
+        return (t.slot_arr, t.slot_rows, t.slot_off, t.slot_cs, t.t_out, t.t_fac, self._coef[dtype], t.out_off, t.out_cs)
+
+    def device_tables(self, dtype: str) -> tuple:
+        """:meth:`host_tables` on the current CUDA device; the host arrays under the simulator."""
+        if cudasim_enabled():
+            return self.host_tables(dtype)
+        from numba import cuda
+
+        def upload() -> tuple:
+            return tuple(cuda.to_device(np.ascontiguousarray(a)) for a in self.host_tables(dtype))
+
+        return self._cached((cuda.get_current_device().id, dtype), upload)

@@ -1,0 +1,45 @@
+"""The CUDA target: is there one, is the simulator on, how large may a block be.
+
+``numba.cuda`` is imported lazily everywhere so that ``NUMBA_ENABLE_CUDASIM=1`` can be set
+first. Under the simulator the CUDA kernels run on numpy arrays (``WORKBENCH_KERNELS_CUDASIM``).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+__all__ = ["cuda_available", "cudasim_enabled", "threads_per_block"]
+
+_SHARED_BYTES = 48 * 1024
+
+
+def cudasim_enabled() -> bool:
+    """True when numba's CUDA simulator is on and the workbench is asked to route CPU
+    tensors through the CUDA kernels (``WORKBENCH_KERNELS_CUDASIM=1``), for CI."""
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1" and os.environ.get("WORKBENCH_KERNELS_CUDASIM", "0") == "1"
+
+
+@lru_cache(maxsize=1)
+def cuda_available() -> bool:
+    """numba can launch CUDA kernels here (a GPU with a driver, or the simulator)."""
+    try:
+        from numba import cuda
+    except Exception:  # noqa: BLE001 (numba without CUDA support, or a broken toolkit)
+        return False
+    try:
+        return bool(cuda.is_available())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def threads_per_block(buffer_len: int, itemsize: int) -> int:
+    """Largest power of two <= 128 whose shared buffer ``[tpb, buffer_len]`` fits in 48 KiB."""
+    env = os.environ.get("WORKBENCH_CUDA_TPB")
+    if env:
+        return int(env)
+    fit = max(1, _SHARED_BYTES // (buffer_len * itemsize))
+    tpb = 1
+    while tpb * 2 <= min(fit, 128):
+        tpb *= 2
+    return tpb

@@ -1,0 +1,316 @@
+r"""Executable sparse-polynomial ops and their infinitely differentiable autograd wrapper.
+
+A :class:`PolyOp` is a list of :class:`~workbench.kernels.descriptor.SparsePolynomial`
+outputs over one operand list. Each operand's rows are indexed one way
+(:data:`~workbench.kernels.descriptor.ROWS`); the indices live in a *row index* passed at
+evaluation:
+
+* :class:`SpeciesIndex` (atom ops): ``"atom"`` operands ``[num_atoms, width]``, ``"species"``
+  operands ``[num_species, width]`` read at the atom's species (summed over atoms as outputs);
+* :class:`EdgeGraph` (edge ops, message passing): ``"edge"`` operands ``[num_edges, width]``,
+  ``"sender"`` / ``"receiver"`` operands ``[num_nodes, width]`` read at the edge's sender
+  :math:`s_e` / receiver :math:`r_e`. An output of rows ``"receiver"`` is
+  :math:`\mathrm{out}[n, c, o] = \sum_{e : r_e = n} P(\text{rows of } e)`: gather, product and
+  scatter-sum in one pass.
+
+:meth:`PolyOp.derivative` builds, from the same terms, the op that maps ``(operands, output
+cotangents)`` to the cotangent of every operand (:meth:`SparsePolynomial.vjp`; the derivative
+of a gathered operand is the scatter-sum through the same index and vice versa), so the one
+autograd function below differentiates itself: backward is a :class:`PolyOp` launched through
+the same function, hence double backward (and beyond) come for free.
+
+Dispatch: tensors on CUDA and numba's CUDA target available -> fused CUDA kernels
+(:mod:`~workbench.kernels.backends.cuda`, :mod:`~workbench.kernels.backends.edge_cuda`);
+``WORKBENCH_KERNELS_CUDASIM=1`` with ``NUMBA_ENABLE_CUDASIM=1`` -> the same kernels in the
+simulator on CPU tensors; otherwise the numba CPU path (:mod:`~workbench.kernels.backends.cpu`,
+:mod:`~workbench.kernels.backends.edge_cpu`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from workbench.kernels.backends import cpu as _cpu
+from workbench.kernels.backends import cuda as _cuda
+from workbench.kernels.backends import edge_cpu as _ecpu
+from workbench.kernels.backends import edge_cuda as _ecuda
+from workbench.kernels.backends.compiled import CompiledPolynomial, TransientCache
+from workbench.kernels.backends.device import cuda_available, cudasim_enabled
+from workbench.kernels.descriptor.layout import EDGE_ROWS, MAX_ATOM_ARRAYS, MAX_EDGE_ARRAYS, MAX_SPECIES_ARRAYS, array_ids
+from workbench.kernels.descriptor.polynomial import Operand, SparsePolynomial
+
+__all__ = ["CompiledPolynomial", "EdgeGraph", "EdgePolyOp", "PolyOp", "SpeciesIndex", "apply_edge_poly_op", "apply_poly_op"]
+
+_WARNED: set = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def _warn_no_cuda_target(device: torch.device) -> None:
+    # no numba CUDA target here (e.g. numba-cuda not installed): correct but slow
+    _warn_once(
+        f"workbench.kernels: no numba CUDA target for {device} tensors; running the CPU path "
+        "on host copies. Install numba-cuda (the [cuda] extra) or convert back with "
+        "accelerate(model, backend='e3nn')."
+    )
+
+
+class SpeciesIndex:
+    """Row index of atom ops: ``species`` ``[num_atoms]`` picks the row of every ``"species"``
+    operand (of ``num_species`` rows)."""
+
+    num_arrays = MAX_ATOM_ARRAYS + MAX_SPECIES_ARRAYS
+
+    def __init__(self, species: torch.Tensor, num_species: int):
+        self.species = species
+        self.num_species = int(num_species)
+
+    def num_rows(self, rows: str) -> int:
+        return self.num_species if rows == "species" else int(self.species.shape[0])
+
+    def check(self, operands: Sequence[Operand], tensors: Sequence[torch.Tensor]) -> None:
+        pass  # species rows are read through the index: shapes are the caller's
+
+    def cpu(self) -> "SpeciesIndex":
+        return SpeciesIndex(self.species.cpu(), self.num_species)
+
+    def arrays(self, comp: CompiledPolynomial, convert: Callable[[torch.Tensor], Any]) -> tuple:
+        return (convert(self.species.detach().to(torch.int64).contiguous()),)
+
+
+class EdgeGraph:
+    r"""Row index of edge ops: edges ``edge_index`` ``[2, num_edges]`` (row 0 sender, row 1
+    receiver, as in MACE) over ``num_nodes`` nodes, with the CSR segments the node kernels walk,
+    built lazily on the tensors' device and shared by the forward and every backward launch of
+    one call.
+    """
+
+    num_arrays = MAX_EDGE_ARRAYS
+
+    def __init__(self, edge_index: torch.Tensor, num_nodes: int):
+        if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+            raise ValueError(f"edge_index must be [2, num_edges], got {tuple(edge_index.shape)}")
+        ei = edge_index.detach().to(torch.int64)
+        self.sender = ei[0].contiguous()
+        self.receiver = ei[1].contiguous()
+        self.num_nodes = int(num_nodes)
+        self.num_edges = int(ei.shape[1])
+        self._csr: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def csr(self, rows: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(ptr [num_nodes + 1], perm [num_edges])``: edges ``perm[ptr[n]:ptr[n+1]]`` have
+        their ``rows`` node (``"sender"`` or ``"receiver"``) equal to ``n``."""
+        if rows not in self._csr:
+            idx = self.sender if rows == "sender" else self.receiver
+            perm = torch.argsort(idx, stable=True)
+            counts = torch.bincount(idx, minlength=self.num_nodes)
+            ptr = torch.zeros(self.num_nodes + 1, dtype=torch.int64, device=idx.device)
+            torch.cumsum(counts, 0, out=ptr[1:])
+            self._csr[rows] = (ptr, perm)
+        return self._csr[rows]
+
+    def num_rows(self, rows: str) -> int:
+        return self.num_edges if rows == "edge" else self.num_nodes
+
+    def check(self, operands: Sequence[Operand], tensors: Sequence[torch.Tensor]) -> None:
+        for op, t in zip(operands, tensors):
+            rows = self.num_rows(op.rows)
+            if t.dim() != 2 or t.shape[0] != rows or t.shape[1] != op.width:
+                raise ValueError(f"operand {op.name}: expected [{rows}, {op.width}], got {tuple(t.shape)}")
+
+    def cpu(self) -> "EdgeGraph":
+        return EdgeGraph(torch.stack([self.sender.cpu(), self.receiver.cpu()]), self.num_nodes)
+
+    def arrays(self, comp: CompiledPolynomial, convert: Callable[[torch.Tensor], Any]) -> tuple:
+        seg = tuple(convert(a) for a in self.csr(comp.out_rows)) if comp.node_output else None
+        return convert(self.sender), convert(self.receiver), seg
+
+
+RowIndex = SpeciesIndex | EdgeGraph
+
+
+class PolyOp(TransientCache):
+    r"""Several sparse polynomials over one operand list, evaluated together.
+
+    Parameters
+    ----------
+    operands : sequence of :class:`Operand`
+        atom ops: at most 6 ``"atom"`` and 4 ``"species"`` operands; edge ops: at most 8
+        ``"edge"`` / ``"sender"`` / ``"receiver"`` operands
+    outputs : sequence of :class:`SparsePolynomial`
+        each over (a subset of) ``operands``, matched by name
+    """
+
+    def __init__(self, operands: Sequence[Operand], outputs: Sequence[SparsePolynomial]):
+        self.operands = tuple(operands)
+        self.array_ids = array_ids([op.rows for op in self.operands])
+        self.edge = all(op.rows in EDGE_ROWS for op in self.operands)
+        self.outputs = tuple(p.with_operands(self.operands) for p in outputs)
+        chan = [op.width // op.size for op in self.operands if op.size and all(cs > 0 for cs in op.cstrides)]
+        if self.edge and not chan:
+            raise ValueError("need at least one channelwise operand to know the channel count")
+        self.channels = chan[0] if chan else None
+        self.compiled = tuple(CompiledPolynomial(p, self.array_ids) for p in self.outputs)
+        self._init_cache()
+
+    def derivative(self, needed: tuple[bool, ...], present: tuple[bool, ...] | None = None) -> "PolyOp":
+        r"""Op for :math:`(\text{operands}, \bar{y}_k \text{ for present } k) \mapsto \bar{a}` for
+        each operand ``a`` with ``needed[a]``: :math:`\bar{a} = \sum_k \mathrm{vjp}_a(P_k)(\bar{y}_k)`.
+
+        ``present[k]`` is False for an output whose cotangent is known to be zero (autograd gave
+        None): its terms are left out. In force training the weight gradient of the force
+        computation is never used, so the double backward skips all of its terms.
+        Cached per ``(needed, present)``; the derivative is an op of the same class."""
+        if present is None:
+            present = (True,) * len(self.outputs)
+        return self._cached((needed, present), lambda: self._derivative(needed, present))
+
+    def _derivative(self, needed: tuple[bool, ...], present: tuple[bool, ...]) -> "PolyOp":
+        cots = []
+        names = {op.name for op in self.operands}
+        for p, keep in zip(self.outputs, present):
+            name = f"d({p.output.name})"
+            while name in names:
+                name += "'"
+            names.add(name)
+            cots.append(p.output.renamed(name) if keep else None)
+        ops = self.operands + tuple(c for c in cots if c is not None)
+        outs = []
+        for a, op in enumerate(self.operands):
+            if not needed[a]:
+                continue
+            total = SparsePolynomial(ops, op.renamed(f"d({op.name})"), {})
+            for p, cot in zip(self.outputs, cots):
+                if cot is not None:
+                    total = total + p.vjp(op.name, cot).with_operands(ops)
+            outs.append(total)
+        return type(self)(ops, outs)
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, tensors: Sequence[torch.Tensor], species: torch.Tensor | None = None,
+                 num_species: int = 0, *, graph: EdgeGraph | None = None) -> list[torch.Tensor]:
+        """Evaluate every output. ``tensors`` follow ``operands``. Atom ops take ``species``
+        ``[num_atoms]`` and ``num_species``, edge ops ``graph`` (see the module docstring)."""
+        return self.evaluate_rows(tensors, graph if graph is not None else SpeciesIndex(species, num_species))
+
+    def evaluate_rows(self, tensors: Sequence[torch.Tensor], index: RowIndex) -> list[torch.Tensor]:
+        """:meth:`evaluate` with the row index given as one object."""
+        if isinstance(index, EdgeGraph) != self.edge:
+            raise TypeError(f"{'edge' if self.edge else 'atom'} op evaluated with a {type(index).__name__}")
+        ref = tensors[0]
+        dtype, device = ref.dtype, ref.device
+        if dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"sparse polynomial kernels support float32 and float64, got {dtype}")
+        index.check(self.operands, tensors)
+        channels = self.channels if self.edge else tensors[0].shape[1] // self.operands[0].size
+        tensors = [t.to(dtype).contiguous() for t in tensors]
+        outs = [torch.zeros((index.num_rows(c.out_rows), c.output.width), dtype=dtype, device=device)
+                for c in self.compiled]
+        if self.edge and index.num_edges == 0:
+            return outs  # empty graph: every message and gradient is zero
+        if device.type == "cuda" and cuda_available():
+            self._run_cuda(tensors, index, channels, outs)
+        elif device.type != "cpu":
+            _warn_no_cuda_target(device)
+            host = [torch.zeros(o.shape, dtype=dtype) for o in outs]
+            self._run_host([t.cpu() for t in tensors], index.cpu(), channels, host, sim=False)
+            for o, h in zip(outs, host):
+                o.copy_(h)
+        else:
+            self._run_host(tensors, index, channels, outs, sim=cudasim_enabled())
+        return outs
+
+    def _arrays(self, tensors, dummy, convert, num_arrays: int) -> list:
+        args = [dummy] * num_arrays
+        for aid, t in zip(self.array_ids, tensors):
+            args[aid] = convert(t.detach())
+        return args
+
+    def _run_host(self, tensors, index: RowIndex, channels: int, outs, sim: bool) -> None:
+        """numba CPU kernels, or (``sim``) the CUDA kernels in the simulator, on numpy views."""
+        dummy = np.zeros((1, 1), dtype="float64" if tensors[0].dtype == torch.float64 else "float32")
+        arrays = self._arrays(tensors, dummy, lambda t: t.numpy(), index.num_arrays)
+        for comp, out in zip(self.compiled, outs):
+            if comp.num_terms == 0:
+                continue
+            idx = index.arrays(comp, lambda t: t.numpy())
+            if sim:
+                (_ecuda.launch if self.edge else _cuda.launch)(comp, arrays, *idx, channels, out.numpy())
+            else:
+                (_ecpu.run if self.edge else _cpu.run)(comp, arrays, *idx, channels, out.numpy())
+
+    def _run_cuda(self, tensors, index: RowIndex, channels: int, outs) -> None:
+        from numba import cuda
+
+        device = tensors[0].device
+        launch = _ecuda.launch if self.edge else _cuda.launch
+        with torch.cuda.device(device):
+            stream = cuda.external_stream(torch.cuda.current_stream(device).cuda_stream)
+            dummy = cuda.as_cuda_array(torch.zeros((1, 1), dtype=tensors[0].dtype, device=device))
+            arrays = self._arrays(tensors, dummy, cuda.as_cuda_array, index.num_arrays)
+            for comp, out in zip(self.compiled, outs):
+                launch(comp, arrays, *index.arrays(comp, cuda.as_cuda_array), channels, cuda.as_cuda_array(out), stream)
+
+
+class EdgePolyOp(PolyOp):
+    r"""A :class:`PolyOp` over edge / sender / receiver operands, evaluated with gather and
+    scatter fused (see the module docstring); the constructor checks the operands' rows.
+
+    Parameters
+    ----------
+    operands : sequence of :class:`Operand`
+        at most 8, each with rows ``"edge"``, ``"sender"`` or ``"receiver"``
+    outputs : sequence of :class:`SparsePolynomial`
+        each over (a subset of) ``operands``, matched by name
+    """
+
+    def __init__(self, operands: Sequence[Operand], outputs: Sequence[SparsePolynomial]):
+        for op in operands:
+            if op.rows not in EDGE_ROWS:
+                raise ValueError(f"edge ops take 'edge', 'sender' or 'receiver' operands, got {op.name}: {op.rows}")
+        super().__init__(operands, outputs)
+
+
+class _SparsePolyFunction(torch.autograd.Function):
+    """``outputs = op(index, *tensors)``; backward launches ``op.derivative`` through this same
+    function, so every order of derivative is differentiable."""
+
+    @staticmethod
+    def forward(ctx, op: PolyOp, index: RowIndex, *tensors: torch.Tensor):
+        outs = op.evaluate_rows(tensors, index)
+        ctx.set_materialize_grads(False)  # None cotangents let the derivative skip whole outputs
+        ctx.op = op
+        ctx.index = index
+        ctx.save_for_backward(*tensors)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        tensors = ctx.saved_tensors
+        needed = tuple(bool(n) for n in ctx.needs_input_grad[2:])
+        present = tuple(g is not None for g in grads)
+        if not any(needed) or not any(present):
+            return (None, None) + (None,) * len(tensors)
+        d = ctx.op.derivative(needed, present)
+        cot = [g for g in grads if g is not None]
+        res = list(_SparsePolyFunction.apply(d, ctx.index, *tensors, *cot))
+        out = [res.pop(0) if n else None for n in needed]
+        return (None, None) + tuple(out)
+
+
+def apply_poly_op(op: PolyOp, species: torch.Tensor, num_species: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Differentiable evaluation of an atom ``op`` (see :class:`PolyOp`)."""
+    return _SparsePolyFunction.apply(op, SpeciesIndex(species, num_species), *tensors)
+
+
+def apply_edge_poly_op(op: PolyOp, graph: EdgeGraph, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Differentiable evaluation of an edge ``op`` (an :class:`EdgePolyOp`) on ``graph``."""
+    return _SparsePolyFunction.apply(op, graph, *tensors)
