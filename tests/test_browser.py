@@ -186,7 +186,12 @@ def test_01_nglview_renders(lab, browser):
     page.wait_for_timeout(1500)  # let the viewers finish their first frame before the screenshot
     _shot(page, gallery, "01_gallery.png")
     _shot(page, page.locator(".jp-RenderedPlotly").first, "01_dataset_figure.png")
-    assert page.locator(".wb-family-table tr").count() == 10  # header, 8 families, total
+    tables = page.locator(".wb-family-table")
+    assert tables.count() == 2  # the extxyz file, then the same data prepared (its index)
+    for k in range(2):
+        assert tables.nth(k).locator("tr").count() == 10  # header, 8 families, total
+    assert tables.nth(0).inner_text() == tables.nth(1).inner_text()
+    assert "average neighbours" in page.inner_text(".jp-Notebook")  # statistics from the index
 
 
 def _cards(page) -> dict:

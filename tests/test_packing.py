@@ -217,7 +217,13 @@ def test_oversize_alone_keeps_invariants(algorithm, problem, n_big):
     costs, capacity, replicas, seed = problem
     costs = np.concatenate([costs, np.full(n_big, capacity * 1.5)])
     with pytest.warns(UserWarning, match="exceed capacity"):
-        p = pack(costs, capacity, replicas, algorithm=algorithm, seed=seed, oversize="alone")
+        try:
+            p = pack(costs, capacity, replicas, algorithm=algorithm, seed=seed, oversize="alone")
+        except ValueError as exc:
+            # The one documented refusal: every graph alone in its batch and no multiple of
+            # num_replicas reachable without an empty batch (e.g. 8 graphs on 5 replicas).
+            assert "every batch holds a single graph" in str(exc) and costs.shape[0] % replicas != 0
+            return
     _check(p, costs.shape[0], np.inf, replicas, False)
     for b in p.batches:
         assert len(b) == 1 or costs[b].sum() <= capacity

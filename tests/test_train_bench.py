@@ -35,10 +35,10 @@ def _counting(monkeypatch, module, name: str) -> list:
 
 def test_bench_train_smoke(tmp_path, monkeypatch):
     import workbench.train.data
-    import workbench.train.model
+    import workbench.train.stats
 
     prepared = _counting(monkeypatch, workbench.train.data, "prepare_data")
-    stats = _counting(monkeypatch, workbench.train.model, "compute_stats")
+    stats = _counting(monkeypatch, workbench.train.stats, "compute_stats")
     cfg = TrainConfig(output_dir=str(tmp_path), hidden_irreps="8x0e+8x1o", max_ell=1, correlation=2, num_bessel=4,
                       radial_mlp=[16, 16], capacity=300, families=["water_clusters", "mptrj"], valid_fraction=0.1,
                       progress=False)

@@ -56,6 +56,14 @@ def _load_sizes(path: str | None, cutoff: float):
     from workbench.data.sizes import graph_sizes
 
     path = Path(path) if path else EMBEDDED_PATH
+    if path.is_dir():  # a prepared dataset: everything is in its index
+        from workbench.data.store import GraphStore
+
+        store = GraphStore(path)
+        if abs(store.cutoff - cutoff) > 1e-12:
+            raise ValueError(f"{path}: prepared at cutoff {store.cutoff} Å; pass --cutoff {store.cutoff} "
+                             "(or prepare again at the cutoff you want)")
+        return path, store.sizes(), np.asarray(store.index["labelled"])
     structures = read_structures(path, require_labels=False)
     sizes = graph_sizes(structures, cutoff=cutoff, progress=True)
     labelled = np.array([bool(a.info.get("labelled", True)) for a in structures])
@@ -98,6 +106,26 @@ def _sizes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare(args: argparse.Namespace) -> int:
+    from workbench.data.prepare import prepare
+    from workbench.data.summary import format_table
+
+    t0 = time.perf_counter()
+    store = prepare(args.sources, args.out, cutoff=args.cutoff, workers=args.workers, energy_key=args.energy_key,
+                    forces_key=args.forces_key, on_error=args.on_error, shard_size=args.shard_size)
+    seconds = time.perf_counter() - t0
+    print(format_table(store.summary()))
+    m = store.manifest
+    atoms = int(store.index["atoms"].sum())
+    print(f"\n{store.path}: {len(store)} graphs ({atoms} atoms) in {len(store.shards)} shards, cutoff {store.cutoff} Å; "
+          f"prepared in {m['seconds']:.1f} s ({len(store) / max(m['seconds'], 1e-9):.0f} graphs/s)"
+          + ("" if seconds > 0.5 * m["seconds"] else "; already prepared, nothing to do"))
+    if m["n_skipped"]:
+        print(f"{m['n_skipped']} frame(s) skipped, each with its reason, in {store.path / 'skipped.jsonl'}")
+    print(f"train on it with: workbench train --set dataset={store.path}")
+    return 0
+
+
 def register(sub) -> None:
     p = sub.add_parser("data", help="generate, inspect and measure structure datasets")
     dsub = p.add_subparsers(dest="data_command", metavar="ACTION")
@@ -123,11 +151,28 @@ def register(sub) -> None:
     for name, fn, text in (("info", _info, "per-family summary of a structure file"),
                            ("stats", _stats, "measure edges per atom per family (feeds synthetic_sizes)")):
         q = dsub.add_parser(name, help=text)
-        q.add_argument("path", nargs="?", help="structure file (default: the embedded dataset)")
+        q.add_argument("path", nargs="?", help="structure file or prepared dataset directory (default: the embedded dataset)")
         q.add_argument("--cutoff", type=float, default=4.5)
         if name == "stats":
             q.add_argument("--out", help="JSON path (default: workbench/data/edge_stats.json)")
         q.set_defaults(func=fn)
+
+    from workbench.data.io import ENERGY_KEY, FORCES_KEY
+    from workbench.data.prepare import DEFAULT_SHARD_SIZE, ON_ERROR
+
+    pr = dsub.add_parser("prepare", help="extxyz(.gz) files or mace HDF5 shards -> a sharded dataset that trains "
+                                          "at any scale (index + streamed graphs)")
+    pr.add_argument("sources", nargs="+", metavar="SRC",
+                    help="extxyz files (.gz too), or a folder of mace preprocess_data .h5 shards")
+    pr.add_argument("--out", required=True, metavar="DIR", help="output directory (the same command resumes it)")
+    pr.add_argument("--cutoff", type=float, default=4.5, help="neighbour cutoff in Å for edge counts (default: %(default)s)")
+    pr.add_argument("--workers", type=int, default=0, help="parsing processes (default: all cores)")
+    pr.add_argument("--energy-key", default=ENERGY_KEY, help="extxyz info key of the energy (default: %(default)s)")
+    pr.add_argument("--forces-key", default=FORCES_KEY, help="extxyz per-atom key of the forces (default: %(default)s)")
+    pr.add_argument("--on-error", choices=ON_ERROR, default="fail",
+                    help="a bad frame stops the prepare (fail), or is left out and listed in DIR/skipped.jsonl (skip)")
+    pr.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_SIZE, help="graphs per shard (default: %(default)s)")
+    pr.set_defaults(func=_prepare)
 
     s = dsub.add_parser("sizes", help="write a sizes .npy (atoms, edges, family) from a file or synthetic")
     s.add_argument("path", nargs="?")

@@ -32,10 +32,14 @@ class StructureError(ValueError):
     def __init__(self, path: str | os.PathLike | None, frame: int | None, message: str):
         self.path = None if path is None else str(path)
         self.frame = frame
+        self.reason = message
         where = self.path or "<structures>"
         if frame is not None:
             where += f", frame {frame}"
         super().__init__(f"{where}: {message}")
+
+    def __reduce__(self):  # crosses process boundaries (prepare's workers) intact
+        return (StructureError, (self.path, self.frame, self.reason))
 
 
 def _is_labelled(atoms: ase.Atoms) -> bool:
@@ -52,27 +56,29 @@ def validate_structure(
     energy_key: str = ENERGY_KEY,
     forces_key: str = FORCES_KEY,
     min_distance: float = MIN_DISTANCE,
+    pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> None:
     """Raise :class:`StructureError` if ``atoms`` cannot be trained on.
 
-    Checks: at least one atom; finite positions (and cell); no two atoms closer
-    than ``min_distance`` Å (periodic images included); and, when
-    ``require_labels`` and the frame is not marked ``info["labelled"] = False``,
-    a finite scalar ``info[energy_key]`` and a finite ``(n_atoms, 3)``
-    ``arrays[forces_key]``.
+    Checks: at least one atom; atomic numbers 1-118; finite positions (and cell) within a sane
+    extent (:func:`check_geometry`); no two atoms closer than ``min_distance`` Å (periodic
+    images included); and, when ``require_labels`` and the frame is not marked
+    ``info["labelled"] = False``, a finite scalar ``info[energy_key]`` and a finite
+    ``(n_atoms, 3)`` ``arrays[forces_key]``.
+
+    ``pairs``: ``(i, j, d)`` of a full neighbour list at a cutoff of at least ``min_distance``,
+    when the caller has one (``workbench data prepare`` does); otherwise one is computed.
     """
-    n = len(atoms)
-    if n == 0:
-        raise StructureError(path, frame, "structure has no atoms")
-    pos = atoms.get_positions()
-    bad = np.where(~np.isfinite(pos).all(axis=1))[0]
-    if bad.size:
-        raise StructureError(path, frame, f"non-finite (NaN/inf) coordinates at atom {int(bad[0])} ({bad.size} atom(s) affected)")
-    if not np.isfinite(atoms.cell.array).all():
-        raise StructureError(path, frame, "non-finite (NaN/inf) cell")
-    if n > 1:
-        i, j, d = _close_pairs(atoms, min_distance)
-        if i.size:
+    check_geometry(atoms, path=path, frame=frame)
+    if len(atoms) > 1:
+        if pairs is None:
+            i, j, d = _close_pairs(atoms, min_distance)
+            close = d < min_distance
+        else:  # a full list has every pair twice
+            i, j, d = pairs
+            close = (d < min_distance) & (i <= j)
+        if close.any():
+            i, j, d = i[close], j[close], d[close]
             k = int(np.argmin(d))
             raise StructureError(
                 path, frame,
@@ -80,22 +86,70 @@ def validate_structure(
                 f"{i.size} close pair(s) in total",
             )
     if require_labels and _is_labelled(atoms):
-        if energy_key not in atoms.info:
-            raise StructureError(path, frame, f"missing energy label info[{energy_key!r}] (keys present: {sorted(atoms.info)})")
-        try:
-            energy = float(atoms.info[energy_key])
-        except (TypeError, ValueError):
-            raise StructureError(path, frame, f"energy label {energy_key!r} is not a number: {atoms.info[energy_key]!r}") from None
-        if not np.isfinite(energy):
-            raise StructureError(path, frame, f"energy label {energy_key!r} is {energy}")
-        if forces_key not in atoms.arrays:
-            raise StructureError(path, frame, f"missing forces label arrays[{forces_key!r}] (per-atom arrays present: {sorted(atoms.arrays)})")
-        forces = np.asarray(atoms.arrays[forces_key], dtype=float)
-        if forces.shape != (n, 3):
-            raise StructureError(path, frame, f"forces {forces_key!r} have shape {forces.shape}, expected ({n}, 3)")
-        bad = np.where(~np.isfinite(forces).all(axis=1))[0]
-        if bad.size:
-            raise StructureError(path, frame, f"non-finite forces {forces_key!r} at atom {int(bad[0])}")
+        check_labels(atoms, path=path, frame=frame, energy_key=energy_key, forces_key=forces_key)
+
+
+#: Å. A non-periodic structure wider than this, or a periodic one with an atom this many cells
+#: away, is a corrupted frame; such coordinates also overflow neighbour-list cell binning.
+MAX_EXTENT = 1.0e4
+MAX_CELLS_AWAY = 1.0e3
+
+
+def check_geometry(atoms: ase.Atoms, *, path: str | os.PathLike | None = None, frame: int | None = None) -> None:
+    """Atoms present, atomic numbers 1-118, finite coordinates within :data:`MAX_EXTENT`, a
+    finite cell with non-zero volume when periodic: everything a neighbour list needs."""
+    n = len(atoms)
+    if n == 0:
+        raise StructureError(path, frame, "structure has no atoms")
+    z = atoms.numbers
+    bad = np.where((z < 1) | (z > 118))[0]
+    if bad.size:
+        k = int(bad[0])
+        raise StructureError(path, frame, f"atom {k} has atomic number {int(z[k])} (symbol {atoms.get_chemical_symbols()[k]!r}); "
+                                          "only real elements (1-118) can be trained on")
+    pos = atoms.get_positions()
+    bad = np.where(~np.isfinite(pos).all(axis=1))[0]
+    if bad.size:
+        raise StructureError(path, frame, f"non-finite (NaN/inf) coordinates at atom {int(bad[0])} ({bad.size} atom(s) affected)")
+    cell = atoms.cell.array
+    if not np.isfinite(cell).all():
+        raise StructureError(path, frame, "non-finite (NaN/inf) cell")
+    if atoms.pbc.any():
+        if abs(np.linalg.det(cell)) < 1e-12:
+            raise StructureError(path, frame, "periodic structure with a degenerate (zero-volume) cell")
+        frac = np.linalg.solve(cell.T, pos.T).T
+        far = np.where(np.abs(frac[:, atoms.pbc]).max(axis=1) > MAX_CELLS_AWAY)[0]
+        if far.size:
+            k = int(far[0])
+            raise StructureError(path, frame, f"atom {k} at {pos[k].tolist()} Å lies more than {MAX_CELLS_AWAY:g} cells "
+                                              "outside the periodic cell: corrupted coordinates")
+    span = pos.max(axis=0) - pos.min(axis=0)
+    if (span[~atoms.pbc] > MAX_EXTENT).any():
+        k = int(np.argmax(np.abs(pos - pos.mean(axis=0))[:, ~atoms.pbc].max(axis=1)))
+        raise StructureError(path, frame, f"structure spans {float(span.max()):.3g} Å (atom {k} at {pos[k].tolist()}); "
+                                          f"more than {MAX_EXTENT:g} Å across a non-periodic direction is corrupted coordinates")
+
+
+def check_labels(atoms: ase.Atoms, *, path: str | os.PathLike | None = None, frame: int | None = None,
+                 energy_key: str = ENERGY_KEY, forces_key: str = FORCES_KEY) -> None:
+    """A finite scalar ``info[energy_key]`` and finite ``(n_atoms, 3)`` ``arrays[forces_key]``."""
+    n = len(atoms)
+    if energy_key not in atoms.info:
+        raise StructureError(path, frame, f"missing energy label info[{energy_key!r}] (keys present: {sorted(atoms.info)})")
+    try:
+        energy = float(atoms.info[energy_key])
+    except (TypeError, ValueError):
+        raise StructureError(path, frame, f"energy label {energy_key!r} is not a number: {atoms.info[energy_key]!r}") from None
+    if not np.isfinite(energy):
+        raise StructureError(path, frame, f"energy label {energy_key!r} is {energy}")
+    if forces_key not in atoms.arrays:
+        raise StructureError(path, frame, f"missing forces label arrays[{forces_key!r}] (per-atom arrays present: {sorted(atoms.arrays)})")
+    forces = np.asarray(atoms.arrays[forces_key], dtype=float)
+    if forces.shape != (n, 3):
+        raise StructureError(path, frame, f"forces {forces_key!r} have shape {forces.shape}, expected ({n}, 3)")
+    bad = np.where(~np.isfinite(forces).all(axis=1))[0]
+    if bad.size:
+        raise StructureError(path, frame, f"non-finite forces {forces_key!r} at atom {int(bad[0])}")
 
 
 def _close_pairs(atoms: ase.Atoms, cutoff: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -103,8 +157,6 @@ def _close_pairs(atoms: ase.Atoms, cutoff: float) -> tuple[np.ndarray, np.ndarra
 
     periodic = bool(atoms.pbc.any())
     box = atoms.cell.array if periodic else np.zeros((3, 3))
-    if periodic and abs(np.linalg.det(box)) < 1e-12:
-        raise StructureError(None, None, "periodic structure with a degenerate (zero-volume) cell")
     nl = NeighborList(cutoff=cutoff, full_list=False)
     i, j, d = nl.compute(points=atoms.positions, box=box, periodic=list(map(bool, atoms.pbc)) if periodic else False, quantities="ijd")
     return i, j, d

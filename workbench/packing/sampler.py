@@ -86,21 +86,26 @@ class BinPackingBatchSampler(Sampler[list[int]]):
         # A stream separate from the packing's own, so step order and packing are independent.
         return np.random.default_rng([self.seed, epoch, 1]).permutation(n_steps)
 
+    def _rank_slices(self, epoch: int | None = None):
+        """``(flat, offsets, batch numbers)`` of this rank's batches in run order (CSR, no copies)."""
+        p = self.packing(epoch)
+        return p.flat, p.offsets, self.step_order(epoch) * self.num_replicas + self.rank
+
     def rank_batches(self, epoch: int | None = None) -> list[list[int]]:
         """All batches this rank runs in ``epoch``, in order."""
-        p = self.packing(epoch)
-        order = self.step_order(epoch)
-        batches = p.batches
-        r, R = self.rank, self.num_replicas
-        return [batches[s * R + r].tolist() for s in order]
+        flat, offsets, order = self._rank_slices(epoch)
+        return [flat[offsets[b]:offsets[b + 1]].tolist() for b in order]
 
     def __iter__(self) -> Iterator[list[int]]:
-        batches = self.rank_batches()
+        # Batches are cut from the packing's CSR arrays one at a time: at a million graphs a
+        # list of every batch would cost tens of MB per rank.
+        flat, offsets, order = self._rank_slices()
         start, self._start = self._start, 0
         self._yielded = start
-        for k in range(start, len(batches)):
+        for k in range(start, order.size):
+            b = order[k]
             self._yielded = k + 1
-            yield batches[k]
+            yield flat[offsets[b]:offsets[b + 1]].tolist()
 
     def __len__(self) -> int:
         return self.packing().n_steps

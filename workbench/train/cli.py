@@ -47,6 +47,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def register_bench(bench_sub) -> None:
+    _register_bench_data(bench_sub)
     p = bench_sub.add_parser("train", help="one epoch per variant: fixed-count+e3nn vs packer+e3nn/numba/cueq")
     _add_config_args(p, " for the model and capacity")
     p.add_argument("--structures", type=int, default=5000, help="mixture size (embedded data tiled; default 5000)")
@@ -55,3 +56,28 @@ def register_bench(bench_sub) -> None:
     p.add_argument("--warmup-steps", type=int, default=3)
     p.add_argument("--out", default="runs/bench/train.json")
     p.set_defaults(func=_bench)
+
+
+def _bench_data(args: argparse.Namespace) -> int:
+    from workbench.train.bench_data import bench_data, format_table
+
+    sizes = [int(float(x)) for x in args.sizes.split(",")] if args.sizes else []
+    res = bench_data(out=args.out, workdir=args.workdir, parts=args.parts.split(","), frames=args.frames,
+                     sizes=sizes, steps=args.steps)
+    print(format_table(res))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _register_bench_data(bench_sub) -> None:
+    from workbench.train.bench_data import PARTS, SIZES
+
+    p = bench_sub.add_parser("data", help="data path at scale: prepare throughput, storage layout, and training "
+                                          "memory / start-up / data wait at 100k-1M graphs")
+    p.add_argument("--parts", default=",".join(PARTS), help="comma list of %(default)s")
+    p.add_argument("--frames", type=int, default=20_000, help="extxyz frames for the prepare part (default: %(default)s)")
+    p.add_argument("--sizes", default=",".join(str(n) for n in SIZES), help="graphs per tiled dataset (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=40, help="training steps per run (default: %(default)s)")
+    p.add_argument("--workdir", default="runs/bench/data", help="datasets and runs (default: %(default)s)")
+    p.add_argument("--out", default="runs/bench/data.json")
+    p.set_defaults(func=_bench_data)

@@ -34,7 +34,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # auto: cuda when available, else cpu
     # data
-    dataset: str | None = None  # None: the embedded Table-3 mixture
+    dataset: str | None = None  # None: the embedded mixture; a structure file; or a prepared dataset directory
     valid_fraction: float = 0.1
     max_structures: int | None = None  # keep the first N (after a seeded shuffle), for quick runs
     families: list[str] | None = None  # restrict to these config_types
@@ -71,7 +71,9 @@ class TrainConfig:
     epochs: int = 1
     max_steps: int | None = None  # stop after this many optimiser steps in total
     checkpoint_every: int = 50  # steps; 0 disables mid-epoch checkpoints (one is still written per epoch)
-    num_workers: int = 0
+    num_workers: int = 0  # DataLoader processes building graphs (a prepared dataset builds them on demand)
+    prefetch_factor: int = 2  # batches each worker builds ahead
+    persistent_workers: bool = True  # keep the workers across epochs
     progress: bool = True
     export: bool = True  # write model.model (MACECalculator) and the per-backend model at the end
     dist_timeout_s: int = 1800  # a collective stuck this long fails the group (torchrun can then restart it)
@@ -92,7 +94,10 @@ class TrainConfig:
             raise bad("dtype", f"{self.dtype!r} is not one of {', '.join(DTYPES)}")
         if not 0.0 <= self.valid_fraction < 1.0:
             raise bad("valid_fraction", f"must be in [0, 1), got {self.valid_fraction}")
-        for name in ("capacity", "batch_size", "num_interactions", "correlation", "num_bessel", "epochs"):
+        if int(self.num_workers) < 0:
+            raise bad("num_workers", f"must be >= 0, got {self.num_workers}")
+        for name in ("capacity", "batch_size", "num_interactions", "correlation", "num_bessel", "epochs",
+                     "prefetch_factor"):
             if int(getattr(self, name)) < 1:
                 raise bad(name, f"must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.max_ell <= 4:

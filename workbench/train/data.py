@@ -1,8 +1,25 @@
-"""Training data: read, filter, split and convert structures to mace ``AtomicData``."""
+"""Training data: choose, split and serve graphs as mace ``AtomicData``.
+
+Two sources, one split:
+
+* **a structure file** (default: the embedded mixture): every structure is read and every
+  graph built up front, in memory, on every rank. Fine for thousands of graphs.
+* **a prepared dataset** (``workbench data prepare``, :mod:`workbench.data.store`): each rank
+  loads only the index, packs and computes mace's statistics from it
+  (:func:`~workbench.train.stats.stats_from_index`), and builds ``AtomicData`` for a graph
+  only when a batch needs it (in DataLoader workers), so memory per rank does not grow with
+  the dataset.
+
+Both paths choose the same graphs in the same order for the same config and the same
+structures, and build identical ``AtomicData`` (``mace.data.AtomicData.from_config``).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -11,61 +28,28 @@ from workbench.train.config import TrainConfig
 #: The ``TrainConfig`` fields ``prepare_data`` reads: configs equal on these get equal ``TrainData``.
 PREPARE_FIELDS = ("dataset", "families", "energy_key", "forces_key", "seed", "max_structures", "valid_fraction",
                   "cutoff", "dtype")
+#: A structure file above this size is read whole by every rank: point the user at ``data prepare``.
+LARGE_FILE_BYTES = 200 * 2**20
 
 
 @dataclass
 class TrainData:
-    """Train/validation splits as mace ``Configuration`` and ``AtomicData`` lists, plus sizes."""
+    """Train/validation graphs (a list of ``AtomicData`` or a lazy dataset), sizes and statistics."""
 
-    train_configs: list
-    valid_configs: list
-    train: list
-    valid: list
+    train: Sequence
+    valid: Sequence
     z_table: object
     train_atoms: np.ndarray  # atoms per training graph, int64
     train_edges: np.ndarray  # directed edges per training graph, int64
     stats: object | None = None  # ModelStats of the training split, filled by the first run that needs it
+    train_configs: list = field(default_factory=list)  # mace Configurations (in-memory source only)
+    valid_configs: list = field(default_factory=list)
 
 
-def load_structures(config: TrainConfig) -> list:
-    """Read ``config.dataset`` (default: embedded mixture); keep labelled frames of the chosen families."""
-    from workbench.data.embedded import EMBEDDED_PATH
-    from workbench.data.io import read_structures
-
-    path = config.dataset or EMBEDDED_PATH
-    structures = read_structures(path, energy_key=config.energy_key, forces_key=config.forces_key)
-    structures = [a for a in structures if a.info.get("labelled", True)]
-    if config.families:
-        keep = set(config.families)
-        structures = [a for a in structures if a.info.get("config_type") in keep]
-    if not structures:
-        raise ValueError(f"{path}: no labelled structures to train on"
-                         + (f" in families {config.families}" if config.families else ""))
-    return structures
-
-
-def prepare_data(config: TrainConfig, structures: list | None = None) -> TrainData:
-    """Seeded shuffle, optional ``max_structures`` cut, train/validation split, mace conversion.
-
-    Tensors are built in ``config.dtype`` (the torch default dtype is set while this runs).
-    """
-    import torch
-
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(getattr(torch, config.dtype))  # mace builds AtomicData in the default dtype
-    try:
-        return _prepare_data(config, structures)
-    finally:
-        torch.set_default_dtype(previous)
-
-
-def _prepare_data(config: TrainConfig, structures: list | None) -> TrainData:
-    from mace.data import AtomicData, config_from_atoms
-
-    from workbench.data.atomic_data import key_specification, z_table_for
-
-    structures = load_structures(config) if structures is None else structures
-    order = np.random.default_rng(config.seed).permutation(len(structures))
+def split_order(n: int, config: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
+    """``(train, valid)`` positions into ``n`` candidate graphs: a seeded shuffle, the
+    ``max_structures`` cut, then the first ``valid_fraction`` for validation."""
+    order = np.random.default_rng(config.seed).permutation(n)
     if config.max_structures:
         order = order[: config.max_structures]
     n_valid = int(round(config.valid_fraction * len(order)))
@@ -74,13 +58,152 @@ def _prepare_data(config: TrainConfig, structures: list | None) -> TrainData:
     if len(order) - n_valid < 1:
         raise ValueError(f"dataset has {len(order)} structure(s): too few for a train/validation split "
                          f"with valid_fraction={config.valid_fraction}")
-    chosen = [structures[i] for i in order]
+    return order[n_valid:], order[:n_valid]
+
+
+def _no_structures(path, config: TrainConfig) -> ValueError:
+    return ValueError(f"{path}: no labelled structures to train on"
+                      + (f" in families {config.families}" if config.families else ""))
+
+
+def load_structures(config: TrainConfig) -> list:
+    """Read ``config.dataset`` (default: embedded mixture); keep labelled frames of the chosen families."""
+    from workbench.data.embedded import EMBEDDED_PATH
+    from workbench.data.io import read_structures
+
+    path = Path(config.dataset or EMBEDDED_PATH)
+    if path.is_file() and path.stat().st_size > LARGE_FILE_BYTES:
+        warnings.warn(f"{path}: {path.stat().st_size / 2**20:.0f} MiB of structures are read whole into memory "
+                      f"on every rank; for large datasets run 'workbench data prepare {path} --out DIR' once "
+                      "and train with dataset=DIR (streamed, bounded memory)", stacklevel=2)
+    structures = read_structures(path, energy_key=config.energy_key, forces_key=config.forces_key)
+    structures = [a for a in structures if a.info.get("labelled", True)]
+    if config.families:
+        keep = set(config.families)
+        structures = [a for a in structures if a.info.get("config_type") in keep]
+    if not structures:
+        raise _no_structures(path, config)
+    return structures
+
+
+def prepare_data(config: TrainConfig, structures: list | None = None) -> TrainData:
+    """Seeded shuffle, optional ``max_structures`` cut, train/validation split, mace conversion.
+
+    Tensors are built in ``config.dtype`` (the torch default dtype is set while this runs).
+    A prepared dataset (``config.dataset`` is its directory) is split from its index, and its
+    graphs are built lazily.
+    """
+    import torch
+
+    from workbench.data.store import is_prepared
+
+    if structures is None and config.dataset and Path(config.dataset).is_dir():
+        if not is_prepared(config.dataset):
+            raise ValueError(f"{config.dataset}: a directory, but not a finished prepared dataset; create it with "
+                             f"'workbench data prepare SRC... --out {config.dataset}' (or run that again to resume)")
+        return _from_store(config)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, config.dtype))  # mace builds AtomicData in the default dtype
+    try:
+        return _from_structures(config, structures)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _from_structures(config: TrainConfig, structures: list | None) -> TrainData:
+    from mace.data import AtomicData, config_from_atoms
+
+    from workbench.data.atomic_data import key_specification, z_table_for
+
+    structures = load_structures(config) if structures is None else structures
+    train_pos, valid_pos = split_order(len(structures), config)
+    chosen = [structures[i] for i in np.concatenate([valid_pos, train_pos])]
+    n_valid = valid_pos.size
     z_table = z_table_for(chosen)
     spec = key_specification(config.energy_key, config.forces_key)
     configs = [config_from_atoms(a, key_specification=spec) for a in chosen]
     data = [AtomicData.from_config(c, z_table=z_table, cutoff=config.cutoff) for c in configs]
-    train_configs, valid_configs = configs[n_valid:], configs[:n_valid]
     train, valid = data[n_valid:], data[:n_valid]
     atoms = np.array([int(d.num_nodes) for d in train], dtype=np.int64)
     edges = np.array([int(d.edge_index.shape[1]) for d in train], dtype=np.int64)
-    return TrainData(train_configs, valid_configs, train, valid, z_table, atoms, edges)
+    return TrainData(train, valid, z_table, atoms, edges, train_configs=configs[n_valid:],
+                     valid_configs=configs[:n_valid])
+
+
+class StoreGraphs:
+    """``AtomicData`` for rows of a prepared dataset, built on access (a map-style dataset).
+
+    ``dataset[k]`` reads graph ``k`` of ``locations`` (:meth:`GraphStore.locations
+    <workbench.data.store.GraphStore.locations>`) through ``reader`` and builds it with mace's
+    ``AtomicData.from_config`` in ``dtype``, exactly as the in-memory path would from the same
+    structure. It holds 10 bytes per graph and no index, and forks cheaply: DataLoader workers
+    share the arrays and open their own shard maps.
+    """
+
+    def __init__(self, reader, locations: np.ndarray, z_table, cutoff: float, dtype: str) -> None:
+        self.reader = reader
+        self.locations = locations
+        self.z_table = z_table
+        self.cutoff = float(cutoff)
+        self.dtype = dtype
+
+    def __len__(self) -> int:
+        return int(self.locations.shape[0])
+
+    def configuration(self, k: int):
+        """The mace ``Configuration`` of item ``k``."""
+        from mace.data.utils import Configuration
+
+        loc = self.locations[k]
+        g = self.reader.read(loc["shard"], loc["row"], loc["family"])
+        return Configuration(atomic_numbers=g.numbers, positions=g.positions,
+                             properties={"energy": g.energy, "forces": g.forces},
+                             property_weights={"energy": float(g.weights[1]), "forces": float(g.weights[2])},
+                             cell=g.cell, pbc=tuple(bool(p) for p in g.pbc), weight=float(g.weights[0]),
+                             config_type=g.family, head="Default")
+
+    def __getitem__(self, k: int):
+        import torch
+        from mace.data import AtomicData
+
+        if not -len(self) <= k < len(self):
+            raise IndexError(f"graph {k} out of range for {len(self)} graphs")
+        dtype = getattr(torch, self.dtype)
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)  # mace builds AtomicData in the default dtype
+        try:
+            return AtomicData.from_config(self.configuration(k), z_table=self.z_table, cutoff=self.cutoff)
+        finally:
+            torch.set_default_dtype(previous)
+
+
+def _from_store(config: TrainConfig) -> TrainData:
+    from mace.tools import AtomicNumberTable
+
+    from workbench.data.store import GraphStore
+    from workbench.train.stats import stats_from_index
+
+    store = GraphStore(config.dataset)
+    if abs(store.cutoff - config.cutoff) > 1e-12:
+        raise ValueError(f"{store.path}: prepared at cutoff {store.cutoff} Å, but TrainConfig.cutoff is {config.cutoff} Å; "
+                         f"train at {store.cutoff} or prepare again with --cutoff {config.cutoff}")
+    idx = store.index
+    keep = idx["labelled"].copy()
+    if config.families:
+        unknown = sorted(set(config.families) - set(store.families))
+        if unknown:
+            raise ValueError(f"{store.path}: families {unknown} are not in the dataset; it has {list(store.families)}")
+        codes = [store.families.index(f) for f in config.families]
+        keep &= np.isin(idx["family"], codes)
+    candidates = np.flatnonzero(keep)
+    if candidates.size == 0:
+        raise _no_structures(store.path, config)
+    train_pos, valid_pos = split_order(candidates.size, config)
+    train_rows, valid_rows = candidates[train_pos], candidates[valid_pos]
+    z_table = AtomicNumberTable(store.present_elements(np.concatenate([valid_rows, train_rows])))
+    stats = stats_from_index(store, train_rows, list(z_table.zs))
+    # The datasets keep 10 bytes a graph; the index itself is dropped with ``store``.
+    train = StoreGraphs(store.reader, store.locations(train_rows), z_table, config.cutoff, config.dtype)
+    valid = StoreGraphs(store.reader, store.locations(valid_rows), z_table, config.cutoff, config.dtype)
+    return TrainData(train, valid, z_table, idx["atoms"][train_rows].astype(np.int64),
+                     idx["edges"][train_rows].astype(np.int64), stats=stats)

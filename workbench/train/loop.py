@@ -104,6 +104,13 @@ class _Recording(torch.utils.data.Sampler):
         return len(self.sampler)
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (VmHWM), MiB."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
 def _batch_hash(indices) -> int:
     return zlib.crc32(np.asarray(indices, dtype=np.int64).tobytes())
 
@@ -112,15 +119,16 @@ def _unwrap(model):
     return model.module if hasattr(model, "module") else model
 
 
-def evaluate(model, data: list, device: torch.device, batch_size: int = 16) -> dict:
-    """Energy MAE per atom (meV/atom) and force MAE (meV/Å) of ``model`` on ``data``."""
+def evaluate(model, data, device: torch.device, batch_size: int = 16, num_workers: int = 0) -> dict:
+    """Energy MAE per atom (meV/atom) and force MAE (meV/Å) of ``model`` on ``data`` (a list of
+    ``AtomicData`` or a dataset that builds them; ``num_workers`` DataLoader processes build them)."""
     from mace.tools.torch_geometric import DataLoader
 
-    if not data:
+    if not len(data):
         return {"e_mae_mev_atom": float("nan"), "f_mae_mev_a": float("nan")}
     model.eval()
     e_err, f_err, n_atoms_f = 0.0, 0.0, 0
-    for batch in DataLoader(data, batch_size=batch_size, shuffle=False):
+    for batch in DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=num_workers):
         batch = batch.to(device)
         out = model(batch.to_dict(), training=False, compute_force=True)
         n = (batch.ptr[1:] - batch.ptr[:-1]).to(out["energy"].dtype)
@@ -225,6 +233,8 @@ class Session:
     epoch: int = 0
     global_step: int = 0
     resume_sampler: dict | None = None
+    loader: Any = None  # the training DataLoader, kept across epochs (its workers persist)
+    recording: Any = None
     last_loss: float = float("nan")
     done: bool = False
     extra: dict = field(default_factory=dict)
@@ -271,7 +281,8 @@ def build_training(s: Session, ckpt: dict | None) -> None:
     """Model (accelerated when asked), optimiser, scheduler, EMA and loss."""
     from mace.modules.loss import WeightedEnergyForcesLoss
 
-    from workbench.train.model import ModelStats, build_model, compute_stats
+    from workbench.train.model import build_model
+    from workbench.train.stats import ModelStats, compute_stats
 
     config = s.config
     if ckpt:
@@ -381,7 +392,7 @@ def _step_record(s: Session, epoch: int, consumed: int, batch, indices, t: tuple
         "allreduce_s": round(blocked, 6), "step_s": round(t3 - t0, 6),
         "atoms": int(batch.num_nodes), "edges": int(batch.edge_index.shape[1]), "graphs": int(batch.num_graphs),
         "loss": s.last_loss, "lr": s.optimizer.param_groups[0]["lr"], "batch_hash": _batch_hash(indices),
-        "time": time.time(),
+        "time": time.time(), "peak_rss_mb": round(peak_rss_mb(), 1),
     }
 
 
@@ -398,7 +409,11 @@ def _accumulate(totals: StepTotals, batch, out, t: tuple[float, float, float], b
 
 
 def _epoch_batches(s: Session, epoch: int) -> tuple[Iterator, _Recording, int]:
-    """This epoch's loader (resumed mid-epoch when the checkpoint says so) and batches already done."""
+    """This epoch's batches (resumed mid-epoch when the checkpoint says so) and batches already done.
+
+    One DataLoader serves every epoch, so with ``persistent_workers`` its worker processes
+    start once; the sampler is set to the epoch before each pass.
+    """
     from mace.tools.torch_geometric import DataLoader
 
     s.sampler.set_epoch(epoch)
@@ -407,9 +422,14 @@ def _epoch_batches(s: Session, epoch: int) -> tuple[Iterator, _Recording, int]:
         s.sampler.load_state_dict(s.resume_sampler)
         consumed = s.resume_sampler["batches_done"]
     s.resume_sampler = None
-    recording = _Recording(s.sampler)
-    loader = DataLoader(s.data.train, batch_sampler=recording, num_workers=s.config.num_workers)
-    return iter(loader), recording, consumed
+    if s.loader is None:
+        config = s.config
+        s.recording = _Recording(s.sampler)
+        workers = {"prefetch_factor": config.prefetch_factor, "persistent_workers": config.persistent_workers} \
+            if config.num_workers > 0 else {}
+        s.loader = DataLoader(s.data.train, batch_sampler=s.recording, num_workers=config.num_workers, **workers)
+    s.recording.queue.clear()  # batches an interrupted pass drew but never delivered
+    return iter(s.loader), s.recording, consumed
 
 
 def train_one_epoch(s: Session, epoch: int, step_log: JsonlLog, bar) -> tuple[StepTotals, int]:
@@ -458,9 +478,9 @@ def validate(s: Session) -> dict:
     """Validation MAEs with the EMA weights (when kept), then the plateau scheduler's step."""
     if s.ema is not None:
         with s.ema.average_parameters():
-            valid = evaluate(s.model, s.data.valid, s.device)
+            valid = evaluate(s.model, s.data.valid, s.device, num_workers=s.config.num_workers)
     else:
-        valid = evaluate(s.model, s.data.valid, s.device)
+        valid = evaluate(s.model, s.data.valid, s.device, num_workers=s.config.num_workers)
     if not math.isnan(valid.get("e_mae_mev_atom", float("nan"))):
         s.scheduler.step(valid["e_mae_mev_atom"] + valid["f_mae_mev_a"])
     return valid

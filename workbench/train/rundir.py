@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 # Record schema: the keys every step / epoch record carries (writers may add more).
 STEP_FIELDS = ("type", "rank", "epoch", "step", "global_step", "data_s", "compute_s", "allreduce_s", "step_s",
-               "atoms", "edges", "graphs", "loss", "lr", "batch_hash", "time")
+               "atoms", "edges", "graphs", "loss", "lr", "batch_hash", "time", "peak_rss_mb")
 EPOCH_FIELDS = ("type", "epoch", "complete", "global_step", "epoch_s", "train_e_mae_mev_atom", "train_f_mae_mev_a",
                 "valid_e_mae_mev_atom", "valid_f_mae_mev_a", "compute_share", "allreduce_share", "data_share",
                 "loss", "lr", "peak_mem_gb")

@@ -1,0 +1,79 @@
+"""Large prepared datasets for throughput benchmarks, tiled from a small one.
+
+``tile_prepared(src, out, n)`` writes ``n`` graphs straight into the prepared format
+(:mod:`workbench.data.store`): graph ``i`` is labelled graph ``i mod m`` of ``src`` with every
+coordinate moved by up to ``jitter`` Å, so no two stored graphs are identical. Index records
+(atoms, edges, connected atoms, energy, forces) are copied from the source graph: a jitter of
+1e-3 Å changes the neighbour count only for pairs that close to the cutoff. These datasets
+measure memory, start-up and data-loading throughput at scale. They are not physics: the
+benchmark that uses them says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from workbench.data.store import (
+    COUNTS, FORMAT, FORMAT_VERSION, INDEX, INDEX_DTYPE, MANIFEST, ORIGIN, ORIGIN_DTYPE, SHARDS, SKIPPED,
+    Graph, GraphStore, shard_name, write_shard,
+)
+
+
+def tile_prepared(src: GraphStore, out: str | os.PathLike, n: int, *, seed: int = 0, jitter: float = 1e-3,
+                  shard_size: int = 4096, progress: bool = True) -> GraphStore:
+    """Write ``n`` jittered copies of ``src``'s labelled graphs to ``out`` (reused when complete)."""
+    out = Path(out)
+    manifest = out / MANIFEST
+    if manifest.exists():
+        data = json.loads(manifest.read_text())
+        if data.get("complete") and data.get("tiled", {}) == {"from": str(src.path), "n": n, "seed": seed, "jitter": jitter}:
+            return GraphStore(out)
+        raise ValueError(f"{out}: holds another dataset; remove it or choose another directory")
+    rows = np.flatnonzero(src.index["labelled"])
+    if rows.size == 0:
+        raise ValueError(f"{src.path}: no labelled graphs to tile")
+    graphs = [src.graph(int(r)) for r in rows]
+    counts = np.concatenate([c for _, c in src.element_counts(rows)])
+    rng = np.random.default_rng(seed)
+    (out / SHARDS).mkdir(parents=True, exist_ok=True)
+    index = np.lib.format.open_memmap(out / INDEX, mode="w+", dtype=INDEX_DTYPE, shape=(n,))
+    all_counts = np.lib.format.open_memmap(out / COUNTS, mode="w+", dtype=np.uint32, shape=(n, counts.shape[1]))
+    origin = np.lib.format.open_memmap(out / ORIGIN, mode="w+", dtype=ORIGIN_DTYPE, shape=(n,))
+    names = []
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=n, unit="graph", desc="tile", disable=not progress)
+    for code, start in enumerate(range(0, n, shard_size)):
+        pick = np.arange(start, min(start + shard_size, n)) % rows.size
+        batch = []
+        for k in pick:
+            g = graphs[k]
+            batch.append(Graph(g.numbers, g.positions + rng.uniform(-jitter, jitter, g.positions.shape), g.forces,
+                               g.cell, g.pbc, g.energy, g.weights, g.family))
+        name = shard_name(0, code)
+        write_shard(out / SHARDS / name, batch)
+        names.append(name)
+        sl = slice(start, start + pick.size)
+        index[sl] = src.index[rows[pick]]
+        index["shard"][sl] = code
+        index["row"][sl] = np.arange(pick.size)
+        all_counts[sl] = counts[pick]
+        origin["source"][sl] = 0
+        origin["frame"][sl] = rows[pick]
+        bar.update(pick.size)
+    bar.close()
+    for arr in (index, all_counts, origin):
+        arr.flush()
+    del index, all_counts, origin
+    (out / SKIPPED).write_text("")
+    body = {"format": FORMAT, "version": FORMAT_VERSION, "complete": True, "settings": src.manifest["settings"],
+            "cutoff": src.cutoff, "sources": [{"path": str(src.path), "size": 0, "mtime_ns": 0}],
+            "families": list(src.families), "elements": list(src.elements), "shards": names, "n_graphs": n,
+            "n_skipped": 0, "seconds": 0.0,
+            "tiled": {"from": str(src.path), "n": n, "seed": seed, "jitter": jitter}}
+    manifest.write_text(json.dumps(body, indent=1) + "\n")
+    return GraphStore(out)

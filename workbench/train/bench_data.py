@@ -1,0 +1,280 @@
+"""``workbench bench data``: the data path at scale, in one run (table + JSON).
+
+Three parts, each against an anchor measured in the same run:
+
+* **prepare** — ``workbench data prepare`` on an extxyz of ``frames`` frames (the embedded
+  mixture repeated), at 1 and 2 workers, against ``ase.io.iread`` parsing the same file
+  alone in one process. Target: per worker, at least 0.7x the parse-only rate.
+* **layout** — the same graphs stored as mace's ``preprocess_data`` HDF5 (a group per
+  structure, read by mace's own ``HDF5Dataset``), as flat arrays read through h5py, and as
+  flat arrays read through memory maps (:class:`~workbench.data.store.GraphStore`): write
+  time, file size and random-read time per graph.
+* **train** — 2 ranks under torchrun with a small model and 2 DataLoader workers per rank, on
+  the embedded prepared set and on 100k, 300k and 1M graphs tiled from it
+  (:func:`~workbench.data.tiling.tile_prepared`; throughput data, not physics): per-rank peak
+  RSS, time from launch to the first step, and the data-wait share of step time in steady
+  state. Targets: RSS grows at most 10% from 100k to 1M and stays within 1.5 GB of the
+  embedded run; first step within 30 s at 1M; data wait at most 10%.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from workbench.train.config import TrainConfig
+
+__all__ = ["bench_data", "bench_layout", "bench_prepare", "bench_training", "format_table"]
+
+PARTS = ("prepare", "layout", "train")
+SIZES = (100_000, 300_000, 1_000_000)
+STEADY_AFTER = 5  # steps before the steady state (workers warming up, first-touch page faults)
+
+
+def _tiled_extxyz(workdir: Path, frames: int) -> tuple[Path, int]:
+    from workbench.data.embedded import EMBEDDED_PATH
+
+    text = gzip.decompress(EMBEDDED_PATH.read_bytes())  # 2000 frames
+    copies = -(-frames // 2000)
+    path = workdir / f"mixture_x{copies}.extxyz"
+    if not path.exists() or path.stat().st_size != len(text) * copies:
+        with open(path, "wb") as fh:
+            for _ in range(copies):
+                fh.write(text)
+    return path, 2000 * copies
+
+
+def bench_prepare(workdir: Path, frames: int = 20_000, workers: Sequence[int] = (1, 2)) -> dict:
+    """Prepare throughput against ``ase.io.iread`` alone on the same file."""
+    import ase.io
+
+    from workbench.data.prepare import prepare
+
+    path, n = _tiled_extxyz(workdir, frames)
+    t0 = time.perf_counter()
+    graphs = atoms = 0
+    for a in ase.io.iread(str(path), index=":", format="extxyz"):
+        graphs += 1
+        atoms += len(a)
+    parse_s = time.perf_counter() - t0
+    rows = {"ase.io.iread (parse only)": {"workers": 1, "seconds": parse_s, "graphs_per_s": graphs / parse_s,
+                                          "atoms_per_s": atoms / parse_s}}
+    for w in workers:
+        out = workdir / f"prepared_w{w}"
+        shutil.rmtree(out, ignore_errors=True)
+        t0 = time.perf_counter()
+        store = prepare([path], out, workers=w, progress=False)
+        s = time.perf_counter() - t0
+        rate = len(store) / s
+        rows[f"prepare --workers {w}"] = {
+            "workers": w, "seconds": s, "graphs_per_s": rate, "atoms_per_s": int(store.index["atoms"].sum()) / s,
+            "per_worker_vs_parse": rate / w / (graphs / parse_s)}
+        shutil.rmtree(out, ignore_errors=True)
+    return {"file": str(path), "frames": n, "atoms": atoms, "bytes": path.stat().st_size, "rows": rows}
+
+
+class _ConfigOnly:
+    """Stands in for mace's AtomicData in ``HDF5Dataset``: returns the configuration it read."""
+
+    @staticmethod
+    def from_config(config, **_):
+        return config
+
+
+def bench_layout(workdir: Path, source, n: int = 20_000, reads: int = 2000, seed: int = 0) -> dict:
+    """Write ``n`` graphs in three layouts and time random reads of ``reads`` graphs."""
+    import h5py
+    from mace.data import HDF5Dataset
+    from mace.data.utils import Configuration, save_configurations_as_HDF5
+
+    from workbench.data.store import _Shard, write_shard
+
+    src = [source.graph(i) for i in range(len(source))]
+    graphs = [src[i % len(src)] for i in range(n)]
+    picks = np.random.default_rng(seed).integers(0, n, size=reads)
+    out = {}
+
+    path = workdir / "layout_mace.h5"
+    configs = [Configuration(atomic_numbers=g.numbers, positions=g.positions,
+                             properties={"energy": g.energy, "forces": g.forces},
+                             property_weights={"energy": 1.0, "forces": 1.0}, cell=g.cell, pbc=tuple(g.pbc),
+                             config_type=g.family) for g in graphs]
+    t0 = time.perf_counter()
+    with h5py.File(path, "w") as f:
+        save_configurations_as_HDF5(configs, 0, f)
+    write_s = time.perf_counter() - t0
+    ds = HDF5Dataset(str(path), r_max=4.5, z_table=None, atomic_dataclass=_ConfigOnly)
+    t0 = time.perf_counter()
+    for i in picks:
+        ds[int(i)]
+    out["group per structure (mace HDF5Dataset)"] = {"write_s": write_s, "mb": path.stat().st_size / 1e6,
+                                                     "read_us": 1e6 * (time.perf_counter() - t0) / reads}
+
+    flat = workdir / "layout_flat.h5"
+    t0 = time.perf_counter()
+    write_shard(flat, graphs)
+    write_s = time.perf_counter() - t0
+    with h5py.File(flat, "r") as f:
+        arr = {k: f[k] for k in ("atom_ptr", "numbers", "positions", "forces", "cell", "pbc", "energy")}
+        ptr = arr["atom_ptr"][()]
+        t0 = time.perf_counter()
+        for i in picks:
+            a0, a1 = ptr[i], ptr[i + 1]
+            (arr["numbers"][a0:a1], arr["positions"][a0:a1], arr["forces"][a0:a1], arr["cell"][i], arr["pbc"][i],
+             arr["energy"][i])
+        h5_us = 1e6 * (time.perf_counter() - t0) / reads
+    out["flat arrays, h5py slices"] = {"write_s": write_s, "mb": flat.stat().st_size / 1e6, "read_us": h5_us}
+
+    shard = _Shard(flat)  # read the way GraphStore reads every shard
+    t0 = time.perf_counter()
+    for i in picks:
+        a0, a1 = shard.atom_ptr[i], shard.atom_ptr[i + 1]
+        a = shard.arrays
+        (np.array(a["numbers"][a0:a1]), np.array(a["positions"][a0:a1]), np.array(a["forces"][a0:a1]),
+         np.array(a["cell"][i]), np.array(a["pbc"][i]), float(a["energy"][i]))
+    out["flat arrays, memmap (workbench)"] = {"write_s": write_s, "mb": flat.stat().st_size / 1e6,
+                                              "read_us": 1e6 * (time.perf_counter() - t0) / reads}
+    del shard
+    for p in (path, flat):
+        p.unlink()
+    return {"graphs": n, "reads": reads, "rows": out}
+
+
+def _train_config(dataset: Path, out: Path, name: str, n: int, steps: int) -> TrainConfig:
+    return TrainConfig(name=name, output_dir=str(out), dataset=str(dataset), hidden_irreps="8x0e+8x1o", max_ell=1,
+                       correlation=2, num_bessel=4, radial_mlp=[16, 16], capacity=1024, max_steps=steps, epochs=1,
+                       checkpoint_every=0, valid_fraction=max(20 / n, 1e-6), num_workers=2, progress=False,
+                       export=False, dist_timeout_s=300)
+
+
+def _one_training(cfg: TrainConfig, workdir: Path) -> dict:
+    from workbench.train.rundir import read_steps
+
+    path = workdir / f"{cfg.name}.yaml"
+    cfg.to_yaml(path)
+    shutil.rmtree(cfg.run_dir, ignore_errors=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--no-python",
+           str(Path(sys.executable).parent / "workbench"), "train", "--config", str(path)]
+    launch = time.time()
+    res = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=1800)
+    if res.returncode != 0:
+        raise RuntimeError(f"training on {cfg.dataset} failed:\n{res.stderr[-3000:]}")
+    ranks = [read_steps(cfg.run_dir, r) for r in (0, 1)]
+    first = min(s[0]["time"] for s in ranks)
+    steady = [s[STEADY_AFTER:] for s in ranks]
+    data_s = sum(x["data_s"] for s in steady for x in s)
+    step_s = sum(x["step_s"] for s in steady for x in s)
+    return {"steps": len(ranks[0]), "launch_to_first_step_s": first - launch,
+            "peak_rss_mb": [max(x["peak_rss_mb"] for x in s) for s in ranks],
+            "data_wait_share": data_s / step_s, "step_ms_median": 1000 * float(np.median([x["step_s"] for s in steady for x in s]))}
+
+
+def bench_training(workdir: Path, embedded, sizes: Sequence[int] = SIZES, steps: int = 40) -> dict:
+    """2 ranks under torchrun on the embedded set and on tiled sets of ``sizes`` graphs."""
+    from workbench.data.tiling import tile_prepared
+
+    rows = {}
+    runs = workdir / "runs"
+    for n in (0, *sizes):
+        if n:
+            t0 = time.perf_counter()
+            store = tile_prepared(embedded, workdir / f"tiled_{n}", n)
+            tile_s = time.perf_counter() - t0
+        else:
+            store, tile_s = embedded, 0.0
+        label = f"embedded ({len(store)})" if not n else f"tiled {n:,}"
+        row = _one_training(_train_config(store.path, runs, f"n{len(store)}", len(store), steps), workdir)
+        row.update(graphs=len(store), tile_s=tile_s)
+        rows[label] = row
+    return {"rows": rows, "model": "8x0e+8x1o, max_ell 1, correlation 2, capacity 1024 atoms, 2 ranks x 2 workers"}
+
+
+def _targets(res: dict) -> dict:
+    t = {}
+    if "prepare" in res:
+        per = [r["per_worker_vs_parse"] for k, r in res["prepare"]["rows"].items() if "per_worker_vs_parse" in r]
+        t["prepare >= 0.7x parse per worker"] = min(per) >= 0.7
+    rows = res.get("train", {}).get("rows", {})
+    by_n = {r["graphs"]: r for r in rows.values()}
+    if 100_000 in by_n and 1_000_000 in by_n:
+        small, big = max(by_n[100_000]["peak_rss_mb"]), max(by_n[1_000_000]["peak_rss_mb"])
+        t["RSS growth 100k -> 1M <= 10%"] = big <= 1.10 * small
+        t["first step at 1M <= 30 s"] = by_n[1_000_000]["launch_to_first_step_s"] <= 30
+        emb = [r for k, r in rows.items() if k.startswith("embedded")]
+        if emb:
+            t["RSS at 1M <= embedded + 1.5 GB"] = big <= max(emb[0]["peak_rss_mb"]) + 1536
+    if rows:
+        t["data wait <= 10% of step"] = max(r["data_wait_share"] for r in rows.values()) <= 0.10
+    return t
+
+
+def bench_data(out: str | os.PathLike = "runs/bench/data.json", workdir: str | os.PathLike = "runs/bench/data",
+               parts: Sequence[str] = PARTS, frames: int = 20_000, sizes: Sequence[int] = SIZES,
+               steps: int = 40) -> dict:
+    """Run the chosen ``parts`` and write the JSON to ``out``."""
+    from workbench.data.embedded import EMBEDDED_PATH
+    from workbench.data.prepare import prepare
+
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        raise ValueError(f"bench data: unknown part(s) {unknown}; choose from {', '.join(PARTS)}")
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    embedded = prepare([EMBEDDED_PATH], workdir / "embedded", progress=False)
+    res: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+                 "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if "prepare" in parts:
+        res["prepare"] = bench_prepare(workdir, frames)
+    if "layout" in parts:
+        res["layout"] = bench_layout(workdir, embedded)
+    if "train" in parts:
+        res["train"] = bench_training(workdir, embedded, sizes, steps)
+    res["targets"] = _targets(res)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(res, indent=1) + "\n")
+    return res
+
+
+def _section(title: str, rows: dict, columns: list[tuple[str, int, object]], label_width: int) -> list[str]:
+    """A titled fixed-width table: one line per row, ``columns`` as (header, width, cell text)."""
+    head = " " * label_width + "".join(f"{h:>{w}}" for h, w, _ in columns)
+    body = [f"{k:<{label_width}}" + "".join(f"{cell(r):>{w}}" for _, w, cell in columns) for k, r in rows.items()]
+    return [title, head, *body, ""]
+
+
+def format_table(res: dict) -> str:
+    lines = []
+    if "prepare" in res:
+        p = res["prepare"]
+        lines += _section(f"prepare: {p['frames']} frames, {p['atoms']} atoms, {p['bytes'] / 1e6:.0f} MB extxyz", p["rows"], [
+            ("s", 8, lambda r: f"{r['seconds']:.1f}"), ("graphs/s", 10, lambda r: f"{r['graphs_per_s']:.0f}"),
+            ("atoms/s", 11, lambda r: f"{r['atoms_per_s']:.0f}"),
+            ("/worker vs parse", 18, lambda r: f"{r['per_worker_vs_parse']:.2f}" if "per_worker_vs_parse" in r else "1 (anchor)"),
+        ], 28)
+    if "layout" in res:
+        lay = res["layout"]
+        lines += _section(f"layout: {lay['graphs']} graphs, {lay['reads']} random reads", lay["rows"], [
+            ("write s", 9, lambda r: f"{r['write_s']:.2f}"), ("MB", 8, lambda r: f"{r['mb']:.1f}"),
+            ("read µs/graph", 15, lambda r: f"{r['read_us']:.1f}"),
+        ], 40)
+    if "train" in res:
+        tr = res["train"]
+        lines += _section(f"train: {tr['model']} (tiled sets are throughput data, not physics)", tr["rows"], [
+            ("graphs", 10, lambda r: f"{r['graphs']}"),
+            ("peak RSS MB r0/r1", 20, lambda r: "/".join(f"{x:.0f}" for x in r["peak_rss_mb"])),
+            ("first step s", 14, lambda r: f"{r['launch_to_first_step_s']:.1f}"),
+            ("data wait", 11, lambda r: f"{r['data_wait_share']:.1%}"), ("step ms", 9, lambda r: f"{r['step_ms_median']:.1f}"),
+        ], 18)
+    for k, ok in res.get("targets", {}).items():
+        lines.append(f"target {k}: {'met' if ok else 'NOT met'}")
+    return "\n".join(lines)
