@@ -136,18 +136,121 @@ def test_close_periodic_image(tmp_path, frames):
 
 def test_parsed_frames_are_cached_by_content(tmp_path, frames, monkeypatch):
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    entries = lambda: sorted((tmp_path / "cache" / "structures").glob("*"))  # noqa: E731
     path = write_structures(tmp_path / "a.extxyz", frames)
     first = read_structures(path)
-    cached = list((tmp_path / "cache" / "structures").glob("*.pkl"))
-    assert len(cached) == 1
+    assert [p.suffix for p in entries()] == [".npz"]  # plain arrays, never a pickle
     again = read_structures(path)  # from the cache
     assert [a.positions.tolist() for a in again] == [a.positions.tolist() for a in first]
     assert [a.info["REF_energy"] for a in again] == [a.info["REF_energy"] for a in first]
+    np.testing.assert_array_equal(again[1].arrays["REF_forces"], first[1].arrays["REF_forces"])
     # Other options or other content: another entry; a broken frame is never cached.
     read_structures(path, energy_key="REF_energy", validate=False)
-    assert len(list((tmp_path / "cache" / "structures").glob("*.pkl"))) == 2
+    assert len(entries()) == 2
     text = path.read_text().replace("Properties=", "Properties=broken:", 1)
     path.write_text(text)
     with pytest.raises(StructureError, match="a.extxyz"):
         read_structures(path)
-    assert len(list((tmp_path / "cache" / "structures").glob("*.pkl"))) == 2
+    assert len(entries()) == 2
+
+
+def test_cache_is_keyed_by_suffix_and_never_trusted(tmp_path, frames, monkeypatch):
+    from workbench.data import cache
+
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    good = write_structures(tmp_path / "a.extxyz", frames)
+    read_structures(good)
+    fake = tmp_path / "b.extxyz.gz"  # the same bytes, named as gzip
+    fake.write_bytes(good.read_bytes())
+    with pytest.raises(StructureError, match=r"b\.extxyz\.gz: not a gzip file"):
+        read_structures(fake)
+    # A file planted at the entry's key: a pickle is not loaded (the file is parsed instead) ...
+    entry = cache.cache_path(good.read_bytes(), good, (":", None, True, True, "REF_energy", "REF_forces"))
+    assert entry.exists()
+    import pickle
+
+    entry.write_bytes(pickle.dumps(frames))
+    assert len(read_structures(good)) == len(frames)
+    # ... and arrays with NaN coordinates are caught by the checks run on every cache hit.
+    bad = [a.copy() for a in frames]
+    bad[2].positions[0, 0] = np.nan
+    assert cache.save(entry, bad)
+    with pytest.raises(StructureError, match=r"a\.extxyz, frame 2: non-finite"):
+        read_structures(good)
+
+
+# -- adversarial inputs: each names the file and the right frame ------------------------------
+
+def _many(frames, n=6):
+    out = []
+    for k in range(n):
+        a = frames[k % len(frames)].copy()
+        a.info, a.arrays = dict(a.info), {key: v.copy() for key, v in a.arrays.items()}
+        out.append(a)
+    return out
+
+
+def _lines(path):
+    return path.read_text().splitlines(keepends=True)
+
+
+def _frame_starts(lines):
+    starts = [0]
+    while starts[-1] < len(lines):
+        starts.append(starts[-1] + int(lines[starts[-1]]) + 2)
+    return starts[:-1]
+
+
+@pytest.mark.parametrize("delta, why", [(5, "starts the next frame"), (-2, "more atom lines follow")])
+def test_wrong_atom_count_names_its_frame(tmp_path, frames, delta, why):
+    path = write_structures(tmp_path / "n.extxyz", _many(frames))
+    lines = _lines(path)
+    s = _frame_starts(lines)
+    lines[s[3]] = str(int(lines[s[3]]) + delta) + "\n"  # frame 3's count is off by delta
+    path.write_text("".join(lines))
+    with pytest.raises(StructureError, match=rf"n\.extxyz, frame 3: the atom count says .*{why}"):
+        read_structures(path)
+
+
+@pytest.mark.parametrize("where", [1e5, 1e30])
+def test_far_away_atom_is_an_error_not_a_crash(tmp_path, frames, where):
+    mol, box = frames[2].copy(), frames[0].copy()
+    mol.positions[1, 0] = where
+    box.positions[3, 2] = where
+    for k, a in enumerate((mol, box)):
+        path = write_structures(tmp_path / f"far{k}.extxyz", [frames[1], a])
+        with pytest.raises(StructureError, match=rf"far{k}\.extxyz, frame 1: .*(spans|outside the periodic cell)"):
+            read_structures(path)
+
+
+def test_gzip_damage_names_the_file(tmp_path, frames):
+    path = write_structures(tmp_path / "t.extxyz.gz", _many(frames, 30))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 2 // 3])
+    with pytest.raises(StructureError, match=r"t\.extxyz\.gz, frame \d+: compressed stream is corrupt or truncated"):
+        read_structures(path)
+    text = structures_to_text(_many(frames)).encode()
+    at = text.index(b"\n", text.index(b"Properties", text.index(b"Properties") + 1)) + 3  # inside frame 1
+    (tmp_path / "latin.extxyz.gz").write_bytes(gzip.compress(text[:at] + b"\xe9" + text[at:]))
+    with pytest.raises(StructureError, match=r"latin\.extxyz\.gz, frame 1: not UTF-8"):
+        read_structures(tmp_path / "latin.extxyz.gz")
+
+
+def test_zero_volume_cell_unknown_species_duplicate_key(tmp_path, frames):
+    flat = frames[0].copy()
+    flat.cell[2] = [0, 0, 0]
+    path = write_structures(tmp_path / "flat.extxyz", [frames[2], flat])
+    with pytest.raises(StructureError, match=r"flat\.extxyz, frame 1: periodic structure with a degenerate"):
+        read_structures(path)
+    x = frames[2].copy()
+    x.numbers[0] = 0  # species X
+    path = write_structures(tmp_path / "x.extxyz", [frames[1], x])
+    with pytest.raises(StructureError, match=r"x\.extxyz, frame 1: atom 0 has atomic number 0 \(symbol 'X'\)"):
+        read_structures(path)
+    path = write_structures(tmp_path / "dup.extxyz", _many(frames, 3))
+    lines = _lines(path)
+    s = _frame_starts(lines)
+    lines[s[2] + 1] = lines[s[2] + 1].rstrip("\n") + " REF_energy=1.0\n"
+    path.write_text("".join(lines))
+    with pytest.raises(StructureError, match=r"dup\.extxyz, frame 2: key 'REF_energy' appears more than once"):
+        read_structures(path)

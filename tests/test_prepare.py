@@ -140,7 +140,7 @@ def test_on_error_fail_names_file_and_frame_skip_lists_every_frame(embedded_fram
     # the CLI: one line naming file and frame, exit 1
     res = subprocess.run([str(BIN / "workbench"), "data", "prepare", str(bad), "--out", str(tmp_path / "cli")],
                          capture_output=True, text=True)
-    assert res.returncode == 1 and "bad.extxyz, frame 3" in res.stderr and "Traceback" not in res.stderr
+    assert res.returncode == 2 and "bad.extxyz, frame 3" in res.stderr and "Traceback" not in res.stderr
 
 
 def test_malformed_inputs_name_the_frame(embedded_frames, tmp_path):

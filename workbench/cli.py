@@ -4,7 +4,10 @@ Each subpackage that owns a command exposes ``register(subparsers)`` in its own
 ``cli`` module (``workbench/<pkg>/cli.py``); benchmarks register under
 ``workbench bench <name>`` through ``register_bench(bench_subparsers)``. A
 registered parser sets ``func`` (called with the parsed namespace, returns an
-exit code or None).
+exit code or None). Errors follow one convention: a user error prints
+``workbench: error: <where>: <why>; <what to do>`` and exits 2; a preempted training run
+exits 75 (``EX_TEMPFAIL``: try again) after its checkpoint; anything else is a bug and keeps
+its traceback.
 """
 
 from __future__ import annotations
@@ -12,6 +15,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from workbench.train.preempt import PREEMPTED_EXIT
+
+#: Errors that are the user's to fix: one line, no traceback (``--debug`` shows it). A bug, any
+#: other exception, keeps its traceback.
+USER_ERRORS = (ValueError, KeyError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+USER_ERROR_EXIT = 2
 
 # The modules that add commands.
 _COMMAND_MODULES = (
@@ -28,11 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="workbench",
         description="cfm-workbench: data, packing, kernels, training and launch for MACE.",
+        epilog=f"Exit codes: 0 done; {USER_ERROR_EXIT} a usage or input error (one line on stderr; --debug for the "
+               f"traceback); {PREEMPTED_EXIT} stopped by a scheduler signal after a checkpoint (relaunch to resume); "
+               "anything else is a bug and prints its traceback.",
     )
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     bench = sub.add_parser("bench", help="benchmarks that print a table and write JSON")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH")
-    bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
+    bench.set_defaults(func=lambda args: (bench.print_help(), USER_ERROR_EXIT)[1])
     for name in _COMMAND_MODULES:
         mod = importlib.import_module(name)
         if hasattr(mod, "register"):
@@ -42,18 +56,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, KeyError) and exc.args:
+        return str(exc.args[0])  # str(KeyError) would quote it
+    return str(exc) or type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
+    from workbench.train.preempt import Preempted
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
+        return USER_ERROR_EXIT
     try:
         code = args.func(args)
-    except (ValueError, FileNotFoundError, KeyError) as exc:
-        # User errors: one clear line, no traceback.
-        print(f"workbench: error: {exc}", file=sys.stderr)
-        return 1
+    except Preempted as exc:
+        print(f"workbench: preempted: {exc}", file=sys.stderr)
+        return PREEMPTED_EXIT
+    except USER_ERRORS as exc:
+        if args.debug:
+            raise
+        print(f"workbench: error: {_message(exc)}", file=sys.stderr)
+        return USER_ERROR_EXIT
     return int(code or 0)
 
 

@@ -8,10 +8,8 @@ instead of guessing. Validation never drops frames silently.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import os
-import pickle
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -20,26 +18,14 @@ import ase.io
 import ase.io.formats
 import numpy as np
 
-_CACHE_VERSION = 1  # bump when the parsed form changes
+from workbench.data.errors import StructureError
+
 ENERGY_KEY = "REF_energy"
 FORCES_KEY = "REF_forces"
 MIN_DISTANCE = 0.5  # Å; closer atoms are a corrupted frame, not chemistry
 
-
-class StructureError(ValueError):
-    """A structure file or frame is unusable. ``path`` and ``frame`` say where."""
-
-    def __init__(self, path: str | os.PathLike | None, frame: int | None, message: str):
-        self.path = None if path is None else str(path)
-        self.frame = frame
-        self.reason = message
-        where = self.path or "<structures>"
-        if frame is not None:
-            where += f", frame {frame}"
-        super().__init__(f"{where}: {message}")
-
-    def __reduce__(self):  # crosses process boundaries (prepare's workers) intact
-        return (StructureError, (self.path, self.frame, self.reason))
+__all__ = ["StructureError", "check_geometry", "check_labels", "read_structures", "validate_structure",
+           "write_structures"]
 
 
 def _is_labelled(atoms: ase.Atoms) -> bool:
@@ -176,8 +162,12 @@ def read_structures(
 
     Returns a list of :class:`ase.Atoms`. With ``validate`` each frame goes
     through :func:`validate_structure`; the first problem raises a
-    :class:`StructureError` naming the file and frame (0-based).
+    :class:`StructureError` naming the file and frame (0-based). extxyz is read frame by
+    frame (:mod:`workbench.data.extxyz`), so a malformed frame is named wherever it is;
+    parsed frames are cached as arrays (:mod:`workbench.data.cache`).
     """
+    from workbench.data import cache as cache_mod
+
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such structure file")
@@ -186,27 +176,17 @@ def read_structures(
     if path.stat().st_size == 0:
         raise StructureError(path, None, "file is empty: it contains no structures")
     raw = path.read_bytes()
-    cache = _cache_file(raw, index, format, validate, require_labels, energy_key, forces_key)
-    if cache is not None and cache.exists():
-        try:
-            with open(cache, "rb") as fh:
-                return pickle.load(fh)
-        except Exception:  # a stale or truncated cache entry: read the file again
-            pass
-    frames: list[ase.Atoms] = []
-    source: object = str(path)
-    if path.suffix == ".gz":
-        # ASE seeks inside the file per frame; on a gzip stream each seek re-decompresses
-        # from the start (quadratic). Decompress once and parse from memory instead.
-        source = io.StringIO(gzip.decompress(raw).decode())
-        format = format or ase.io.formats.filetype(path.name[:-3], read=False)
-    try:
-        for atoms in ase.io.iread(source, index=index, format=format):
-            frames.append(atoms)
-    except StructureError:
-        raise
-    except Exception as exc:  # ASE raises many types for malformed files
-        raise StructureError(path, len(frames), f"cannot parse ({type(exc).__name__}: {exc})") from exc
+    options = (index, format, validate, require_labels, energy_key, forces_key)
+    cache = cache_mod.cache_path(raw, path, options)
+    frames = cache_mod.load(cache) if cache is not None else None
+    if frames is not None:
+        if validate:  # cheap checks again: a cache entry is not trusted blindly
+            for k, atoms in enumerate(frames):
+                check_geometry(atoms, path=path, frame=k)
+                if require_labels and _is_labelled(atoms):
+                    check_labels(atoms, path=path, frame=k, energy_key=energy_key, forces_key=forces_key)
+        return frames
+    frames = _parse(path, raw, index, format)
     if not frames:
         raise StructureError(path, None, "file contains no structures")
     if validate:
@@ -214,34 +194,33 @@ def read_structures(
             validate_structure(atoms, path=path, frame=k, require_labels=require_labels,
                                energy_key=energy_key, forces_key=forces_key)
     if cache is not None:
-        _write_cache(cache, frames)
+        cache_mod.save(cache, frames)
     return frames
 
 
-def _cache_file(raw: bytes, *key: object) -> Path | None:
-    """Where the parsed, validated frames of this exact file content are cached, or None.
+def _parse(path: Path, raw: bytes, index: str | int | slice, format: str | None) -> list:
+    from ase.io.formats import string2index
 
-    Parsing and validating the embedded mixture takes ~10 s, and every rank of every run reads
-    it; the cache (keyed by the file's sha256 and the read options) brings that under a second.
-    ``WORKBENCH_CACHE=0`` turns it off; ``WORKBENCH_CACHE_DIR`` moves it.
-    """
-    if os.environ.get("WORKBENCH_CACHE", "1") == "0":
-        return None
-    root = Path(os.environ.get("WORKBENCH_CACHE_DIR") or Path.home() / ".cache" / "cfm-workbench") / "structures"
-    digest = hashlib.sha256(raw)
-    digest.update(repr((key, ase.__version__, _CACHE_VERSION)).encode())
-    return root / f"{digest.hexdigest()}.pkl"
+    from workbench.data.extxyz import is_extxyz, read_frames
 
-
-def _write_cache(cache: Path, frames: list) -> None:
+    if is_extxyz(path, format):
+        frames = read_frames(path)
+        pick = string2index(index) if isinstance(index, str) else index
+        return frames[pick] if isinstance(pick, slice) else [frames[pick]]
+    source: object = str(path)
+    if path.suffix == ".gz":
+        try:
+            source = io.StringIO(gzip.decompress(raw).decode())
+        except (EOFError, OSError, UnicodeDecodeError) as exc:
+            raise StructureError(path, None, f"cannot decompress ({type(exc).__name__}: {exc})") from None
+        format = format or ase.io.formats.filetype(path.name[:-3], read=False)
+    frames: list = []
     try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        with open(tmp, "wb") as fh:
-            pickle.dump(frames, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, cache)  # atomic: ranks reading the same file at once never see half a file
-    except OSError:
-        pass  # a read-only home is fine: no cache
+        for atoms in ase.io.iread(source, index=index, format=format):
+            frames.append(atoms)
+    except Exception as exc:  # ASE raises many types for malformed files
+        raise StructureError(path, len(frames), f"cannot parse ({type(exc).__name__}: {exc})") from exc
+    return frames
 
 
 def _clean_for_write(atoms: ase.Atoms) -> ase.Atoms:

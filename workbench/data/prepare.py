@@ -19,13 +19,10 @@ order, so the same inputs always give the same index.
 
 from __future__ import annotations
 
-import gzip
-import io
 import itertools
 import json
 import os
 import time
-import zlib
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +30,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from workbench.data.extxyz import iter_frames, parse_frames
 from workbench.data.io import ENERGY_KEY, FORCES_KEY, MIN_DISTANCE, StructureError, validate_structure
 from workbench.data.store import (
     COUNTS, FORMAT, FORMAT_VERSION, INDEX, INDEX_DTYPE, MANIFEST, MAX_Z, ORIGIN, ORIGIN_DTYPE, SHARDS, SKIPPED,
@@ -94,60 +92,23 @@ class Chunk:
     chunk: int
     first_frame: int
     n_frames: int
-    payload: object  # extxyz: (bytes, frame offsets); mace HDF5: list of (batch, config) keys
+    payload: object  # extxyz: the frames' text; mace HDF5: list of (batch, config) keys
     done_bytes: int  # input bytes consumed up to the end of this chunk (progress)
 
 
 def _extxyz_chunks(source: int, path: Path, shard_size: int) -> Iterator[Chunk]:
-    """Frame the file by its atom-count lines and cut it into chunks; errors name the frame."""
-    raw = open(path, "rb")
-    if path.suffix == ".gz":
-        if raw.read(2) != b"\x1f\x8b":
-            raw.close()
-            raise StructureError(path, None, "not a gzip file, though its name ends in .gz")
-        raw.seek(0)
-    f = gzip.GzipFile(fileobj=raw, mode="rb") if path.suffix == ".gz" else raw
-    frame = 0
-    try:
-        for chunk_no in itertools.count():
-            parts: list[bytes] = []
-            offsets: list[int] = []
-            size = 0
+    """Consecutive frames of an extxyz file (framed by :func:`workbench.data.extxyz.iter_frames`)."""
+    texts: list[bytes] = []
+    first = chunk_no = 0
+    for frame, text, done in iter_frames(path):
+        if not texts:
             first = frame
-            while len(offsets) < shard_size:
-                try:
-                    head = f.readline()
-                except (EOFError, zlib.error, gzip.BadGzipFile, OSError) as exc:
-                    raise StructureError(path, frame, f"compressed stream is corrupt or truncated ({type(exc).__name__}: {exc})") from None
-                if not head:
-                    break
-                if not head.strip():
-                    continue  # blank lines between frames
-                try:
-                    n = int(head.split()[0])
-                    if n < 0 or len(head.split()) != 1:
-                        raise ValueError
-                except ValueError:
-                    raise StructureError(path, frame, f"first line of a frame should be the atom count, got {head[:60]!r}") from None
-                try:
-                    body = list(itertools.islice(f, n + 1))
-                except (EOFError, zlib.error, gzip.BadGzipFile, OSError) as exc:
-                    raise StructureError(path, frame, f"compressed stream is corrupt or truncated ({type(exc).__name__}: {exc})") from None
-                if len(body) < n + 1:
-                    got = max(len(body) - 1, 0)
-                    raise StructureError(path, frame, f"file ends inside the frame: {got} of {n} atom lines present")
-                offsets.append(size)
-                parts.append(head)
-                parts.extend(body)
-                size += len(head) + sum(len(b) for b in body)
-                frame += 1
-            if not offsets:
-                return
-            yield Chunk(source, chunk_no, first, len(offsets), (b"".join(parts), offsets), raw.tell())
-    finally:
-        f.close()
-        if f is not raw:
-            raw.close()
+        texts.append(text)
+        if len(texts) == shard_size:
+            yield Chunk(source, chunk_no, first, len(texts), texts, done)
+            chunk_no, texts = chunk_no + 1, []
+    if texts:
+        yield Chunk(source, chunk_no, first, len(texts), texts, path.stat().st_size)
 
 
 def _mace_h5_keys(path: Path) -> list[tuple[str, str]]:
@@ -183,30 +144,6 @@ def iter_chunks(paths: Sequence[Path], shard_size: int) -> Iterator[Chunk]:
 
 
 # -- one chunk, in a worker ---------------------------------------------------------------------
-
-def _parse_extxyz(path: Path, first: int, payload: tuple[bytes, list[int]]) -> list[tuple[int, object]]:
-    """``[(frame, ase.Atoms or StructureError)]``: the whole chunk at once, frame by frame on failure."""
-    import ase.io
-
-    data, offsets = payload
-    bounds = list(offsets) + [len(data)]
-    try:
-        frames = list(ase.io.iread(io.StringIO(data.decode("utf-8")), index=":", format="extxyz"))
-        if len(frames) == len(offsets):
-            return [(first + k, a) for k, a in enumerate(frames)]
-    except Exception:  # noqa: BLE001 - find the bad frame below
-        pass
-    out: list[tuple[int, object]] = []
-    for k in range(len(offsets)):
-        text = data[bounds[k]:bounds[k + 1]]
-        try:
-            out.append((first + k, ase.io.read(io.StringIO(text.decode("utf-8")), format="extxyz")))
-        except UnicodeDecodeError as exc:
-            out.append((first + k, StructureError(path, first + k, f"not UTF-8 text at byte {exc.start} of the frame")))
-        except Exception as exc:  # noqa: BLE001 - ASE raises many types for malformed frames
-            out.append((first + k, StructureError(path, first + k, f"cannot parse ({type(exc).__name__}: {exc})")))
-    return out
-
 
 def _read_mace_h5(path: Path, first: int, keys: list[tuple[str, str]]) -> list[tuple[int, object]]:
     """mace ``preprocess_data`` configurations as ``ase.Atoms`` with REF-style labels."""
@@ -307,7 +244,7 @@ def run_chunk(job: tuple) -> dict:
     """Worker: parse, validate and measure one chunk; write its shard and index part."""
     out, path, chunk, settings, fingerprint = job
     out, path = Path(out), Path(path)
-    reader = _read_mace_h5 if _is_h5(path) else _parse_extxyz
+    reader = _read_mace_h5 if _is_h5(path) else parse_frames
     graphs: list[Graph] = []
     records: list[dict] = []
     frames: list[int] = []

@@ -185,6 +185,9 @@ def round_to_replicas(assign: np.ndarray, n_bins: int, costs: np.ndarray, num_re
     return rank[assign], n_bins
 
 
+EXACT_LIMIT = float(2**53)
+
+
 def check_inputs(costs: np.ndarray, capacity: float, num_replicas: int) -> np.ndarray:
     """Validate and return costs as a 1-D float or int array."""
     costs = np.asarray(costs)
@@ -195,8 +198,14 @@ def check_inputs(costs: np.ndarray, capacity: float, num_replicas: int) -> np.nd
     if costs.size and (not np.all(np.isfinite(costs)) or costs.min() < 0):
         bad = int(np.flatnonzero(~np.isfinite(costs) | (costs < 0))[0])
         raise ValueError(f"costs must be finite and >= 0; graph {bad} has cost {costs[bad]}")
-    if not capacity > 0:
-        raise ValueError(f"capacity must be > 0, got {capacity}")
+    if not (isinstance(capacity, (int, float, np.integer, np.floating)) and np.isfinite(capacity) and capacity > 0):
+        raise ValueError(f"capacity must be a finite number > 0, got {capacity!r}")
+    # Loads are summed in float64 (and int64): beyond 2**53 sums are no longer exact.
+    if capacity > EXACT_LIMIT:
+        raise ValueError(f"capacity {capacity:g} is beyond {EXACT_LIMIT:g} (2**53), where sums of sizes are not exact")
+    if costs.size and costs.max() > EXACT_LIMIT:
+        bad = int(np.argmax(costs))
+        raise ValueError(f"graph {bad} has cost {costs[bad]:g}, beyond {EXACT_LIMIT:g} (2**53), where sums of sizes are not exact")
     if int(num_replicas) != num_replicas or num_replicas < 1:
         raise ValueError(f"num_replicas must be a positive integer, got {num_replicas}")
     if costs.shape[0] < num_replicas:

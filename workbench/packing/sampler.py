@@ -120,13 +120,26 @@ class BinPackingBatchSampler(Sampler[list[int]]):
         """Epoch and batches consumed so far on this rank (``consumed`` overrides the count yielded)."""
         done = self._yielded if consumed is None else int(consumed)
         return {"epoch": self.epoch, "batches_done": done, "seed": self.seed, "algorithm": self.algorithm,
-                "num_replicas": self.num_replicas, "n_graphs": int(np.shape(np.asarray(self.costs))[0])}
+                "num_replicas": self.num_replicas, "n_graphs": self._n_graphs(), "capacity": float(self.capacity),
+                "rank": self.rank}
+
+    def _n_graphs(self) -> int:
+        return int(np.shape(np.asarray(self.costs))[0])
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume: the next ``__iter__`` yields the rest of ``state["epoch"]``."""
-        for key in ("seed", "algorithm", "num_replicas"):
-            if state.get(key, getattr(self, key)) != getattr(self, key):
-                raise ValueError(f"state was saved with {key}={state[key]!r}, this sampler has {getattr(self, key)!r}")
+        """Resume: the next ``__iter__`` yields the rest of ``state["epoch"]``.
+
+        Refuses a state saved by a sampler over other graphs or with another packing (number of
+        graphs, capacity, algorithm, seed, number of replicas): its batch position would point
+        into a different sequence of batches."""
+        mine = {"seed": self.seed, "algorithm": self.algorithm, "num_replicas": self.num_replicas,
+                "n_graphs": self._n_graphs(), "capacity": float(self.capacity)}
+        for key, value in mine.items():
+            if key in state and state[key] != value:
+                raise ValueError(f"sampler state was saved with {key}={state[key]!r}, this sampler has {value!r}; "
+                                 "resume only with the same data and packing settings")
         self.epoch = int(state["epoch"])
+        if not 0 <= int(state["batches_done"]) <= len(self):
+            raise ValueError(f"sampler state: batches_done={state['batches_done']} is outside 0..{len(self)}")
         self._start = int(state["batches_done"])
         self._yielded = self._start

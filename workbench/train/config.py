@@ -9,8 +9,10 @@ and the ``paper`` packer with a capacity of 3072 atoms per batch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -18,10 +20,26 @@ from typing import Any
 import yaml
 
 from workbench.packing.api import ALGORITHMS
+from workbench.train.values import ConfigError, Interval, coerce, load_yaml
 
 SAMPLERS: tuple[str, ...] = tuple(ALGORITHMS)  # one source: the packing algorithms
 MODEL_BACKENDS = ("e3nn", "numba", "cueq")  # how the model's hot ops run (workbench.kernels.accelerate)
 DTYPES = ("float32", "float64")
+
+#: Numeric fields and their accepted ranges (non-finite values are always rejected).
+RANGES: dict[str, Interval] = {
+    "seed": Interval(0), "valid_fraction": Interval(0.0, 1.0, hi_open=True), "max_structures": Interval(1),
+    "num_interactions": Interval(1), "max_ell": Interval(0, 4), "correlation": Interval(1, 4),
+    "num_bessel": Interval(1), "num_polynomial_cutoff": Interval(1),
+    # Å: MACE models use 4-6 Å; far beyond, neighbour lists of condensed phases explode.
+    "cutoff": Interval(0.0, 15.0, lo_open=True),
+    "lr": Interval(0.0, lo_open=True), "weight_decay": Interval(0.0), "ema_decay": Interval(0.0, 1.0, True, True),
+    "energy_weight": Interval(0.0), "forces_weight": Interval(0.0), "lr_factor": Interval(0.0, 1.0, lo_open=True),
+    "scheduler_patience": Interval(0), "clip_grad": Interval(0.0, lo_open=True), "capacity": Interval(1),
+    "batch_size": Interval(1), "epochs": Interval(1), "max_steps": Interval(1), "checkpoint_every": Interval(0),
+    "num_workers": Interval(0), "prefetch_factor": Interval(1), "dist_timeout_s": Interval(1),
+}
+NULLABLE = ("max_structures", "ema_decay", "clip_grad", "max_steps")
 
 
 @dataclass
@@ -79,39 +97,37 @@ class TrainConfig:
     dist_timeout_s: int = 1800  # a collective stuck this long fails the group (torchrun can then restart it)
 
     def __post_init__(self) -> None:
+        hints = _hints()
+        for f in fields(self):  # coerce first: "1e-3", "3", "mptrj,hea" mean what the user meant
+            setattr(self, f.name, coerce(getattr(self, f.name), hints[f.name], f"TrainConfig.{f.name}"))
         self.validate()
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the field for any invalid value."""
-        def bad(name: str, why: str) -> ValueError:
-            return ValueError(f"TrainConfig.{name}: {why}")
+        """Raise :class:`~workbench.train.values.ConfigError` (a ``ValueError``) naming the field
+        for any invalid value: its accepted range or choices, and what it got."""
+        def bad(name: str, why: str) -> ConfigError:
+            return ConfigError(f"TrainConfig.{name}: {why}")
 
-        if self.sampler not in SAMPLERS:
-            raise bad("sampler", f"{self.sampler!r} is not one of {', '.join(SAMPLERS)}")
-        if self.backend not in MODEL_BACKENDS:
-            raise bad("backend", f"{self.backend!r} is not one of {', '.join(MODEL_BACKENDS)}")
-        if self.dtype not in DTYPES:
-            raise bad("dtype", f"{self.dtype!r} is not one of {', '.join(DTYPES)}")
-        if not 0.0 <= self.valid_fraction < 1.0:
-            raise bad("valid_fraction", f"must be in [0, 1), got {self.valid_fraction}")
-        if int(self.num_workers) < 0:
-            raise bad("num_workers", f"must be >= 0, got {self.num_workers}")
-        for name in ("capacity", "batch_size", "num_interactions", "correlation", "num_bessel", "epochs",
-                     "prefetch_factor"):
-            if int(getattr(self, name)) < 1:
-                raise bad(name, f"must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.max_ell <= 4:
-            raise bad("max_ell", f"must be in 0..4, got {self.max_ell}")
-        if self.cutoff <= 0:
-            raise bad("cutoff", f"must be > 0, got {self.cutoff}")
-        if self.lr <= 0:
-            raise bad("lr", f"must be > 0, got {self.lr}")
-        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
-            raise bad("ema_decay", f"must be in (0, 1) or null, got {self.ema_decay}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise bad("max_steps", f"must be >= 1 or null, got {self.max_steps}")
-        if not re.fullmatch(r"\s*\d+x\d[eo](\s*\+\s*\d+x\d[eo])*\s*", self.hidden_irreps):
-            raise bad("hidden_irreps", f"{self.hidden_irreps!r} is not an irreps string like '128x0e+128x1o'")
+        for name, choices in (("sampler", SAMPLERS), ("backend", MODEL_BACKENDS), ("dtype", DTYPES)):
+            if getattr(self, name) not in choices:
+                raise bad(name, f"{getattr(self, name)!r} is not one of {', '.join(choices)}")
+        hints = _hints()
+        for name, interval in RANGES.items():
+            value = getattr(self, name)
+            if value is None and name in NULLABLE:
+                continue
+            if value not in interval:
+                kind = "an integer" if int in (hints[name], *typing.get_args(hints[name])) else "a finite number"
+                raise bad(name, f"must be {interval.describe(kind)}{' or null' if name in NULLABLE else ''}, got {value}")
+        if not all(int(n) >= 1 for n in self.radial_mlp) or not self.radial_mlp:
+            raise bad("radial_mlp", f"must be a non-empty list of layer widths >= 1, like [64, 64, 64], got {self.radial_mlp}")
+        if self.energy_weight == 0 and self.forces_weight == 0:
+            raise bad("forces_weight", "energy_weight and forces_weight are both 0: nothing to train on")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise bad("device", f"{self.device!r} is not one of auto, cpu, cuda, cuda:N")
+        for name in ("hidden_irreps", "mlp_irreps"):
+            if not re.fullmatch(r"\s*\d+x\d[eo](\s*\+\s*\d+x\d[eo])*\s*", getattr(self, name)):
+                raise bad(name, f"{getattr(self, name)!r} is not an irreps string like '128x0e+128x1o'")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
             raise bad("name", f"{self.name!r}: use letters, digits, '.', '_' or '-' (it names the run directory)")
 
@@ -136,7 +152,7 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"{source}: unknown TrainConfig field(s) {unknown}; valid fields: {sorted(known)}")
+            raise ConfigError(f"{source}: unknown TrainConfig field(s) {unknown}; valid fields: {sorted(known)}")
         return cls(**data)
 
     @classmethod
@@ -144,23 +160,26 @@ class TrainConfig:
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such config file")
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text(), str(path)) or {}
         if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a mapping of TrainConfig fields, got {type(data).__name__}")
+            raise ConfigError(f"{path}: expected a mapping of TrainConfig fields, got {type(data).__name__}")
         return cls.from_dict(data, source=str(path))
 
     def with_overrides(self, items: list[str] | None, source: str = "--set") -> "TrainConfig":
         """A copy with ``key=value`` strings applied (values parsed as YAML: ``capacity=2048``,
         ``families=[mptrj,hea]``); the command lines' ``--set``."""
-        import yaml
-
         overrides = {}
         for item in items or []:
             key, sep, value = item.partition("=")
             if not sep:
-                raise ValueError(f"{source} expects key=value, got {item!r}")
-            overrides[key.strip()] = yaml.safe_load(value)
+                raise ConfigError(f"{source} expects key=value, got {item!r}")
+            overrides[key.strip()] = load_yaml(value, f"{source} {key.strip()}")
         return TrainConfig.from_dict({**self.to_dict(), **overrides}, source=source) if overrides else self
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
+
+
+@functools.lru_cache(maxsize=None)
+def _hints() -> dict[str, Any]:
+    return typing.get_type_hints(TrainConfig)

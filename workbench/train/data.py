@@ -16,6 +16,7 @@ structures, and build identical ``AtomicData`` (``mace.data.AtomicData.from_conf
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,6 +111,43 @@ def prepare_data(config: TrainConfig, structures: list | None = None) -> TrainDa
         torch.set_default_dtype(previous)
 
 
+#: bytes an in-memory AtomicData spends per directed edge (edge_index, shifts, unit_shifts)
+BYTES_PER_EDGE = 64
+SAMPLE_FOR_ESTIMATE = 64
+
+
+def _available_memory() -> int:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def check_graph_memory(structures: list, cutoff: float, fraction: float = 0.5) -> float:
+    """Estimated bytes of every graph at ``cutoff`` (neighbour lists of an evenly spaced sample
+    of up to 64 structures, scaled by atoms); raise before building graphs that would not fit
+    in ``fraction`` of the available memory. Returns the estimate."""
+    from workbench.data.sizes import count_edges
+
+    pick = np.unique(np.linspace(0, len(structures) - 1, min(SAMPLE_FOR_ESTIMATE, len(structures))).astype(int))
+    sample_atoms = sum(len(structures[i]) for i in pick)
+    per_atom = sum(count_edges(structures[i], cutoff) for i in pick) / max(sample_atoms, 1)
+    total_atoms = sum(len(a) for a in structures)
+    estimate = per_atom * total_atoms * BYTES_PER_EDGE
+    available = _available_memory()
+    if estimate > fraction * available:
+        raise ValueError(
+            f"cutoff {cutoff} Å: about {per_atom:.0f} neighbours per atom, {per_atom * total_atoms:.3g} edges, "
+            f"~{estimate / 2**30:.1f} GiB of graphs in memory on every rank, more than {fraction:.0%} of the "
+            f"{available / 2**30:.1f} GiB available; use a smaller cutoff (MACE uses 4-6 Å), fewer structures "
+            "(max_structures), or a prepared dataset ('workbench data prepare'), which builds graphs per batch")
+    return estimate
+
+
 def _from_structures(config: TrainConfig, structures: list | None) -> TrainData:
     from mace.data import AtomicData, config_from_atoms
 
@@ -118,6 +156,7 @@ def _from_structures(config: TrainConfig, structures: list | None) -> TrainData:
     structures = load_structures(config) if structures is None else structures
     train_pos, valid_pos = split_order(len(structures), config)
     chosen = [structures[i] for i in np.concatenate([valid_pos, train_pos])]
+    check_graph_memory(chosen, config.cutoff)
     n_valid = valid_pos.size
     z_table = z_table_for(chosen)
     spec = key_specification(config.energy_key, config.forces_key)

@@ -53,6 +53,13 @@ def _dist_env() -> tuple[int, int, int]:
 def _device(config: TrainConfig, local_rank: int) -> torch.device:
     if config.device == "auto":
         return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    if config.device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"TrainConfig.device: {config.device!r}, but no CUDA GPU is visible here "
+                             "(torch.cuda.is_available() is False); use device=auto or cpu")
+        index = int(config.device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"TrainConfig.device: {config.device!r}, but only {torch.cuda.device_count()} GPU(s) are visible")
     return torch.device(config.device)
 
 

@@ -27,6 +27,8 @@ import threading
 from typing import Iterator
 
 ENV_VAR = "WORKBENCH_PREEMPT_SIGNALS"
+#: ``workbench train`` exits with this after a preemption checkpoint (sysexits' EX_TEMPFAIL: retry).
+PREEMPTED_EXIT = 75
 
 
 class Preempted(Exception):

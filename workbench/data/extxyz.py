@@ -1,0 +1,167 @@
+"""extxyz, frame by frame: framing by atom-count lines, parsing with ASE, errors that name the frame.
+
+ASE's ``iread(..., index=":")`` scans the whole file for frame boundaries before it yields the
+first frame, so a bad atom count anywhere is reported at frame 0, and a gzip stream is
+re-decompressed at every seek. Here the file is read once, as a stream (``.gz`` decompressed
+on the fly): :func:`iter_frames` cuts it at the atom-count lines and checks each frame's
+shape, :func:`parse_frames` hands frames to ASE's extxyz parser (a whole block at once, frame
+by frame only to locate a failure), so every error names its file and 0-based frame.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import itertools
+import os
+import re
+import zlib
+from pathlib import Path
+from typing import Iterator
+
+from workbench.data.errors import StructureError
+
+EXTXYZ_SUFFIXES = (".extxyz", ".xyz")
+_STREAM_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, OSError)
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\{[^}]*\}')
+_KEY = re.compile(r"(?:^|\s)([A-Za-z_][\w\-:.]*)\s*=")
+
+
+def is_extxyz(path: str | os.PathLike, format: str | None = None) -> bool:
+    """True for ``.extxyz`` / ``.xyz`` files (gzipped or not) or an explicit extxyz format."""
+    if format is not None:
+        return format == "extxyz"
+    name = Path(path).name
+    name = name[:-3] if name.endswith(".gz") else name
+    return Path(name).suffix in EXTXYZ_SUFFIXES
+
+
+def _open(path: Path):
+    raw = open(path, "rb")
+    if path.suffix != ".gz":
+        return raw, raw
+    if raw.read(2) != b"\x1f\x8b":
+        raw.close()
+        raise StructureError(path, None, "not a gzip file, though its name ends in .gz")
+    raw.seek(0)
+    return gzip.GzipFile(fileobj=raw, mode="rb"), raw
+
+
+def iter_frames(path: str | os.PathLike) -> Iterator[tuple[int, bytes, int]]:
+    """Yield ``(frame, text, bytes_read)`` for every frame: ``text`` is the frame's lines,
+    ``bytes_read`` how far into the (compressed) file the reader is, for progress bars."""
+    path = Path(path)
+    f, raw = _open(path)
+    frame = 0
+    n = 0
+    try:
+        while True:
+            try:
+                head = f.readline()
+                if head and not head.strip():
+                    continue  # blank lines between frames
+                if not head:
+                    return
+                n = _atom_count(path, frame, head, n)
+                body = list(itertools.islice(f, n + 1))
+            except _STREAM_ERRORS as exc:
+                raise StructureError(path, frame, f"compressed stream is corrupt or truncated ({type(exc).__name__}: {exc})") from None
+            if len(body) < n + 1:
+                raise StructureError(path, frame, f"file ends inside the frame: {max(len(body) - 1, 0)} of {n} atom lines present")
+            for k, line in enumerate(body[1:]):
+                if len(line.split(maxsplit=1)) == 1 and line.strip().isdigit():  # the next frame's count line
+                    raise StructureError(path, frame, f"the atom count says {n} atoms, but the frame has {k}: "
+                                                      f"its line {k + 3} ({line.strip()[:20]!r}) starts the next frame")
+            yield frame, head + b"".join(body), raw.tell()
+            frame += 1
+    finally:
+        f.close()
+        if f is not raw:
+            raw.close()
+
+
+def _atom_count(path: Path, frame: int, head: bytes, previous: int) -> int:
+    words = head.split()
+    try:
+        n = int(words[0])
+        if n >= 0 and len(words) == 1:
+            return n
+    except ValueError:
+        pass
+    if frame > 0 and len(words) >= 4:  # an atom line: the previous frame claimed too few atoms
+        raise StructureError(path, frame - 1, f"the atom count says {previous} atoms, but more atom lines follow "
+                                              f"({head.strip()[:40]!r} where the next frame should start)")
+    raise StructureError(path, frame, f"first line of a frame should be the atom count, got {head[:60]!r}")
+
+
+def _check_comment(path: Path, frame: int, text: str) -> None:
+    comment = text.split("\n", 2)[1] if text.count("\n") >= 1 else ""
+    keys = _KEY.findall(_QUOTED.sub('""', comment))
+    seen = set()
+    for key in keys:
+        if key.lower() in seen:  # ASE's parser is case-insensitive for its own keys, and keeps the last
+            raise StructureError(path, frame, f"key {key!r} appears more than once in the comment line; "
+                                              "which value is meant is ambiguous")
+        seen.add(key.lower())
+
+
+def parse_frames(path: str | os.PathLike, first: int, frames: list[bytes]) -> list[tuple[int, object]]:
+    """``[(frame, ase.Atoms or StructureError)]`` for consecutive frames starting at ``first``."""
+    import ase.io
+
+    path = Path(path)
+    out: list[tuple[int, object]] = []
+    texts: list[str | None] = []
+    for k, data in enumerate(frames):
+        try:
+            text = data.decode("utf-8")
+            _check_comment(path, first + k, text)
+            texts.append(text)
+        except UnicodeDecodeError as exc:
+            texts.append(None)
+            out.append((first + k, StructureError(path, first + k, f"not UTF-8 text at byte {exc.start} of the frame")))
+        except StructureError as exc:
+            texts.append(None)
+            out.append((first + k, exc))
+    if not out:
+        try:
+            atoms = list(ase.io.iread(io.StringIO("".join(texts)), index=":", format="extxyz"))
+            if len(atoms) == len(frames):
+                return [(first + k, a) for k, a in enumerate(atoms)]
+        except Exception:  # noqa: BLE001 - locate the bad frame below
+            pass
+    bad = dict(out)
+    out = []
+    for k, text in enumerate(texts):
+        if text is None:
+            out.append((first + k, bad[first + k]))
+            continue
+        try:
+            out.append((first + k, ase.io.read(io.StringIO(text), format="extxyz")))
+        except Exception as exc:  # noqa: BLE001 - ASE raises many types for malformed frames
+            out.append((first + k, StructureError(path, first + k, f"cannot parse ({type(exc).__name__}: {exc})")))
+    return out
+
+
+def read_frames(path: str | os.PathLike, block: int = 256) -> list:
+    """Every frame of an extxyz file as ``ase.Atoms``; the first bad frame raises."""
+    out = []
+    pending: list[bytes] = []
+    first = 0
+    for frame, text, _ in iter_frames(path):
+        if not pending:
+            first = frame
+        pending.append(text)
+        if len(pending) == block:
+            out.extend(_unwrap(parse_frames(path, first, pending)))
+            pending = []
+    if pending:
+        out.extend(_unwrap(parse_frames(path, first, pending)))
+    return out
+
+
+def _unwrap(items: list[tuple[int, object]]) -> list:
+    for _, item in items:
+        if isinstance(item, StructureError):
+            raise item
+    return [item for _, item in items]

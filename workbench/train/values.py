@@ -1,0 +1,133 @@
+"""Config values the way a user means them: YAML with ``1e-3`` as a number, coercion by type hint,
+ranges that name their bounds.
+
+PyYAML follows YAML 1.1, where ``1e-3`` (no dot) is a *string*; every user who writes a learning
+rate that way would meet a ``TypeError`` deep in the optimiser. :func:`load_yaml` resolves such
+scalars as floats (YAML 1.2). :func:`coerce` turns a value into a field's annotated type or
+raises :class:`ConfigError` naming the field, the type it wants and what it got. Hand-written
+rather than a validation library: the rules are a short table next to the dataclass, the
+dataclass stays a plain dataclass, and the messages follow the CLI's error convention.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config value that cannot be used; the message names the field."""
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads ``1e-3``, ``5E+2`` and ``.5`` as floats (YAML 1.2)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d[\d_]*(?:\.[\d_]*)?|\.\d[\d_]*)(?:[eE][-+]?\d+)$"),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """Parse YAML text; a syntax error becomes a :class:`ConfigError` naming ``source`` and the line."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}, line {mark.line + 1}" if mark is not None else source
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where}: not valid YAML ({problem})") from None
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A numeric range; ``None`` is unbounded, ``*_open`` excludes the bound."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def __contains__(self, x: float) -> bool:
+        if not math.isfinite(x):
+            return False
+        if self.lo is not None and (x <= self.lo if self.lo_open else x < self.lo):
+            return False
+        return not (self.hi is not None and (x >= self.hi if self.hi_open else x > self.hi))
+
+    def describe(self, kind: str = "a finite number") -> str:
+        """``kind`` plus the bounds, e.g. ``an integer >= 1`` or ``a finite number in (0, 15]``."""
+        if self.hi is None:
+            return f"{kind} {'>' if self.lo_open else '>='} {self.lo:g}"
+        left, right = "(" if self.lo_open else "[", ")" if self.hi_open else "]"
+        return f"{kind} in {left}{self.lo:g}, {self.hi:g}{right}"
+
+
+_NULLS = ("null", "none", "~", "")
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def _describe(hint) -> str:
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(hint, str(hint))
+
+
+def coerce(value: Any, hint: Any, field: str) -> Any:
+    """``value`` as the type ``hint`` (``int``, ``float``, ``bool``, ``str``, ``list[...]``, ``X | None``)."""
+    def bad(want: str) -> ConfigError:
+        return ConfigError(f"{field}: expected {want}, got {value!r}")
+
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        if value is None or (isinstance(value, str) and value.strip().lower() in _NULLS):
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+        args = typing.get_args(hint)
+    origin = typing.get_origin(hint)
+    if origin is list:
+        if isinstance(value, str):  # families=mptrj,hea or families=mptrj: what the user means is a list
+            value = [v.strip() for v in value.strip().strip("[]").split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise bad(f"a list like [{'64, 64' if args[0] is int else 'a, b'}]")
+        return [coerce(v, args[0], f"{field}[{k}]") for k, v in enumerate(value)]
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+            return value.strip().lower() in _TRUE
+        raise bad(_describe(bool))
+    if hint is int:
+        if isinstance(value, bool):
+            raise bad(_describe(int))
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str) and re.fullmatch(r"\s*[-+]?\d+\s*", value):
+            return int(value)
+        if isinstance(value, int):
+            return value
+        raise bad(_describe(int))
+    if hint is float:
+        if isinstance(value, bool):
+            raise bad(_describe(float))
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise bad(_describe(float)) from None
+        raise bad(_describe(float))
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise bad(_describe(str))
+    return value
