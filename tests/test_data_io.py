@@ -254,3 +254,38 @@ def test_zero_volume_cell_unknown_species_duplicate_key(tmp_path, frames):
     path.write_text("".join(lines))
     with pytest.raises(StructureError, match=r"dup\.extxyz, frame 2: key 'REF_energy' appears more than once"):
         read_structures(path)
+
+
+PARITY_FRAMES = [
+    '2\nLattice="4.0 0.0 0.0 0.0 4.0 0.0 0.0 0.0 4.0" Properties=species:S:1:pos:R:3 REF_energy=-1.5 note="a b" flag=T\n'
+    'Cu 0.0 0.0 0.0\nNi 2.0 2.0 2.0\n',
+    '3\nProperties=species:S:1:pos:R:3:tag:I:1:REF_forces:R:3 REF_energy=2 vec="1.0 2.0 3.0" pbc="F F F"\n'
+    'O 0.0 0.0 0.0 1 0.1 0.2 0.3\nH 0.96 0.0 0.0 2 -0.1 0.0 0.0\nh 0.0 0.96 0.0 3 0.0 -0.2 -0.3\n',
+    '1\nLattice="3.0 0.1 0.0 0.0 3.0 0.0 0.2 0.0 3.0" pbc="T T F" Properties=species:S:1:pos:R:3:mask:L:1 count=7\n'
+    'Au 0.5 0.5 0.5 T\n',
+    '2\nenergy=-3.0 Properties=species:S:1:pos:R:3:forces:R:3\nH 0 0 0 0 0 1\nH 0 0 0.74 0 0 -1\n',  # ASE: a calculator
+]
+
+
+def _same(x, y) -> bool:
+    ok = np.array_equal(x.numbers, y.numbers) and np.array_equal(x.positions, y.positions)
+    ok &= np.array_equal(x.cell.array, y.cell.array) and np.array_equal(x.pbc, y.pbc)
+    ok &= set(x.arrays) == set(y.arrays) and all(np.array_equal(x.arrays[k], y.arrays[k])
+                                                 and x.arrays[k].dtype == y.arrays[k].dtype for k in x.arrays)
+    ok &= x.info.keys() == y.info.keys() and all(np.all(x.info[k] == y.info[k]) for k in x.info)
+    return bool(ok and (x.calc is None) == (y.calc is None))
+
+
+def test_fast_parser_gives_what_ase_gives():
+    import io
+
+    import ase.io
+
+    from workbench.data.embedded import EMBEDDED_PATH
+    from workbench.data.extxyz import iter_frames, parse_frames
+
+    pytest.importorskip("extxyz")
+    frames = [t for _, t, _ in iter_frames(EMBEDDED_PATH)] + [t.encode() for t in PARITY_FRAMES]
+    got = [a for _, a in parse_frames("x", 0, frames)]
+    want = [ase.io.read(io.StringIO(t.decode()), format="extxyz") for t in frames]
+    assert [k for k, (a, b) in enumerate(zip(got, want)) if not _same(a, b)] == []

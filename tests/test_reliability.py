@@ -117,3 +117,138 @@ def test_sampler_state_from_other_data_or_packing_is_refused():
     same = BinPackingBatchSampler(costs, capacity=512, num_replicas=2, rank=0)
     same.load_state_dict(state)
     assert list(same) == s.rank_batches()[2:]
+
+
+# -- training: safe resume, one run per directory, non-finite steps ------------------------------
+
+def _tiny(tmp_path, name="run", **kw) -> TrainConfig:
+    base = dict(name=name, output_dir=str(tmp_path), hidden_irreps="8x0e", max_ell=1, correlation=1, num_bessel=4,
+                radial_mlp=[8], families=["hea"], valid_fraction=0.2, capacity=200, epochs=20, max_steps=4,
+                checkpoint_every=2, progress=False, export=False, seed=1)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_resume_refuses_another_run_and_applies_a_new_lr(tmp_path, capfd):
+    import torch
+
+    from workbench.train import train
+    from workbench.train.rundir import RunDir, read_jsonl
+
+    train(_tiny(tmp_path))
+    for change, text in (({"capacity": 300}, "capacity: 200 -> 300"), ({"dtype": "float64"}, "dtype: 'float32' -> 'float64'"),
+                         ({"hidden_irreps": "16x0e"}, "hidden_irreps: '8x0e' -> '16x0e'")):
+        with pytest.raises(ValueError, match=rf"checkpoint.pt: the checkpoint belongs to a run with other settings \({text}"):
+            train(_tiny(tmp_path, max_steps=6, **change))
+    capfd.readouterr()
+    train(_tiny(tmp_path, max_steps=6, lr=0.002))
+    assert "resume: lr 0.005 -> 0.002 applied" in capfd.readouterr().err
+    ckpt = torch.load(RunDir(tmp_path / "run").checkpoint, weights_only=False)
+    assert ckpt["global_step"] == 6 and ckpt["optimizer"]["param_groups"][0]["lr"] == 0.002
+    steps = [r["global_step"] for r in read_jsonl(RunDir(tmp_path / "run").step_log(0))]
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_damaged_checkpoint_falls_back_then_names_the_file(tmp_path):
+    from workbench.train import train
+    from workbench.train.checkpoint import CheckpointError, load_checkpoint, previous_path
+    from workbench.train.rundir import RunDir
+
+    train(_tiny(tmp_path, checkpoint_every=3))  # checkpoints at step 3, then 4 at the end
+    run = RunDir(tmp_path / "run")
+    stale = run.path / "checkpoint.pt.tmp4242"
+    stale.write_bytes(b"half a checkpoint")
+    good = run.checkpoint.read_bytes()
+    for damage in (good[: len(good) // 2], b"", np.random.default_rng(0).bytes(4096),
+                   good[:100] + bytes([good[100] ^ 0xFF]) + good[101:]):
+        run.checkpoint.write_bytes(damage)
+        with pytest.warns(UserWarning, match=r"checkpoint.pt: not a .*resuming from the previous checkpoint checkpoint.prev.pt \(step 3\)"):
+            assert load_checkpoint(run.checkpoint)["global_step"] == 3
+    previous_path(run.checkpoint).write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"checkpoint.pt: not a readable checkpoint .*No usable earlier checkpoint: start afresh with --fresh"):
+        load_checkpoint(run.checkpoint)
+    run.checkpoint.write_bytes(good)
+    train(_tiny(tmp_path, max_steps=6))  # resumes from the good one and cleans the writer's leftovers
+    assert not stale.exists()
+
+
+def test_one_run_per_directory(tmp_path):
+    import os
+    import signal
+    import time
+
+    from workbench.train import train
+    from workbench.train.rundir import RunDirBusy
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from workbench.train.rundir import RunDir, RunLock\n"
+        f"with RunLock(RunDir({str(tmp_path / 'run')!r})):\n    print('held', flush=True); time.sleep(600)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunDirBusy, match=rf"another run is training here \(host .*, pid {holder.pid}, since "):
+            train(_tiny(tmp_path))
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+    t0 = time.time()
+    train(_tiny(tmp_path, max_steps=2))  # the dead holder's lock is taken over
+    assert time.time() - t0 < 120
+
+
+def test_absurd_labels_are_input_errors(tmp_path):
+    from workbench.data import StructureError, read_structures, write_structures
+    from workbench.data.embedded import EMBEDDED_PATH
+
+    hea = [a for a in read_structures(EMBEDDED_PATH) if a.info["config_type"] == "hea"][:6]
+    hea[5].info["REF_energy"] = 1e200
+    hea[3].arrays["REF_forces"][2, 1] = -3e7
+    with pytest.raises(StructureError, match=r"hea\.extxyz, frame 3: force 'REF_forces' on atom 2 is 3e\+07 eV/Å"):
+        read_structures(write_structures(tmp_path / "hea.extxyz", hea))
+    with pytest.raises(StructureError, match=r"hea5\.extxyz, frame 4: energy label 'REF_energy' is 1e\+200 eV"):
+        read_structures(write_structures(tmp_path / "hea5.extxyz", hea[:3] + hea[4:]))
+
+
+@pytest.mark.parametrize("mode", ["stop", "skip"])
+def test_non_finite_step_names_the_graphs(tmp_path, mode):
+    import torch
+
+    from workbench.train import train
+    from workbench.train.loop import NonFiniteStep
+    from workbench.train.rundir import RunDir, read_jsonl
+
+    # lr 1e9 diverges: step 1 still finite, step 2 overflows to NaN.
+    cfg = _tiny(tmp_path, lr=1e9, clip_grad=None, max_steps=4, checkpoint_every=1, on_nonfinite=mode)
+    run = RunDir(cfg.run_dir)
+    if mode == "stop":
+        with pytest.raises(NonFiniteStep, match=r"step 2 \(epoch 0\), rank 0: non-finite loss nan / gradient norm nan; "
+                                                r"graphs with a non-finite error: \S*mixture\.extxyz\.gz, frame \d+.*"
+                                                r"Stopped; the last checkpoint is kept"):
+            train(cfg)
+        assert torch.load(run.checkpoint, weights_only=False)["global_step"] == 1
+        return
+    with pytest.warns(UserWarning, match=r"step 2 .*non-finite loss .*; step skipped \(on_nonfinite=skip\)"):
+        result = train(cfg)
+    assert result.global_step == 4
+    assert [r["skipped"] for r in read_jsonl(run.step_log(0))] == [False, True, True, True]
+    weights = torch.load(run.checkpoint, weights_only=False)["model"]
+    assert all(torch.isfinite(w).all() for w in weights.values())  # skipped steps never touched them
+
+
+def test_uninterrupted_runs_are_bit_identical_with_two_threads(tmp_path):
+    import os
+
+    import torch
+
+    from workbench.train.rundir import RunDir
+
+    weights = []
+    for k in range(2):
+        cfg = _tiny(tmp_path, name=f"r{k}", hidden_irreps="8x0e+8x1o", correlation=2, radial_mlp=[16, 16],
+                    families=["water_clusters", "hea"], max_steps=8)
+        path = tmp_path / f"r{k}.yaml"
+        cfg.to_yaml(path)
+        subprocess.run([str(BIN / "workbench"), "train", "--config", str(path)], check=True, capture_output=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="2"))
+        weights.append(torch.load(RunDir(cfg.run_dir).checkpoint, weights_only=False)["model"])
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

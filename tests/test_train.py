@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -124,8 +125,10 @@ def test_rank_failure_restarts_group_from_checkpoint(ddp_run, tmp_path):
     out = run_cli(cfg, tmp_path, nproc=2, restarts=3,
                   env_extra={"WORKBENCH_FAIL_AT_STEP": "10", "WORKBENCH_FAIL_RANK": "1"})
     assert out.returncode == 0, out.stderr[-4000:]
-    raw = RunDir(cfg.run_dir).step_log(1).read_text().splitlines()
-    assert len(raw) > cfg.max_steps  # steps 9-10 ran twice: the group restarted from the step-8 checkpoint
+    raw = [json.loads(x) for x in RunDir(cfg.run_dir).step_log(1).read_text().splitlines()]
+    # Steps 9-10 ran twice (the group restarted from the step-8 checkpoint) but are logged once.
+    assert [r["global_step"] for r in raw] == list(range(1, cfg.max_steps + 1))
+    assert re.search(r"resume: from step 8; [12] step\(s\) logged after it will run again", out.stderr)
     for rank in (0, 1):
         assert [s["batch_hash"] for s in steps(cfg.run_dir, rank)] == [s["batch_hash"] for s in steps(ref_cfg.run_dir, rank)]
     ref, got = final_weights(ref_cfg.run_dir), final_weights(cfg.run_dir)

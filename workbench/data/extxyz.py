@@ -5,7 +5,9 @@ first frame, so a bad atom count anywhere is reported at frame 0, and a gzip str
 re-decompressed at every seek. Here the file is read once, as a stream (``.gz`` decompressed
 on the fly): :func:`iter_frames` cuts it at the atom-count lines and checks each frame's
 shape, :func:`parse_frames` hands frames to ASE's extxyz parser (a whole block at once, frame
-by frame only to locate a failure), so every error names its file and 0-based frame.
+by frame only to locate a failure), so every error names its file and 0-based frame. When the
+``extxyz`` package (libAtoms' C parser) is installed, blocks of frames go through it, ~7x faster
+than ASE, into the same ``ase.Atoms``; ASE takes whatever it refuses.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ import io
 import itertools
 import os
 import re
+import tempfile
 import zlib
+
+import numpy as np
 from pathlib import Path
 from typing import Iterator
 
@@ -69,7 +74,8 @@ def iter_frames(path: str | os.PathLike) -> Iterator[tuple[int, bytes, int]]:
             if len(body) < n + 1:
                 raise StructureError(path, frame, f"file ends inside the frame: {max(len(body) - 1, 0)} of {n} atom lines present")
             for k, line in enumerate(body[1:]):
-                if len(line.split(maxsplit=1)) == 1 and line.strip().isdigit():  # the next frame's count line
+                # An atom line has >= 4 columns; a short line of digits is the next frame's count.
+                if len(line) < 24 and len(line.split(maxsplit=1)) == 1 and line.strip().isdigit():
                     raise StructureError(path, frame, f"the atom count says {n} atoms, but the frame has {k}: "
                                                       f"its line {k + 3} ({line.strip()[:20]!r}) starts the next frame")
             yield frame, head + b"".join(body), raw.tell()
@@ -105,13 +111,68 @@ def _check_comment(path: Path, frame: int, text: str) -> None:
         seen.add(key.lower())
 
 
+def _c_frames(texts: list[str]) -> list | None:
+    """The frames through libAtoms' C extxyz parser (the ``extxyz`` package, ~7x faster than
+    ASE's); None when it is not installed or refuses the block. An entry is None where the frame
+    needs ASE's general path (calculator results or constraints)."""
+    try:
+        import extxyz
+    except ImportError:
+        return None
+    fd, name = tempfile.mkstemp(suffix=".extxyz", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    try:
+        with os.fdopen(fd, "w") as fh:  # the C reader takes a path only
+            fh.write("".join(texts))
+        frames = extxyz.read_dicts(name)
+    except Exception:  # noqa: BLE001 - ASE then parses frame by frame and names the bad one
+        return None
+    finally:
+        os.unlink(name)
+    frames = frames if isinstance(frames, list) else [frames]
+    if len(frames) != len(texts):
+        return None
+    return [_atoms_or_none(f) for f in frames]
+
+
+def _atoms_or_none(frame):
+    try:
+        return _atoms(frame)
+    except Exception:  # noqa: BLE001 - an unknown symbol, a bad shape: ASE's path explains it
+        return None
+
+
+def _atoms(frame):
+    """``ase.Atoms`` from a C-parsed frame, as ASE's own extxyz reader would build them."""
+    import ase
+    from ase.calculators.calculator import all_properties
+    from ase.data import atomic_numbers
+    from ase.io.extxyz import REV_PROPERTY_NAME_MAP, per_config_properties
+
+    info = dict(frame.info)
+    arrays = {REV_PROPERTY_NAME_MAP.get(k, k): v for k, v in frame.arrays.items()}
+    if any(k in per_config_properties for k in info) or any(k in all_properties or k == "move_mask" for k in arrays):
+        return None  # ASE would make a calculator or constraints of these
+    numbers, symbols = arrays.pop("numbers", None), arrays.pop("symbols", None)
+    if numbers is None and symbols is None or "positions" not in arrays:
+        return None
+    if numbers is None:  # each distinct symbol looked up once (ASE capitalises them)
+        names, inverse = np.unique(symbols, return_inverse=True)
+        numbers = np.array([atomic_numbers[str(x).capitalize()] for x in names], dtype=np.int64)[inverse]
+    atoms = ase.Atoms(numbers=numbers, positions=arrays.pop("positions"),
+                      cell=np.asarray(frame.cell).T, pbc=frame.pbc, info=info)  # ASE transposes Lattice
+    for name, value in arrays.items():
+        atoms.new_array(name, value)
+    return atoms
+
+
 def parse_frames(path: str | os.PathLike, first: int, frames: list[bytes]) -> list[tuple[int, object]]:
-    """``[(frame, ase.Atoms or StructureError)]`` for consecutive frames starting at ``first``."""
+    """``[(frame, ase.Atoms or StructureError)]`` for consecutive frames starting at ``first``:
+    the C parser for the block when it is installed and takes it, ASE for the rest."""
     import ase.io
 
     path = Path(path)
-    out: list[tuple[int, object]] = []
     texts: list[str | None] = []
+    errors: dict[int, StructureError] = {}
     for k, data in enumerate(frames):
         try:
             text = data.decode("utf-8")
@@ -119,27 +180,22 @@ def parse_frames(path: str | os.PathLike, first: int, frames: list[bytes]) -> li
             texts.append(text)
         except UnicodeDecodeError as exc:
             texts.append(None)
-            out.append((first + k, StructureError(path, first + k, f"not UTF-8 text at byte {exc.start} of the frame")))
+            errors[k] = StructureError(path, first + k, f"not UTF-8 text at byte {exc.start} of the frame")
         except StructureError as exc:
             texts.append(None)
-            out.append((first + k, exc))
-    if not out:
-        try:
-            atoms = list(ase.io.iread(io.StringIO("".join(texts)), index=":", format="extxyz"))
-            if len(atoms) == len(frames):
-                return [(first + k, a) for k, a in enumerate(atoms)]
-        except Exception:  # noqa: BLE001 - locate the bad frame below
-            pass
-    bad = dict(out)
-    out = []
+            errors[k] = exc
+    fast = _c_frames(texts) if not errors else None
+    out: list[tuple[int, object]] = []
     for k, text in enumerate(texts):
-        if text is None:
-            out.append((first + k, bad[first + k]))
-            continue
-        try:
-            out.append((first + k, ase.io.read(io.StringIO(text), format="extxyz")))
-        except Exception as exc:  # noqa: BLE001 - ASE raises many types for malformed frames
-            out.append((first + k, StructureError(path, first + k, f"cannot parse ({type(exc).__name__}: {exc})")))
+        atoms = fast[k] if fast is not None else None
+        if k in errors:
+            atoms = errors[k]
+        elif atoms is None:
+            try:
+                atoms = ase.io.read(io.StringIO(text), format="extxyz")
+            except Exception as exc:  # noqa: BLE001 - ASE raises many types for malformed frames
+                atoms = StructureError(path, first + k, f"cannot parse ({type(exc).__name__}: {exc})")
+        out.append((first + k, atoms))
     return out
 
 

@@ -23,8 +23,10 @@ from workbench.data.errors import StructureError
 ENERGY_KEY = "REF_energy"
 FORCES_KEY = "REF_forces"
 MIN_DISTANCE = 0.5  # Å; closer atoms are a corrupted frame, not chemistry
+MAX_ENERGY_PER_ATOM = 1.0e7  # eV; all-electron total energies of the heaviest atoms are ~1e6
+MAX_FORCE = 1.0e6  # eV/Å
 
-__all__ = ["StructureError", "check_geometry", "check_labels", "read_structures", "validate_structure",
+__all__ = ["StructureError", "check_close_pairs", "check_geometry", "check_labels", "read_structures", "validate_structure",
            "write_structures"]
 
 
@@ -52,27 +54,26 @@ def validate_structure(
     ``info["labelled"] = False``, a finite scalar ``info[energy_key]`` and a finite
     ``(n_atoms, 3)`` ``arrays[forces_key]``.
 
-    ``pairs``: ``(i, j, d)`` of a full neighbour list at a cutoff of at least ``min_distance``,
-    when the caller has one (``workbench data prepare`` does); otherwise one is computed.
+    ``pairs``: ``(i, j, d)`` of a half neighbour list at a cutoff of at least ``min_distance``,
+    when the caller has one; otherwise one is computed.
     """
     check_geometry(atoms, path=path, frame=frame)
     if len(atoms) > 1:
-        if pairs is None:
-            i, j, d = _close_pairs(atoms, min_distance)
-            close = d < min_distance
-        else:  # a full list has every pair twice
-            i, j, d = pairs
-            close = (d < min_distance) & (i <= j)
-        if close.any():
-            i, j, d = i[close], j[close], d[close]
-            k = int(np.argmin(d))
-            raise StructureError(
-                path, frame,
-                f"atoms {int(i[k])} and {int(j[k])} are {d[k]:.3f} Å apart (< {min_distance} Å); "
-                f"{i.size} close pair(s) in total",
-            )
+        i, j, d = _close_pairs(atoms, min_distance) if pairs is None else pairs
+        check_close_pairs(i, j, d, min_distance, path=path, frame=frame)
     if require_labels and _is_labelled(atoms):
         check_labels(atoms, path=path, frame=frame, energy_key=energy_key, forces_key=forces_key)
+
+
+def check_close_pairs(i: np.ndarray, j: np.ndarray, d: np.ndarray, min_distance: float = MIN_DISTANCE, *,
+                      path: str | os.PathLike | None = None, frame: int | None = None) -> None:
+    """No pair of a half neighbour list ``(i, j, d)`` closer than ``min_distance`` Å."""
+    close = d < min_distance
+    if close.any():
+        i, j, d = i[close], j[close], d[close]
+        k = int(np.argmin(d))
+        raise StructureError(path, frame, f"atoms {int(i[k])} and {int(j[k])} are {d[k]:.3f} Å apart "
+                                          f"(< {min_distance} Å); {i.size} close pair(s) in total")
 
 
 #: Å. A non-periodic structure wider than this, or a periodic one with an atom this many cells
@@ -128,6 +129,10 @@ def check_labels(atoms: ase.Atoms, *, path: str | os.PathLike | None = None, fra
         raise StructureError(path, frame, f"energy label {energy_key!r} is not a number: {atoms.info[energy_key]!r}") from None
     if not np.isfinite(energy):
         raise StructureError(path, frame, f"energy label {energy_key!r} is {energy}")
+    if abs(energy) > MAX_ENERGY_PER_ATOM * n:
+        raise StructureError(path, frame, f"energy label {energy_key!r} is {energy:.4g} eV for {n} atoms, beyond "
+                                          f"{MAX_ENERGY_PER_ATOM:g} eV/atom (even all-electron totals stay below): "
+                                          "a corrupted label or the wrong unit")
     if forces_key not in atoms.arrays:
         raise StructureError(path, frame, f"missing forces label arrays[{forces_key!r}] (per-atom arrays present: {sorted(atoms.arrays)})")
     forces = np.asarray(atoms.arrays[forces_key], dtype=float)
@@ -136,6 +141,11 @@ def check_labels(atoms: ase.Atoms, *, path: str | os.PathLike | None = None, fra
     bad = np.where(~np.isfinite(forces).all(axis=1))[0]
     if bad.size:
         raise StructureError(path, frame, f"non-finite forces {forces_key!r} at atom {int(bad[0])}")
+    big = np.abs(forces).max(axis=1)
+    if big.max() > MAX_FORCE:
+        k = int(np.argmax(big))
+        raise StructureError(path, frame, f"force {forces_key!r} on atom {k} is {big[k]:.4g} eV/Å, beyond "
+                                          f"{MAX_FORCE:g} eV/Å: a corrupted label or the wrong unit")
 
 
 def _close_pairs(atoms: ase.Atoms, cutoff: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -8,6 +8,9 @@ plus its part of the index (:mod:`workbench.data.store` owns the format). The ma
 only frames the input (reads it once, line by line, in C) and merges the parts in input
 order, so the same inputs always give the same index.
 
+The checks are those of :func:`~workbench.data.io.validate_structure` (geometry, close pairs,
+labels), with one half neighbour list at the cutoff serving the close-pair check and the counts.
+
 * **Resumable.** A shard and its part are each written to a temporary file and renamed; the
   part is written last and marks the chunk done. A killed prepare, run again with the same
   command, skips finished chunks and gives the same index as an uninterrupted one. Sources
@@ -22,6 +25,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass
@@ -31,7 +35,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from workbench.data.extxyz import iter_frames, parse_frames
-from workbench.data.io import ENERGY_KEY, FORCES_KEY, MIN_DISTANCE, StructureError, validate_structure
+from workbench.data.io import ENERGY_KEY, FORCES_KEY, MIN_DISTANCE, StructureError
 from workbench.data.store import (
     COUNTS, FORMAT, FORMAT_VERSION, INDEX, INDEX_DTYPE, MANIFEST, MAX_Z, ORIGIN, ORIGIN_DTYPE, SHARDS, SKIPPED,
     Graph, GraphStore, shard_name, write_shard,
@@ -199,26 +203,27 @@ def _labels_from_calc(atoms, settings: Settings) -> None:
 def measure(atoms, settings: Settings, path: Path | None = None, frame: int | None = None) -> tuple[Graph, dict]:
     """Validate one structure and return its stored arrays and index fields.
 
-    One full vesin neighbour list at the cutoff gives the edge count, the connected atoms
-    and the close-pair check.
+    One half neighbour list at the cutoff (vesin) gives the edge count (each pair twice), the
+    connected atoms and the close-pair check; the geometry is checked once, before it.
     """
     from vesin import NeighborList
 
-    from workbench.data.io import check_geometry
+    from workbench.data.io import check_close_pairs, check_geometry, check_labels
 
     _labels_from_calc(atoms, settings)
     check_geometry(atoms, path=path, frame=frame)
+    n = len(atoms)
     periodic = [bool(p) for p in atoms.pbc]
     box = atoms.cell.array if any(periodic) else np.zeros((3, 3))
-    nl = NeighborList(cutoff=max(settings.cutoff, settings.min_distance), full_list=True)
+    nl = NeighborList(cutoff=max(settings.cutoff, settings.min_distance), full_list=False)
     i, j, d = nl.compute(points=atoms.positions, box=box, periodic=periodic if any(periodic) else False, quantities="ijd")
-    validate_structure(atoms, path=path, frame=frame, energy_key=settings.energy_key, forces_key=settings.forces_key,
-                       min_distance=settings.min_distance, pairs=(i, j, d))
-    within = d < settings.cutoff if settings.min_distance > settings.cutoff else slice(None)
-    n = len(atoms)
-    labelled = bool(atoms.info.get("labelled", True))
+    check_close_pairs(i, j, d, settings.min_distance, path=path, frame=frame)
+    if settings.min_distance > settings.cutoff:
+        i, j = i[d < settings.cutoff], j[d < settings.cutoff]
     info = atoms.info
+    labelled = bool(info.get("labelled", True))
     if labelled:
+        check_labels(atoms, path=path, frame=frame, energy_key=settings.energy_key, forces_key=settings.forces_key)
         energy = float(info[settings.energy_key])
         forces = np.asarray(atoms.arrays[settings.forces_key], dtype=np.float64)
     else:
@@ -229,11 +234,16 @@ def measure(atoms, settings: Settings, path: Path | None = None, frame: int | No
     graph = Graph(numbers=atoms.numbers.astype(np.int64), positions=atoms.get_positions(), forces=forces,
                   cell=atoms.cell.array.copy(), pbc=atoms.pbc.copy(), energy=energy, weights=weights,
                   family=str(info.get("config_type", "Default")))
-    receivers = j[within]
-    fields = {"atoms": n, "edges": int(receivers.size),
-              "connected": int(np.count_nonzero(np.bincount(receivers, minlength=n))),
+    degree = np.bincount(i, minlength=n) + np.bincount(j, minlength=n)
+    fields = {"atoms": n, "edges": 2 * int(i.size), "connected": int(np.count_nonzero(degree)),
               "labelled": labelled, "energy": energy, "fsq": float(np.sum(forces * forces)) if labelled else float("nan")}
     return graph, fields
+
+
+def _worker_init() -> None:
+    # vesin imports torch (2-3 s per process) only to accept torch tensors; these workers pass
+    # numpy arrays and never need torch, so keep it out of their start-up.
+    sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
 
 
 def _part_path(out: Path, source: int, chunk: int) -> Path:
@@ -382,7 +392,7 @@ def _run_pool(out: Path, paths: list[Path], settings: Settings, fingerprints: li
     for k in range(1, len(paths)):
         base[k] = base[k - 1] + fingerprints[k - 1]["size"]
     position = 0
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_worker_init) as pool:
         pending: dict = {}
         try:
             for chunk in iter_chunks(paths, settings.shard_size):

@@ -3,13 +3,15 @@
 A checkpoint holds the model, optimizer, EMA and scheduler states, the RNG
 states (python, numpy, torch, CUDA), the sampler's state (epoch and batches
 consumed) and the step counters. It is written to a temporary file and renamed,
-so a kill during the write never leaves a truncated checkpoint behind.
+so a kill during the write never leaves a truncated checkpoint behind; the one it replaces
+is kept as ``checkpoint.prev.pt``, the fallback when the latest turns out damaged.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +34,71 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+REQUIRED_KEYS = ("model", "optimizer", "epoch", "global_step", "sampler", "rng", "config")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file and the way out."""
+
+
+def previous_path(path: Path) -> Path:
+    """Where the checkpoint before the latest is kept (the fallback when the latest is damaged)."""
+    return path.with_name(path.stem + ".prev" + path.suffix)
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Delete ``<checkpoint>.tmp<pid>`` files a killed writer left behind (only one writer runs:
+    the run directory is locked)."""
+    path = Path(path)
+    stale = list(path.parent.glob(path.name + ".tmp*")) if path.parent.is_dir() else []
+    for tmp in stale:
+        tmp.unlink(missing_ok=True)
+    return stale
+
+
 def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
+    """Write ``state`` atomically; the checkpoint it replaces is kept as ``*.prev.pt``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
     torch.save(state, tmp)
+    if path.exists():
+        os.replace(path, previous_path(path))
     os.replace(tmp, path)
     return path
 
 
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - truncated, empty, random or bit-flipped files raise many types
+        raise CheckpointError(f"{path}: not a readable checkpoint ({type(exc).__name__}: {str(exc)[:120]})") from None
+    missing = [k for k in REQUIRED_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise CheckpointError(f"{path}: not a workbench checkpoint (missing {missing})")
+    return state
+
+
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The latest checkpoint, or None when there is none. A damaged one falls back, with a
+    warning, to the previous checkpoint; with no usable one it raises, naming the file."""
     path = Path(path)
-    if not path.exists():
+    prev = previous_path(path)
+    if not path.exists() and not prev.exists():
         return None
-    return torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        if not path.exists():
+            raise CheckpointError(f"{path}: missing (a write was interrupted)")
+        return _read(path)
+    except CheckpointError as exc:
+        if prev.exists():
+            try:
+                state = _read(prev)
+            except CheckpointError:
+                pass
+            else:
+                warnings.warn(f"{exc}; resuming from the previous checkpoint {prev.name} "
+                              f"(step {state['global_step']})", stacklevel=2)
+                return state
+        raise CheckpointError(f"{exc}. No usable earlier checkpoint: start afresh with --fresh (or "
+                              "train(..., resume=False)), or restore the file") from None

@@ -40,6 +40,12 @@ RANGES: dict[str, Interval] = {
     "num_workers": Interval(0), "prefetch_factor": Interval(1), "dist_timeout_s": Interval(1),
 }
 NULLABLE = ("max_structures", "ema_decay", "clip_grad", "max_steps")
+ON_NONFINITE = ("stop", "skip")
+#: The fields that define a run: a checkpoint resumes only under the same values (model, data,
+#: split, packing, precision, seed). Others (lr, epochs, max_steps, workers, ...) may change.
+RUN_IDENTITY = ("dataset", "families", "energy_key", "forces_key", "max_structures", "valid_fraction", "seed",
+                "num_interactions", "hidden_irreps", "max_ell", "correlation", "num_bessel", "num_polynomial_cutoff",
+                "cutoff", "mlp_irreps", "radial_mlp", "dtype", "sampler", "capacity", "batch_size")
 
 
 @dataclass
@@ -95,6 +101,8 @@ class TrainConfig:
     progress: bool = True
     export: bool = True  # write model.model (MACECalculator) and the per-backend model at the end
     dist_timeout_s: int = 1800  # a collective stuck this long fails the group (torchrun can then restart it)
+    on_nonfinite: str = "stop"  # a NaN/inf loss or gradient: stop (naming the graphs) or skip the step
+    deterministic: bool = True  # torch.use_deterministic_algorithms; see README "Reproducibility"
 
     def __post_init__(self) -> None:
         hints = _hints()
@@ -108,7 +116,8 @@ class TrainConfig:
         def bad(name: str, why: str) -> ConfigError:
             return ConfigError(f"TrainConfig.{name}: {why}")
 
-        for name, choices in (("sampler", SAMPLERS), ("backend", MODEL_BACKENDS), ("dtype", DTYPES)):
+        for name, choices in (("sampler", SAMPLERS), ("backend", MODEL_BACKENDS), ("dtype", DTYPES),
+                              ("on_nonfinite", ON_NONFINITE)):
             if getattr(self, name) not in choices:
                 raise bad(name, f"{getattr(self, name)!r} is not one of {', '.join(choices)}")
         hints = _hints()
@@ -130,6 +139,11 @@ class TrainConfig:
                 raise bad(name, f"{getattr(self, name)!r} is not an irreps string like '128x0e+128x1o'")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
             raise bad("name", f"{self.name!r}: use letters, digits, '.', '_' or '-' (it names the run directory)")
+
+    def identity_changes(self, saved: dict[str, Any]) -> list[str]:
+        """``field: saved -> now`` for every :data:`RUN_IDENTITY` field that differs from ``saved``."""
+        return [f"{k}: {saved.get(k)!r} -> {getattr(self, k)!r}" for k in RUN_IDENTITY
+                if k in saved and saved[k] != getattr(self, k)]
 
     # -- paths
     @property

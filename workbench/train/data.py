@@ -45,6 +45,37 @@ class TrainData:
     stats: object | None = None  # ModelStats of the training split, filled by the first run that needs it
     train_configs: list = field(default_factory=list)  # mace Configurations (in-memory source only)
     valid_configs: list = field(default_factory=list)
+    origin: object = None  # callable: training-graph positions -> "file, frame N" descriptions
+
+    def describe(self, indices: Sequence[int], limit: int = 8) -> str:
+        """Where training graphs ``indices`` came from, for error messages."""
+        idx = [int(i) for i in indices]
+        shown = self.origin(idx[:limit]) if self.origin is not None else [f"training graph {i}" for i in idx[:limit]]
+        more = f" and {len(idx) - limit} more" if len(idx) > limit else ""
+        return "; ".join(shown) + more
+
+
+class FileOrigin:
+    """Training-graph position -> ``file, frame N`` for structures read from one file."""
+
+    def __init__(self, path, frames: np.ndarray) -> None:
+        self.path, self.frames = str(path), np.asarray(frames, dtype=np.int64)
+
+    def __call__(self, indices: Sequence[int]) -> list[str]:
+        return [f"{self.path}, frame {int(self.frames[i])}" for i in indices]
+
+
+class StoreOrigin:
+    """Training-graph position -> ``file, frame N`` through a prepared dataset's ``origin.npy``."""
+
+    def __init__(self, store_path, rows: np.ndarray) -> None:
+        self.store_path, self.rows = str(store_path), np.asarray(rows, dtype=np.int32)
+
+    def __call__(self, indices: Sequence[int]) -> list[str]:
+        from workbench.data.store import GraphStore
+
+        store = GraphStore(self.store_path)
+        return [f"{path}, frame {frame}" for path, frame in store.origin(self.rows[list(indices)])]
 
 
 def split_order(n: int, config: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -69,6 +100,11 @@ def _no_structures(path, config: TrainConfig) -> ValueError:
 
 def load_structures(config: TrainConfig) -> list:
     """Read ``config.dataset`` (default: embedded mixture); keep labelled frames of the chosen families."""
+    return _load_with_frames(config)[0]
+
+
+def _load_with_frames(config: TrainConfig) -> tuple[list, np.ndarray, Path]:
+    """:func:`load_structures`, with each kept structure's frame number in the file, and the file."""
     from workbench.data.embedded import EMBEDDED_PATH
     from workbench.data.io import read_structures
 
@@ -76,15 +112,14 @@ def load_structures(config: TrainConfig) -> list:
     if path.is_file() and path.stat().st_size > LARGE_FILE_BYTES:
         warnings.warn(f"{path}: {path.stat().st_size / 2**20:.0f} MiB of structures are read whole into memory "
                       f"on every rank; for large datasets run 'workbench data prepare {path} --out DIR' once "
-                      "and train with dataset=DIR (streamed, bounded memory)", stacklevel=2)
+                      "and train with dataset=DIR (streamed, bounded memory)", stacklevel=3)
     structures = read_structures(path, energy_key=config.energy_key, forces_key=config.forces_key)
-    structures = [a for a in structures if a.info.get("labelled", True)]
-    if config.families:
-        keep = set(config.families)
-        structures = [a for a in structures if a.info.get("config_type") in keep]
-    if not structures:
+    keep = set(config.families or ())
+    frames = [k for k, a in enumerate(structures) if a.info.get("labelled", True)
+              and (not keep or a.info.get("config_type") in keep)]
+    if not frames:
         raise _no_structures(path, config)
-    return structures
+    return [structures[k] for k in frames], np.asarray(frames, dtype=np.int64), path
 
 
 def prepare_data(config: TrainConfig, structures: list | None = None) -> TrainData:
@@ -153,7 +188,10 @@ def _from_structures(config: TrainConfig, structures: list | None) -> TrainData:
 
     from workbench.data.atomic_data import key_specification, z_table_for
 
-    structures = load_structures(config) if structures is None else structures
+    if structures is None:
+        structures, frames, path = _load_with_frames(config)
+    else:
+        frames, path = np.arange(len(structures)), "<structures given>"
     train_pos, valid_pos = split_order(len(structures), config)
     chosen = [structures[i] for i in np.concatenate([valid_pos, train_pos])]
     check_graph_memory(chosen, config.cutoff)
@@ -166,7 +204,7 @@ def _from_structures(config: TrainConfig, structures: list | None) -> TrainData:
     atoms = np.array([int(d.num_nodes) for d in train], dtype=np.int64)
     edges = np.array([int(d.edge_index.shape[1]) for d in train], dtype=np.int64)
     return TrainData(train, valid, z_table, atoms, edges, train_configs=configs[n_valid:],
-                     valid_configs=configs[:n_valid])
+                     valid_configs=configs[:n_valid], origin=FileOrigin(path, frames[train_pos]))
 
 
 class StoreGraphs:
@@ -245,4 +283,4 @@ def _from_store(config: TrainConfig) -> TrainData:
     train = StoreGraphs(store.reader, store.locations(train_rows), z_table, config.cutoff, config.dtype)
     valid = StoreGraphs(store.reader, store.locations(valid_rows), z_table, config.cutoff, config.dtype)
     return TrainData(train, valid, z_table, idx["atoms"][train_rows].astype(np.int64),
-                     idx["edges"][train_rows].astype(np.int64), stats=stats)
+                     idx["edges"][train_rows].astype(np.int64), stats=stats, origin=StoreOrigin(store.path, train_rows))

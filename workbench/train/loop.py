@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 import time
+import warnings
 import zlib
 from collections import deque
 from dataclasses import astuple, dataclass, field, fields
@@ -28,10 +30,12 @@ import numpy as np
 import torch
 
 from workbench.train import preempt
-from workbench.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from workbench.train.checkpoint import (
+    load_checkpoint, remove_stale_temporaries, rng_state, save_checkpoint, set_rng_state,
+)
 from workbench.train.config import TrainConfig
 from workbench.train.data import TrainData
-from workbench.train.rundir import EPOCH_FIELDS, STEP_FIELDS, JsonlLog, RunDir
+from workbench.train.rundir import EPOCH_FIELDS, STEP_FIELDS, JsonlLog, RunDir, RunLock, drop_after
 from workbench.train.timing import AllreduceTimer, sync
 
 COUNT_SAMPLERS = ("fixed-count",)  # batches by graph count (TrainConfig.batch_size); the rest pack to capacity
@@ -279,6 +283,8 @@ def set_up(config: TrainConfig, structures: list | None, data: TrainData | None)
         run.metrics_dir.mkdir(parents=True, exist_ok=True)
         config.to_yaml(run.config)
     _init_process_group(config, rank, world, device)
+    # Deterministic kernels where torch has a choice (warn, not fail, where a CUDA op has none).
+    torch.use_deterministic_algorithms(config.deterministic, warn_only=True)
     torch.manual_seed(config.seed)
     np.random.seed(config.seed)
     return Session(config, rank, world, device, data, sampler, run)
@@ -315,8 +321,25 @@ def build_training(s: Session, ckpt: dict | None) -> None:
                                          forces_weight=config.forces_weight).to(s.device)
 
 
+def check_resume(s: Session, ckpt: dict | None) -> None:
+    """Refuse a checkpoint of a different run (model, data, split, packing, precision, seed)."""
+    if not ckpt:
+        return
+    changed = s.config.identity_changes(ckpt.get("config", {}))
+    if changed:
+        raise ValueError(f"{s.run.checkpoint}: the checkpoint belongs to a run with other settings ({'; '.join(changed)}); "
+                         "resume with the same settings, or start afresh with --fresh (or another name)")
+    if s.world != len(ckpt["sampler"]):
+        raise ValueError(f"{s.run.checkpoint}: checkpoint was written by {len(ckpt['sampler'])} ranks, "
+                         f"this run has {s.world}; resume with the same number of ranks")
+
+
 def restore(s: Session, ckpt: dict | None) -> None:
-    """Continue from ``ckpt``: weights, optimiser, scheduler, EMA, counters, sampler position and RNG."""
+    """Continue from ``ckpt``: weights, optimiser, scheduler, EMA, counters, sampler position and RNG.
+
+    A changed ``lr`` is applied (and said); steps logged after the checkpoint, which this run
+    replays, are dropped from the logs so each step is logged once.
+    """
     if not ckpt:
         return
     s.model.load_state_dict(ckpt["model"])
@@ -325,11 +348,23 @@ def restore(s: Session, ckpt: dict | None) -> None:
     if s.ema is not None and ckpt.get("ema") is not None:
         s.ema.load_state_dict(ckpt["ema"])
     s.epoch, s.global_step = ckpt["epoch"], ckpt["global_step"]
-    if s.world != len(ckpt["sampler"]):
-        raise ValueError(f"{s.run.checkpoint}: checkpoint was written by {len(ckpt['sampler'])} ranks, "
-                         f"this run has {s.world}; resume with the same number of ranks")
+    saved_lr = ckpt["config"].get("lr")
+    if saved_lr is not None and saved_lr != s.config.lr:
+        for group in s.optimizer.param_groups:
+            group["lr"] = s.config.lr
+        _say(s, f"resume: lr {saved_lr:g} -> {s.config.lr:g} applied")
     s.resume_sampler = ckpt["sampler"][s.rank]
     set_rng_state(ckpt["rng"][s.rank] if isinstance(ckpt["rng"], list) else ckpt["rng"])
+    dropped = drop_after(s.run.step_log(s.rank), s.global_step)
+    if s.rank == 0:
+        drop_after(s.run.epoch_log, s.global_step)
+        if dropped:
+            _say(s, f"resume: from step {s.global_step}; {dropped} step(s) logged after it will run again")
+
+
+def _say(s: Session, message: str) -> None:
+    if s.rank == 0:
+        print(f"workbench: {message}", file=sys.stderr, flush=True)
 
 
 def wrap_ddp(s: Session) -> None:
@@ -364,11 +399,17 @@ def checkpoint(s: Session, epoch: int, consumed: int) -> None:
         dist.barrier()
 
 
-def take_step(s: Session, batch) -> tuple[Any, dict, float]:
+class NonFiniteStep(ValueError):
+    """A NaN or infinite loss or gradient (``on_nonfinite="stop"``); names the step and the graphs."""
+
+
+def take_step(s: Session, batch, indices=()) -> tuple[Any, dict, float, bool]:
     """Forward, energy+forces loss, backward, clip, optimiser and EMA update.
 
-    Returns ``(loss, output, blocked)``: ``blocked`` is the time spent waiting in the
-    gradient all-reduce (DDP), measured by the comm hook.
+    Returns ``(loss, output, blocked, skipped)``: ``blocked`` is the time spent waiting in the
+    gradient all-reduce (DDP), measured by the comm hook; ``skipped`` is True when a non-finite
+    loss or gradient made the step be skipped (``on_nonfinite="skip"``). Gradients are summed
+    over ranks before the check, so every rank reaches the same verdict at the same step.
     """
     config = s.config
     if s.timer is not None:
@@ -379,15 +420,43 @@ def take_step(s: Session, batch) -> tuple[Any, dict, float]:
     loss.backward()
     sync(s.device)
     t_backward = time.perf_counter()
-    if config.clip_grad:
-        torch.nn.utils.clip_grad_norm_(s.model.parameters(), config.clip_grad)
-    s.optimizer.step()
-    if s.ema is not None:
-        s.ema.update()
+    norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), config.clip_grad or float("inf"))
+    skipped = not (torch.isfinite(norm) and torch.isfinite(loss.detach()))
+    if skipped:
+        _non_finite(s, float(loss.detach()), float(norm), _culprits(out, batch, indices))
+    else:
+        s.optimizer.step()
+        if s.ema is not None:
+            s.ema.update()
     sync(s.device)
     timer = s.timer
     blocked = max(t_backward - timer.last_ready, 0.0) if timer is not None and timer.last_ready else 0.0
-    return loss, out, blocked
+    return loss, out, blocked, skipped
+
+
+def _culprits(out: dict, batch, indices) -> tuple[list[int], bool]:
+    """The batch's graphs whose squared energy or force error is not finite (all, if none is)."""
+    indices = list(indices)
+    with torch.no_grad():
+        n = (batch.ptr[1:] - batch.ptr[:-1]).to(out["energy"].dtype)
+        e_bad = ~torch.isfinite(((out["energy"] - batch.energy) / n) ** 2)
+        f_bad = ~torch.isfinite(((out["forces"] - batch.forces) ** 2).sum(dim=1))
+        bad = e_bad | torch.zeros_like(e_bad).index_put_((batch.batch,), f_bad, accumulate=True)
+    picked = [indices[k] for k in torch.nonzero(bad).flatten().tolist() if k < len(indices)]
+    return (picked, True) if picked else (indices, False)
+
+
+def _non_finite(s: Session, loss: float, norm: float, culprits: tuple[list[int], bool]) -> None:
+    graphs, found = culprits
+    which = "graphs with a non-finite error" if found else "this rank's batch (no single graph stands out)"
+    where = (f"step {s.global_step + 1} (epoch {s.epoch}), rank {s.rank}: non-finite loss {loss:.4g} / gradient "
+             f"norm {norm:.4g}; {which}: {s.data.describe(graphs)}")
+    if s.config.on_nonfinite == "skip":
+        s.optimizer.zero_grad(set_to_none=True)
+        warnings.warn(f"{where}; step skipped (on_nonfinite=skip)", stacklevel=3)
+        return
+    raise NonFiniteStep(f"{where}. Stopped; the last checkpoint is kept. Lower lr, check those structures, "
+                        "or set on_nonfinite=skip to skip such steps")
 
 
 def _step_record(s: Session, epoch: int, consumed: int, batch, indices, t: tuple[float, float, float],
@@ -457,13 +526,13 @@ def train_one_epoch(s: Session, epoch: int, step_log: JsonlLog, bar) -> tuple[St
         indices = recording.queue.popleft()
         batch = batch.to(s.device)
         t1 = time.perf_counter()
-        loss, out, blocked = take_step(s, batch)
+        loss, out, blocked, skipped = take_step(s, batch, indices)
         t = (t0, t1, time.perf_counter())
         consumed += 1
         s.global_step += 1
         s.last_loss = float(loss.detach())
         _accumulate(totals, batch, out, t, blocked)
-        step_log.write(_step_record(s, epoch, consumed, batch, indices, t, blocked))
+        step_log.write({**_step_record(s, epoch, consumed, batch, indices, t, blocked), "skipped": skipped})
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{s.last_loss:.4g}", epoch=epoch)
@@ -540,8 +609,21 @@ def _finish(s: Session) -> TrainResult:
 
 
 def _train(config: TrainConfig, structures: list | None, resume: bool, data: TrainData | None) -> TrainResult:
+    # One run per directory: rank 0 holds the lock for the whole run (released if it dies).
+    lock = RunLock(RunDir(config.run_dir)) if _dist_env()[0] == 0 else contextlib.nullcontext()
+    with lock:
+        if getattr(lock, "taken_over", None):
+            print(f"workbench: took over {RunDir(config.run_dir).lock} left by pid {lock.taken_over.get('pid')} "
+                  f"on {lock.taken_over.get('host')} (no longer running)", file=sys.stderr)
+        return _train_locked(config, structures, resume, data)
+
+
+def _train_locked(config: TrainConfig, structures: list | None, resume: bool, data: TrainData | None) -> TrainResult:
     s = set_up(config, structures, data)
+    if s.rank == 0:
+        remove_stale_temporaries(s.run.checkpoint)
     ckpt = load_checkpoint(s.run.checkpoint) if resume else None
+    check_resume(s, ckpt)
     build_training(s, ckpt)
     restore(s, ckpt)
     wrap_ddp(s)

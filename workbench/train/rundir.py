@@ -7,6 +7,8 @@ Every module that writes or reads a run goes through here, so a file name is spe
         metrics/rank<r>.jsonl   one step record per line, per rank       RunDir.step_log(r)
         metrics.jsonl           one epoch record per line (rank 0)       RunDir.epoch_log
         checkpoint.pt           latest checkpoint (resume point)         RunDir.checkpoint
+        checkpoint.prev.pt      the one before (fallback if the latest is damaged)
+        run.lock                held by the training run's rank 0         RunDir.lock, RunLock
         model.model             final model, e3nn modules (MACECalculator loads it)
         model_<backend>.model   the accelerated model, when a kernel backend was used
         report.html             the run report
@@ -50,6 +52,10 @@ class RunDir:
     @property
     def checkpoint(self) -> Path:
         return self.path / "checkpoint.pt"
+
+    @property
+    def lock(self) -> Path:
+        return self.path / "run.lock"
 
     @property
     def metrics_dir(self) -> Path:
@@ -171,6 +177,73 @@ def read_steps(run_dir: str | os.PathLike, rank: int | None = None) -> list[dict
 def read_epochs(run_dir: str | os.PathLike) -> list[dict]:
     """Epoch records (rank 0's ``metrics.jsonl``)."""
     return read_jsonl(RunDir(run_dir).epoch_log)
+
+
+def drop_after(path: str | os.PathLike, global_step: int) -> int:
+    """Rewrite a log without the records past ``global_step`` (steps a resumed run replays, so
+    each is logged once); returns how many were dropped. Atomic: a temporary file renamed."""
+    path = Path(path)
+    records = read_jsonl(path)
+    keep = [r for r in records if r.get("global_step", 0) <= global_step]
+    if len(keep) == len(records):
+        return 0
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+    os.replace(tmp, path)
+    return len(records) - len(keep)
+
+
+class RunDirBusy(ValueError):
+    """Another live process is training into this run directory."""
+
+
+class RunLock:
+    """An exclusive lock on a run directory, held while a run trains into it.
+
+    ``fcntl.flock`` on ``run.lock``: the kernel releases it when the holder dies, so a lock left
+    by a killed run is simply taken over. The file names the holder (host, pid, start time) for
+    the error a second run gets.
+    """
+
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
+        self._fh = None
+        self.taken_over: dict | None = None  # the dead holder's record, when there was one
+
+    def __enter__(self) -> "RunLock":
+        import fcntl
+        import socket
+        import time
+
+        self.run.path.mkdir(parents=True, exist_ok=True)
+        fh = open(self.run.lock, "a+")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "{}"
+            fh.close()
+            info = json.loads(holder) if holder.startswith("{") else {}
+            raise RunDirBusy(f"{self.run.path}: another run is training here (host {info.get('host', '?')}, "
+                             f"pid {info.get('pid', '?')}, since {info.get('started', '?')}); wait for it to "
+                             "finish, or use another name") from None
+        fh.seek(0)
+        previous = fh.read().strip()
+        self.taken_over = json.loads(previous) if previous.startswith("{") else None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                             "started": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+        fh.flush()
+        self._fh = fh
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._fh is not None:
+            self._fh.seek(0)
+            self._fh.truncate()  # an empty file: nobody holds it
+            self._fh.close()  # releases the flock
+            self._fh = None
 
 
 class JsonlLog:
