@@ -106,7 +106,7 @@ def test_dry_run_local_and_cli(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "#SBATCH --nodes=3" in out and "#SBATCH --job-name=viacli" in out and "#SBATCH --time=120" in out
     assert "#SBATCH --partition=gpu" in out
-    assert main(["launch", "--backend", "local", "--dry-run", "--partition", "x"]) == 1
+    assert main(["launch", "--backend", "local", "--dry-run", "--partition", "x"]) == 2  # a user error: one line, exit 2
     assert "--partition is a SLURM option" in capsys.readouterr().err
 
 

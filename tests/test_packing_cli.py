@@ -38,9 +38,9 @@ def test_pack_cli_cost_choices_and_errors(sizes_file, tmp_path, capsys):
     assert main(["pack", str(sizes_file), "--cost", "edges", "--capacity", "100000", "--replicas", "2",
                  "--algorithm", "shuffled-paper", "-o", out]) == 0
     assert main(["pack", str(sizes_file), "--cost", "model", "--capacity", "0.3", "--no-randomness", "-o", out]) == 0
-    assert main(["pack", str(sizes_file), "--capacity", "100", "-o", out]) == 1  # oversize graphs: clear error
+    assert main(["pack", str(sizes_file), "--capacity", "100", "-o", out]) == 2  # oversize graphs: clear error, exit 2
     assert "exceed capacity" in capsys.readouterr().err
-    assert main(["pack", str(tmp_path / "missing.npy")]) == 1
+    assert main(["pack", str(tmp_path / "missing.npy")]) == 2
 
 
 def test_load_sizes_formats(tmp_path):

@@ -252,3 +252,29 @@ def test_uninterrupted_runs_are_bit_identical_with_two_threads(tmp_path):
                        env=dict(os.environ, OMP_NUM_THREADS="2"))
         weights.append(torch.load(RunDir(cfg.run_dir).checkpoint, weights_only=False)["model"])
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_preempted_run_exits_75_after_its_checkpoint(tmp_path):
+    import os
+    import signal
+    import time
+
+    import torch
+
+    from workbench.train.rundir import RunDir, read_jsonl
+
+    cfg = _tiny(tmp_path, max_steps=500, checkpoint_every=0)
+    path = tmp_path / "run.yaml"
+    cfg.to_yaml(path)
+    proc = subprocess.Popen([str(BIN / "workbench"), "train", "--config", str(path)], stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, WORKBENCH_PREEMPT_SIGNALS="TERM"))
+    log = RunDir(cfg.run_dir).step_log(0)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(read_jsonl(log)) < 3:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err[-2000:]
+    step = torch.load(RunDir(cfg.run_dir).checkpoint, weights_only=False)["global_step"]
+    assert 3 <= step < 500
+    assert f"workbench: preempted: stopped by SIGTERM after step {step}" in err and "Traceback" not in err

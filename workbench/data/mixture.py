@@ -73,9 +73,9 @@ def make_mixture(n: int = 2000, seed: int = 0, families=None, progress: bool = F
     jobs = [(t, calculators.get(t[0], "default")) for t in tasks]
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from workbench.progress import bar as progress_bar
 
-        bar = tqdm(total=len(tasks), desc="structures", unit="graph")
+        bar = progress_bar(total=len(tasks), desc="structures", unit="graph")
     out: list[Atoms | None] = [None] * len(tasks)
     if workers <= 1 or len(tasks) < 2:
         for k in range(len(jobs)):

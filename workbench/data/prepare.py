@@ -375,10 +375,9 @@ def prepare(sources: Sequence[str | os.PathLike], out: str | os.PathLike, *, cut
 
 
 def _bar(total_bytes: int, progress: bool):
-    from tqdm.auto import tqdm
+    from workbench.progress import bar
 
-    return tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", disable=not progress,
-                mininterval=0.5 if os.isatty(2) else 30.0)
+    return bar(total=total_bytes, unit="B", unit_scale=True, desc="prepare", disable=not progress)
 
 
 def _run_pool(out: Path, paths: list[Path], settings: Settings, fingerprints: list[dict],

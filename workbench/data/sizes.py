@@ -48,13 +48,12 @@ def graph_sizes(structures: Iterable[ase.Atoms], cutoff: float = 4.5, progress: 
     """
     structures = list(structures)
     out = np.zeros(len(structures), dtype=SIZES_DTYPE)
-    it: Iterable = structures
-    if progress:
-        from tqdm.auto import tqdm
+    from workbench.progress import bar
 
-        it = tqdm(structures, desc="neighbour lists", unit="graph")
-    for k, atoms in enumerate(it):
-        out[k] = (len(atoms), count_edges(atoms, cutoff), str(atoms.info.get("config_type", "unknown")))
+    with bar(total=len(structures), desc="neighbour lists", unit="graph", disable=not progress) as b:
+        for k, atoms in enumerate(structures):
+            out[k] = (len(atoms), count_edges(atoms, cutoff), str(atoms.info.get("config_type", "unknown")))
+            b.update(1)
     return out
 
 

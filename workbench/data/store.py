@@ -32,14 +32,14 @@ atoms on average) three ways and reads 2,000 at random (2-core machine, 2026-11-
 =========================================  =======  ======  =====================
 layout                                     write s  MB      random read, µs/graph
 =========================================  =======  ======  =====================
-group per structure (mace ``HDF5Dataset``)    49.0   250.7                 3874.7
-flat arrays, h5py slices                       0.4   113.7                  169.8
-flat arrays, memmap (this module)              0.4   113.7                   13.7
+group per structure (mace ``HDF5Dataset``)    53.3   250.7                 4311.1
+flat arrays, h5py slices                       0.5   113.7                  178.9
+flat arrays, memmap (this module)              0.5   113.7                   14.7
 =========================================  =======  ======  =====================
 
 A group per structure pays an HDF5 object lookup per dataset per read and grows the file's
 B-tree and metadata with every structure (2.2x the bytes here); flat arrays keep eight datasets
-per shard whatever the number of graphs, and a mapped read skips HDF5 altogether: 280x faster
+per shard whatever the number of graphs, and a mapped read skips HDF5 altogether: 290x faster
 than mace's reader, so graph building, not reading, is what DataLoader workers spend time on.
 LMDB would also give O(1) reads, but stores one pickled record per key (the group-per-structure
 problem again, serialised); HDF5 keeps the arrays typed, readable by h5py and mace users' tools.

@@ -44,9 +44,9 @@ def tile_prepared(src: GraphStore, out: str | os.PathLike, n: int, *, seed: int 
     all_counts = np.lib.format.open_memmap(out / COUNTS, mode="w+", dtype=np.uint32, shape=(n, counts.shape[1]))
     origin = np.lib.format.open_memmap(out / ORIGIN, mode="w+", dtype=ORIGIN_DTYPE, shape=(n,))
     names = []
-    from tqdm.auto import tqdm
+    from workbench.progress import bar as progress_bar
 
-    bar = tqdm(total=n, unit="graph", desc="tile", disable=not progress)
+    bar = progress_bar(total=n, unit="graph", desc="tile", disable=not progress)
     for code, start in enumerate(range(0, n, shard_size)):
         pick = np.arange(start, min(start + shard_size, n)) % rows.size
         batch = []

@@ -27,7 +27,33 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    import json
+
+    from workbench.train.evaluate import evaluate_file, format_table
+
+    result = evaluate_file(args.model, args.file, energy_key=args.energy_key, forces_key=args.forces_key,
+                           batch_size=args.batch_size, device=args.device)
+    print(format_table(result))
+    if args.json:
+        from pathlib import Path
+
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
 def register(sub) -> None:
+    e = sub.add_parser("eval", help="energy and force errors of a mace model on an extxyz file, per config_type")
+    e.add_argument("model", help="a saved mace-torch model (e.g. runs/<name>/model.model)")
+    e.add_argument("file", help="extxyz file with labels")
+    e.add_argument("--energy-key", default="REF_energy")
+    e.add_argument("--forces-key", default="REF_forces")
+    e.add_argument("--batch-size", type=int, default=16)
+    e.add_argument("--device", default="cpu")
+    e.add_argument("--json", help="also write the result as JSON here")
+    e.set_defaults(func=_eval)
+
     p = sub.add_parser("train", help="train a MACE model (single process or under torchrun)")
     _add_config_args(p, "")
     p.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint in the run directory")

@@ -46,6 +46,7 @@ class TrainData:
     train_configs: list = field(default_factory=list)  # mace Configurations (in-memory source only)
     valid_configs: list = field(default_factory=list)
     origin: object = None  # callable: training-graph positions -> "file, frame N" descriptions
+    valid_families: Sequence[str] | None = None  # config_type of each validation graph (per-family errors)
 
     def describe(self, indices: Sequence[int], limit: int = 8) -> str:
         """Where training graphs ``indices`` came from, for error messages."""
@@ -204,7 +205,8 @@ def _from_structures(config: TrainConfig, structures: list | None) -> TrainData:
     atoms = np.array([int(d.num_nodes) for d in train], dtype=np.int64)
     edges = np.array([int(d.edge_index.shape[1]) for d in train], dtype=np.int64)
     return TrainData(train, valid, z_table, atoms, edges, train_configs=configs[n_valid:],
-                     valid_configs=configs[:n_valid], origin=FileOrigin(path, frames[train_pos]))
+                     valid_configs=configs[:n_valid], origin=FileOrigin(path, frames[train_pos]),
+                     valid_families=[c.config_type for c in configs[:n_valid]])
 
 
 class StoreGraphs:
@@ -282,5 +284,7 @@ def _from_store(config: TrainConfig) -> TrainData:
     # The datasets keep 10 bytes a graph; the index itself is dropped with ``store``.
     train = StoreGraphs(store.reader, store.locations(train_rows), z_table, config.cutoff, config.dtype)
     valid = StoreGraphs(store.reader, store.locations(valid_rows), z_table, config.cutoff, config.dtype)
+    valid_families = list(np.asarray(store.families, dtype=str)[idx["family"][valid_rows]])
     return TrainData(train, valid, z_table, idx["atoms"][train_rows].astype(np.int64),
-                     idx["edges"][train_rows].astype(np.int64), stats=stats, origin=StoreOrigin(store.path, train_rows))
+                     idx["edges"][train_rows].astype(np.int64), stats=stats, origin=StoreOrigin(store.path, train_rows),
+                     valid_families=valid_families)

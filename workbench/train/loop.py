@@ -35,6 +35,7 @@ from workbench.train.checkpoint import (
 )
 from workbench.train.config import TrainConfig
 from workbench.train.data import TrainData
+from workbench.train.evaluate import evaluate
 from workbench.train.rundir import EPOCH_FIELDS, STEP_FIELDS, JsonlLog, RunDir, RunLock, drop_after
 from workbench.train.timing import AllreduceTimer, sync
 
@@ -128,25 +129,6 @@ def _batch_hash(indices) -> int:
 
 def _unwrap(model):
     return model.module if hasattr(model, "module") else model
-
-
-def evaluate(model, data, device: torch.device, batch_size: int = 16, num_workers: int = 0) -> dict:
-    """Energy MAE per atom (meV/atom) and force MAE (meV/Å) of ``model`` on ``data`` (a list of
-    ``AtomicData`` or a dataset that builds them; ``num_workers`` DataLoader processes build them)."""
-    from mace.tools.torch_geometric import DataLoader
-
-    if not len(data):
-        return {"e_mae_mev_atom": float("nan"), "f_mae_mev_a": float("nan")}
-    model.eval()
-    e_err, f_err, n_atoms_f = 0.0, 0.0, 0
-    for batch in DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=num_workers):
-        batch = batch.to(device)
-        out = model(batch.to_dict(), training=False, compute_force=True)
-        n = (batch.ptr[1:] - batch.ptr[:-1]).to(out["energy"].dtype)
-        e_err += float(((out["energy"].detach() - batch.energy).abs() / n).sum())
-        f_err += float((out["forces"].detach() - batch.forces).abs().mean(dim=1).sum())
-        n_atoms_f += int(batch.forces.shape[0])
-    return {"e_mae_mev_atom": 1000 * e_err / len(data), "f_mae_mev_a": 1000 * f_err / max(n_atoms_f, 1)}
 
 
 def _maybe_fail(global_step: int, rank: int) -> None:
@@ -552,11 +534,13 @@ def train_one_epoch(s: Session, epoch: int, step_log: JsonlLog, bar) -> tuple[St
 
 def validate(s: Session) -> dict:
     """Validation MAEs with the EMA weights (when kept), then the plateau scheduler's step."""
+    run = lambda: evaluate(s.model, s.data.valid, s.device, num_workers=s.config.num_workers,  # noqa: E731
+                           families=s.data.valid_families)
     if s.ema is not None:
         with s.ema.average_parameters():
-            valid = evaluate(s.model, s.data.valid, s.device, num_workers=s.config.num_workers)
+            valid = run()
     else:
-        valid = evaluate(s.model, s.data.valid, s.device, num_workers=s.config.num_workers)
+        valid = run()
     if not math.isnan(valid.get("e_mae_mev_atom", float("nan"))):
         s.scheduler.step(valid["e_mae_mev_atom"] + valid["f_mae_mev_a"])
     return valid
@@ -573,6 +557,8 @@ def log_epoch(s: Session, epoch_log: JsonlLog | None, epoch: int, complete: bool
         "train_e_mae_mev_atom": 1000 * totals.e_abs / max(totals.graphs, 1),
         "train_f_mae_mev_a": 1000 * totals.f_abs / max(totals.force_atoms, 1),
         "valid_e_mae_mev_atom": valid["e_mae_mev_atom"], "valid_f_mae_mev_a": valid["f_mae_mev_a"],
+        "valid_e_rmse_mev_atom": valid["e_rmse_mev_atom"], "valid_f_rmse_mev_a": valid["f_rmse_mev_a"],
+        "valid_families": valid["families"],
         "compute_share": totals.compute_s / busy, "allreduce_share": totals.allreduce_s / busy,
         "data_share": totals.data_s / busy, "loss": s.last_loss, "lr": s.optimizer.param_groups[0]["lr"],
         "peak_mem_gb": torch.cuda.max_memory_allocated(s.device) / 1e9 if s.device.type == "cuda" else None,
@@ -583,10 +569,10 @@ def log_epoch(s: Session, epoch_log: JsonlLog | None, epoch: int, complete: bool
 def _progress(s: Session):
     bar = None
     if s.rank == 0 and s.config.progress:
-        from tqdm.auto import tqdm
+        from workbench.progress import bar as progress_bar
 
         total = s.config.max_steps or s.config.epochs * len(s.sampler)
-        bar = tqdm(total=total, initial=min(s.global_step, total), desc=s.config.name, unit="step")
+        bar = progress_bar(total=total, initial=min(s.global_step, total), desc=s.config.name, unit="step")
     try:
         yield bar
     finally:

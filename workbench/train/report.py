@@ -66,6 +66,11 @@ def write_report(run_dir: str | os.PathLike, packing=None, families: np.ndarray 
         parts.append("<h3>Epochs</h3><table border=1 cellpadding=4><tr><th>epoch</th><th>s</th><th>train E MAE meV/atom</th>"
                      "<th>train F MAE meV/Å</th><th>valid E MAE</th><th>valid F MAE</th><th>compute</th>"
                      f"<th>all-reduce wait</th></tr>{rows}</table>")
+    from workbench.train.evaluate import family_table_html, last_validation
+
+    valid = last_validation(epochs)
+    if valid is not None:
+        parts.append(family_table_html(valid, f"Validation errors per config_type (epoch {valid['epoch']})"))
     if packing is not None:
         parts.append(_layout_figure(packing, families).to_html(full_html=False, include_plotlyjs=False))
     html = "<html><head><meta charset='utf-8'><title>cfm-workbench run report</title></head><body>" \

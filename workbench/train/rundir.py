@@ -31,7 +31,7 @@ from typing import Any, Iterator
 STEP_FIELDS = ("type", "rank", "epoch", "step", "global_step", "data_s", "compute_s", "allreduce_s", "step_s",
                "atoms", "edges", "graphs", "loss", "lr", "batch_hash", "time", "peak_rss_mb")
 EPOCH_FIELDS = ("type", "epoch", "complete", "global_step", "epoch_s", "train_e_mae_mev_atom", "train_f_mae_mev_a",
-                "valid_e_mae_mev_atom", "valid_f_mae_mev_a", "compute_share", "allreduce_share", "data_share",
+                "valid_e_mae_mev_atom", "valid_f_mae_mev_a", "valid_families", "compute_share", "allreduce_share", "data_share",
                 "loss", "lr", "peak_mem_gb")
 
 

@@ -119,7 +119,8 @@ def step_time_figure(run_dir, title: str | None = None):
 
 
 def summary_html(run_dir, status: str | None = None) -> str:
-    """One line: status, steps and epochs logged, last loss, ranks."""
+    """One line (status, steps and epochs logged, last loss, ranks) and the latest per-family
+    validation errors."""
     from workbench.train.rundir import read_epochs
 
     series = step_series(run_dir)
@@ -130,9 +131,13 @@ def summary_html(run_dir, status: str | None = None) -> str:
                                                                                                       "#777")
     st = (f"<span class='wb-run-status' style='background:{badge};color:white;border-radius:4px;padding:1px 6px'>"
           f"{status}</span> " if status else "")
+    from workbench.train.evaluate import family_table_html, last_validation
+
+    valid = last_validation(epochs)
+    table = family_table_html(valid, f"Validation errors per config_type (epoch {valid['epoch']})") if valid else ""
     return (f"<div class='wb-run-summary' style='font-size:13px'>{st}<code>{_run_dir(run_dir)}</code> · "
             f"{len(series)} rank(s) · {steps} steps · {len(epochs)} epoch(s) logged"
-            + (f" · last loss {np.mean(last):.4g}" if last else "") + "</div>")
+            + (f" · last loss {np.mean(last):.4g}" if last else "") + f"</div>{table}")
 
 
 class RunMonitor:
