@@ -278,3 +278,11 @@ def test_preempted_run_exits_75_after_its_checkpoint(tmp_path):
     step = torch.load(RunDir(cfg.run_dir).checkpoint, weights_only=False)["global_step"]
     assert 3 <= step < 500
     assert f"workbench: preempted: stopped by SIGTERM after step {step}" in err and "Traceback" not in err
+
+
+def test_unwritable_output_directory_is_one_line():
+    res = subprocess.run([str(BIN / "workbench"), "train", "--set", "output_dir=/sys/workbench-probe",
+                          "--set", "max_steps=1"], capture_output=True, text=True)
+    assert res.returncode == 2
+    assert res.stderr.strip() == ("workbench: error: /sys/workbench-probe/mace: cannot write the run directory "
+                                  "(Operation not permitted); choose a writable output_dir")

@@ -193,6 +193,10 @@ def drop_after(path: str | os.PathLike, global_step: int) -> int:
     return len(records) - len(keep)
 
 
+class RunDirUnusable(ValueError):
+    """The run directory cannot be created or written."""
+
+
 class RunDirBusy(ValueError):
     """Another live process is training into this run directory."""
 
@@ -215,8 +219,12 @@ class RunLock:
         import socket
         import time
 
-        self.run.path.mkdir(parents=True, exist_ok=True)
-        fh = open(self.run.lock, "a+")
+        try:
+            self.run.path.mkdir(parents=True, exist_ok=True)
+            fh = open(self.run.lock, "a+")
+        except OSError as exc:
+            raise RunDirUnusable(f"{self.run.path}: cannot write the run directory ({exc.strerror or exc}); "
+                                 "choose a writable output_dir") from None
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
