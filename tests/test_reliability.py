@@ -142,7 +142,7 @@ def test_resume_refuses_another_run_and_applies_a_new_lr(tmp_path, capfd):
             train(_tiny(tmp_path, max_steps=6, **change))
     capfd.readouterr()
     train(_tiny(tmp_path, max_steps=6, lr=0.002))
-    assert "resume: lr 0.005 -> 0.002 applied" in capfd.readouterr().err
+    assert "resume: applied lr 0.005 -> 0.002; max_steps 4 -> 6" in capfd.readouterr().err
     ckpt = torch.load(RunDir(tmp_path / "run").checkpoint, weights_only=False)
     assert ckpt["global_step"] == 6 and ckpt["optimizer"]["param_groups"][0]["lr"] == 0.002
     steps = [r["global_step"] for r in read_jsonl(RunDir(tmp_path / "run").step_log(0))]

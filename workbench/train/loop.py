@@ -33,7 +33,7 @@ from workbench.train import preempt
 from workbench.train.checkpoint import (
     load_checkpoint, remove_stale_temporaries, rng_state, save_checkpoint, set_rng_state,
 )
-from workbench.train.config import TrainConfig
+from workbench.train.config import RUN_IDENTITY, TrainConfig
 from workbench.train.data import TrainData
 from workbench.train.evaluate import evaluate
 from workbench.train.rundir import EPOCH_FIELDS, STEP_FIELDS, JsonlLog, RunDir, RunLock, drop_after
@@ -319,8 +319,9 @@ def check_resume(s: Session, ckpt: dict | None) -> None:
 def restore(s: Session, ckpt: dict | None) -> None:
     """Continue from ``ckpt``: weights, optimiser, scheduler, EMA, counters, sampler position and RNG.
 
-    A changed ``lr`` is applied (and said); steps logged after the checkpoint, which this run
-    replays, are dropped from the logs so each step is logged once.
+    Fields outside the run's identity that changed (``lr``, ``epochs``, ``max_steps``, ...) are
+    applied and said; steps logged after the checkpoint, which this run replays, are dropped from
+    the logs so each step is logged once.
     """
     if not ckpt:
         return
@@ -330,11 +331,14 @@ def restore(s: Session, ckpt: dict | None) -> None:
     if s.ema is not None and ckpt.get("ema") is not None:
         s.ema.load_state_dict(ckpt["ema"])
     s.epoch, s.global_step = ckpt["epoch"], ckpt["global_step"]
-    saved_lr = ckpt["config"].get("lr")
-    if saved_lr is not None and saved_lr != s.config.lr:
+    saved = ckpt["config"]
+    if saved.get("lr") is not None and saved["lr"] != s.config.lr:
         for group in s.optimizer.param_groups:
             group["lr"] = s.config.lr
-        _say(s, f"resume: lr {saved_lr:g} -> {s.config.lr:g} applied")
+    changed = [f"{k} {saved[k]!r} -> {v!r}" for k, v in s.config.to_dict().items()
+               if k in saved and k not in RUN_IDENTITY + ("name", "output_dir") and saved[k] != v]
+    if changed:
+        _say(s, f"resume: applied {'; '.join(changed)}")
     s.resume_sampler = ckpt["sampler"][s.rank]
     set_rng_state(ckpt["rng"][s.rank] if isinstance(ckpt["rng"], list) else ckpt["rng"])
     dropped = drop_after(s.run.step_log(s.rank), s.global_step)
