@@ -30,7 +30,7 @@ STATS_RTOL = 1e-9
 @pytest.fixture(scope="module")
 def embedded_store(tmp_path_factory):
     out = tmp_path_factory.mktemp("prepared") / "mixture"
-    return prepare([EMBEDDED_PATH], out, workers=2, shard_size=300, progress=False)
+    return prepare([EMBEDDED_PATH], out, workers=2, shard_size=100, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def embedded_frames():
 def test_index_matches_structures(embedded_store, embedded_frames):
     store = embedded_store
     assert len(store) == len(embedded_frames) == 2000
-    assert len(store.shards) == 7  # 2000 frames in shards of 300
+    assert len(store.shards) == 20  # 2000 frames in shards of 100
     sizes = graph_sizes(embedded_frames, cutoff=4.5)
     idx = store.index
     np.testing.assert_array_equal(idx["atoms"], sizes["atoms"])
@@ -67,14 +67,14 @@ def test_index_matches_structures(embedded_store, embedded_frames):
 
 
 def test_same_inputs_same_index_and_no_work_twice(embedded_store, tmp_path):
-    again = prepare([EMBEDDED_PATH], tmp_path / "again", workers=1, shard_size=300, progress=False)
+    again = prepare([EMBEDDED_PATH], tmp_path / "again", workers=1, shard_size=100, progress=False)
     for name in ("index.npy", "counts.npy", "origin.npy"):
         assert (again.path / name).read_bytes() == (embedded_store.path / name).read_bytes(), name
     before = (again.path / "manifest.json").stat().st_mtime_ns
-    prepare([EMBEDDED_PATH], tmp_path / "again", workers=1, shard_size=300, progress=False)  # finished: no-op
+    prepare([EMBEDDED_PATH], tmp_path / "again", workers=1, shard_size=100, progress=False)  # finished: no-op
     assert (again.path / "manifest.json").stat().st_mtime_ns == before
     with pytest.raises(ValueError, match=r"other settings \(cutoff: 4.5 -> 5.0"):
-        prepare([EMBEDDED_PATH], tmp_path / "again", cutoff=5.0, shard_size=300, progress=False)
+        prepare([EMBEDDED_PATH], tmp_path / "again", cutoff=5.0, shard_size=100, progress=False)
 
 
 def test_statistics_from_index_match_mace(embedded_store):
@@ -166,8 +166,8 @@ def test_malformed_inputs_name_the_frame(embedded_frames, tmp_path):
         prepare([tmp_path / "plain.extxyz.gz"], tmp_path / "o4", workers=1, progress=False)
 
 
-def test_killed_prepare_resumes_to_the_same_index(tmp_path):
-    ref = prepare([EMBEDDED_PATH], tmp_path / "ref", workers=1, shard_size=100, progress=False)
+def test_killed_prepare_resumes_to_the_same_index(embedded_store, tmp_path):
+    ref = embedded_store  # the same settings, uninterrupted (2 workers; the index does not depend on them)
     out = tmp_path / "killed"
     cmd = [sys.executable, "-c", "import sys; from workbench.data.prepare import prepare; "
            f"prepare([{str(EMBEDDED_PATH)!r}], {str(out)!r}, workers=1, shard_size=100, progress=False)"]
@@ -225,13 +225,13 @@ def test_prepare_train_resume_under_torchrun(embedded_store, tmp_path):
 
     base = dict(output_dir=str(tmp_path), dataset=str(embedded_store.path), hidden_irreps="8x0e+8x1o", max_ell=1,
                 correlation=2, num_bessel=4, radial_mlp=[16, 16], families=["water_clusters", "hea", "mptrj"],
-                max_structures=300, valid_fraction=0.1, capacity=250, epochs=5, max_steps=12, checkpoint_every=3,
+                max_structures=200, valid_fraction=0.1, capacity=250, epochs=5, max_steps=9, checkpoint_every=3,
                 lr=0.01, progress=False, seed=3, dist_timeout_s=120, num_workers=2, dtype="float64")
     ref = TrainConfig(name="ref", **base)
     out = _run_train(ref, tmp_path)
     assert out.returncode == 0, out.stderr[-4000:]
     cut = TrainConfig(name="cut", **base)
-    killed = _run_train(cut, tmp_path, {"WORKBENCH_FAIL_AT_STEP": "8"})
+    killed = _run_train(cut, tmp_path, {"WORKBENCH_FAIL_AT_STEP": "5"})
     assert killed.returncode != 0
     resumed = _run_train(cut, tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-4000:]

@@ -236,21 +236,22 @@ def test_non_finite_step_names_the_graphs(tmp_path, mode):
 
 
 def test_uninterrupted_runs_are_bit_identical_with_two_threads(tmp_path):
-    import os
-
     import torch
 
+    from workbench.train import train
     from workbench.train.rundir import RunDir
 
-    weights = []
-    for k in range(2):
-        cfg = _tiny(tmp_path, name=f"r{k}", hidden_irreps="8x0e+8x1o", correlation=2, radial_mlp=[16, 16],
-                    families=["water_clusters", "hea"], max_steps=8)
-        path = tmp_path / f"r{k}.yaml"
-        cfg.to_yaml(path)
-        subprocess.run([str(BIN / "workbench"), "train", "--config", str(path)], check=True, capture_output=True,
-                       env=dict(os.environ, OMP_NUM_THREADS="2"))
-        weights.append(torch.load(RunDir(cfg.run_dir).checkpoint, weights_only=False)["model"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        weights = []
+        for k in range(2):
+            cfg = _tiny(tmp_path, name=f"r{k}", hidden_irreps="8x0e+8x1o", correlation=2, radial_mlp=[16, 16],
+                        families=["water_clusters", "hea"], max_steps=8)
+            train(cfg)
+            weights.append(torch.load(RunDir(cfg.run_dir).checkpoint, weights_only=False)["model"])
+    finally:
+        torch.set_num_threads(threads)
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
