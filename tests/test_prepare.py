@@ -211,12 +211,12 @@ def test_mace_hdf5_shards_are_accepted(embedded_store, embedded_frames, tmp_path
     np.testing.assert_array_equal(g.forces, h.forces)
 
 
-def _run_train(cfg: TrainConfig, tmp_path: Path, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+def _run_train(cfg: TrainConfig, tmp_path: Path, env_extra: dict | None = None, restarts: int = 0):
     path = tmp_path / f"{cfg.name}.yaml"
     cfg.to_yaml(path)
     env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=0",
-           "--no-python", str(BIN / "workbench"), "train", "--config", str(path)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           f"--max-restarts={restarts}", "--no-python", str(BIN / "workbench"), "train", "--config", str(path)]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
 
 
@@ -230,11 +230,11 @@ def test_prepare_train_resume_under_torchrun(embedded_store, tmp_path):
     ref = TrainConfig(name="ref", **base)
     out = _run_train(ref, tmp_path)
     assert out.returncode == 0, out.stderr[-4000:]
+    # Rank 1 dies after step 5; torchrun restarts the group, which resumes from the step-3 checkpoint.
     cut = TrainConfig(name="cut", **base)
-    killed = _run_train(cut, tmp_path, {"WORKBENCH_FAIL_AT_STEP": "5"})
-    assert killed.returncode != 0
-    resumed = _run_train(cut, tmp_path)
+    resumed = _run_train(cut, tmp_path, {"WORKBENCH_FAIL_AT_STEP": "5", "WORKBENCH_FAIL_RANK": "1"}, restarts=1)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "resume: from step 3" in resumed.stderr
     for rank in (0, 1):
         a, b = read_steps(ref.run_dir, rank), read_steps(cut.run_dir, rank)
         assert len(a) == ref.max_steps
@@ -246,6 +246,7 @@ def test_prepare_train_resume_under_torchrun(embedded_store, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     epochs = [json.loads(x) for x in RunDir(ref.run_dir).epoch_log.read_text().splitlines()]
     assert np.isfinite(epochs[-1]["valid_f_mae_mev_a"])  # validation read from the same store
+    assert set(epochs[-1]["valid_families"]) <= {"water_clusters", "hea", "mptrj"}
 
 
 def test_prepared_dataset_errors(embedded_store, tmp_path):
