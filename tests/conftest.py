@@ -5,8 +5,22 @@ os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-# --- workbench.launch: a real single-node SLURM for the session ---
 import pytest  # noqa: E402
+
+# Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) a module runs whole on one
+# worker, so its module fixtures (a JupyterLab, compiled kernels, a prepared store) start once;
+# modules that share a session fixture share a worker: one SLURM cluster, one DDP run.
+SHARED_WORKER = {"test_launch": "slurm", "test_notebooks": "slurm", "test_train": "ddp", "test_report": "ddp"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        item.add_marker(pytest.mark.xdist_group(SHARED_WORKER.get(module, module)))
+
+
+# --- workbench.launch: a real single-node SLURM for the session ---
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +43,16 @@ def slurm_cluster():
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def ddp_run(tmp_path_factory):
+    """One tiny MACE run, 2 ranks under torchrun (gloo), shared by the training and report tests."""
+    from train_fixtures import run_cli, tiny
+
+    tmp = tmp_path_factory.mktemp("ddp")
+    cfg = tiny(tmp, "ddp")
+    # No restart budget: the rank-failure test compares against this uninterrupted run.
+    out = run_cli(cfg, tmp, nproc=2, restarts=0)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return cfg, tmp

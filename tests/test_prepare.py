@@ -268,3 +268,22 @@ def test_large_structure_file_points_to_prepare(monkeypatch):
     with pytest.warns(UserWarning, match=r"workbench data prepare .*mixture\.extxyz\.gz --out DIR"):
         structures = data.load_structures(TrainConfig(dataset=str(EMBEDDED_PATH), families=["hea"]))
     assert len(structures) == 19
+
+
+def test_bench_prepare_rows_and_anchors(tmp_path):
+    from workbench.train.bench_data import _targets, bench_prepare, format_table
+
+    res = bench_prepare(tmp_path, frames=2000, workers=(1, 2))
+    rows = res["rows"]
+    assert res["frames"] == 2000 and set(rows) == {"ase.io.iread (parse only)", "prepare --workers 1",
+                                                   "ase.io.iread x2 processes", "prepare --workers 2"}
+    one, two = rows["prepare --workers 1"], rows["prepare --workers 2"]
+    parse, parallel = rows["ase.io.iread (parse only)"], rows["ase.io.iread x2 processes"]
+    assert one["vs_parallel_parse"] == pytest.approx(parse["seconds"] / one["seconds"])
+    assert two["vs_parallel_parse"] == pytest.approx(parallel["seconds"] / two["seconds"])
+    assert two["per_worker_vs_parse"] == pytest.approx(two["graphs_per_s"] / 2 / parse["graphs_per_s"])
+    assert one["graphs_per_s"] * one["seconds"] == pytest.approx(2000)
+    target = _targets({"prepare": res})
+    assert list(target.values()) == [min(one["vs_parallel_parse"], two["vs_parallel_parse"]) >= 0.7]
+    assert "vs as many ireads" in format_table({"prepare": res, "targets": target})
+    assert not list(tmp_path.glob("*.part*of2.extxyz"))  # the anchor's part files are removed

@@ -30,6 +30,7 @@ _COMMAND_MODULES = (
     "workbench.kernels.tools.cli",
     "workbench.train.cli",
     "workbench.launch.cli",
+    "workbench.viz.cli",
     "workbench.demo",
 )
 

@@ -3,7 +3,7 @@
 1. load the embedded mixture (generating it if it is missing) and print the per-family summary;
 2. pack it for 2 ranks and print the packing metrics against ``fixed-count``;
 3. train a small MACE model for about a minute under ``torchrun`` (2 ranks, gloo on CPU);
-4. write ``runs/demo/report.html`` (loss curves, per-rank step time, packing layout).
+4. write ``runs/demo/report.html`` (:mod:`workbench.viz.report`).
 """
 
 from __future__ import annotations
@@ -56,18 +56,18 @@ def run_demo(path: str | None = None, cutoff: float = 4.5, num_replicas: int = 2
         if algo == "paper":
             result["packing"] = p
     if train:
-        result["run_dir"] = _train_and_report(path, num_replicas, sizes, result["packing"])
+        result["run_dir"] = _train_and_report(path, num_replicas)
     return result
 
 
-def _train_and_report(path: str | None, num_replicas: int, sizes: np.ndarray, packing) -> str:
+def _train_and_report(path: str | None, num_replicas: int) -> str:
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     from workbench.train import TrainConfig
-    from workbench.train.report import write_report
+    from workbench.viz.report import write_report
 
     cfg = TrainConfig(dataset=path, **DEMO_TRAIN)
     from workbench.train.rundir import RunDir
@@ -94,7 +94,7 @@ def _train_and_report(path: str | None, num_replicas: int, sizes: np.ndarray, pa
     last = np.mean([s["loss"] for s in steps[-2 * num_replicas * 5:]])
     print(f"trained {len(steps) // num_replicas} steps in {time.perf_counter() - t0:.0f} s; "
           f"loss {first:.3g} -> {last:.3g}; validation force MAE {epochs[-1]['valid_f_mae_mev_a']:.0f} meV/Å")
-    report = write_report(cfg.run_dir, packing=packing, families=sizes["family"])
+    report = write_report(cfg.run_dir)
     print(f"report: {report}")
     return str(cfg.run_dir)
 

@@ -26,7 +26,7 @@ MIN_DISTANCE = 0.5  # Å; closer atoms are a corrupted frame, not chemistry
 MAX_ENERGY_PER_ATOM = 1.0e7  # eV; all-electron total energies of the heaviest atoms are ~1e6
 MAX_FORCE = 1.0e6  # eV/Å
 
-__all__ = ["StructureError", "check_close_pairs", "check_geometry", "check_labels", "read_structures", "validate_structure",
+__all__ = ["StructureError", "close_pair_error", "check_geometry", "check_labels", "read_structures", "validate_structure",
            "write_structures"]
 
 
@@ -44,7 +44,6 @@ def validate_structure(
     energy_key: str = ENERGY_KEY,
     forces_key: str = FORCES_KEY,
     min_distance: float = MIN_DISTANCE,
-    pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> None:
     """Raise :class:`StructureError` if ``atoms`` cannot be trained on.
 
@@ -53,27 +52,23 @@ def validate_structure(
     images included); and, when ``require_labels`` and the frame is not marked
     ``info["labelled"] = False``, a finite scalar ``info[energy_key]`` and a finite
     ``(n_atoms, 3)`` ``arrays[forces_key]``.
-
-    ``pairs``: ``(i, j, d)`` of a half neighbour list at a cutoff of at least ``min_distance``,
-    when the caller has one; otherwise one is computed.
     """
     check_geometry(atoms, path=path, frame=frame)
     if len(atoms) > 1:
-        i, j, d = _close_pairs(atoms, min_distance) if pairs is None else pairs
-        check_close_pairs(i, j, d, min_distance, path=path, frame=frame)
+        from workbench.data.neighbours import neighbour_stats
+
+        nb = neighbour_stats(atoms.positions, atoms.cell.array, atoms.pbc, 0.0, min_distance)
+        if nb.closest is not None:
+            raise close_pair_error(*nb.closest, nb.close_pairs, min_distance, path=path, frame=frame)
     if require_labels and _is_labelled(atoms):
         check_labels(atoms, path=path, frame=frame, energy_key=energy_key, forces_key=forces_key)
 
 
-def check_close_pairs(i: np.ndarray, j: np.ndarray, d: np.ndarray, min_distance: float = MIN_DISTANCE, *,
-                      path: str | os.PathLike | None = None, frame: int | None = None) -> None:
-    """No pair of a half neighbour list ``(i, j, d)`` closer than ``min_distance`` Å."""
-    close = d < min_distance
-    if close.any():
-        i, j, d = i[close], j[close], d[close]
-        k = int(np.argmin(d))
-        raise StructureError(path, frame, f"atoms {int(i[k])} and {int(j[k])} are {d[k]:.3f} Å apart "
-                                          f"(< {min_distance} Å); {i.size} close pair(s) in total")
+def close_pair_error(i: int, j: int, d: float, pairs: int, min_distance: float, *,
+                     path: str | os.PathLike | None = None, frame: int | None = None) -> StructureError:
+    """The error for overlapping atoms: the closest pair ``(i, j, d)`` and how many pairs are too close."""
+    return StructureError(path, frame, f"atoms {i} and {j} are {d:.3f} Å apart (< {min_distance} Å); "
+                                       f"{pairs} close pair(s) in total")
 
 
 #: Å. A non-periodic structure wider than this, or a periodic one with an atom this many cells
@@ -146,16 +141,6 @@ def check_labels(atoms: ase.Atoms, *, path: str | os.PathLike | None = None, fra
         k = int(np.argmax(big))
         raise StructureError(path, frame, f"force {forces_key!r} on atom {k} is {big[k]:.4g} eV/Å, beyond "
                                           f"{MAX_FORCE:g} eV/Å: a corrupted label or the wrong unit")
-
-
-def _close_pairs(atoms: ase.Atoms, cutoff: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    from vesin import NeighborList
-
-    periodic = bool(atoms.pbc.any())
-    box = atoms.cell.array if periodic else np.zeros((3, 3))
-    nl = NeighborList(cutoff=cutoff, full_list=False)
-    i, j, d = nl.compute(points=atoms.positions, box=box, periodic=list(map(bool, atoms.pbc)) if periodic else False, quantities="ijd")
-    return i, j, d
 
 
 def read_structures(

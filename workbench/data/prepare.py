@@ -203,23 +203,20 @@ def _labels_from_calc(atoms, settings: Settings) -> None:
 def measure(atoms, settings: Settings, path: Path | None = None, frame: int | None = None) -> tuple[Graph, dict]:
     """Validate one structure and return its stored arrays and index fields.
 
-    One half neighbour list at the cutoff (vesin) gives the edge count (each pair twice), the
-    connected atoms and the close-pair check; the geometry is checked once, before it.
+    One count-only pass at the cutoff (:func:`~workbench.data.neighbours.neighbour_stats`) gives
+    the edge count, the connected atoms and the close-pair check; the geometry is checked once,
+    before it.
     """
-    from vesin import NeighborList
-
-    from workbench.data.io import check_close_pairs, check_geometry, check_labels
+    from workbench.data.io import check_geometry, check_labels, close_pair_error
+    from workbench.data.neighbours import neighbour_stats
 
     _labels_from_calc(atoms, settings)
     check_geometry(atoms, path=path, frame=frame)
     n = len(atoms)
-    periodic = [bool(p) for p in atoms.pbc]
-    box = atoms.cell.array if any(periodic) else np.zeros((3, 3))
-    nl = NeighborList(cutoff=max(settings.cutoff, settings.min_distance), full_list=False)
-    i, j, d = nl.compute(points=atoms.positions, box=box, periodic=periodic if any(periodic) else False, quantities="ijd")
-    check_close_pairs(i, j, d, settings.min_distance, path=path, frame=frame)
-    if settings.min_distance > settings.cutoff:
-        i, j = i[d < settings.cutoff], j[d < settings.cutoff]
+    positions, cell, pbc = atoms.positions, atoms.cell.array, atoms.pbc
+    nb = neighbour_stats(positions, cell, pbc, settings.cutoff, settings.min_distance)
+    if nb.closest is not None:
+        raise close_pair_error(*nb.closest, nb.close_pairs, settings.min_distance, path=path, frame=frame)
     info = atoms.info
     labelled = bool(info.get("labelled", True))
     if labelled:
@@ -231,18 +228,16 @@ def measure(atoms, settings: Settings, path: Path | None = None, frame: int | No
     weights = np.array([float(info.get("config_weight", 1.0)),
                         float(info.get("config_energy_weight", 1.0)) if labelled else 0.0,
                         float(info.get("config_forces_weight", 1.0)) if labelled else 0.0])
-    graph = Graph(numbers=atoms.numbers.astype(np.int64), positions=atoms.get_positions(), forces=forces,
-                  cell=atoms.cell.array.copy(), pbc=atoms.pbc.copy(), energy=energy, weights=weights,
+    graph = Graph(numbers=atoms.numbers.astype(np.int64), positions=positions.copy(), forces=forces,
+                  cell=cell.copy(), pbc=pbc.copy(), energy=energy, weights=weights,
                   family=str(info.get("config_type", "Default")))
-    degree = np.bincount(i, minlength=n) + np.bincount(j, minlength=n)
-    fields = {"atoms": n, "edges": 2 * int(i.size), "connected": int(np.count_nonzero(degree)),
+    fields = {"atoms": n, "edges": nb.edges, "connected": nb.connected,
               "labelled": labelled, "energy": energy, "fsq": float(np.sum(forces * forces)) if labelled else float("nan")}
     return graph, fields
 
 
 def _worker_init() -> None:
-    # vesin imports torch (2-3 s per process) only to accept torch tensors; these workers pass
-    # numpy arrays and never need torch, so keep it out of their start-up.
+    # Nothing here needs torch (2-3 s to import per process); keep it out should a library reach for it.
     sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
 
 

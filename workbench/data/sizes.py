@@ -27,16 +27,13 @@ EDGE_STATS_FILE = "edge_stats.json"
 
 
 def count_edges(atoms: ase.Atoms, cutoff: float = 4.5) -> int:
-    """Number of directed edges of ``atoms`` at ``cutoff`` Å (vesin full neighbour list)."""
-    from vesin import NeighborList
+    """Number of directed edges of ``atoms`` at ``cutoff`` Å (periodic images included; the
+    count of vesin's full neighbour list, by :func:`workbench.data.neighbours.neighbour_stats`)."""
+    from workbench.data.neighbours import neighbour_stats
 
     if len(atoms) == 0:
         return 0
-    periodic = [bool(p) for p in atoms.pbc]
-    box = atoms.cell.array if any(periodic) else np.zeros((3, 3))
-    nl = NeighborList(cutoff=cutoff, full_list=True)
-    (i,) = nl.compute(points=atoms.positions, box=box, periodic=periodic if any(periodic) else False, quantities="i")
-    return int(i.size)
+    return neighbour_stats(atoms.positions, atoms.cell.array, atoms.pbc, cutoff).edges
 
 
 def graph_sizes(structures: Iterable[ase.Atoms], cutoff: float = 4.5, progress: bool = False) -> np.ndarray:

@@ -67,7 +67,7 @@ SHARDS = "shards"
 #: One record per graph. Everything the packer, the split and mace's statistics need.
 INDEX_DTYPE = np.dtype([
     ("atoms", "<i4"),        # vertices
-    ("edges", "<i4"),        # directed edges at the cutoff (vesin, periodic images included)
+    ("edges", "<i4"),        # directed edges at the cutoff (periodic images included)
     ("connected", "<i4"),    # atoms with at least one neighbour (mace's avg_num_neighbors counts these)
     ("family", "<u2"),       # code into manifest["families"] (the extxyz config_type)
     ("shard", "<u4"),        # code into manifest["shards"]

@@ -10,6 +10,8 @@ With ``K`` batches of loads ``L_k`` (sum of graph costs), capacity ``C`` and
   count-based batchers that overflow ``C``).
 * step imbalance ``I_s = max_r L_{s,r} / mean_r L_{s,r}``;
   ``step_imbalance_max = max_s I_s`` and ``step_imbalance_mean = mean_s I_s``.
+* ``straggler_share`` = ``mean_s (1 - 1/I_s)``: the share of rank time spent waiting for the
+  slowest rank of each step, if a batch's time is proportional to its load.
 * ``est_epoch_seconds`` = ``sum_s max_r t(batch_{s,r})`` under the
   :class:`~workbench.packing.cost.CostModel` (straggler model).
 * ``pair_repeat_fraction``: of the graph pairs sharing a batch in epoch ``e``,
@@ -89,6 +91,7 @@ def packing_metrics(p: Packing, *, randomness: bool = True, next_packing: Packin
         "over_capacity_batches": int((loads > p.capacity).sum()),
         "step_imbalance_max": float(imb.max()) if imb.size else 1.0,
         "step_imbalance_mean": float(imb.mean()) if imb.size else 1.0,
+        "straggler_share": float(np.mean(1.0 - 1.0 / imb)) if imb.size else 0.0,
         "graphs_per_batch_mean": float(sizes.mean()) if sizes.size else 0.0,
         "empty_batches": int((sizes == 0).sum()),
         "est_epoch_seconds": est,

@@ -74,6 +74,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def register_bench(bench_sub) -> None:
     _register_bench_data(bench_sub)
+    _register_bench_quality(bench_sub)
     p = bench_sub.add_parser("train", help="one epoch per variant: fixed-count+e3nn vs packer+e3nn/numba/cueq")
     _add_config_args(p, " for the model and capacity")
     p.add_argument("--structures", type=int, default=5000, help="mixture size (embedded data tiled; default 5000)")
@@ -107,3 +108,32 @@ def _register_bench_data(bench_sub) -> None:
     p.add_argument("--workdir", default="runs/bench/data", help="datasets and runs (default: %(default)s)")
     p.add_argument("--out", default="runs/bench/data.json")
     p.set_defaults(func=_bench_data)
+
+
+def _bench_quality(args: argparse.Namespace) -> int:
+    from workbench.train.bench_quality import bench_quality, format_table
+
+    res = bench_quality(preset=args.preset, seeds=[int(s) for s in args.seeds.split(",")],
+                        samplers=args.samplers.split(","), mace=not args.no_mace, dtype=args.dtype,
+                        batch_size=args.batch_size, threads=args.threads, workdir=args.workdir, out=args.out)
+    print(format_table(res))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _register_bench_quality(bench_sub) -> None:
+    from workbench.train.bench_quality import PRESETS, SAMPLERS
+
+    p = bench_sub.add_parser("quality", help="validation errors against mace_run_train (same split, dtype, steps), "
+                                             "and fixed-count vs the packers over seeds")
+    p.add_argument("--preset", default="small", choices=list(PRESETS),
+                   help="small: ~10 min on 2 cores; standard: issue 20's 32x0e+32x1o model, 3 epochs (default: %(default)s)")
+    p.add_argument("--seeds", default="0,1,2", help="comma list (default: %(default)s)")
+    p.add_argument("--samplers", default=",".join(SAMPLERS), help="comma list of %(default)s")
+    p.add_argument("--no-mace", action="store_true", help="skip mace_run_train (packers only)")
+    p.add_argument("--dtype", default="float64", choices=["float32", "float64"])
+    p.add_argument("--batch-size", type=int, default=8, help="graphs per batch (packers: capacity = this x mean atoms)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads per run (default: %(default)s)")
+    p.add_argument("--workdir", default="runs/bench/quality", help="split files, runs and logs (replaced)")
+    p.add_argument("--out", default="runs/bench/quality.json")
+    p.set_defaults(func=_bench_quality)

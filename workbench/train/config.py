@@ -43,7 +43,7 @@ NULLABLE = ("max_structures", "ema_decay", "clip_grad", "max_steps")
 ON_NONFINITE = ("stop", "skip")
 #: The fields that define a run: a checkpoint resumes only under the same values (model, data,
 #: split, packing, precision, seed). Others (lr, epochs, max_steps, workers, ...) may change.
-RUN_IDENTITY = ("dataset", "families", "energy_key", "forces_key", "max_structures", "valid_fraction", "seed",
+RUN_IDENTITY = ("dataset", "valid_dataset", "families", "energy_key", "forces_key", "max_structures", "valid_fraction", "seed",
                 "num_interactions", "hidden_irreps", "max_ell", "correlation", "num_bessel", "num_polynomial_cutoff",
                 "cutoff", "mlp_irreps", "radial_mlp", "dtype", "sampler", "capacity", "batch_size")
 
@@ -59,6 +59,7 @@ class TrainConfig:
     device: str = "auto"  # auto: cuda when available, else cpu
     # data
     dataset: str | None = None  # None: the embedded mixture; a structure file; or a prepared dataset directory
+    valid_dataset: str | None = None  # validation structures from this file instead of a valid_fraction split
     valid_fraction: float = 0.1
     max_structures: int | None = None  # keep the first N (after a seeded shuffle), for quick runs
     families: list[str] | None = None  # restrict to these config_types

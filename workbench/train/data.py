@@ -16,6 +16,8 @@ structures, and build identical ``AtomicData`` (``mace.data.AtomicData.from_conf
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -47,6 +49,8 @@ class TrainData:
     valid_configs: list = field(default_factory=list)
     origin: object = None  # callable: training-graph positions -> "file, frame N" descriptions
     valid_families: Sequence[str] | None = None  # config_type of each validation graph (per-family errors)
+    family_names: Sequence[str] = ()  # config_types, in code order
+    train_family: np.ndarray | None = None  # int16 code into family_names of each training graph
 
     def describe(self, indices: Sequence[int], limit: int = 8) -> str:
         """Where training graphs ``indices`` came from, for error messages."""
@@ -81,10 +85,13 @@ class StoreOrigin:
 
 def split_order(n: int, config: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
     """``(train, valid)`` positions into ``n`` candidate graphs: a seeded shuffle, the
-    ``max_structures`` cut, then the first ``valid_fraction`` for validation."""
+    ``max_structures`` cut, then the first ``valid_fraction`` for validation (none when
+    ``valid_dataset`` names a validation file)."""
     order = np.random.default_rng(config.seed).permutation(n)
     if config.max_structures:
         order = order[: config.max_structures]
+    if config.valid_dataset:  # validation comes from its own file: every candidate trains
+        return order, order[:0]
     n_valid = int(round(config.valid_fraction * len(order)))
     if config.valid_fraction > 0 and len(order) >= 2:
         n_valid = max(n_valid, 1)
@@ -194,9 +201,13 @@ def _from_structures(config: TrainConfig, structures: list | None) -> TrainData:
     else:
         frames, path = np.arange(len(structures)), "<structures given>"
     train_pos, valid_pos = split_order(len(structures), config)
-    chosen = [structures[i] for i in np.concatenate([valid_pos, train_pos])]
+    if config.valid_dataset:
+        valid = _load_with_frames(dataclasses.replace(config, dataset=config.valid_dataset))[0]
+    else:
+        valid = [structures[i] for i in valid_pos]
+    chosen = valid + [structures[i] for i in train_pos]
     check_graph_memory(chosen, config.cutoff)
-    n_valid = valid_pos.size
+    n_valid = len(valid)
     z_table = z_table_for(chosen)
     spec = key_specification(config.energy_key, config.forces_key)
     configs = [config_from_atoms(a, key_specification=spec) for a in chosen]
@@ -204,9 +215,12 @@ def _from_structures(config: TrainConfig, structures: list | None) -> TrainData:
     train, valid = data[n_valid:], data[:n_valid]
     atoms = np.array([int(d.num_nodes) for d in train], dtype=np.int64)
     edges = np.array([int(d.edge_index.shape[1]) for d in train], dtype=np.int64)
+    names = sorted({str(c.config_type) for c in configs})
+    code = {n: k for k, n in enumerate(names)}
     return TrainData(train, valid, z_table, atoms, edges, train_configs=configs[n_valid:],
                      valid_configs=configs[:n_valid], origin=FileOrigin(path, frames[train_pos]),
-                     valid_families=[c.config_type for c in configs[:n_valid]])
+                     valid_families=[c.config_type for c in configs[:n_valid]], family_names=names,
+                     train_family=np.array([code[str(c.config_type)] for c in configs[n_valid:]], dtype=np.int16))
 
 
 class StoreGraphs:
@@ -262,6 +276,9 @@ def _from_store(config: TrainConfig) -> TrainData:
     from workbench.data.store import GraphStore
     from workbench.train.stats import stats_from_index
 
+    if config.valid_dataset:
+        raise ValueError(f"TrainConfig.valid_dataset ({config.valid_dataset}) works with a structure file as dataset; "
+                         f"a prepared dataset ({config.dataset}) is split by valid_fraction")
     store = GraphStore(config.dataset)
     if abs(store.cutoff - config.cutoff) > 1e-12:
         raise ValueError(f"{store.path}: prepared at cutoff {store.cutoff} Å, but TrainConfig.cutoff is {config.cutoff} Å; "
@@ -287,4 +304,5 @@ def _from_store(config: TrainConfig) -> TrainData:
     valid_families = list(np.asarray(store.families, dtype=str)[idx["family"][valid_rows]])
     return TrainData(train, valid, z_table, idx["atoms"][train_rows].astype(np.int64),
                      idx["edges"][train_rows].astype(np.int64), stats=stats, origin=StoreOrigin(store.path, train_rows),
-                     valid_families=valid_families)
+                     valid_families=valid_families, family_names=list(store.families),
+                     train_family=idx["family"][train_rows].astype(np.int16))

@@ -262,8 +262,11 @@ def set_up(config: TrainConfig, structures: list | None, data: TrainData | None)
     sampler = make_sampler(config, data.train_atoms, data.train_edges, world, rank)
     run = RunDir(config.run_dir)
     if rank == 0:
+        from workbench.train.record import write_run_record
+
         run.metrics_dir.mkdir(parents=True, exist_ok=True)
         config.to_yaml(run.config)
+        write_run_record(run, config, data, world, device, sampler)
     _init_process_group(config, rank, world, device)
     # Deterministic kernels where torch has a choice (warn, not fail, where a CUDA op has none).
     torch.use_deterministic_algorithms(config.deterministic, warn_only=True)

@@ -4,6 +4,8 @@ Every module that writes or reads a run goes through here, so a file name is spe
 
     <output_dir>/<name>/
         config.yaml             the config used                          RunDir.config
+        run.json                what ran: ranks, device, data, commit    RunDir.info
+        packing.npz             epoch 0's packing, graph families        RunDir.packing
         metrics/rank<r>.jsonl   one step record per line, per rank       RunDir.step_log(r)
         metrics.jsonl           one epoch record per line (rank 0)       RunDir.epoch_log
         checkpoint.pt           latest checkpoint (resume point)         RunDir.checkpoint
@@ -52,6 +54,14 @@ class RunDir:
     @property
     def checkpoint(self) -> Path:
         return self.path / "checkpoint.pt"
+
+    @property
+    def info(self) -> Path:
+        return self.path / "run.json"
+
+    @property
+    def packing(self) -> Path:
+        return self.path / "packing.npz"
 
     @property
     def lock(self) -> Path:

@@ -19,9 +19,10 @@ touching a structure, in bounded memory: E0s by a streamed QR of ``[A | E]`` (th
 minimiser and, with the same ``rcond``, the same minimum-norm solution as ``lstsq`` on ``A``),
 the rest from per-graph sums. All four are exact up to float64 rounding: against mace's
 functions in float64 they agree to 1e-9 relative (``tests/test_prepare.py``). Two caveats:
-edges were counted by vesin at prepare time, where mace builds its graphs with matscipy (the
-same pairs, barring a distance within rounding of the cutoff); and in a float32 run mace's
-own functions average in float32, so they differ from these by float32 rounding.
+edges were counted at prepare time (:mod:`workbench.data.neighbours`, equal to vesin's full
+list), where mace builds its graphs with matscipy (the same pairs, barring a distance within
+rounding of the cutoff); and in a float32 run mace's own functions average in float32, so they
+differ from these by float32 rounding.
 """
 
 from __future__ import annotations

@@ -1,0 +1,85 @@
+"""The quality bench's pieces: the split it writes, the mace_run_train command, the verdicts; valid_dataset."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workbench.data.embedded import EMBEDDED_PATH
+from workbench.train import TrainConfig
+from workbench.train.bench_quality import PRESETS, base_config, mace_command, summarise, write_split
+
+pytestmark = pytest.mark.skipif(not EMBEDDED_PATH.exists(), reason="embedded dataset missing")
+
+
+def _small(tmp_path: Path) -> TrainConfig:
+    from dataclasses import replace
+
+    return replace(base_config(PRESETS["small"], tmp_path), max_structures=60, families=["water_clusters", "cuni"])
+
+
+def test_split_files_and_valid_dataset_give_the_same_partition(tmp_path):
+    from dataclasses import replace
+
+    from workbench.data.io import read_structures
+    from workbench.train.data import prepare_data
+
+    cfg = _small(tmp_path)
+    split = write_split(cfg, tmp_path / "split")
+    assert (split["n_train"], split["n_valid"]) == (54, 6)
+    train = read_structures(split["train"])
+    valid = read_structures(split["valid"])
+    # Training from the written files, validation from valid_dataset: the same graphs, none held back.
+    data = prepare_data(replace(cfg, dataset=split["train"], valid_dataset=split["valid"], max_structures=None,
+                                families=None))
+    assert len(data.valid) == len(valid) and len(data.train) == len(train)
+    assert sorted(data.train_atoms.tolist()) == sorted(len(a) for a in train)
+    assert sorted(int(d.num_nodes) for d in data.valid) == sorted(len(a) for a in valid)
+    # The written validation frames are the split's validation graphs.
+    direct = prepare_data(cfg)
+    key = lambda ds: np.sort([float(d.positions.sum()) for d in ds])  # noqa: E731
+    assert np.allclose(key(direct.valid), key(data.valid), rtol=0, atol=1e-6)
+    assert np.allclose(key(direct.train), key(data.train), rtol=0, atol=1e-6)
+
+
+def test_valid_dataset_is_refused_with_a_prepared_dataset(tmp_path):
+    from workbench.train.data import _from_store
+
+    with pytest.raises(ValueError, match="valid_dataset.*structure file"):
+        _from_store(TrainConfig(dataset=str(tmp_path), valid_dataset="v.extxyz"))
+
+
+def test_mace_command_parses_with_the_installed_mace(tmp_path):
+    from mace.tools import build_default_arg_parser
+
+    cfg = _small(tmp_path)
+    cmd = mace_command(cfg, {"train": "t.xyz", "valid": "v.xyz"}, tmp_path, epochs=2)
+    args = build_default_arg_parser().parse_args(cmd[1:])
+    assert (args.hidden_irreps, args.max_ell, args.correlation, args.num_interactions) == \
+        (cfg.hidden_irreps, cfg.max_ell, cfg.correlation, cfg.num_interactions)
+    assert (args.lr, args.ema_decay, args.forces_weight, args.energy_weight, args.clip_grad) == \
+        (cfg.lr, cfg.ema_decay, cfg.forces_weight, cfg.energy_weight, cfg.clip_grad)
+    assert (args.model, args.E0s, args.default_dtype, args.batch_size, args.max_num_epochs) == \
+        ("ScaleShiftMACE", "average", "float64", 8, 2)
+    assert args.amsgrad and args.ema and args.r_max == cfg.cutoff and args.radial_MLP == "[32,32]"
+
+
+def _rows(trainer, sampler, e, f):
+    return [{"trainer": trainer, "sampler": sampler, "seed": k, "e_mae_mev_atom": a, "f_mae_mev_a": b}
+            for k, (a, b) in enumerate(zip(e, f))]
+
+
+def test_verdicts_by_hand():
+    rng = np.random.default_rng()
+    e_m, f_m = rng.uniform(50, 80, 3), rng.uniform(40, 60, 3)
+    rows = (_rows("mace_run_train", "fixed 8", e_m, f_m) + _rows("workbench", "fixed-count", e_m * 1.03, f_m * 0.98)
+            + _rows("workbench", "paper", e_m * 1.03 - 1, f_m * 0.98 + 0.1) + _rows("workbench", "shuffled-paper", e_m + 50, f_m))
+    s = summarise(rows)
+    assert s["parity"]["e_ratio"] == pytest.approx(1.03) and s["parity"]["f_ratio"] == pytest.approx(0.98)
+    assert s["parity"]["met"]
+    fc = s["groups"]["workbench/fixed-count"]
+    assert fc["e_std"] == pytest.approx(np.std(e_m * 1.03, ddof=1))
+    assert s["packing"]["paper"]["met"] and s["packing"]["paper"]["e_excess"] == pytest.approx(-1)
+    assert not s["packing"]["shuffled-paper"]["met"]  # 50 meV/atom worse, far beyond the spread
+    far = summarise(_rows("mace_run_train", "fixed 8", e_m, f_m) + _rows("workbench", "fixed-count", e_m * 1.06, f_m))
+    assert not far["parity"]["met"]

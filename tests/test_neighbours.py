@@ -1,0 +1,80 @@
+"""Count-only neighbour statistics against vesin's full neighbour list."""
+
+import ase
+import numpy as np
+import pytest
+from vesin import NeighborList
+
+from workbench.data.embedded import EMBEDDED_PATH
+from workbench.data.neighbours import neighbour_stats
+
+
+def _vesin(positions, cell, pbc, cutoff, min_distance):
+    pbc = np.asarray(pbc, dtype=bool)
+    nl = NeighborList(cutoff=max(cutoff, min_distance), full_list=True)
+    i, j, d = nl.compute(points=positions, box=cell if pbc.any() else np.zeros((3, 3)),
+                         periodic=[bool(p) for p in pbc] if pbc.any() else False, quantities="ijd")
+    keep = d < cutoff
+    close = d < min_distance
+    closest = None
+    if close.any():
+        k = int(np.argmin(np.where(close, d, np.inf)))
+        closest = (int(i[k]), int(j[k]), float(d[k]))
+    return int(keep.sum()), int(np.count_nonzero(np.bincount(i[keep], minlength=len(positions)))), int(close.sum()) // 2, closest
+
+
+def _same(ours, ref):
+    assert (ours.edges, ours.connected, ours.close_pairs) == ref[:3]
+    if ref[3] is None:
+        assert ours.closest is None
+    else:
+        assert ours.closest[2] == pytest.approx(ref[3][2], abs=1e-12)
+        assert {ours.closest[0], ours.closest[1]} == {ref[3][0], ref[3][1]}
+
+
+@pytest.mark.skipif(not EMBEDDED_PATH.exists(), reason="embedded dataset missing")
+def test_every_embedded_structure_matches_vesin():
+    from workbench.data.embedded import load_embedded
+
+    structures = load_embedded()
+    for cutoff in (4.5, 6.0):
+        for a in structures[:: 1 if cutoff == 4.5 else 10]:
+            _same(neighbour_stats(a.positions, a.cell.array, a.pbc, cutoff, 1.0),
+                  _vesin(a.positions, a.cell.array, a.pbc, cutoff, 1.0))
+
+
+def test_random_cells_skewed_small_and_mixed_periodic():
+    rng = np.random.default_rng()
+    checked = 0
+    while checked < 300:
+        n = int(rng.integers(1, 40))
+        cell = rng.normal(size=(3, 3)) * rng.uniform(0.5, 6) + np.eye(3) * rng.uniform(1.5, 10)
+        if abs(np.linalg.det(cell)) < 2:
+            continue
+        pbc = rng.random(3) < 0.7
+        # Coordinates inside and well outside the cell (wrapping), some atoms on top of each other.
+        pos = rng.uniform(-15, 25, size=(n, 3))
+        if n > 3:
+            pos[1] = pos[0] + rng.normal(scale=0.05, size=3)
+        cutoff = float(rng.uniform(2.0, 7.0))
+        _same(neighbour_stats(pos, cell, pbc, cutoff, 0.8), _vesin(pos, cell, pbc, cutoff, 0.8))
+        checked += 1
+
+
+def test_self_images_sparse_and_far_structures():
+    # One atom in a 2 Å cube at a 4.5 Å cutoff: only its own images are neighbours (and edges).
+    one = ase.Atoms("Cu", positions=[[0.3, 0.2, 0.1]], cell=np.eye(3) * 2.0, pbc=True)
+    got = neighbour_stats(one.positions, one.cell.array, one.pbc, 4.5, 0.5)
+    _same(got, _vesin(one.positions, one.cell.array, one.pbc, 4.5, 0.5))
+    grid = np.stack(np.meshgrid(*[np.arange(-3, 4)] * 3), -1).reshape(-1, 3)
+    lattice_points = int(np.count_nonzero((np.linalg.norm(2.0 * grid, axis=1) < 4.5) & grid.any(axis=1)))
+    assert (got.edges, got.connected, got.closest) == (lattice_points, 1, None)
+    # Two atoms 9 km apart stay cheap (the grid widens) and have no neighbour.
+    far = np.array([[0.0, 0.0, 0.0], [9000.0, 10.0, -3.0], [1.0, 0.0, 0.0]])
+    got = neighbour_stats(far, np.zeros((3, 3)), [False] * 3, 4.5, 0.5)
+    assert (got.edges, got.connected, got.close_pairs) == (2, 2, 0)
+    # A slab periodic in two directions, with a zero third cell vector.
+    rng = np.random.default_rng()
+    slab = rng.uniform(0, 6, size=(20, 3))
+    cell = np.array([[6.0, 0, 0], [1.5, 5.5, 0], [0, 0, 0]])
+    _same(neighbour_stats(slab, cell, [True, True, False], 4.5, 0.5), _vesin(slab, cell, [True, True, False], 4.5, 0.5))

@@ -1,0 +1,280 @@
+r"""``workbench bench quality``: model quality against mace-torch's own trainer, and what packing costs.
+
+One command trains, on the same split of the embedded mixture, in the same dtype, for the same
+number of optimiser steps and with the same recipe as far as both trainers allow:
+
+* ``mace_run_train`` (mace-torch's trainer, batches of ``batch_size`` graphs), and
+* ``workbench train`` with the ``fixed-count`` sampler (the same batches by count), ``paper``
+  and ``shuffled-paper`` (batches packed to ``capacity`` atoms, set so that a batch holds
+  ``batch_size`` graphs on average),
+
+each over several seeds, then evaluates every final model with one function
+(:func:`~workbench.train.evaluate.evaluate_file`) on the same validation file. It prints a table,
+writes JSON, and checks two targets:
+
+* **parity**: the workbench with ``fixed-count`` is within 5% of ``mace_run_train`` in validation
+  energy and force MAE (means over seeds);
+* **packing costs no accuracy**: ``paper`` and ``shuffled-paper`` are no worse than
+  ``fixed-count`` by more than the seed-to-seed spread (the larger standard deviation of the two).
+
+Recipe differences that remain between the two trainers (the rest is identical: mace's
+``ScaleShiftMACE``, E0s by least squares, ``avg_num_neighbors``, scale = RMS force and shift =
+mean interaction energy per atom from mace's own functions, ``WeightedEnergyForcesLoss``, Adam
+with amsgrad, EMA, gradient clipping, ``ReduceLROnPlateau`` on the validation loss):
+
+* **final model**: ``mace_run_train`` keeps the checkpoint of the epoch with the lowest
+  validation loss; ``workbench train`` exports the weights (EMA) after the last step.
+* **epochs**: mace drops the last incomplete batch of an epoch, the workbench keeps it, so
+  the same number of steps splits into slightly different epochs; the scheduler steps once per
+  epoch in both.
+* **batch order**: each shuffles with its own seeded generator, so the same seed does not give
+  the same batches.
+* **loss normalisation under packing**: the loss is a mean over a batch's graphs (energy) and
+  atoms (forces), so a packed batch of many small graphs weighs each graph less than a batch of
+  few large ones; fixed-count batches, as in mace, weigh each batch equally.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from workbench.train.config import TrainConfig
+
+SAMPLERS = ("fixed-count", "paper", "shuffled-paper")
+PARITY_TOLERANCE = 0.05  # relative, on the means over seeds
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A model and a training length for the comparison."""
+
+    hidden_irreps: str
+    max_ell: int
+    correlation: int
+    epochs: int  # mace epochs; the workbench runs the same number of steps
+    max_structures: int | None  # labelled structures taken (before the split); None: all
+    radial_mlp: list[int] = field(default_factory=lambda: [64, 64, 64])
+    num_bessel: int = 8
+
+
+PRESETS = {
+    # About 10 minutes on 2 cores (12 runs of ~66 steps): a smoke test of the comparison, noisy.
+    "small": Preset(hidden_irreps="8x0e+8x1o", max_ell=1, correlation=2, epochs=2, max_structures=300,
+                    radial_mlp=[32, 32], num_bessel=6),
+    # The comparison of issue 20: 32x0e+32x1o, max_ell 2, correlation 2, 3 epochs of the whole mixture.
+    "standard": Preset(hidden_irreps="32x0e+32x1o", max_ell=2, correlation=2, epochs=3, max_structures=None),
+}
+
+
+def base_config(preset: Preset, workdir: Path, dtype: str = "float64", batch_size: int = 8, seed: int = 0) -> TrainConfig:
+    """The shared recipe (mace_run_train's defaults where the workbench has the same knob)."""
+    return TrainConfig(name="quality", output_dir=str(workdir), seed=seed, max_structures=preset.max_structures,
+                       hidden_irreps=preset.hidden_irreps, max_ell=preset.max_ell, correlation=preset.correlation,
+                       num_bessel=preset.num_bessel, radial_mlp=list(preset.radial_mlp), num_interactions=2,
+                       dtype=dtype, lr=0.01, amsgrad=True, ema_decay=0.99, energy_weight=1.0, forces_weight=100.0,
+                       lr_factor=0.8, scheduler_patience=50, clip_grad=10.0, sampler="fixed-count",
+                       batch_size=batch_size, progress=False, checkpoint_every=0, export=True)
+
+
+def write_split(config: TrainConfig, workdir: Path) -> dict:
+    """Write the training and validation structures of ``config``'s split as two extxyz files."""
+    from workbench.data.io import write_structures
+    from workbench.train.data import load_structures, split_order
+
+    structures = load_structures(config)
+    train_pos, valid_pos = split_order(len(structures), config)
+    train = [structures[i] for i in train_pos]
+    valid = [structures[i] for i in valid_pos]
+    workdir.mkdir(parents=True, exist_ok=True)
+    paths = {"train": workdir / "train.extxyz", "valid": workdir / "valid.extxyz"}
+    write_structures(paths["train"], train)
+    write_structures(paths["valid"], valid)
+    atoms = np.array([len(a) for a in train])
+    return {"train": str(paths["train"]), "valid": str(paths["valid"]), "n_train": len(train), "n_valid": len(valid),
+            "mean_atoms": float(atoms.mean()), "max_atoms": int(atoms.max())}
+
+
+def mace_command(config: TrainConfig, split: dict, workdir: Path, epochs: int) -> list[str]:
+    """``mace_run_train`` with the recipe of ``config`` on the written split."""
+    exe = shutil.which("mace_run_train", path=str(Path(sys.executable).parent)) or "mace_run_train"
+    radial = "[" + ",".join(str(x) for x in config.radial_mlp) + "]"
+    return [exe, "--name", "mace", "--seed", str(config.seed), "--work_dir", str(workdir), "--device", "cpu",
+            "--default_dtype", config.dtype, "--model", "ScaleShiftMACE", "--train_file", split["train"],
+            "--valid_file", split["valid"], "--energy_key", config.energy_key, "--forces_key", config.forces_key,
+            "--E0s", "average", "--r_max", str(config.cutoff), "--num_radial_basis", str(config.num_bessel),
+            "--num_cutoff_basis", str(config.num_polynomial_cutoff), "--max_ell", str(config.max_ell),
+            "--correlation", str(config.correlation), "--num_interactions", str(config.num_interactions),
+            "--hidden_irreps", config.hidden_irreps, "--MLP_irreps", config.mlp_irreps, "--radial_MLP", radial,
+            "--batch_size", str(config.batch_size), "--valid_batch_size", str(config.batch_size),
+            "--max_num_epochs", str(epochs), "--lr", str(config.lr), "--amsgrad", "--ema", "--ema_decay",
+            str(config.ema_decay), "--energy_weight", str(config.energy_weight), "--forces_weight",
+            str(config.forces_weight), "--clip_grad", str(config.clip_grad), "--scheduler", "ReduceLROnPlateau",
+            "--lr_factor", str(config.lr_factor), "--scheduler_patience", str(config.scheduler_patience),
+            "--loss", "weighted", "--scaling", "rms_forces_scaling", "--eval_interval", "1", "--patience", "100000"]
+
+
+def _run(cmd: list[str], log: Path, threads: int) -> float:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    t0 = time.perf_counter()
+    with open(log, "w") as fh:
+        done = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+    if done.returncode != 0:
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        raise RuntimeError(f"{' '.join(cmd[:3])} ... failed (exit {done.returncode}); log {log}:\n" + "\n".join(tail))
+    return time.perf_counter() - t0
+
+
+def run_mace(config: TrainConfig, split: dict, workdir: Path, epochs: int, threads: int) -> tuple[Path, float]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    wall = _run(mace_command(config, split, workdir, epochs), workdir / "mace_run_train.log", threads)
+    model = workdir / "mace.model"
+    if not model.exists():
+        raise RuntimeError(f"mace_run_train finished without {model}; see {workdir / 'mace_run_train.log'}")
+    return model, wall
+
+
+def run_workbench(config: TrainConfig, workdir: Path, threads: int) -> tuple[Path, float]:
+    from workbench.train.rundir import RunDir
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / f"{config.name}.yaml"
+    config.to_yaml(path)
+    exe = str(Path(sys.executable).parent / "workbench")
+    wall = _run([exe, "train", "--config", str(path)], workdir / "train.log", threads)
+    return RunDir(config.run_dir).model, wall
+
+
+def _row(trainer: str, sampler: str, seed: int, steps: int, wall: float, result: dict) -> dict:
+    return {"trainer": trainer, "sampler": sampler, "seed": seed, "steps": steps, "wall_s": wall,
+            "e_mae_mev_atom": result["e_mae_mev_atom"], "f_mae_mev_a": result["f_mae_mev_a"],
+            "e_rmse_mev_atom": result["e_rmse_mev_atom"], "f_rmse_mev_a": result["f_rmse_mev_a"],
+            "families": {k: {"e_mae_mev_atom": v["e_mae_mev_atom"], "f_mae_mev_a": v["f_mae_mev_a"], "graphs": v["graphs"]}
+                         for k, v in result["families"].items()}}
+
+
+def summarise(rows: list[dict]) -> dict:
+    """Mean and standard deviation over seeds per (trainer, sampler), and the two verdicts."""
+    groups: dict[str, dict] = {}
+    for r in rows:
+        key = f"{r['trainer']}/{r['sampler']}"
+        g = groups.setdefault(key, {"e": [], "f": []})
+        g["e"].append(r["e_mae_mev_atom"])
+        g["f"].append(r["f_mae_mev_a"])
+    stats = {k: {"seeds": len(g["e"]), "e_mean": float(np.mean(g["e"])), "e_std": float(np.std(g["e"], ddof=1)) if len(g["e"]) > 1 else 0.0,
+                 "f_mean": float(np.mean(g["f"])), "f_std": float(np.std(g["f"], ddof=1)) if len(g["f"]) > 1 else 0.0}
+             for k, g in groups.items()}
+    out: dict = {"groups": stats}
+    mace, fc = stats.get("mace_run_train/fixed 8"), stats.get("workbench/fixed-count")
+    if mace and fc:
+        ratio_e, ratio_f = fc["e_mean"] / mace["e_mean"], fc["f_mean"] / mace["f_mean"]
+        out["parity"] = {"e_ratio": ratio_e, "f_ratio": ratio_f, "tolerance": PARITY_TOLERANCE,
+                         "e_spread": max(mace["e_std"], fc["e_std"]) / mace["e_mean"],
+                         "f_spread": max(mace["f_std"], fc["f_std"]) / mace["f_mean"],
+                         "met": bool(abs(ratio_e - 1) <= PARITY_TOLERANCE and abs(ratio_f - 1) <= PARITY_TOLERANCE)}
+    if fc:
+        packing = {}
+        for s in ("paper", "shuffled-paper"):
+            g = stats.get(f"workbench/{s}")
+            if g is None:
+                continue
+            spread_e, spread_f = max(fc["e_std"], g["e_std"]), max(fc["f_std"], g["f_std"])
+            packing[s] = {"e_excess": g["e_mean"] - fc["e_mean"], "f_excess": g["f_mean"] - fc["f_mean"],
+                          "e_spread": spread_e, "f_spread": spread_f,
+                          "met": bool(g["e_mean"] - fc["e_mean"] <= spread_e and g["f_mean"] - fc["f_mean"] <= spread_f)}
+        out["packing"] = packing
+    return out
+
+
+def bench_quality(preset: str = "small", seeds: Sequence[int] = (0, 1, 2), samplers: Sequence[str] = SAMPLERS,
+                  mace: bool = True, dtype: str = "float64", batch_size: int = 8, threads: int = 2,
+                  workdir: str | os.PathLike = "runs/bench/quality", out: str | os.PathLike = "runs/bench/quality.json",
+                  progress=print) -> dict:
+    """Run the comparison (see the module docstring); returns and writes the results."""
+    from workbench.train.evaluate import evaluate_file
+
+    if preset not in PRESETS:
+        raise KeyError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    unknown = sorted(set(samplers) - set(SAMPLERS))
+    if unknown:
+        raise KeyError(f"unknown sampler(s) {unknown}; choose from {', '.join(SAMPLERS)}")
+    p = PRESETS[preset]
+    workdir = Path(workdir)
+    if workdir.exists():
+        shutil.rmtree(workdir)  # every run starts fresh: no resume from an older bench
+    base = base_config(p, workdir, dtype=dtype, batch_size=batch_size)
+    split = write_split(base, workdir / "split")
+    steps = p.epochs * (split["n_train"] // batch_size)  # mace drops the last incomplete batch
+    capacity = max(split["max_atoms"], int(round(batch_size * split["mean_atoms"])))
+    progress(f"split: {split['n_train']} training / {split['n_valid']} validation graphs "
+             f"(mean {split['mean_atoms']:.0f} atoms); {steps} steps; packers at capacity {capacity} atoms")
+    jobs = [(seed, "mace") for seed in seeds if mace] + [(seed, s) for seed in seeds for s in samplers]
+    rows = []
+    for k, (seed, what) in enumerate(jobs, 1):
+        where = workdir / f"{what}-seed{seed}"
+        if what == "mace":
+            model, wall = run_mace(replace(base, seed=seed), split, where, p.epochs, threads)
+            trainer, sampler = "mace_run_train", f"fixed {batch_size}"
+        else:
+            cfg = replace(base, name=f"{what}-seed{seed}", output_dir=str(workdir), seed=seed, sampler=what,
+                          capacity=capacity, dataset=split["train"], valid_dataset=split["valid"], max_structures=None,
+                          epochs=10 * p.epochs + 10, max_steps=steps)
+            model, wall = run_workbench(cfg, where, threads)
+            trainer, sampler = "workbench", what
+        result = evaluate_file(model, split["valid"], energy_key=base.energy_key, forces_key=base.forces_key)
+        rows.append(_row(trainer, sampler, seed, steps, wall, result))
+        progress(f"[{k}/{len(jobs)}] {trainer:<15} {sampler:<15} seed {seed}: E MAE {result['e_mae_mev_atom']:.1f} "
+                 f"meV/atom, F MAE {result['f_mae_mev_a']:.1f} meV/Å ({wall:.0f} s)")
+    import torch
+
+    res = {"bench": "quality", "preset": preset, "preset_config": asdict(p), "dtype": dtype, "batch_size": batch_size,
+           "capacity": capacity, "steps": steps, "seeds": list(seeds), "split": split, "threads": threads,
+           "torch": torch.__version__, "mace": _version("mace-torch"), "rows": rows, "summary": summarise(rows)}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(res, indent=1) + "\n")
+    return res
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def format_table(res: dict) -> str:
+    """The per-run table, the means over seeds and the two verdicts."""
+    fams = sorted({f for r in res["rows"] for f in r["families"]})
+    head = f"{'trainer':<15} {'sampler':<15} {'seed':>4} {'steps':>5} {'E MAE':>7} {'F MAE':>7}  " + \
+        " ".join(f"{f[:12]:>12}" for f in fams)
+    lines = [f"Quality bench ({res['preset']}, {res['dtype']}, {res['split']['n_train']} train / "
+             f"{res['split']['n_valid']} valid graphs, {res['steps']} steps, packers at capacity {res['capacity']})",
+             "MAE: energy meV/atom, force meV/Å; per family: force MAE", head, "-" * len(head)]
+    for r in res["rows"]:
+        lines.append(f"{r['trainer']:<15} {r['sampler']:<15} {r['seed']:>4} {r['steps']:>5} {r['e_mae_mev_atom']:>7.1f} "
+                     f"{r['f_mae_mev_a']:>7.1f}  " + " ".join(
+                         f"{r['families'][f]['f_mae_mev_a']:>12.1f}" if f in r["families"] else f"{'-':>12}" for f in fams))
+    s = res["summary"]
+    lines += ["", f"{'group':<32} {'seeds':>5} {'E MAE mean ± sd':>18} {'F MAE mean ± sd':>18}"]
+    for k, g in s["groups"].items():
+        lines.append(f"{k:<32} {g['seeds']:>5} {g['e_mean']:>10.1f} ± {g['e_std']:<5.1f} {g['f_mean']:>10.1f} ± {g['f_std']:<5.1f}")
+    if "parity" in s:
+        pa = s["parity"]
+        lines.append(f"\nparity (workbench fixed-count / mace_run_train): E {pa['e_ratio']:.3f}, F {pa['f_ratio']:.3f} "
+                     f"(target within ±{pa['tolerance']:.0%}; seed spread E ±{pa['e_spread']:.0%}, F ±{pa['f_spread']:.0%}): "
+                     f"{'met' if pa['met'] else 'NOT met'}")
+    for name, v in s.get("packing", {}).items():
+        lines.append(f"{name} vs fixed-count: E {v['e_excess']:+.1f} (spread {v['e_spread']:.1f}), F {v['f_excess']:+.1f} "
+                     f"(spread {v['f_spread']:.1f}): {'no worse than the seed spread' if v['met'] else 'WORSE than the seed spread'}")
+    return "\n".join(lines)
