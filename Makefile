@@ -39,12 +39,12 @@ system-deps:
 		apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SYSTEM_PKGS) >/dev/null; \
 	else echo "note: $(SYSTEM_PKGS) missing and not root; the SLURM and browser tests will be skipped"; fi
 
-# Two pytest workers (pytest-xdist): a module runs whole on one worker (tests/conftest.py), and
-# many tests are single-threaded, so two cores finish in about two thirds of the time.
-# TEST_WORKERS=0 runs everything in one process.
+# Two pytest workers (pytest-xdist), a test module whole on one worker: many tests are
+# single-threaded, so both cores stay busy. TEST_WORKERS=0 runs everything in one process.
+# (Not --dist loadgroup: under pytest 9 its group suffix no longer reaches the scheduler.)
 TEST_WORKERS ?= 2
 test: $(STAMP) system-deps
-	WORKBENCH_LOCK="$(LOCK)" $(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	WORKBENCH_LOCK="$(LOCK)" $(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Resolve everything afresh in a scratch venv (no constraints) and pin what it got.
 LOCK_VENV ?= .venv-lock

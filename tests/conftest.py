@@ -7,17 +7,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
-# Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) a module runs whole on one
-# worker, so its module fixtures (a JupyterLab, compiled kernels, a prepared store) start once;
-# modules that share a session fixture share a worker: one SLURM cluster, one DDP run.
-SHARED_WORKER = {"test_launch": "slurm", "test_notebooks": "slurm", "test_train": "ddp", "test_report": "ddp"}
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1]
-        item.add_marker(pytest.mark.xdist_group(SHARED_WORKER.get(module, module)))
+# Under pytest-xdist ``make test`` runs ``-n 2 --dist loadfile``: a module runs whole on one
+# worker, so its module fixtures (a JupyterLab, compiled kernels, a prepared store) start once.
+# Session fixtures start once per worker that needs them (LocalSlurm picks free ports, so two
+# clusters can run side by side).
 
 
 # --- workbench.launch: a real single-node SLURM for the session ---

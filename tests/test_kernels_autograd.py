@@ -72,3 +72,47 @@ def test_matches_mace_forward_backward_double_backward(ell, correlation, out):
         err = float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
         assert b.abs().max() > 0
         assert err <= 1e-10, err
+
+
+def test_atoms_of_no_species_get_zeros_like_e3nn_and_soft_attributes_are_refused():
+    ref, ours = _pair(ell=1, correlation=2, channels=3, n_elements=3)
+    x, y = _inputs(ref, 7, 3, seed=int(torch.randint(0, 2**31, ())))
+    y = y.clone()
+    y[[2, 5]] = 0.0  # two atoms of no species: e3nn mixes the weights by y, so they get zeros
+    g = torch.randn(7, ref.irreps_out.dim, dtype=torch.float64)
+    outs = []
+    for mod in (ref, ours):
+        o = mod(x, y)
+        (gx,) = torch.autograd.grad(o, [x], g)
+        outs.append((o.detach(), gx))
+    for a, b in zip(outs[1], outs[0]):
+        assert float((a - b).abs().max() / b.abs().max()) <= 1e-12
+    assert outs[1][0][[2, 5]].abs().max() == 0 and outs[1][0][[0, 1]].abs().max() > 0
+    soft = y.clone()
+    soft[4] = torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64)
+    with pytest.raises(ValueError, match="node_attrs row 4 is not one-hot"):
+        ours(x, soft)
+
+
+def test_a_cuda_tensor_without_a_numba_cuda_target_is_an_error_naming_why(monkeypatch):
+    from numba import cuda
+
+    from workbench.kernels import ops
+    from workbench.kernels.backends import device
+
+    def broken():
+        raise OSError("libcuda.so: cannot open shared object file")
+
+    monkeypatch.setattr(cuda, "is_available", broken)
+    device.cuda_status.cache_clear()
+    try:
+        assert device.cuda_status() == (False, "numba.cuda.is_available() failed (OSError: libcuda.so: cannot open "
+                                               "shared object file)")
+        monkeypatch.delenv(ops.HOST_FALLBACK_ENV, raising=False)
+        with pytest.raises(RuntimeError, match=r"cuda:0 tensors, but numba\.cuda\.is_available\(\) failed .*libcuda"):
+            ops._no_cuda_target(torch.device("cuda:0"))
+        monkeypatch.setenv(ops.HOST_FALLBACK_ENV, "1")
+        with pytest.warns(RuntimeWarning, match="host copies"):
+            ops._no_cuda_target(torch.device("cuda:1"))
+    finally:
+        device.cuda_status.cache_clear()

@@ -102,6 +102,9 @@ def test_accelerate_arguments():
         with pytest.raises(ImportError, match="cuequivariance"):
             accelerate(model, backend="cueq")
     assert accelerate(model, ops=("symmetric_contraction",)) is model
+    assert accelerate(model) is model  # again: already on the workbench kernels, nothing to say
+    with pytest.raises(ValueError, match="nothing to swap for symmetric_contraction, channelwise_tp in this Sequential"):
+        accelerate(torch.nn.Sequential(torch.nn.Linear(3, 3)))
 
 
 def test_saved_model_loads_in_a_process_without_cuda(tmp_path):

@@ -28,6 +28,7 @@ simulator on CPU tensors; otherwise the numba CPU path (:mod:`~workbench.kernels
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -54,13 +55,21 @@ def _warn_once(msg: str) -> None:
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
-def _warn_no_cuda_target(device: torch.device) -> None:
-    # no numba CUDA target here (e.g. numba-cuda not installed): correct but slow
-    _warn_once(
-        f"workbench.kernels: no numba CUDA target for {device} tensors; running the CPU path "
-        "on host copies. Install numba-cuda (the [cuda] extra) or convert back with "
-        "accelerate(model, backend='e3nn')."
-    )
+#: set to 1 to let CUDA tensors run the CPU kernels on host copies when numba has no CUDA target
+HOST_FALLBACK_ENV = "WORKBENCH_KERNELS_HOST_FALLBACK"
+
+
+def _no_cuda_target(device: torch.device) -> None:
+    """A CUDA tensor, but numba cannot launch here: an error naming why, unless host copies are allowed."""
+    from workbench.kernels.backends.device import cuda_status
+
+    why = cuda_status()[1]
+    if os.environ.get(HOST_FALLBACK_ENV, "0") != "1":
+        raise RuntimeError(
+            f"workbench.kernels: {device} tensors, but {why}. Install numba-cuda (the [cuda] extra) with a "
+            f"working driver, convert back with accelerate(model, backend='e3nn'), or set {HOST_FALLBACK_ENV}=1 "
+            "to run the CPU kernels on host copies (correct, slow)")
+    _warn_once(f"workbench.kernels: {device} tensors run the CPU kernels on host copies ({HOST_FALLBACK_ENV}=1): {why}")
 
 
 class SpeciesIndex:
@@ -219,7 +228,7 @@ class PolyOp(TransientCache):
         if device.type == "cuda" and cuda_available():
             self._run_cuda(tensors, index, channels, outs)
         elif device.type != "cpu":
-            _warn_no_cuda_target(device)
+            _no_cuda_target(device)
             host = [torch.zeros(o.shape, dtype=dtype) for o in outs]
             self._run_host([t.cpu() for t in tensors], index.cpu(), channels, host, sim=False)
             for o, h in zip(outs, host):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-__all__ = ["cuda_available", "cudasim_enabled", "threads_per_block"]
+__all__ = ["cuda_available", "cuda_status", "cudasim_enabled", "threads_per_block"]
 
 _SHARED_BYTES = 48 * 1024
 
@@ -21,16 +21,23 @@ def cudasim_enabled() -> bool:
 
 
 @lru_cache(maxsize=1)
-def cuda_available() -> bool:
-    """numba can launch CUDA kernels here (a GPU with a driver, or the simulator)."""
+def cuda_status() -> tuple[bool, str]:
+    """``(available, why not)``: can numba launch CUDA kernels here (a GPU with a driver, or the
+    simulator)? The reason names what failed, for the error a CUDA tensor then gets."""
     try:
         from numba import cuda
-    except Exception:  # noqa: BLE001 (numba without CUDA support, or a broken toolkit)
-        return False
+    except Exception as exc:  # noqa: BLE001 - numba without CUDA support, or a broken toolkit
+        return False, f"numba's CUDA target does not import ({type(exc).__name__}: {exc})"
     try:
-        return bool(cuda.is_available())
-    except Exception:  # noqa: BLE001
-        return False
+        ok = bool(cuda.is_available())
+    except Exception as exc:  # noqa: BLE001 - a driver that fails to initialise
+        return False, f"numba.cuda.is_available() failed ({type(exc).__name__}: {exc})"
+    return ok, "" if ok else "numba sees no CUDA driver or GPU (numba.cuda.is_available() is False)"
+
+
+def cuda_available() -> bool:
+    """numba can launch CUDA kernels here (:func:`cuda_status`)."""
+    return cuda_status()[0]
 
 
 def threads_per_block(buffer_len: int, itemsize: int) -> int:

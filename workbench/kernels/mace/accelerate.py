@@ -73,7 +73,9 @@ def accelerate(model: torch.nn.Module, backend: str = "numba", ops: Iterable[str
 
     Returns
     -------
-    the accelerated model (``model`` itself, except for ``backend="cueq"``)
+    the accelerated model (``model`` itself, except for ``backend="cueq"``). With ``"numba"``,
+    an op that ends up with no module on the workbench kernels (nothing to swap) raises
+    ``ValueError``: a model accelerated again stays as it is, one without mace's modules is refused.
     """
     if backend not in KERNEL_BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {KERNEL_BACKENDS}")
@@ -99,4 +101,22 @@ def accelerate(model: torch.nn.Module, backend: str = "numba", ops: Iterable[str
         _swap_channelwise_tps(model, backend)
     if "symmetric_contraction" in ops:
         _swap_symmetric_contractions(model, backend)
+    if backend == "numba":
+        missing = [op for op in ops if not _accelerated(model)[op]]
+        if missing:
+            raise ValueError(
+                f"accelerate: found nothing to swap for {', '.join(missing)} in this {type(model).__name__}: it holds "
+                "no mace SymmetricContraction / interaction block with e3nn's tensor product (a model converted "
+                "to cuEquivariance must go back to e3nn first, e.g. with mace's mace_cueq_to_e3nn)")
     return model
+
+
+def _accelerated(model: torch.nn.Module) -> dict[str, bool]:
+    """Which ops of ``model`` run on the workbench kernels (at least one module each)."""
+    from workbench.kernels.mace.channelwise_tp import _fused_class, _is_interaction_block
+    from workbench.kernels.mace.symmetric_contraction import SymmetricContraction
+
+    fused = _fused_class()
+    mods = list(model.modules())
+    return {"symmetric_contraction": any(isinstance(m, SymmetricContraction) for m in mods),
+            "channelwise_tp": any(_is_interaction_block(m) and isinstance(m.conv_tp, fused) for m in mods)}

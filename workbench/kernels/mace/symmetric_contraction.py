@@ -160,6 +160,23 @@ class _ContractionParams(torch.nn.Module):
         return ws + [self.weights_max]
 
 
+def one_hot_species(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(species, empty)`` of one-hot node attributes ``y`` ``[atoms, elements]``: the element
+    of each row, and a mask of all-zero rows (None when there is none). A row that is neither
+    one-hot nor zero (a soft mixture) is refused, naming it: the kernels pick one weight row per
+    atom, where e3nn would mix them."""
+    species = y.argmax(dim=-1)
+    total = y.sum(dim=-1)
+    picked = y.gather(1, species[:, None]).squeeze(1)
+    empty = total == 0
+    bad = ~empty & ((picked != 1) | (total != 1))
+    if bool(bad.any()):
+        row = int(torch.nonzero(bad)[0])
+        raise ValueError(f"node_attrs row {row} is not one-hot ({y[row].tolist()[:8]}...): the numba symmetric "
+                         "contraction needs one species per atom; use backend='e3nn' for mixed attributes")
+    return species, (empty if bool(empty.any()) else None)
+
+
 class SymmetricContraction(torch.nn.Module):
     r"""Drop-in for ``mace.modules.symmetric_contraction.SymmetricContraction`` on the
     sparse-polynomial kernels (numba CUDA on GPU tensors, numba CPU otherwise).
@@ -254,9 +271,13 @@ class SymmetricContraction(torch.nn.Module):
         B = x.shape[0]
         W = self.concatenated_weights()
         Z = W.shape[0]
-        species = y.argmax(dim=-1) if y.dim() == 2 else y.to(torch.int64)
+        if y.dim() != 2:
+            (out,) = apply_poly_op(op, y.to(torch.int64), Z, x.reshape(B, -1), W.reshape(Z, -1))
+            return out
+        species, empty = one_hot_species(y)
         (out,) = apply_poly_op(op, species, Z, x.reshape(B, -1), W.reshape(Z, -1))
-        return out
+        # e3nn mixes the weights by y: an all-zero row (an atom of no species) gives zeros.
+        return out * (~empty).to(out.dtype)[:, None] if empty is not None else out
 
     def extra_repr(self) -> str:
         return f"{self.irreps_in} -> {self.irreps_out}, correlation={self.contractions[0].correlation}, backend=numba"
