@@ -37,15 +37,3 @@ def slurm_cluster():
     finally:
         cluster.stop()
 
-
-@pytest.fixture(scope="session")
-def ddp_run(tmp_path_factory):
-    """One tiny MACE run, 2 ranks under torchrun (gloo), shared by the training and report tests."""
-    from train_fixtures import run_cli, tiny
-
-    tmp = tmp_path_factory.mktemp("ddp")
-    cfg = tiny(tmp, "ddp")
-    # No restart budget: the rank-failure test compares against this uninterrupted run.
-    out = run_cli(cfg, tmp, nproc=2, restarts=0)
-    assert out.returncode == 0, out.stderr[-4000:]
-    return cfg, tmp

@@ -56,6 +56,16 @@ def test_errors_before_process_group(tmp_path):
         train(tiny(tmp_path, "e4", dataset=str(empty)))
 
 
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ddp")
+    cfg = tiny(tmp, "ddp")
+    # No restart budget: the rank-failure test compares against this uninterrupted run.
+    out = run_cli(cfg, tmp, nproc=2, restarts=0)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return cfg, tmp
+
+
 def test_torchrun_two_ranks_gloo_loss_decreases(ddp_run):
     cfg, _ = ddp_run
     r0, r1 = steps(cfg.run_dir, 0), steps(cfg.run_dir, 1)

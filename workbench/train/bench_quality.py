@@ -68,7 +68,7 @@ class Preset:
 
 
 PRESETS = {
-    # About 10 minutes on 2 cores (12 runs of ~66 steps): a smoke test of the comparison, noisy.
+    # About 11 minutes on 2 cores (12 runs of 66 steps): a smoke test of the comparison, noisy.
     "small": Preset(hidden_irreps="8x0e+8x1o", max_ell=1, correlation=2, epochs=2, max_structures=300,
                     radial_mlp=[32, 32], num_bessel=6),
     # The comparison of issue 20: 32x0e+32x1o, max_ell 2, correlation 2, 3 epochs of the whole mixture.
