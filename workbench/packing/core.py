@@ -92,9 +92,10 @@ class Packing:
 
         return packing_metrics(self, randomness=randomness, next_packing=next_packing)
 
-    def save(self, path) -> None:
-        """Write the packing to ``.npz`` (``flat``, ``offsets``, ``costs`` and the settings)."""
-        extra = {}
+    def save(self, path, **arrays) -> None:
+        """Write the packing to ``.npz`` (``flat``, ``offsets``, ``costs`` and the settings), with
+        ``arrays`` stored beside them (:meth:`load` ignores them)."""
+        extra = dict(arrays)
         if self.atoms is not None:
             extra["atoms"] = self.atoms
         if self.edges is not None:

@@ -16,11 +16,9 @@ structures, and build identical ``AtomicData`` (``mace.data.AtomicData.from_conf
 
 from __future__ import annotations
 
-import dataclasses
-
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -202,7 +200,7 @@ def _from_structures(config: TrainConfig, structures: list | None) -> TrainData:
         frames, path = np.arange(len(structures)), "<structures given>"
     train_pos, valid_pos = split_order(len(structures), config)
     if config.valid_dataset:
-        valid = _load_with_frames(dataclasses.replace(config, dataset=config.valid_dataset))[0]
+        valid = _load_with_frames(replace(config, dataset=config.valid_dataset))[0]
     else:
         valid = [structures[i] for i in valid_pos]
     chosen = valid + [structures[i] for i in train_pos]

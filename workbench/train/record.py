@@ -60,12 +60,9 @@ def write_run_record(run: RunDir, config, data, world: int, device, sampler) -> 
     os.replace(tmp, run.info)
     packing = sampler.packing(0)
     tmp = run.packing.with_name(f".{run.packing.stem}.{os.getpid()}.tmp.npz")
-    packing.save(tmp)
-    with np.load(tmp, allow_pickle=False) as z:
-        fields = dict(z)
     code = data.train_family if data.train_family is not None else np.zeros(len(data.train_atoms), np.int16)
-    np.savez_compressed(tmp, **fields, family_code=code, family_names=np.array(families or ["graph"], dtype=str),
-                        train_edges=np.asarray(data.train_edges, dtype=np.int64))
+    packing.save(tmp, family_code=code, family_names=np.array(families or ["graph"], dtype=str),
+                 train_edges=np.asarray(data.train_edges, dtype=np.int64))
     os.replace(tmp, run.packing)
 
 

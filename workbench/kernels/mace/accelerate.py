@@ -102,7 +102,8 @@ def accelerate(model: torch.nn.Module, backend: str = "numba", ops: Iterable[str
     if "symmetric_contraction" in ops:
         _swap_symmetric_contractions(model, backend)
     if backend == "numba":
-        missing = [op for op in ops if not _accelerated(model)[op]]
+        done = _accelerated(model)
+        missing = [op for op in ops if not done[op]]
         if missing:
             raise ValueError(
                 f"accelerate: found nothing to swap for {', '.join(missing)} in this {type(model).__name__}: it holds "

@@ -271,10 +271,7 @@ class SymmetricContraction(torch.nn.Module):
         B = x.shape[0]
         W = self.concatenated_weights()
         Z = W.shape[0]
-        if y.dim() != 2:
-            (out,) = apply_poly_op(op, y.to(torch.int64), Z, x.reshape(B, -1), W.reshape(Z, -1))
-            return out
-        species, empty = one_hot_species(y)
+        species, empty = one_hot_species(y) if y.dim() == 2 else (y.to(torch.int64), None)
         (out,) = apply_poly_op(op, species, Z, x.reshape(B, -1), W.reshape(Z, -1))
         # e3nn mixes the weights by y: an all-zero row (an atom of no species) gives zeros.
         return out * (~empty).to(out.dtype)[:, None] if empty is not None else out
