@@ -83,3 +83,32 @@ def test_verdicts_by_hand():
     assert not s["packing"]["shuffled-paper"]["met"]  # 50 meV/atom worse, far beyond the spread
     far = summarise(_rows("mace_run_train", "fixed 8", e_m, f_m) + _rows("workbench", "fixed-count", e_m * 1.06, f_m))
     assert not far["parity"]["met"]
+
+
+def test_resume_keeps_finished_runs_only_under_the_same_settings(tmp_path):
+    import json
+
+    from workbench.train.bench_quality import _resumed_rows
+
+    settings = {"preset": "standard", "preset_config": {"epochs": 3}, "dtype": "float64", "batch_size": 8}
+    assert _resumed_rows(tmp_path, settings) is None  # nothing there: start afresh
+    (tmp_path / "bench.json").write_text(json.dumps(settings))
+    assert _resumed_rows(tmp_path, settings) == []
+    rows = [{"trainer": "mace_run_train", "sampler": "fixed 8", "seed": 0, "e_mae_mev_atom": 70.5},
+            {"trainer": "workbench", "sampler": "paper", "seed": 0, "e_mae_mev_atom": 68.25}]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert _resumed_rows(tmp_path, settings) == rows
+    with pytest.raises(ValueError, match=r"settings differ \(batch_size, dtype\)"):
+        _resumed_rows(tmp_path, dict(settings, dtype="float32", batch_size=4))
+
+
+def test_partial_bench_table_says_so():
+    from workbench.train.bench_quality import format_table
+
+    rows = _rows("mace_run_train", "fixed 8", [70.0], [50.0])
+    for r in rows:
+        r.update(steps=10, families={})
+    res = {"preset": "standard", "dtype": "float64", "split": {"n_train": 10, "n_valid": 2}, "steps": 10,
+           "capacity": 900, "complete": False, "rows": rows, "summary": summarise(rows)}
+    text = format_table(res)
+    assert text.splitlines()[1].startswith("PARTIAL: 1 runs finished")

@@ -116,3 +116,25 @@ def test_a_cuda_tensor_without_a_numba_cuda_target_is_an_error_naming_why(monkey
             ops._no_cuda_target(torch.device("cuda:1"))
     finally:
         device.cuda_status.cache_clear()
+
+
+def test_row_groups_from_a_stable_sort_and_a_binary_search():
+    """The CSR the CUDA kernels walk (species of atoms, receivers of edges): every position of a
+    value in [0, n) in its group, ascending; values outside fall in no group."""
+    from workbench.kernels.ops import EdgeGraph, SpeciesIndex
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,))))
+    species = torch.randint(0, 5, (200,), generator=g)
+    species[::17] = 7  # beyond num_species: no group
+    ptr, perm = SpeciesIndex(species, 5).csr()
+    assert ptr.tolist()[0] == 0 and ptr.tolist()[-1] == int((species < 5).sum())
+    for z in range(5):
+        members = perm[ptr[z]:ptr[z + 1]].tolist()
+        assert members == torch.nonzero(species == z).flatten().tolist()  # ascending atom order
+    ei = torch.randint(0, 9, (2, 300), generator=g)
+    graph = EdgeGraph(ei, 9)
+    for rows, idx in (("sender", ei[0]), ("receiver", ei[1])):
+        ptr, perm = graph.csr(rows)
+        assert torch.equal(ptr[1:] - ptr[:-1], torch.bincount(idx, minlength=9))
+        for n in range(9):
+            assert perm[ptr[n]:ptr[n + 1]].tolist() == torch.nonzero(idx == n).flatten().tolist()

@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,7 +21,8 @@ from kernel_fixtures import build_model
 from workbench.kernels import accelerate
 from workbench.kernels.backends import unrolled
 from workbench.kernels.mace.channelwise_tp import channelwise_tp_op
-from workbench.kernels.tools.resources import find_ptxas, kernel_resources, occupancy, training_ops
+from workbench.kernels.tools.resources import (find_nvdisasm, find_ptxas, kernel_resources, occupancy, sass_counts,
+                                              training_ops)
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +34,23 @@ def small_ops():
     return {"symmetric_contraction": training_ops(sc), "channelwise_tp": training_ops(tp)}
 
 
-def test_ptxas_is_installed():
-    # the dev extra installs the nvidia-cuda-nvcc wheel; without it the resource checks would be vacuous
-    assert find_ptxas() is not None
+def test_ptxas_and_nvdisasm_are_installed():
+    # the dev extra installs the nvidia-cuda-nvcc and -nvdisasm wheels; without them the resource checks would be vacuous
+    assert find_ptxas() is not None and find_nvdisasm() is not None
+
+
+def test_sass_counts_read_nvdisasm_listings():
+    listing = """
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/              @!P0 FFMA R4, R5, R6, R7 ;
+        /*0020*/                   DFMA.RM R8, R10, R12, R14 ;
+        /*0030*/                   FSETP.GT.AND P0, PT, R4, RZ, PT ;
+        /*0040*/                   FMUL.FTZ R2, R3, 0.5 ;
+        /*0050*/                   EXIT ;
+        /*0060*/                   BRA 0x60;
+        /*0070*/                   NOP;
+    """
+    assert sass_counts(listing) == (7, 3)  # padding NOP dropped; FFMA, DFMA, FMUL are arithmetic, FSETP is not
 
 
 @pytest.mark.parametrize("variant", ["unrolled", "table"])
@@ -54,21 +70,28 @@ def test_training_kernels_compile_for_sm90(small_ops, variant, dtype, monkeypatc
     rows = []
     for family, ops in small_ops.items():
         rows += kernel_resources(ops, dtype, variant, cc=(9, 0), family=family)
-    # forward, 2 backward and 3 double-backward outputs for the contraction; 1 + 3 + 4 for the TP
-    assert len(rows) == len(captured) == 6 + 8
-    assert {r.variant for r in rows} == {variant}
+    # forward, 2 backward and 3 double-backward outputs for the contraction, plus the per-species
+    # sum of each weight gradient; 1 + 3 + 4 for the TP
+    assert len(rows) == len(captured) == 6 + 2 + 8
+    assert {r.variant for r in rows} == {variant, "segment"}
+    assert [r.kernel for r in rows if r.variant == "segment"] == ["species sum"] * 2
     for r, ptx in zip(rows, captured):
         assert ".target sm_90" in ptx and ".entry" in ptx, (r.family, r.op, r.output)
         if dtype == "float32":
             # no float64 arithmetic or conversion: a bare Python float in a kernel would promote
             assert not re.search(r"\.f64\b", ptx), (r.family, r.op, r.output, re.findall(r".*\.f64.*", ptx)[:3])
+        # deterministic: no kernel a training step launches adds with atomics
+        assert not re.search(r"\b(atom|red)\.", ptx), (r.family, r.op, r.output, re.findall(r".*\b(?:atom|red)\..*", ptx)[:3])
         assert r.registers is not None and 0 < r.registers <= 255
         assert r.spill_stores == 0 and r.spill_loads == 0, r
         assert 0 < r.occupancy <= 1
-        if variant == "unrolled":
+        assert r.sass_instructions > 0 and 0 < r.sass_fp < r.sass_instructions, r
+        if r.variant == "unrolled":
+            assert r.sass_per_term == pytest.approx(r.sass_instructions / r.terms, abs=0.01)
+        if r.variant == "unrolled" and r.kernel != "edge reduce":
             assert r.shared_bytes == 0  # operands and accumulators live in registers
-        else:
-            assert r.shared_bytes > 0
+        elif r.variant != "segment":
+            assert r.shared_bytes > 0  # table kernels stage slots; the channel reduction stages partials
 
 
 def test_occupancy_model():
@@ -84,6 +107,12 @@ def test_unrolled_switch(monkeypatch):
     monkeypatch.delenv("WORKBENCH_UNROLL_MAX_TERMS", raising=False)
     assert unrolled.use_unrolled(unrolled.DEFAULT_MAX_TERMS)
     assert not unrolled.use_unrolled(unrolled.DEFAULT_MAX_TERMS + 1)
+    # weighted by accumulators: the paper contraction's backward d(x) (4940 terms, 16 outputs) is
+    # unrolled, the double backward's d(W) (4940 terms into 81 weight components) is not
+    assert unrolled.use_unrolled(4940, 16, 101) and unrolled.use_unrolled(1909, 81, 20)
+    assert not unrolled.use_unrolled(4940, 81, 36) and not unrolled.use_unrolled(9053, 16, 115)
+    # float64 takes twice the registers: the contraction's forward stays on tables, the TP's is unrolled
+    assert not unrolled.use_unrolled(1909, 4, 97, itemsize=8) and unrolled.use_unrolled(86, 40, 30, itemsize=8)
     monkeypatch.setenv("WORKBENCH_UNROLL_MAX_TERMS", "10")
     assert not unrolled.use_unrolled(11)
     monkeypatch.setenv("WORKBENCH_CUDA_KERNELS", "unrolled")
@@ -96,15 +125,21 @@ def test_unrolled_switch(monkeypatch):
 
 
 def test_generated_source_is_straight_line(small_ops):
-    """Offsets and coefficients are literals, every term appears once, float32 constants are typed."""
-    op = small_ops["channelwise_tp"][0][1]
-    comp = op.compiled[0]
-    src = unrolled.kernel_source(comp.table, "node", "float32")
-    compile(src, "<test>", "exec")
-    assert "for p in range(seg_ptr[n], seg_ptr[n + 1]):" in src
-    n_terms = sum(line.count(" * f32(") for line in src.splitlines())
-    assert n_terms == comp.num_terms
-    assert "t_coef" not in src and "cuda.shared" not in src
+    """Offsets are literals, each distinct coefficient is a typed float32 global, every term's
+    coefficient is used exactly once, terms are fused multiply-adds, and no table is read."""
+    for op in (small_ops["channelwise_tp"][0][1], small_ops["symmetric_contraction"][1][1]):
+        for comp in op.compiled:
+            shape = "node" if comp.node_output else ("edge" if op.edge else "atom")
+            src = unrolled.kernel_source(comp.table, shape, "float32", reduce_channels=comp.reduce_channels)
+            compile(src, "<test>", "exec")
+            consts, body = src.split("\ndef kernel(")
+            defs = dict(re.findall(r"^(K\d+) = f32\((.+)\)$", consts, flags=re.M))
+            assert len(defs) == len(consts.strip().splitlines())  # every constant typed float32
+            assert sorted(float(v) for v in defs.values()) == sorted({float(np.float64(c)) for c in comp.table.coef64})
+            assert len(re.findall(r"\bK\d+\b", body)) == comp.num_terms
+            assert "cuda.fma(" in body and "t_coef" not in body and "t_fac" not in body
+            if shape == "node":
+                assert "for p in range(seg_ptr[n], seg_ptr[n + 1]):" in body and "cuda.shared" not in body
 
 
 def test_cli_writes_report(tmp_path):
@@ -118,4 +153,6 @@ def test_cli_writes_report(tmp_path):
     assert report["meta"]["cc"] == [9, 0]
     assert [r["op"] for r in rows] == ["forward"] + ["backward"] * 3 + ["double backward"] * 4
     assert all(r["terms"] in (86, 172, 258) and r["registers"] > 0 for r in rows)  # paper config interactions[1]
+    assert all(r["sass_instructions"] > 0 and r["sass_per_term"] is None for r in rows)  # table kernels: no per-term figure
     assert "double backward" in res.stdout
+    assert "channelwise_tp [table, float32]: forward 1, backward 3, double backward 4" in res.stdout

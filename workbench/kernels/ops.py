@@ -81,6 +81,14 @@ class SpeciesIndex:
     def __init__(self, species: torch.Tensor, num_species: int):
         self.species = species
         self.num_species = int(num_species)
+        self._csr: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def csr(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(ptr [num_species + 1], perm [num_atoms])``: atoms ``perm[ptr[z]:ptr[z+1]]`` (ascending)
+        are those of species ``z``; what the CUDA kernels sum weight gradients over."""
+        if self._csr is None:
+            self._csr = _csr(self.species.detach().to(torch.int64), self.num_species)
+        return self._csr
 
     def num_rows(self, rows: str) -> int:
         return self.num_species if rows == "species" else int(self.species.shape[0])
@@ -118,12 +126,7 @@ class EdgeGraph:
         """``(ptr [num_nodes + 1], perm [num_edges])``: edges ``perm[ptr[n]:ptr[n+1]]`` have
         their ``rows`` node (``"sender"`` or ``"receiver"``) equal to ``n``."""
         if rows not in self._csr:
-            idx = self.sender if rows == "sender" else self.receiver
-            perm = torch.argsort(idx, stable=True)
-            counts = torch.bincount(idx, minlength=self.num_nodes)
-            ptr = torch.zeros(self.num_nodes + 1, dtype=torch.int64, device=idx.device)
-            torch.cumsum(counts, 0, out=ptr[1:])
-            self._csr[rows] = (ptr, perm)
+            self._csr[rows] = _csr(self.sender if rows == "sender" else self.receiver, self.num_nodes)
         return self._csr[rows]
 
     def num_rows(self, rows: str) -> int:
@@ -144,6 +147,15 @@ class EdgeGraph:
 
 
 RowIndex = SpeciesIndex | EdgeGraph
+
+
+def _csr(idx: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ptr, perm)`` grouping the positions of ``idx`` by value, ascending within a group. Built
+    with a stable sort and a binary search on the device, so no host sync (``bincount`` would
+    read the maximum back); values outside ``[0, num_rows)`` fall in no group."""
+    perm = torch.argsort(idx, stable=True)
+    bounds = torch.arange(num_rows + 1, dtype=idx.dtype, device=idx.device)
+    return torch.searchsorted(idx[perm], bounds), perm
 
 
 class PolyOp(TransientCache):
@@ -221,11 +233,14 @@ class PolyOp(TransientCache):
         index.check(self.operands, tensors)
         channels = self.channels if self.edge else tensors[0].shape[1] // self.operands[0].size
         tensors = [t.to(dtype).contiguous() for t in tensors]
-        outs = [torch.zeros((index.num_rows(c.out_rows), c.output.width), dtype=dtype, device=device)
-                for c in self.compiled]
+        on_gpu = device.type == "cuda" and cuda_available()
+        kernels = on_gpu or (device.type == "cpu" and cudasim_enabled())
         if self.edge and index.num_edges == 0:
-            return outs  # empty graph: every message and gradient is zero
-        if device.type == "cuda" and cuda_available():
+            kernels = False  # empty graph: every message and gradient is zero
+        outs = [self._output(c, index, dtype, device, kernels) for c in self.compiled]
+        if self.edge and index.num_edges == 0:
+            return outs
+        if on_gpu:
             self._run_cuda(tensors, index, channels, outs)
         elif device.type != "cpu":
             _no_cuda_target(device)
@@ -234,8 +249,26 @@ class PolyOp(TransientCache):
             for o, h in zip(outs, host):
                 o.copy_(h)
         else:
-            self._run_host(tensors, index, channels, outs, sim=cudasim_enabled())
+            self._run_host(tensors, index, channels, outs, sim=kernels)
         return outs
+
+    def _output(self, comp: CompiledPolynomial, index: RowIndex, dtype, device, kernels: bool) -> torch.Tensor:
+        """The output of ``comp``: uninitialised where the CUDA kernels write every element
+        (poisoned with NaN under the simulator, so a missed element fails the parity tests),
+        zeros for the accumulating kernels and the CPU path."""
+        shape = (index.num_rows(comp.out_rows), comp.output.width)
+        full = comp.num_terms > 0 and (comp.species_output or (_ecuda if self.edge else _cuda).writes_every_element(comp, _dtype_name(dtype)))
+        return _uninitialised(shape, dtype, device) if kernels and full else torch.zeros(shape, dtype=dtype, device=device)
+
+    @staticmethod
+    def _partial(comp: CompiledPolynomial, index: RowIndex, out: torch.Tensor) -> torch.Tensor | None:
+        """Per-atom partial rows of a species output (summed per species by the CUDA path)."""
+        if not comp.species_output:
+            return None
+        shape = (int(index.species.shape[0]), comp.output.width)
+        if _cuda.writes_every_element(comp, _dtype_name(out.dtype)):
+            return _uninitialised(shape, out.dtype, out.device)
+        return torch.zeros(shape, dtype=out.dtype, device=out.device)
 
     def _arrays(self, tensors, dummy, convert, num_arrays: int) -> list:
         args = [dummy] * num_arrays
@@ -251,8 +284,12 @@ class PolyOp(TransientCache):
             if comp.num_terms == 0:
                 continue
             idx = index.arrays(comp, lambda t: t.numpy())
-            if sim:
-                (_ecuda.launch if self.edge else _cuda.launch)(comp, arrays, *idx, channels, out.numpy())
+            if sim and self.edge:
+                _ecuda.launch(comp, arrays, *idx, channels, out.numpy())
+            elif sim:
+                partial = self._partial(comp, index, out)
+                _cuda.launch(comp, arrays, *idx, channels, out.numpy(), partial=None if partial is None else partial.numpy(),
+                             csr=tuple(t.numpy() for t in index.csr()) if comp.species_output else None)
             else:
                 (_ecpu.run if self.edge else _cpu.run)(comp, arrays, *idx, channels, out.numpy())
 
@@ -260,13 +297,29 @@ class PolyOp(TransientCache):
         from numba import cuda
 
         device = tensors[0].device
-        launch = _ecuda.launch if self.edge else _cuda.launch
         with torch.cuda.device(device):
             stream = cuda.external_stream(torch.cuda.current_stream(device).cuda_stream)
             dummy = cuda.as_cuda_array(torch.zeros((1, 1), dtype=tensors[0].dtype, device=device))
             arrays = self._arrays(tensors, dummy, cuda.as_cuda_array, index.num_arrays)
             for comp, out in zip(self.compiled, outs):
-                launch(comp, arrays, *index.arrays(comp, cuda.as_cuda_array), channels, cuda.as_cuda_array(out), stream)
+                idx = index.arrays(comp, cuda.as_cuda_array)
+                if self.edge:
+                    _ecuda.launch(comp, arrays, *idx, channels, cuda.as_cuda_array(out), stream)
+                    continue
+                partial = self._partial(comp, index, out)
+                _cuda.launch(comp, arrays, *idx, channels, cuda.as_cuda_array(out), stream,
+                             partial=None if partial is None else cuda.as_cuda_array(partial),
+                             csr=tuple(cuda.as_cuda_array(t) for t in index.csr()) if comp.species_output else None)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return "float64" if dtype == torch.float64 else "float32"
+
+
+def _uninitialised(shape: tuple, dtype, device) -> torch.Tensor:
+    if device.type == "cpu":  # the simulator: NaN, so an element a kernel misses cannot pass a test
+        return torch.full(shape, float("nan"), dtype=dtype)
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 class EdgePolyOp(PolyOp):

@@ -198,8 +198,15 @@ def summarise(rows: list[dict]) -> dict:
 def bench_quality(preset: str = "small", seeds: Sequence[int] = (0, 1, 2), samplers: Sequence[str] = SAMPLERS,
                   mace: bool = True, dtype: str = "float64", batch_size: int = 8, threads: int = 2,
                   workdir: str | os.PathLike = "runs/bench/quality", out: str | os.PathLike = "runs/bench/quality.json",
-                  progress=print) -> dict:
-    """Run the comparison (see the module docstring); returns and writes the results."""
+                  resume: bool = False, progress=print) -> dict:
+    """Run the comparison (see the module docstring); returns and writes the results.
+
+    Each finished run appends its row to ``<workdir>/rows.jsonl`` and the JSON at ``out`` is rewritten
+    after every run, so an interrupted bench keeps what it measured. With ``resume`` the runs already in
+    ``rows.jsonl`` are kept (only if the bench's settings are the same) and the rest are run; without it
+    ``workdir`` is replaced. Runs go seed by seed, so a partial bench compares every trainer on the
+    seeds it reached.
+    """
     from workbench.train.evaluate import evaluate_file
 
     if preset not in PRESETS:
@@ -209,18 +216,37 @@ def bench_quality(preset: str = "small", seeds: Sequence[int] = (0, 1, 2), sampl
         raise KeyError(f"unknown sampler(s) {unknown}; choose from {', '.join(SAMPLERS)}")
     p = PRESETS[preset]
     workdir = Path(workdir)
-    if workdir.exists():
-        shutil.rmtree(workdir)  # every run starts fresh: no resume from an older bench
+    settings = {"preset": preset, "preset_config": asdict(p), "dtype": dtype, "batch_size": batch_size}
+    rows = _resumed_rows(workdir, settings) if resume else None
+    if rows is None:
+        if workdir.exists():
+            shutil.rmtree(workdir)
+        rows = []
     base = base_config(p, workdir, dtype=dtype, batch_size=batch_size)
     split = write_split(base, workdir / "split")
+    (workdir / "bench.json").write_text(json.dumps(settings, indent=1) + "\n")
     steps = p.epochs * (split["n_train"] // batch_size)  # mace drops the last incomplete batch
     capacity = max(split["max_atoms"], int(round(batch_size * split["mean_atoms"])))
     progress(f"split: {split['n_train']} training / {split['n_valid']} validation graphs "
              f"(mean {split['mean_atoms']:.0f} atoms); {steps} steps; packers at capacity {capacity} atoms")
-    jobs = [(seed, "mace") for seed in seeds if mace] + [(seed, s) for seed in seeds for s in samplers]
-    rows = []
+    done = {(r["seed"], "mace" if r["trainer"] == "mace_run_train" else r["sampler"]) for r in rows}
+    if done:
+        progress(f"resuming: {len(done)} run(s) kept from {workdir / 'rows.jsonl'}")
+    jobs = [(seed, what) for seed in seeds for what in ((["mace"] if mace else []) + list(samplers))]
+    import torch
+
+    def result() -> dict:
+        kept = [r for r in rows if (r["seed"], "mace" if r["trainer"] == "mace_run_train" else r["sampler"]) in jobs]
+        return {"bench": "quality", **settings, "capacity": capacity, "steps": steps, "seeds": list(seeds),
+                "split": split, "threads": threads, "torch": torch.__version__, "mace": _version("mace-torch"),
+                "complete": len(kept) == len(jobs), "rows": kept, "summary": summarise(kept)}
+
     for k, (seed, what) in enumerate(jobs, 1):
+        if (seed, what) in done:
+            continue
         where = workdir / f"{what}-seed{seed}"
+        if where.exists():
+            shutil.rmtree(where)  # a run cut off part-way starts again
         if what == "mace":
             model, wall = run_mace(replace(base, seed=seed), split, where, p.epochs, threads)
             trainer, sampler = "mace_run_train", f"fixed {batch_size}"
@@ -230,18 +256,38 @@ def bench_quality(preset: str = "small", seeds: Sequence[int] = (0, 1, 2), sampl
                           epochs=10 * p.epochs + 10, max_steps=steps)
             model, wall = run_workbench(cfg, where, threads)
             trainer, sampler = "workbench", what
-        result = evaluate_file(model, split["valid"], energy_key=base.energy_key, forces_key=base.forces_key)
-        rows.append(_row(trainer, sampler, seed, steps, wall, result))
-        progress(f"[{k}/{len(jobs)}] {trainer:<15} {sampler:<15} seed {seed}: E MAE {result['e_mae_mev_atom']:.1f} "
-                 f"meV/atom, F MAE {result['f_mae_mev_a']:.1f} meV/Å ({wall:.0f} s)")
-    import torch
+        res = evaluate_file(model, split["valid"], energy_key=base.energy_key, forces_key=base.forces_key)
+        rows.append(_row(trainer, sampler, seed, steps, wall, res))
+        with open(workdir / "rows.jsonl", "a") as fh:
+            fh.write(json.dumps(rows[-1]) + "\n")
+        _write(out, result())
+        progress(f"[{k}/{len(jobs)}] {trainer:<15} {sampler:<15} seed {seed}: E MAE {res['e_mae_mev_atom']:.1f} "
+                 f"meV/atom, F MAE {res['f_mae_mev_a']:.1f} meV/Å ({wall:.0f} s)")
+    final = result()
+    _write(out, final)
+    return final
 
-    res = {"bench": "quality", "preset": preset, "preset_config": asdict(p), "dtype": dtype, "batch_size": batch_size,
-           "capacity": capacity, "steps": steps, "seeds": list(seeds), "split": split, "threads": threads,
-           "torch": torch.__version__, "mace": _version("mace-torch"), "rows": rows, "summary": summarise(rows)}
+
+def _resumed_rows(workdir: Path, settings: dict) -> list[dict] | None:
+    """The rows of an earlier bench in ``workdir`` with the same settings; None when there is none."""
+    manifest, rows = workdir / "bench.json", workdir / "rows.jsonl"
+    if not manifest.exists():
+        return None
+    before = json.loads(manifest.read_text())
+    if before != settings:
+        changed = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
+        raise ValueError(f"cannot resume the bench in {workdir}: its settings differ ({', '.join(changed)}); "
+                         "rerun without --resume to start afresh, or pass the same settings")
+    if not rows.exists():
+        return []
+    return [json.loads(line) for line in rows.read_text().splitlines() if line.strip()]
+
+
+def _write(out: str | os.PathLike, res: dict) -> None:
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(res, indent=1) + "\n")
-    return res
+    tmp = Path(f"{out}.tmp")
+    tmp.write_text(json.dumps(res, indent=1) + "\n")
+    tmp.replace(out)
 
 
 def _version(dist: str) -> str | None:
@@ -261,6 +307,8 @@ def format_table(res: dict) -> str:
     lines = [f"Quality bench ({res['preset']}, {res['dtype']}, {res['split']['n_train']} train / "
              f"{res['split']['n_valid']} valid graphs, {res['steps']} steps, packers at capacity {res['capacity']})",
              "MAE: energy meV/atom, force meV/Å; per family: force MAE", head, "-" * len(head)]
+    if not res.get("complete", True):
+        lines.insert(1, f"PARTIAL: {len(res['rows'])} runs finished; 'workbench bench quality --resume' runs the rest")
     for r in res["rows"]:
         lines.append(f"{r['trainer']:<15} {r['sampler']:<15} {r['seed']:>4} {r['steps']:>5} {r['e_mae_mev_atom']:>7.1f} "
                      f"{r['f_mae_mev_a']:>7.1f}  " + " ".join(

@@ -115,7 +115,8 @@ def _bench_quality(args: argparse.Namespace) -> int:
 
     res = bench_quality(preset=args.preset, seeds=[int(s) for s in args.seeds.split(",")],
                         samplers=args.samplers.split(","), mace=not args.no_mace, dtype=args.dtype,
-                        batch_size=args.batch_size, threads=args.threads, workdir=args.workdir, out=args.out)
+                        batch_size=args.batch_size, threads=args.threads, workdir=args.workdir, out=args.out,
+                        resume=args.resume)
     print(format_table(res))
     print(f"wrote {args.out}")
     return 0
@@ -134,6 +135,8 @@ def _register_bench_quality(bench_sub) -> None:
     p.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     p.add_argument("--batch-size", type=int, default=8, help="graphs per batch (packers: capacity = this x mean atoms)")
     p.add_argument("--threads", type=int, default=2, help="torch threads per run (default: %(default)s)")
-    p.add_argument("--workdir", default="runs/bench/quality", help="split files, runs and logs (replaced)")
+    p.add_argument("--workdir", default="runs/bench/quality", help="split files, runs and logs (replaced unless --resume)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the finished runs in --workdir (same settings only) and run the rest")
     p.add_argument("--out", default="runs/bench/quality.json")
     p.set_defaults(func=_bench_quality)

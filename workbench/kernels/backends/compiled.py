@@ -45,8 +45,10 @@ class CompiledPolynomial(TransientCache):
 
     Slot ``q`` reads kernel array ``slot_arr[q]`` (see :func:`~workbench.kernels.descriptor.layout.array_ids`)
     at the row of code ``slot_rows[q]``, element ``slot_off[q] + c * slot_cs[q]``. The output's
-    rows say the kernel shape: per atom, per species (atomic sum), per edge (``reduce_channels``:
-    summed over channels) or per sender / receiver node (scatter-sum over a CSR segment).
+    rows say the kernel shape: per atom, per species (per-atom partials summed per species), per
+    edge (``reduce_channels``: summed over channels) or per sender / receiver node (scatter-sum
+    over a CSR segment). ``covers_output``: every element of an output row is reached by some
+    term, so a kernel that stores each computed component writes the whole row.
     """
 
     def __init__(self, poly: SparsePolynomial, array_ids: Sequence[int]):
@@ -65,6 +67,8 @@ class CompiledPolynomial(TransientCache):
         if self.edge and 0 in cs and cs != {0}:
             raise ValueError("an output must be either channelwise or channel-broadcast in every component")
         self.reduce_channels = self.edge and cs == {0}
+        self.covers_output = _covers(poly)
+        self.accumulators = len({o for o, _ in poly.terms})  # output components a kernel sums into
         self._coef = {"float64": self.table.coef64, "float32": self.table.coef("float32")}
         self._init_cache()
 
@@ -83,3 +87,13 @@ class CompiledPolynomial(TransientCache):
             return tuple(cuda.to_device(np.ascontiguousarray(a)) for a in self.host_tables(dtype))
 
         return self._cached((cuda.get_current_device().id, dtype), upload)
+
+
+def _covers(poly: SparsePolynomial) -> bool:
+    """Every component has a term and the components' elements tile the output row."""
+    out = poly.output
+    if {o for o, _ in poly.terms} != set(range(out.size)):
+        return False
+    channels = out.width // out.size if all(cs > 0 for cs in out.cstrides) else 1
+    cells = {off + c * cs for off, cs in zip(out.offsets, out.cstrides) for c in range(channels)}
+    return cells == set(range(out.width))

@@ -6,8 +6,9 @@ shared-memory buffer (rows padded to an odd length so a warp reading the same sl
 different banks), then walks the term table, which every thread of a warp reads at the same
 address (a broadcast), accumulating one output component at a time in a register. Nothing
 intermediate goes to global memory: all correlation orders of the contraction (and all
-terms of a derivative) are one pass. Species outputs (weight gradients) are reduced with
-``cuda.atomic.add`` into ``[num_species, width]``.
+terms of a derivative) are one pass. Species outputs (weight gradients) are written as
+per-atom partial rows and summed per species in a fixed order by
+:mod:`~workbench.kernels.backends.segment`: no atomics, bit-reproducible.
 
 Torch tensors are handed over without copies through ``__cuda_array_interface__``
 (``numba.cuda.as_cuda_array``) and launched on torch's current stream. Kernels are compiled
@@ -26,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from workbench.kernels.backends import unrolled
+from workbench.kernels.backends import segment, unrolled
 from workbench.kernels.backends.device import cuda_available, cudasim_enabled, threads_per_block
 from workbench.kernels.backends.gather import cuda_pick, cuda_split, cuda_term
 from workbench.kernels.descriptor.layout import MAX_ATOM_ARRAYS
 
-__all__ = ["cuda_available", "cudasim_enabled", "get_kernel", "launch", "plan"]
+__all__ = ["cuda_available", "cudasim_enabled", "get_kernel", "launch", "plan", "writes_every_element"]
 
 cuda = None  # numba.cuda, bound on first use (after NUMBA_ENABLE_CUDASIM is read)
 
@@ -54,7 +55,7 @@ def get_kernel(buffer_len: int, tpb: int, dtype: str) -> Any:
     @cuda.jit
     def sparse_poly_kernel(a0, a1, a2, a3, a4, a5, s0, s1, s2, s3, species, C,
                            slot_src, slot_off, slot_cs, t_out, t_fac, t_coef,
-                           out, out_off, out_cs, species_output):
+                           out, out_off, out_cs):
         v = cuda.shared.array((TPB, SP), nb_dtype)
         tid = cuda.threadIdx.x
         gid = cuda.blockIdx.x * cuda.blockDim.x + tid
@@ -75,17 +76,11 @@ def get_kernel(buffer_len: int, tpb: int, dtype: str) -> Any:
         for t in range(T):
             o = t_out[t]
             if o != cur:
-                if species_output:
-                    cuda.atomic.add(out, (z, out_off[cur] + c * out_cs[cur]), acc)
-                else:
-                    out[b, out_off[cur] + c * out_cs[cur]] += acc
+                out[b, out_off[cur] + c * out_cs[cur]] += acc
                 acc = nb_dtype(0.0)
                 cur = o
             acc += term(v, tid, t_coef, t_fac, t)
-        if species_output:
-            cuda.atomic.add(out, (z, out_off[cur] + c * out_cs[cur]), acc)
-        else:
-            out[b, out_off[cur] + c * out_cs[cur]] += acc
+        out[b, out_off[cur] + c * out_cs[cur]] += acc
 
     return sparse_poly_kernel
 
@@ -96,15 +91,17 @@ def plan(compiled: Any, arrays: list, species: Any, channels: int, out: Any, hos
     unless the polynomial is too large for it (or ``WORKBENCH_CUDA_KERNELS=table``).
 
     ``arrays``: the 10 operand arrays (6 atom + 4 species slots, dummies where unused) as numba
-    device arrays (numpy arrays under the simulator or for PTX compilation); ``out``:
-    zero-initialised output; ``host``: table arguments as host arrays (for PTX compilation).
+    device arrays (numpy arrays under the simulator or for PTX compilation); ``out``: the
+    ``[num_atoms, width]`` output, for a species output the per-atom partials that
+    :func:`launch` then sums per species (zero-initialised unless :func:`writes_every_element`);
+    ``host``: table arguments as host arrays (for PTX compilation).
     """
     n = species.shape[0] * channels
     if compiled.num_terms == 0 or n == 0:
         return None
     dtype = str(np.dtype(out.dtype))
-    if unrolled.use_unrolled(compiled.num_terms):
-        kernel = unrolled.get_unrolled_kernel(compiled.table, "atom", dtype, atomic=compiled.species_output)
+    if unrolled.unroll(compiled, dtype):
+        kernel = unrolled.get_unrolled_kernel(compiled.table, "atom", dtype)
         tpb = int(os.environ.get("WORKBENCH_CUDA_TPB", unrolled.THREADS_PER_BLOCK))
         return kernel, (n + tpb - 1) // tpb, tpb, (*arrays, species, channels, out)
     itemsize = np.dtype(out.dtype).itemsize
@@ -113,13 +110,27 @@ def plan(compiled: Any, arrays: list, species: Any, channels: int, out: Any, hos
     kernel = get_kernel(buffer_len, tpb, dtype)
     tables = compiled.host_tables(dtype) if host else compiled.device_tables(dtype)
     t = tables
-    args = (*arrays, species, channels, t[0], t[2], t[3], t[4], t[5], t[6], out, t[7], t[8], compiled.species_output)
+    args = (*arrays, species, channels, t[0], t[2], t[3], t[4], t[5], t[6], out, t[7], t[8])
     return kernel, (n + tpb - 1) // tpb, tpb, args
 
 
-def launch(compiled: Any, arrays: list, species: Any, channels: int, out: Any, stream: Any = 0) -> None:
-    """Launch one compiled polynomial on ``stream`` (see :func:`plan`)."""
-    p = plan(compiled, arrays, species, channels, out)
+def writes_every_element(compiled: Any, dtype: str) -> bool:
+    """Whether the atom kernel :func:`plan` picks stores every element of its ``[num_atoms, width]``
+    output (the unrolled kernel, every component reached by a term), so it needs no zero fill."""
+    return unrolled.unroll(compiled, dtype) and compiled.covers_output
+
+
+def launch(compiled: Any, arrays: list, species: Any, channels: int, out: Any, stream: Any = 0,
+           partial: Any = None, csr: tuple | None = None) -> None:
+    """Launch one compiled polynomial on ``stream`` (see :func:`plan`). A species output is two
+    launches: the atom kernel into ``partial`` ``[num_atoms, width]``, then the per-species sum
+    through ``csr = (ptr, perm)`` into ``out`` ``[num_species, width]``."""
+    p = plan(compiled, arrays, species, channels, partial if compiled.species_output else out)
     if p is not None:
         kernel, blocks, tpb, args = p
         kernel[blocks, tpb, stream](*args)
+    if compiled.species_output:  # always: it writes every element of ``out``, zeros included
+        s = segment.plan_segment_sum(partial, csr[0], csr[1], out)
+        if s is not None:
+            kernel, blocks, tpb, args = s
+            kernel[blocks, tpb, stream](*args)

@@ -15,9 +15,9 @@ Two kernels, chosen by the rows of the output polynomial:
 * **edge kernel** (outputs per edge: gradients to the radial weights and, summed over channels,
   to the spherical harmonics): one thread per (edge, channel) for channelwise outputs (each
   element owned by one thread). A channel-broadcast output (zero cstride) is a reduction over
-  channels: ``G`` threads share an edge, each sums a strided subset of channels in a shared
-  accumulator row and adds it with ``cuda.atomic.add`` (``G``-way contention, ``G <= 8``; plain
-  store when ``G == 1``).
+  channels: ``G`` threads share an edge (``G <= 8``, one block), each sums a strided subset of
+  channels in a shared accumulator row, and the edge's first thread adds the ``G`` rows in a
+  fixed order: no atomics, the same bits on every run.
 
 Term tables are read by every thread of a warp at the same address (broadcast) exactly as in
 :mod:`workbench.kernels.backends.cuda`; shared rows are padded to an odd length so that a warp reading
@@ -38,7 +38,7 @@ from workbench.kernels.backends import unrolled
 from workbench.kernels.backends.device import threads_per_block
 from workbench.kernels.backends.gather import cuda_edge_loader, cuda_split, cuda_term
 
-__all__ = ["get_edge_kernel", "get_node_kernel", "launch", "plan", "reduce_group"]
+__all__ = ["get_edge_kernel", "get_node_kernel", "launch", "plan", "reduce_group", "writes_every_element"]
 
 cuda = None  # numba.cuda, bound on first use (after NUMBA_ENABLE_CUDASIM is read)
 
@@ -47,10 +47,11 @@ def _odd(n: int) -> int:
     return n if n % 2 == 1 else n + 1
 
 
-def reduce_group(C: int) -> int:
-    """Threads sharing one edge for a channel-reduced output: largest of 8, 4, 2, 1 dividing C."""
+def reduce_group(C: int, tpb: int = 128) -> int:
+    """Threads sharing one edge for a channel-reduced output: the largest of 8, 4, 2, 1 dividing
+    both ``C`` and the block size (an edge's threads must sit in one block for the reduction)."""
     for g in (8, 4, 2):
-        if C % g == 0:
+        if C % g == 0 and tpb % g == 0:
             return g
     return 1
 
@@ -64,19 +65,22 @@ def _setup(buffer_len: int, out_len: int, dtype: str) -> tuple:
 
 
 @lru_cache(maxsize=None)
-def get_node_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
-    """Thread per (node, channel) walking the node's CSR segment; accumulators in shared memory."""
+def get_node_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str, reduce_channels: bool = False) -> Any:
+    """Thread per (node, channel) walking the node's CSR segment; accumulators in shared memory.
+    ``reduce_channels`` (a channel-summed node output, which training never launches) is fixed at
+    compile time, so the atomic add it needs is absent from every other node kernel."""
     global cuda
     from numba import cuda
 
     nb_dtype, SP, load, split, term = _setup(buffer_len, out_len, dtype)
     TPB = tpb
+    REDUCE = bool(reduce_channels)
     A0 = buffer_len  # accumulators start after the slots (and the constant 1)
 
     @cuda.jit
     def edge_poly_node_kernel(a0, a1, a2, a3, a4, a5, a6, a7, sender, receiver, seg_ptr, seg_perm, C,
                               slot_arr, slot_rows, slot_off, slot_cs, t_out, t_fac, t_coef,
-                              out, out_off, out_cs, reduce_channels):
+                              out, out_off, out_cs):
         v = cuda.shared.array((TPB, SP), nb_dtype)
         tid = cuda.threadIdx.x
         gid = cuda.blockIdx.x * cuda.blockDim.x + tid
@@ -99,7 +103,7 @@ def get_node_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
             for t in range(T):  # accumulators live in shared memory: no run-length flush needed
                 v[tid, A0 + t_out[t]] += term(v, tid, t_coef, t_fac, t)
         for o in range(O):
-            if reduce_channels:
+            if REDUCE:
                 cuda.atomic.add(out, (n, out_off[o] + c * out_cs[o]), v[tid, A0 + o])
             else:
                 out[n, out_off[o] + c * out_cs[o]] = v[tid, A0 + o]
@@ -125,43 +129,46 @@ def get_edge_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
         tid = cuda.threadIdx.x
         gid = cuda.blockIdx.x * cuda.blockDim.x + tid
         E = sender.shape[0]
-        if gid >= E * G:
-            return
+        valid = gid < E * G  # no early return: the channel reduction below has a barrier
         e, g = split(gid, G)
-        s = sender[e]
-        r = receiver[e]
-        S = slot_arr.shape[0]
         O = out_off.shape[0]
         zero = nb_dtype(0.0)  # typed zero: a bare 0.0 would make float32 kernels accumulate in float64
-        if reduce_channels:
-            for o in range(O):
-                v[tid, A0 + o] = zero
-        v[tid, S] = 1.0
-        T = t_out.shape[0]
-        for c in range(g, C, G):  # strided: consecutive threads read consecutive channels
-            load(v, tid, a0, a1, a2, a3, a4, a5, a6, a7, e, s, r, c, slot_arr, slot_rows, slot_off, slot_cs)
-            cur = t_out[0]
-            acc = zero
-            for t in range(T):
-                o = t_out[t]
-                if o != cur:
-                    if reduce_channels:
-                        v[tid, A0 + cur] += acc
-                    else:
-                        out[e, out_off[cur] + c * out_cs[cur]] += acc
-                    acc = zero
-                    cur = o
-                acc += term(v, tid, t_coef, t_fac, t)
+        if valid:
+            s = sender[e]
+            r = receiver[e]
+            S = slot_arr.shape[0]
             if reduce_channels:
-                v[tid, A0 + cur] += acc
-            else:
-                out[e, out_off[cur] + c * out_cs[cur]] += acc
-        if reduce_channels:
-            for o in range(O):
-                if G == 1:
-                    out[e, out_off[o]] = v[tid, A0 + o]
+                for o in range(O):
+                    v[tid, A0 + o] = zero
+            v[tid, S] = 1.0
+            T = t_out.shape[0]
+            for c in range(g, C, G):  # strided: consecutive threads read consecutive channels
+                load(v, tid, a0, a1, a2, a3, a4, a5, a6, a7, e, s, r, c, slot_arr, slot_rows, slot_off, slot_cs)
+                cur = t_out[0]
+                acc = zero
+                for t in range(T):
+                    o = t_out[t]
+                    if o != cur:
+                        if reduce_channels:
+                            v[tid, A0 + cur] += acc
+                        else:
+                            out[e, out_off[cur] + c * out_cs[cur]] += acc
+                        acc = zero
+                        cur = o
+                    acc += term(v, tid, t_coef, t_fac, t)
+                if reduce_channels:
+                    v[tid, A0 + cur] += acc
                 else:
-                    cuda.atomic.add(out, (e, out_off[o]), v[tid, A0 + o])
+                    out[e, out_off[cur] + c * out_cs[cur]] += acc
+        if reduce_channels:
+            # the edge's G partials, added in a fixed order by its first thread: deterministic
+            cuda.syncthreads()
+            if valid and g == 0:
+                for o in range(O):
+                    total = v[tid, A0 + o]
+                    for j in range(1, G):
+                        total += v[tid + j, A0 + o]
+                    out[e, out_off[o]] = total
 
     return edge_poly_edge_kernel
 
@@ -174,42 +181,53 @@ def plan(compiled: Any, arrays: list, sender: Any, receiver: Any, seg: tuple | N
 
     ``arrays``: the 8 operand arrays (dummies where unused) as numba device arrays (numpy under
     the simulator or for PTX compilation); ``seg``: ``(seg_ptr, seg_perm)`` CSR for node outputs,
-    ``None`` for edge outputs; ``out``: zero-initialised output; ``host``: table arguments as
+    ``None`` for edge outputs; ``out``: the output, zero-initialised unless
+    :func:`writes_every_element`; ``host``: table arguments as
     host arrays (for PTX compilation).
     """
     if compiled.num_terms == 0 or sender.shape[0] == 0:
         return None
     dtype = str(np.dtype(out.dtype))
     reduce_ = compiled.reduce_channels
+    use_unrolled = unrolled.unroll(compiled, dtype)
+    out_len = compiled.out_size if (compiled.node_output or reduce_) else 0
+    buffer_len = compiled.num_slots + 1
+    if use_unrolled:
+        tpb = int(os.environ.get("WORKBENCH_CUDA_TPB", unrolled.THREADS_PER_BLOCK))
+    else:
+        tpb = threads_per_block(_odd(buffer_len + out_len), np.dtype(out.dtype).itemsize)
     if compiled.node_output:
         n = (seg[0].shape[0] - 1) * channels
     else:
         # thread per (edge, channel), or G threads per edge for a channel-summed output
-        G = reduce_group(channels) if reduce_ else channels
+        G = reduce_group(channels, tpb) if reduce_ else channels
         n = sender.shape[0] * G
     if n == 0:
         return None
-    if unrolled.use_unrolled(compiled.num_terms):
-        tpb = int(os.environ.get("WORKBENCH_CUDA_TPB", unrolled.THREADS_PER_BLOCK))
+    if use_unrolled:
         shape = "node" if compiled.node_output else "edge"
-        kernel = unrolled.get_unrolled_kernel(compiled.table, shape, dtype, reduce_channels=reduce_)
+        kernel = unrolled.get_unrolled_kernel(compiled.table, shape, dtype, reduce_channels=reduce_, tpb=tpb)
         if compiled.node_output:
             args = (*arrays, sender, receiver, seg[0], seg[1], channels, out)
         else:
             args = (*arrays, sender, receiver, G, channels, out)
         return kernel, (n + tpb - 1) // tpb, tpb, args
-    itemsize = np.dtype(out.dtype).itemsize
-    buffer_len = compiled.num_slots + 1
-    out_len = compiled.out_size if (compiled.node_output or reduce_) else 0
-    tpb = threads_per_block(_odd(buffer_len + out_len), itemsize)
     tables = compiled.host_tables(dtype) if host else compiled.device_tables(dtype)
     if compiled.node_output:
-        kernel = get_node_kernel(buffer_len, out_len, tpb, dtype)
-        args = (*arrays, sender, receiver, seg[0], seg[1], channels, *tables[:7], out, tables[7], tables[8], reduce_)
+        kernel = get_node_kernel(buffer_len, out_len, tpb, dtype, reduce_)
+        args = (*arrays, sender, receiver, seg[0], seg[1], channels, *tables[:7], out, tables[7], tables[8])
     else:
         kernel = get_edge_kernel(buffer_len, out_len, tpb, dtype)
         args = (*arrays, sender, receiver, G, channels, *tables[:7], out, tables[7], tables[8], reduce_)
     return kernel, (n + tpb - 1) // tpb, tpb, args
+
+
+def writes_every_element(compiled: Any, dtype: str) -> bool:
+    """Whether the kernel :func:`plan` picks stores every element of its output (the unrolled
+    kernel, every component reached by a term, not the atomic channel-summed node output), so
+    the output needs no zero fill."""
+    return (unrolled.unroll(compiled, dtype) and compiled.covers_output
+            and not (compiled.node_output and compiled.reduce_channels))
 
 
 def launch(compiled: Any, arrays: list, sender: Any, receiver: Any, seg: tuple | None, channels: int,

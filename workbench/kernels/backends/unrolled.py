@@ -2,38 +2,46 @@ r"""Unrolled numba-CUDA kernels generated per term table (paper §4.2: CG-sparse
 
 The table-driven kernels (:mod:`~workbench.kernels.backends.cuda`, :mod:`~workbench.kernels.backends.edge_cuda`)
 walk the term table at run time and keep operand components in shared memory, so every term
-costs ~3 dependent shared loads. Here the table is turned into straight-line source instead:
+costs ~3 dependent shared loads and its index arithmetic. Here the table is turned into
+straight-line source instead, with common factors taken out (:func:`_sums`):
 
 .. code-block:: python
 
-    v0 = x0[b, 0 + c * 16]                # each used operand component: one load, a register
-    v1 = x0[b, 1 + c * 16]
+    K0 = f32(0.2041241452)                # each distinct CG coefficient: a typed global
     ...
-    if go:                                # always true: keeps numba's compile time linear
-        p0_0 = v0 * v1 * v17 * 0.2041241452 + v0 * v2 * v18 * -0.35355339 + ...   # <= 16 terms
-    ...
-    out[b, 0 + c * 1] = p0_0 + p0_1 + ...  # written once per output component
+    def kernel(x0, ..., out):
+        v0 = x0[b, 0 + c * 16]            # each used operand component: one load, a register
+        ...
+        acc = cuda.local.array(4, f32)    # accumulators (constant indices: registers)
+        pre = cuda.local.array(136, f32)  # x_i x_j, the prefixes of the x monomials
+        if go:                            # always true: keeps numba's compile time linear
+            pre[0] = v0 * v0
+            ...
+        if go:
+            m0 = pre[5] * v7              # x_0 x_5 x_7, built once per block
+            acc[0] = cuda.fma(m0, cuda.fma(v40, K3, cuda.fma(v41, K8, v42 * K1)), acc[0])
+            ...
+        out[b, 0 + c * 1] = acc[0]        # written once per output component
 
-so slot values, partial products and accumulators live in registers, offsets and CG
-coefficients are immediates, and the compiler can share common factor prefixes between the
-terms of one output (factors are written before the coefficient for that reason). Three
-kernel shapes mirror the table-driven ones:
+so a term costs about one fused multiply-add with an immediate coefficient (the paper
+contraction's forward: 1.45 SASS instructions per term, backward to ``x`` 0.73, against 3.0
+for the term-by-term code before). Three kernel shapes mirror the table-driven ones:
 
-* ``atom``: thread per (atom, channel); species operands are read at the atom's species row,
-  a species output (weight gradient) is summed with ``cuda.atomic.add``;
+* ``atom``: thread per (atom, channel); species operands are read at the atom's species row;
+  a species output (weight gradient) is written as one partial row per atom, summed per
+  species by :mod:`~workbench.kernels.backends.segment` (deterministic, no atomics);
 * ``node``: thread per (node, channel) walking the node's CSR segment of edges, accumulators
   kept in registers over the whole segment; one store per component, no atomics;
 * ``edge``: thread per (edge, channel), or for a channel-summed output (the gradient of the
-  spherical harmonics) ``G`` threads per edge, each summing a strided subset of channels and
-  adding it with one ``cuda.atomic.add`` per component.
+  spherical harmonics) ``G`` threads per edge, each summing a strided subset of channels; the
+  ``G`` partials are added in shared memory in a fixed order by the edge's first thread.
 
-A generated kernel's compile time grows with its terms (numba types every operation: about
-10 s per 1000 terms on one core), so :func:`use_unrolled` keeps the table-driven kernel above
-``WORKBENCH_UNROLL_MAX_TERMS`` (default 2000: at the paper configuration the contraction's
-forward and weight gradient and every channelwise-TP kernel are unrolled, the larger
-input-gradient polynomials are not) or when ``WORKBENCH_CUDA_KERNELS=table``. Each generated
-source (which encodes the whole table) is written to a module under :func:`source_dir` and
-compiled with numba's on-disk cache, so it compiles once per machine.
+A generated kernel's compile time grows with its terms (numba types every operation in
+Python: about 15 s per 1000 terms on one core), so :func:`use_unrolled` keeps the table-driven
+kernel above ``WORKBENCH_UNROLL_MAX_TERMS`` (default :data:`DEFAULT_MAX_TERMS`) or when
+``WORKBENCH_CUDA_KERNELS=table``. Each generated source (which encodes the whole table) is
+written to a module under :func:`source_dir` and compiled with numba's on-disk cache, so it
+compiles once per machine.
 """
 
 from __future__ import annotations
@@ -48,22 +56,50 @@ from typing import Any
 from workbench.kernels.backends.device import cudasim_enabled
 from workbench.kernels.descriptor.tables import TermTable
 
-__all__ = ["kernel_source", "get_unrolled_kernel", "use_unrolled", "DEFAULT_MAX_TERMS"]
+__all__ = ["kernel_source", "get_unrolled_kernel", "unroll", "unroll_cost", "use_unrolled", "DEFAULT_MAX_TERMS"]
 
-DEFAULT_MAX_TERMS = 2000
+#: largest :func:`unroll_cost` unrolled by default. At the paper configuration (sm_90, one
+#: core) float32 unrolls every kernel but the double backward's d(x) (9053 terms: 2.8 KB of
+#: spills and 106 s to compile unrolled) and d(W) (4940 terms into 81 accumulators: 236 B of
+#: spills, 88 s); the others compile in 30-62 s without spills. float64 (twice the registers)
+#: unrolls the channelwise TP and keeps the contraction on tables (unrolled, its 4940-term
+#: kernels spill 5-8 KB).
+DEFAULT_MAX_TERMS = 8000
+#: a thread's live operand components and accumulators, in 32-bit registers, must stay below
+#: this (of 255): 200 (the float64 TP double backward's d(d(out))) spills 736 B
+MAX_LIVE_REGISTERS = 200
+ACCUMULATOR_WEIGHT = 32
 #: no shared memory, so the block size only sets the granularity; ptxas picks the registers
 THREADS_PER_BLOCK = 128
 cuda = None  # numba.cuda, bound on first use (after NUMBA_ENABLE_CUDASIM is read)
 
 
-def use_unrolled(num_terms: int) -> bool:
-    """Whether to launch the generated kernel for a polynomial of ``num_terms`` terms."""
+def unroll_cost(num_terms: int, accumulators: int = 0, itemsize: int = 4) -> float:
+    """Terms weighted by register pressure: every output component a kernel accumulates stays
+    live in a register, so a weight gradient (81 accumulators at the paper configuration)
+    spills at fewer terms than an input gradient (16); a float64 value takes two registers."""
+    return num_terms * (1.0 + accumulators / ACCUMULATOR_WEIGHT) * itemsize / 4
+
+
+def use_unrolled(num_terms: int, accumulators: int = 0, slots: int = 0, itemsize: int = 4) -> bool:
+    """Whether to launch the generated kernel for a polynomial of ``num_terms`` terms over
+    ``slots`` operand components into ``accumulators`` output components, in values of
+    ``itemsize`` bytes: when :func:`unroll_cost` is at most ``WORKBENCH_UNROLL_MAX_TERMS``
+    (default :data:`DEFAULT_MAX_TERMS`) and the values a thread keeps live (slots and
+    accumulators, in 32-bit registers) stay below :data:`MAX_LIVE_REGISTERS`."""
     mode = os.environ.get("WORKBENCH_CUDA_KERNELS", "auto")
     if mode not in ("auto", "table", "unrolled"):
         raise ValueError(f"WORKBENCH_CUDA_KERNELS must be auto, table or unrolled, got {mode!r}")
     if mode != "auto":
         return mode == "unrolled"
-    return num_terms <= int(os.environ.get("WORKBENCH_UNROLL_MAX_TERMS", DEFAULT_MAX_TERMS))
+    live = (slots + accumulators) * itemsize // 4
+    budget = float(os.environ.get("WORKBENCH_UNROLL_MAX_TERMS", DEFAULT_MAX_TERMS))
+    return unroll_cost(num_terms, accumulators, itemsize) <= budget and live < MAX_LIVE_REGISTERS
+
+
+def unroll(compiled: Any, dtype: str) -> bool:
+    """:func:`use_unrolled` for a compiled polynomial in ``dtype``."""
+    return use_unrolled(compiled.num_terms, compiled.accumulators, compiled.num_slots, 8 if dtype == "float64" else 4)
 
 
 def _index(off: int, cs: int) -> str:
@@ -76,44 +112,142 @@ def _const(value: float, dtype: str) -> str:
     return repr(float(value)) if dtype == "float64" else f"f32({float(value)!r})"
 
 
-CHUNK = 16  # terms per partial sum
+CHUNK = 16  # terms per fused multiply-add chain
+LINES_PER_BLOCK = 8  # prefix products per ``if go:`` block
+TERMS_PER_BLOCK = 64  # terms per ``if go:`` block
 
 
-def _sums(table: TermTable, dtype: str, ind: str) -> tuple[list[str], dict[int, str]]:
-    """Lines computing every output component as partial sums of at most :data:`CHUNK` terms,
-    and per component the expression that adds its partial sums.
+class _Constants:
+    """The CG coefficients of one kernel as module globals ``K0, K1, ...`` (one per distinct
+    value): numba freezes a global as a typed constant, which types faster than a ``f32(...)``
+    call per term and still ends up as an immediate operand."""
 
-    Each partial sum sits in its own ``if go:`` block (``go`` is always true). Without the
-    blocks, numba's lowering scans the whole block once per local variable, which is quadratic
-    in the number of terms (15 minutes for a 1909-term kernel); with them, compile time is
-    linear in the terms, and the branches are uniform and cheap."""
-    zero = _const(0.0, dtype)
-    by_out: dict[int, list[str]] = {}
-    for o, coef, slots in table.monomials():
-        by_out.setdefault(o, []).append(" * ".join([f"v{q}" for q in slots] + [_const(coef, dtype)]))
-    decl, blocks, exprs = [], [], {}
-    for o, terms in sorted(by_out.items()):
-        names = []
-        for i in range(0, len(terms), CHUNK):
-            name = f"p{o}_{i // CHUNK}"
-            names.append(name)
-            decl.append(f"{ind}{name} = {zero}")
-            blocks += [f"{ind}if go:", f"{ind}    {name} = {' + '.join(terms[i:i + CHUNK])}"]
-        while len(names) > CHUNK:  # a tree of partial sums keeps every expression short
-            groups = [names[i:i + CHUNK] for i in range(0, len(names), CHUNK)]
-            names = [f"{g[0]}_" for g in groups]
-            blocks += [f"{ind}{n} = {' + '.join(g)}" for n, g in zip(names, groups)]
-        exprs[o] = " + ".join(names)
-    return decl + blocks, exprs
+    def __init__(self, dtype: str):
+        self.dtype = dtype
+        self.names: dict[float, str] = {}
+
+    def __call__(self, value: float) -> str:
+        value = float(value)
+        if value not in self.names:
+            self.names[value] = f"K{len(self.names)}"
+        return self.names[value]
+
+    def lines(self) -> list[str]:
+        return [f"{name} = {_const(value, self.dtype)}" for value, name in self.names.items()]
 
 
-def kernel_source(table: TermTable, shape: str, dtype: str, *, atomic: bool = False, reduce_channels: bool = False) -> str:
+def _sums(table: TermTable, dtype: str, ind: str, consts: _Constants) -> tuple[list[str], dict[int, str]]:
+    r"""Lines accumulating every output component, and per component the expression holding it.
+
+    Operands are ranked by how often their components occur as factors (for the contraction:
+    :math:`x`, then the cotangent, then the weights). Terms are grouped by their monomial in the
+    first operand, :math:`m = x_i x_j \cdots`, built once from its prefix (one multiplication)
+    and shared by every output; inside a group, factors of the next operand are taken out the
+    same way, and so on (a multivariate Horner form):
+
+    .. math::
+
+        a_o \leftarrow \mathrm{fma}\Big(m,\; \mathrm{fma}\big(\bar y_p,\;
+        \mathrm{fma}(W_1, \alpha_1, \mathrm{fma}(W_2, \alpha_2, \ldots)), \ldots\big),\; a_o\Big)
+
+    so a term costs about one fused multiply-add with its coefficient as an immediate, and an
+    outer group one more. Written as nested ``cuda.fma`` calls (one typed call per term, where
+    ``a * b + c`` is two binary operations for numba to type) with the coefficients as globals
+    (:class:`_Constants`), which halves compile time.
+
+    Accumulators live in a small local array (constant indices: LLVM keeps them in registers)
+    so that no Python variable is redefined block after block, and the groups of one
+    two-factor prefix share an ``if go:`` block (``go`` is always true): numba's SSA and
+    liveness passes are superlinear in the size of a basic block, and the blocks keep compile
+    time linear in the terms. A monomial is built and used in one block."""
+    mons = table.monomials()
+    arrays = [int(a) for a in table.slot_arr]
+    count: dict[int, int] = {}
+    for _, _, slots in mons:
+        for q in slots:
+            count[arrays[q]] = count.get(arrays[q], 0) + 1
+    rank = sorted(count, key=lambda a: (-count[a], a))
+
+    def split(slots: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(q for q in slots if arrays[q] == a) for a in rank)
+
+    def chain(terms: list[tuple[float, tuple]], level: int, tail: str | None) -> str:
+        """``tail`` plus the sum of ``terms`` (their factors of ``rank[level:]``)."""
+        if level == len(rank):
+            k = consts(sum(c for c, _ in terms))
+            return k if tail is None else f"({tail} + {k})"
+        groups: dict[tuple[int, ...], list] = {}
+        for c, key in terms:
+            groups.setdefault(key[level], []).append((c, key))
+        for mono_, sub in groups.items():
+            if not mono_:
+                tail = chain(sub, level + 1, tail)
+                continue
+            f = " * ".join(f"v{q}" for q in mono_)
+            if level + 1 == len(rank):  # innermost: the coefficient is the multiplier
+                k = consts(sum(c for c, _ in sub))
+                tail = f"{f} * {k}" if tail is None else f"cuda.fma({f}, {k}, {tail})"
+            else:
+                inner = chain(sub, level + 1, None)
+                tail = f"{f} * {inner}" if tail is None else f"cuda.fma({f}, {inner}, {tail})"
+        return tail
+
+    outs = sorted({o for o, _, _ in mons})
+    slot = {o: k for k, o in enumerate(outs)}
+    top: dict[tuple[int, ...], dict[int, list]] = {}
+    for o, coef, slots in mons:
+        key = split(slots)
+        top.setdefault(key[0] if key else (), {}).setdefault(o, []).append((coef, key))
+    prefixes = sorted({mono_[:2] for mono_ in top if len(mono_) >= 2})
+    pre = {t: k for k, t in enumerate(prefixes)}
+    decl = [f"{ind}acc = cuda.local.array({len(outs)}, {_dtype_name(dtype)})"]
+    decl += [f"{ind}acc[{k}] = {_const(0.0, dtype)}" for k in range(len(outs))]
+    blocks: list[str] = []
+    if prefixes:
+        decl.append(f"{ind}pre = cuda.local.array({len(prefixes)}, {_dtype_name(dtype)})")
+        for i in range(0, len(prefixes), LINES_PER_BLOCK):
+            blocks.append(f"{ind}if go:")
+            blocks += [f"{ind}    pre[{pre[t]}] = v{t[0]} * v{t[1]}" for t in prefixes[i:i + LINES_PER_BLOCK]]
+    made = 0
+    block: list[str] = []
+    weight = 0
+    local: dict[tuple[int, ...], str] = {}
+    for mono_ in sorted(top):
+        for o, terms in sorted(top[mono_].items()):
+            a = f"acc[{slot[o]}]"
+            for i in range(0, len(terms), CHUNK):
+                if weight >= TERMS_PER_BLOCK:  # close the block; monomials are rebuilt in the next one
+                    blocks += [f"{ind}if go:"] + [f"{ind}    {line}" for line in block]
+                    block, weight, local = [], 0, {}
+                if len(mono_) >= 2 and mono_ not in local:
+                    local[mono_] = f"m{made}"  # defined once, used in this block only
+                    made += 1
+                    block.append(f"{local[mono_]} = pre[{pre[mono_[:2]]}]" + "".join(f" * v{q}" for q in mono_[2:]))
+                m = local[mono_] if len(mono_) >= 2 else (f"v{mono_[0]}" if mono_ else None)
+                if mono_ and len(rank) == 1:  # the monomial is the whole term
+                    block.append(f"{a} = cuda.fma({m}, {consts(sum(c for c, _ in terms))}, {a})")
+                    weight += 1
+                    break
+                chunk = terms[i:i + CHUNK]
+                block.append(f"{a} = cuda.fma({m}, {chain(chunk, 1, None)}, {a})" if m else f"{a} = {chain(chunk, 1, a)}")
+                weight += len(chunk)
+    if block:
+        blocks += [f"{ind}if go:"] + [f"{ind}    {line}" for line in block]
+    return decl + blocks, {o: f"acc[{slot[o]}]" for o in outs}
+
+
+def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: bool = False,
+                  tpb: int = THREADS_PER_BLOCK) -> str:
     """Python source of the unrolled kernel ``kernel`` for ``table``.
 
-    ``shape``: ``"atom"`` (arrays ``x0..x9``: 0-5 per atom, 6-9 per species; ``atomic``: the
-    output is per species), ``"node"`` or ``"edge"`` (arrays ``x0..x7`` with rows edge /
-    sender / receiver; ``reduce_channels``: a channel-summed output)."""
+    ``shape``: ``"atom"`` (arrays ``x0..x9``: 0-5 per atom, 6-9 per species; the output has one
+    row per atom: a species output is written as per-atom partials that
+    :mod:`~workbench.kernels.backends.segment` sums), ``"node"`` or ``"edge"`` (arrays ``x0..x7``
+    with rows edge / sender / receiver; ``reduce_channels``: a channel-summed output, reduced in
+    shared memory by the ``G`` threads of an edge in a fixed order, so ``tpb``, the block size
+    the kernel is launched with, sizes that buffer)."""
     zero = _const(0.0, dtype)
+    consts = _Constants(dtype)
     body: list[str] = []
     ind = "    "
     if shape == "atom":
@@ -131,6 +265,14 @@ def kernel_source(table: TermTable, shape: str, dtype: str, *, atomic: bool = Fa
                     "gid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
                     "if gid >= (seg_ptr.shape[0] - 1) * C:", "    return",
                     "n = gid // C", "c = gid - n * C"]
+        elif reduce_channels:
+            # no early return: every thread of the block reaches the barrier
+            head = [f"def kernel({args}, sender, receiver, G, C, out):",
+                    f"red = cuda.shared.array(({tpb}, {max(table.out_off.shape[0], 1)}), {_dtype_name(dtype)})",
+                    "tid = cuda.threadIdx.x",
+                    "gid = cuda.blockIdx.x * cuda.blockDim.x + tid",
+                    "valid = gid < sender.shape[0] * G",
+                    "e = gid // G", "g = gid - e * G"]
         else:
             head = [f"def kernel({args}, sender, receiver, G, C, out):",
                     "gid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
@@ -146,36 +288,49 @@ def kernel_source(table: TermTable, shape: str, dtype: str, *, atomic: bool = Fa
     body.append("go = C > 0")
     if shape == "atom":
         body += loads("")
-        lines, exprs = _sums(table, dtype, "")
+        lines, exprs = _sums(table, dtype, "", consts)
         body += lines
         for o, expr in exprs.items():
-            idx = _index(int(table.out_off[o]), int(table.out_cs[o]))
-            body.append(f"cuda.atomic.add(out, (z, {idx}), {expr})" if atomic else f"out[b, {idx}] = {expr}")
-    elif shape == "node" or reduce_channels:
-        # loop-carried accumulators: over the node's edges, or over this thread's channels
-        lines, exprs = _sums(table, dtype, ind)
+            body.append(f"out[b, {_index(int(table.out_off[o]), int(table.out_cs[o]))}] = {expr}")
+    elif shape == "node":
+        # loop-carried accumulators over the node's edges
+        lines, exprs = _sums(table, dtype, ind, consts)
         body += [f"o{o} = {zero}" for o in exprs]
-        if shape == "node":
-            body += ["for p in range(seg_ptr[n], seg_ptr[n + 1]):",
-                     f"{ind}e = seg_perm[p]", f"{ind}s = sender[e]", f"{ind}r = receiver[e]"]
-        else:
-            body.append("for c in range(g, C, G):")
+        body += ["for p in range(seg_ptr[n], seg_ptr[n + 1]):",
+                 f"{ind}e = seg_perm[p]", f"{ind}s = sender[e]", f"{ind}r = receiver[e]"]
         body += loads(ind) + lines + [f"{ind}o{o} += {expr}" for o, expr in exprs.items()]
         for o in exprs:
-            if shape == "node":
-                idx = _index(int(table.out_off[o]), int(table.out_cs[o]))
-                body.append(f"cuda.atomic.add(out, (n, {idx}), o{o})" if reduce_channels else f"out[n, {idx}] = o{o}")
-            else:
-                idx = _index(int(table.out_off[o]), 0)
-                body += ["if G == 1:", f"{ind}out[e, {idx}] = o{o}", "else:", f"{ind}cuda.atomic.add(out, (e, {idx}), o{o})"]
+            idx = _index(int(table.out_off[o]), int(table.out_cs[o]))
+            # a channel-summed node output is not used in training; it keeps an atomic sum
+            body.append(f"cuda.atomic.add(out, (n, {idx}), o{o})" if reduce_channels else f"out[n, {idx}] = o{o}")
+    elif reduce_channels:
+        # loop-carried accumulators over this thread's channels, then a fixed-order sum of the
+        # G partials of the edge in shared memory (deterministic, no atomics)
+        i2 = ind * 2
+        lines, exprs = _sums(table, dtype, i2, consts)
+        slots = {o: k for k, o in enumerate(exprs)}
+        body += ["if valid:", f"{ind}s = sender[e]", f"{ind}r = receiver[e]"]
+        body += [f"{ind}o{o} = {zero}" for o in exprs]
+        body.append(f"{ind}for c in range(g, C, G):")
+        body += loads(i2) + lines + [f"{i2}o{o} += {expr}" for o, expr in exprs.items()]
+        body += [f"{ind}red[tid, {k}] = o{o}" for o, k in slots.items()]
+        body += ["cuda.syncthreads()", "if valid and g == 0:"]
+        for o, k in slots.items():
+            body += [f"{ind}t{o} = red[tid, {k}]", f"{ind}for j in range(1, G):", f"{i2}t{o} += red[tid + j, {k}]",
+                     f"{ind}out[e, {_index(int(table.out_off[o]), 0)}] = t{o}"]
     else:  # edge, channelwise output: G == C, one channel per thread
         body += ["c = g"] + loads("")
-        lines, exprs = _sums(table, dtype, "")
+        lines, exprs = _sums(table, dtype, "", consts)
         body += lines
         for o, expr in exprs.items():
             idx = _index(int(table.out_off[o]), int(table.out_cs[o]))
             body.append(f"out[e, {idx}] = {expr}")
-    return "\n".join([head[0]] + [ind + line for line in head[1:] + body]) + "\n"
+    kernel = "\n".join([head[0]] + [ind + line for line in head[1:] + body]) + "\n"
+    return "\n".join(consts.lines()) + "\n\n\n" + kernel
+
+
+def _dtype_name(dtype: str) -> str:
+    return "numba.float64" if dtype == "float64" else "f32"
 
 
 def source_dir() -> Path:
@@ -209,7 +364,7 @@ def _compile(source: str) -> Any:
         exec(compile(_HEADER + source, f"<{name}>", "exec"), namespace)  # noqa: S102 (generated above)
         return cuda.jit(namespace["kernel"])
     path = source_dir() / f"{name}.py"
-    text = _HEADER + "@cuda.jit(cache=True)\n" + source
+    text = _HEADER + source.replace("\ndef kernel(", "\n@cuda.jit(cache=True)\ndef kernel(", 1)
     if not path.exists() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -222,8 +377,9 @@ def _compile(source: str) -> Any:
 
 
 @lru_cache(maxsize=None)
-def get_unrolled_kernel(table: TermTable, shape: str, dtype: str, *, atomic: bool = False, reduce_channels: bool = False) -> Any:
+def get_unrolled_kernel(table: TermTable, shape: str, dtype: str, *, reduce_channels: bool = False,
+                        tpb: int = THREADS_PER_BLOCK) -> Any:
     """The compiled unrolled kernel for ``table``: cached per table object, so a launch does not
     regenerate the source (tables from another process, e.g. unpickled, share the compiled
     kernel through the per-source cache)."""
-    return _compile(kernel_source(table, shape, dtype, atomic=atomic, reduce_channels=reduce_channels))
+    return _compile(kernel_source(table, shape, dtype, reduce_channels=reduce_channels, tpb=tpb))

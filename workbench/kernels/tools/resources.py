@@ -35,7 +35,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["KernelResources", "training_ops", "kernel_resources", "find_ptxas", "occupancy", "paper_ops", "format_table"]
+__all__ = ["KernelResources", "training_ops", "kernel_resources", "find_nvdisasm", "find_ptxas", "occupancy", "paper_ops",
+           "format_table", "launches_per_pass", "sass_counts"]
 
 #: per-SM limits used for the occupancy estimate, by compute capability (Hopper, Ampere)
 SM_LIMITS = {
@@ -64,6 +65,16 @@ class KernelResources:
     stack_bytes: int | None = None
     occupancy: float | None = None
     family: str = ""
+    mode: str = ""  # the variant asked for: auto (what the dispatcher launches), table or unrolled
+    kernel: str = ""  # launch shape: atom, atom partial, species sum, node, edge, edge reduce
+    sass_instructions: int | None = None  # SASS instructions of the kernel (nvdisasm), padding NOPs excluded
+    sass_fp: int | None = None  # of which floating-point arithmetic (F/D/H FMA, MUL, ADD)
+    sass_per_term: float | None = None
+
+    def finish(self) -> None:
+        # straight-line code only: a table kernel's static size says nothing about a term's cost
+        if self.sass_instructions is not None and self.terms and self.variant == "unrolled":
+            self.sass_per_term = round(self.sass_instructions / self.terms, 2)
 
 
 def training_ops(op) -> list[tuple[str, object]]:
@@ -82,18 +93,43 @@ def training_ops(op) -> list[tuple[str, object]]:
     return [("forward", op), ("backward", d1), ("double backward", d2)]
 
 
+def _find_cuda_tool(tool: str, env: str, wheel_dir: str) -> str | None:
+    """``$env``, then the wheel's copy (``nvidia/cu*/bin`` or ``nvidia/<wheel_dir>/bin``), then
+    PATH, then /usr/local/cuda*."""
+    if os.environ.get(env):
+        return os.environ[env]
+    candidates = []
+    for base in map(Path, sys.path):
+        candidates += sorted(base.glob(f"nvidia/cu*/bin/{tool}")) + sorted(base.glob(f"nvidia/{wheel_dir}/bin/{tool}"))
+    if shutil.which(tool):
+        candidates.append(Path(shutil.which(tool)))
+    candidates += sorted(Path("/usr/local").glob(f"cuda*/bin/{tool}"), reverse=True)
+    return str(candidates[0]) if candidates else None
+
+
 def find_ptxas() -> str | None:
     """``ptxas``: ``$PTXAS``, then the ``nvidia-cuda-nvcc`` wheel (same release as the NVVM that
     writes the PTX), then PATH, then /usr/local/cuda*."""
-    if os.environ.get("PTXAS"):
-        return os.environ["PTXAS"]
-    candidates = []
-    for base in map(Path, sys.path):
-        candidates += sorted(base.glob("nvidia/cu*/bin/ptxas")) + sorted(base.glob("nvidia/cuda_nvcc/bin/ptxas"))
-    if shutil.which("ptxas"):
-        candidates.append(Path(shutil.which("ptxas")))
-    candidates += sorted(Path("/usr/local").glob("cuda*/bin/ptxas"), reverse=True)
-    return str(candidates[0]) if candidates else None
+    return _find_cuda_tool("ptxas", "PTXAS", "cuda_nvcc")
+
+
+def find_nvdisasm() -> str | None:
+    """``nvdisasm``: ``$NVDISASM``, then the ``nvidia-cuda-nvdisasm`` wheel, then PATH, then /usr/local/cuda*."""
+    return _find_cuda_tool("nvdisasm", "NVDISASM", "cuda_nvdisasm")
+
+
+#: one SASS instruction line of nvdisasm: ``/*0080*/  @!P0 FFMA R4, R5, R6, R7 ;``
+_SASS = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)(?:\.[A-Z0-9_.]+)?\b")
+#: floating-point arithmetic opcodes (fp32, fp64, fp16x2)
+FP_OPCODES = frozenset({"FFMA", "FMUL", "FADD", "FFMA2", "FMUL2", "FADD2", "DFMA", "DMUL", "DADD",
+                        "HFMA2", "HMUL2", "HADD2"})
+
+
+def sass_counts(listing: str) -> tuple[int, int]:
+    """``(instructions, floating-point instructions)`` of an nvdisasm listing (padding NOPs excluded)."""
+    ops = [m.group(1) for m in _SASS.finditer(listing)]
+    ops = [o for o in ops if o != "NOP"]
+    return len(ops), sum(o in FP_OPCODES for o in ops)
 
 
 _REG = re.compile(r"Used (\d+) registers")
@@ -101,23 +137,32 @@ _SMEM = re.compile(r"(\d+) bytes smem")
 _STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
-def _ptxas(ptx: str, cc: tuple[int, int], ptxas: str) -> dict:
+def _ptxas(ptx: str, cc: tuple[int, int], ptxas: str, nvdisasm: str | None = None) -> dict:
     with tempfile.TemporaryDirectory() as d:
-        src = Path(d) / "k.ptx"
+        src, cubin = Path(d) / "k.ptx", Path(d) / "k.cubin"
         src.write_text(ptx)
-        res = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-v", "-o", str(Path(d) / "k.cubin"), str(src)],
+        res = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-v", "-o", str(cubin), str(src)],
                              capture_output=True, text=True, timeout=600)
-    if res.returncode != 0:
-        raise RuntimeError(f"ptxas failed ({ptxas}): {res.stderr.strip()[-2000:]}")
+        if res.returncode != 0:
+            raise RuntimeError(f"ptxas failed ({ptxas}): {res.stderr.strip()[-2000:]}")
+        sass = None
+        if nvdisasm:
+            dis = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, timeout=600)
+            if dis.returncode != 0:
+                raise RuntimeError(f"nvdisasm failed ({nvdisasm}): {dis.stderr.strip()[-2000:]}")
+            sass = sass_counts(dis.stdout)
     log = res.stdout + res.stderr
     reg, smem, stack = _REG.search(log), _SMEM.search(log), _STACK.search(log)
-    return {
+    out = {
         "registers": int(reg.group(1)) if reg else 0,
         "shared_bytes": int(smem.group(1)) if smem else 0,
         "stack_bytes": int(stack.group(1)) if stack else 0,
         "spill_stores": int(stack.group(2)) if stack else 0,
         "spill_loads": int(stack.group(3)) if stack else 0,
     }
+    if sass is not None:
+        out["sass_instructions"], out["sass_fp"] = sass
+    return out
 
 
 def occupancy(registers: int, shared_bytes: int, threads_per_block: int, cc: tuple[int, int] = (9, 0)) -> float:
@@ -148,10 +193,11 @@ def _kernel_variant(variant: str) -> Iterator[None]:
 
 
 def _plans(op, dtype: str, channels: int):
-    """``(output name, compiled, plan)`` for every output of ``op``, planned on small host arrays
-    of the launch shapes (the kernels' types depend only on dtypes, ranks and layouts)."""
+    """``(output name, kernel shape, compiled, plan)`` for every launch of ``op``, planned on small
+    host arrays of the launch shapes (the kernels' types depend only on dtypes, ranks and layouts).
+    A species output is two launches: the per-atom partials, then the per-species sum."""
     from workbench.kernels.backends import cuda as _cuda
-    from workbench.kernels.backends import edge_cuda
+    from workbench.kernels.backends import edge_cuda, segment
 
     rows = 4
     dummy = np.zeros((1, 1), dtype=dtype)
@@ -162,14 +208,19 @@ def _plans(op, dtype: str, channels: int):
         seg = (np.arange(rows + 1, dtype=np.int64), idx)
         for comp in op.compiled:
             out = np.zeros((rows, comp.output.width), dtype=dtype)
-            yield comp.output.name, comp, edge_cuda.plan(comp, arrays, idx, idx, seg if comp.node_output else None, channels, out, host=True)
+            shape = "node" if comp.node_output else ("edge reduce" if comp.reduce_channels else "edge")
+            yield comp.output.name, shape, comp, edge_cuda.plan(comp, arrays, idx, idx, seg if comp.node_output else None,
+                                                                channels, out, host=True)
     else:
         arrays = [dummy] * 10
         for aid, o in zip(op.array_ids, op.operands):
             arrays[aid] = np.zeros((rows, o.width), dtype=dtype)
         for comp in op.compiled:
             out = np.zeros((rows, comp.output.width), dtype=dtype)
-            yield comp.output.name, comp, _cuda.plan(comp, arrays, idx, channels, out, host=True)
+            yield comp.output.name, "atom partial" if comp.species_output else "atom", comp, \
+                _cuda.plan(comp, arrays, idx, channels, out, host=True)
+            if comp.species_output:
+                yield comp.output.name, "species sum", comp, segment.plan_segment_sum(out, idx, idx, out[:2])
 
 
 def kernel_resources(ops: Sequence[tuple[str, object]], dtype: str, variant: str = "auto",
@@ -183,14 +234,15 @@ def kernel_resources(ops: Sequence[tuple[str, object]], dtype: str, variant: str
     import numba
     from numba import cuda
 
-    from workbench.kernels.backends.unrolled import use_unrolled
+    from workbench.kernels.backends.unrolled import unroll
 
     if ptxas == "auto":
         ptxas = find_ptxas()
+    nvdisasm = find_nvdisasm() if ptxas else None
     rows: list[KernelResources] = []
     with _kernel_variant(variant):
         for label, op in ops:
-            for name, comp, plan in _plans(op, dtype, channels):
+            for name, shape, comp, plan in _plans(op, dtype, channels):
                 if plan is None:
                     continue
                 kernel, _, tpb, args = plan
@@ -198,14 +250,17 @@ def kernel_resources(ops: Sequence[tuple[str, object]], dtype: str, variant: str
                 t0 = time.perf_counter()
                 ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=cc)
                 dt = time.perf_counter() - t0
-                used = "unrolled" if use_unrolled(comp.num_terms) else "table"
-                r = KernelResources(family=family, op=label, output=name, variant=used, dtype=dtype, terms=comp.num_terms,
-                                    slots=comp.num_slots, threads_per_block=tpb,
-                                    ptx_lines=ptx.count("\n"), compile_s=round(dt, 2))
+                summing = shape == "species sum"
+                used = "segment" if summing else ("unrolled" if unroll(comp, dtype) else "table")
+                r = KernelResources(family=family, op=label, output=name, variant=used, dtype=dtype,
+                                    terms=0 if summing else comp.num_terms, slots=0 if summing else comp.num_slots,
+                                    threads_per_block=tpb, ptx_lines=ptx.count("\n"), compile_s=round(dt, 2), kernel=shape,
+                                    mode=variant)
                 if ptxas:
-                    for k, v in _ptxas(ptx, cc, ptxas).items():
+                    for k, v in _ptxas(ptx, cc, ptxas, nvdisasm).items():
                         setattr(r, k, v)
                     r.occupancy = round(occupancy(r.registers, r.shared_bytes, tpb, cc), 3)
+                r.finish()
                 rows.append(r)
                 if progress:
                     print(f"  {label:16s} {name:14s} {used:8s} {dtype}: {comp.num_terms} terms, "
@@ -238,15 +293,35 @@ def paper_ops(families: Sequence[str] = ("symmetric_contraction", "channelwise_t
 
 
 def format_table(rows: Sequence[KernelResources]) -> str:
-    head = f"{'op':21s} {'pass':16s} {'output':10s} {'variant':8s} {'dtype':7s} {'terms':>6s} {'regs':>5s} {'spill B':>8s} {'smem B':>7s} {'occ.':>5s} {'compile':>8s}"
+    """The per-kernel table, then the launches per pass of each op (one op instance)."""
+    head = (f"{'op':21s} {'pass':16s} {'output':10s} {'kernel':12s} {'variant':8s} {'dtype':7s} {'terms':>6s} "
+            f"{'SASS':>6s} {'FP':>6s} {'/term':>6s} {'regs':>5s} {'spill B':>8s} {'smem B':>7s} {'occ.':>5s} {'compile':>8s}")
     lines = [head, "-" * len(head)]
+
+    def opt(v, fmt="{}"):
+        return "-" if v is None else fmt.format(v)
+
     for r in rows:
         spill = "-" if r.spill_stores is None else str(r.spill_stores + r.spill_loads)
-        lines.append(f"{r.family:21s} {r.op:16s} {r.output[:10]:10s} {r.variant:8s} {r.dtype:7s} {r.terms:6d} "
-                     f"{'-' if r.registers is None else r.registers:>5} {spill:>8s} "
-                     f"{'-' if r.shared_bytes is None else r.shared_bytes:>7} "
-                     f"{'-' if r.occupancy is None else f'{r.occupancy:.2f}':>5} {r.compile_s:7.1f}s")
+        lines.append(f"{r.family:21s} {r.op:16s} {r.output[:10]:10s} {r.kernel:12s} {r.variant:8s} {r.dtype:7s} {r.terms:6d} "
+                     f"{opt(r.sass_instructions):>6s} {opt(r.sass_fp):>6s} {opt(r.sass_per_term, '{:.1f}'):>6s} "
+                     f"{opt(r.registers):>5s} {spill:>8s} {opt(r.shared_bytes):>7s} {opt(r.occupancy, '{:.2f}'):>5s} "
+                     f"{r.compile_s:7.1f}s")
+    launches = launches_per_pass(rows)
+    if launches:
+        lines += ["", "launches per pass (one op instance; a training step runs forward, backward and double backward):"]
+        lines += [f"  {fam} [{variant}, {dtype}]: " + ", ".join(f"{p} {n}" for p, n in passes.items())
+                  for (fam, variant, dtype), passes in launches.items()]
     return "\n".join(lines)
+
+
+def launches_per_pass(rows: Sequence[KernelResources]) -> dict[tuple[str, str, str], dict[str, int]]:
+    """``{(family, mode, dtype): {pass: launches}}`` (the segment sums count with their pass)."""
+    out: dict[tuple[str, str, str], dict[str, int]] = {}
+    for r in rows:
+        passes = out.setdefault((r.family, r.mode, r.dtype), {})
+        passes[r.op] = passes.get(r.op, 0) + 1
+    return out
 
 
 def register(subparsers) -> None:
