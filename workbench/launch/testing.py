@@ -223,9 +223,13 @@ class LocalSlurm:
         (root / "plugstack.conf").write_text("")  # keep /etc/slurm/plugstack.conf's SPANK plugins out
         user = getpass.getuser()
         self.ctld_port, self.slurmd_port = free_port(), free_port()
+        # submitit derives a job's MASTER_PORT from its job id: two clusters numbering jobs from 1
+        # (test modules on parallel workers) would hand their jobs the same port
+        first_job_id = 1000 + int.from_bytes(os.urandom(3), "little") % 1_000_000
         conf = f"""\
 # Written by workbench.launch.testing.LocalSlurm
 ClusterName=workbench
+FirstJobId={first_job_id}
 SlurmctldHost={self.hostname}(127.0.0.1)
 SlurmctldPort={self.ctld_port}
 SlurmdPort={self.slurmd_port}
