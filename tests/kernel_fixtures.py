@@ -111,7 +111,7 @@ print("RESULT", json.dumps(errs))
 """
 
 
-def run_under_simulator(script: str, variant: str) -> dict:
+def run_under_simulator(script: str, variant: str, **extra_env: str) -> dict:
     """Run ``script`` (which fills ``errs``) in a fresh interpreter with numba's CUDA simulator,
     the CUDA kernels of kind ``variant`` and tiny blocks; check that ``variant`` is the kind that
     ran, and return ``errs``. The simulator must be switched on before ``numba.cuda`` is imported."""
@@ -122,7 +122,7 @@ def run_under_simulator(script: str, variant: str) -> dict:
 
     tests = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", WORKBENCH_KERNELS_CUDASIM="1", WORKBENCH_CUDA_TPB="8",
-               WORKBENCH_CUDA_KERNELS=variant)
+               WORKBENCH_CUDA_KERNELS=variant, **extra_env)
     res = subprocess.run([sys.executable, "-c", script.format(tests=tests) + SIMULATOR_REPORT], capture_output=True,
                          text=True, env=env, timeout=900, cwd=tests)
     assert res.returncode == 0, res.stderr[-4000:]

@@ -39,9 +39,11 @@ for cfg in [("MACE", "2x0e+2x1o", 1, 2, 2), ("ScaleShiftMACE", "2x0e+2x1o", 2, 3
 """
 
 
-@pytest.mark.parametrize("variant", ["unrolled", "table"])
+@pytest.mark.parametrize("variant", ["unrolled", "table", "unrolled-split"])
 def test_cuda_kernels_under_simulator(variant):
-    errs = run_under_simulator(SCRIPT, variant)
+    # unrolled-split: every polynomial's output components in 2 generated kernels writing one output
+    extra = {"WORKBENCH_UNROLL_PARTS": "2"} if variant.endswith("split") else {}
+    errs = run_under_simulator(SCRIPT, variant.split("-")[0], **extra)
     print(errs)
     assert sum(key.startswith("repeat") for key in errs) == 2
     for key, (e, f, g) in errs.items():

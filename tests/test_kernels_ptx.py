@@ -124,6 +124,32 @@ def test_unrolled_switch(monkeypatch):
         unrolled.use_unrolled(1)
 
 
+def test_split_parts_partition_the_terms(small_ops, monkeypatch):
+    """WORKBENCH_UNROLL_PARTS splits a polynomial over its output components: the parts' terms
+    partition the whole, by disjoint components, balanced by terms."""
+    monkeypatch.delenv("WORKBENCH_CUDA_KERNELS", raising=False)
+    monkeypatch.delenv("WORKBENCH_UNROLL_PARTS", raising=False)
+    comp = small_ops["symmetric_contraction"][1][1].compiled[0]  # backward d(x)
+
+    def terms(t):  # slots renumbered per table: compare by what a slot reads
+        where = list(zip(t.slot_arr.tolist(), t.slot_rows.tolist(), t.slot_off.tolist(), t.slot_cs.tolist()))
+        return [(o, c, tuple(sorted(where[q] for q in slots))) for o, c, slots in t.monomials()]
+
+    whole = sorted(terms(comp.table))
+    assert unrolled.unrolled_parts(comp, "float32") == [comp.table]
+    for k in (2, 3):
+        monkeypatch.setenv("WORKBENCH_UNROLL_PARTS", str(k))
+        parts = unrolled.unrolled_parts(comp, "float32")
+        assert len(parts) == k
+        assert sorted(m for t in parts for m in terms(t)) == whole
+        outs = [set(t.t_out.tolist()) for t in parts]
+        assert all(not (a & b) for i, a in enumerate(outs) for b in outs[i + 1:])  # disjoint components
+        sizes = [t.num_terms for t in parts]
+        assert max(sizes) <= 2 * comp.num_terms / k  # balanced by terms
+    monkeypatch.setenv("WORKBENCH_CUDA_KERNELS", "table")  # the table kind is never split
+    assert unrolled.unrolled_parts(comp, "float32") is None
+
+
 def test_generated_source_is_straight_line(small_ops):
     """Offsets are literals, each distinct coefficient is a typed float32 global, every term's
     coefficient is used exactly once, terms are fused multiply-adds, and no table is read."""

@@ -52,6 +52,8 @@ class CompiledPolynomial(TransientCache):
     """
 
     def __init__(self, poly: SparsePolynomial, array_ids: Sequence[int]):
+        self.poly = poly
+        self.array_ids = tuple(array_ids)
         self.table = term_table(poly, array_ids, row_codes(op.rows for op in poly.operands))
         self.output = poly.output
         self.num_slots = self.table.num_slots
@@ -71,6 +73,35 @@ class CompiledPolynomial(TransientCache):
         self.accumulators = len({o for o, _ in poly.terms})  # output components a kernel sums into
         self._coef = {"float64": self.table.coef64, "float32": self.table.coef("float32")}
         self._init_cache()
+
+    def split(self, parts: int) -> list:
+        """``parts`` term tables over contiguous groups of output components, balanced by terms
+        (each evaluates its components of the same output); fewer when there are fewer
+        components."""
+        return self._cached(("split", parts), lambda: self._split(parts))
+
+    def _split(self, parts: int) -> list:
+        per = {}
+        for o, _ in self.poly.terms:
+            per[o] = per.get(o, 0) + 1
+        comps = sorted(per)
+        target = self.num_terms / max(1, min(parts, len(comps)))
+        groups, cur, load = [], [], 0
+        for o in comps:
+            if cur and load + per[o] / 2 > target * (len(groups) + 1) and len(groups) < parts - 1:
+                groups.append(cur)
+                cur = []
+            cur.append(o)
+            load += per[o]
+        groups.append(cur)
+        codes = row_codes(op.rows for op in self.poly.operands)
+        tables = []
+        for g in groups:
+            keep = set(g)
+            sub = SparsePolynomial(self.poly.operands, self.poly.output,
+                                   {k: v for k, v in self.poly.terms.items() if k[0] in keep})
+            tables.append(term_table(sub, self.array_ids, codes))
+        return tables
 
     def host_tables(self, dtype: str) -> tuple:
         """``(slot_arr, slot_rows, slot_off, slot_cs, t_out, t_fac, t_coef, out_off, out_cs)``."""

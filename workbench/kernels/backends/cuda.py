@@ -32,7 +32,7 @@ from workbench.kernels.backends.device import cuda_available, cudasim_enabled, t
 from workbench.kernels.backends.gather import cuda_pick, cuda_split, cuda_term
 from workbench.kernels.descriptor.layout import MAX_ATOM_ARRAYS
 
-__all__ = ["cuda_available", "cudasim_enabled", "get_kernel", "launch", "plan", "writes_every_element"]
+__all__ = ["cuda_available", "cudasim_enabled", "get_kernel", "launch", "plans", "writes_every_element"]
 
 cuda = None  # numba.cuda, bound on first use (after NUMBA_ENABLE_CUDASIM is read)
 
@@ -85,10 +85,10 @@ def get_kernel(buffer_len: int, tpb: int, dtype: str) -> Any:
     return sparse_poly_kernel
 
 
-def plan(compiled: Any, arrays: list, species: Any, channels: int, out: Any, host: bool = False) -> tuple | None:
-    """``(kernel, blocks, threads_per_block, args)`` for one compiled polynomial, or None when
-    there is nothing to do. The unrolled kernel (:mod:`workbench.kernels.backends.unrolled`) is chosen
-    unless the polynomial is too large for it (or ``WORKBENCH_CUDA_KERNELS=table``).
+def plans(compiled: Any, arrays: list, species: Any, channels: int, out: Any, host: bool = False) -> list[tuple]:
+    """``[(kernel, blocks, threads_per_block, args)]`` for one compiled polynomial: the generated
+    kernel of each part (:func:`workbench.kernels.backends.unrolled.unrolled_parts`), or the one
+    table-driven kernel; empty when there is nothing to do.
 
     ``arrays``: the 10 operand arrays (6 atom + 4 species slots, dummies where unused) as numba
     device arrays (numpy arrays under the simulator or for PTX compilation); ``out``: the
@@ -98,12 +98,13 @@ def plan(compiled: Any, arrays: list, species: Any, channels: int, out: Any, hos
     """
     n = species.shape[0] * channels
     if compiled.num_terms == 0 or n == 0:
-        return None
+        return []
     dtype = str(np.dtype(out.dtype))
-    if unrolled.unroll(compiled, dtype):
-        kernel = unrolled.get_unrolled_kernel(compiled.table, "atom", dtype)
+    parts = unrolled.unrolled_parts(compiled, dtype)
+    if parts is not None:
         tpb = int(os.environ.get("WORKBENCH_CUDA_TPB", unrolled.THREADS_PER_BLOCK))
-        return kernel, (n + tpb - 1) // tpb, tpb, (*arrays, species, channels, out)
+        return [(unrolled.get_unrolled_kernel(t, "atom", dtype), (n + tpb - 1) // tpb, tpb, (*arrays, species, channels, out))
+                for t in parts]
     itemsize = np.dtype(out.dtype).itemsize
     buffer_len = compiled.num_slots + 1
     tpb = threads_per_block(buffer_len + (buffer_len + 1) % 2, itemsize)
@@ -111,23 +112,21 @@ def plan(compiled: Any, arrays: list, species: Any, channels: int, out: Any, hos
     tables = compiled.host_tables(dtype) if host else compiled.device_tables(dtype)
     t = tables
     args = (*arrays, species, channels, t[0], t[2], t[3], t[4], t[5], t[6], out, t[7], t[8])
-    return kernel, (n + tpb - 1) // tpb, tpb, args
+    return [(kernel, (n + tpb - 1) // tpb, tpb, args)]
 
 
 def writes_every_element(compiled: Any, dtype: str) -> bool:
-    """Whether the atom kernel :func:`plan` picks stores every element of its ``[num_atoms, width]``
+    """Whether the atom kernels :func:`plans` picks store every element of its ``[num_atoms, width]``
     output (the unrolled kernel, every component reached by a term), so it needs no zero fill."""
     return unrolled.unroll(compiled, dtype) and compiled.covers_output
 
 
 def launch(compiled: Any, arrays: list, species: Any, channels: int, out: Any, stream: Any = 0,
            partial: Any = None, csr: tuple | None = None) -> None:
-    """Launch one compiled polynomial on ``stream`` (see :func:`plan`). A species output is two
+    """Launch one compiled polynomial on ``stream`` (see :func:`plans`). A species output is two
     launches: the atom kernel into ``partial`` ``[num_atoms, width]``, then the per-species sum
     through ``csr = (ptr, perm)`` into ``out`` ``[num_species, width]``."""
-    p = plan(compiled, arrays, species, channels, partial if compiled.species_output else out)
-    if p is not None:
-        kernel, blocks, tpb, args = p
+    for kernel, blocks, tpb, args in plans(compiled, arrays, species, channels, partial if compiled.species_output else out):
         kernel[blocks, tpb, stream](*args)
     if compiled.species_output:  # always: it writes every element of ``out``, zeros included
         s = segment.plan_segment_sum(partial, csr[0], csr[1], out)

@@ -189,7 +189,7 @@ def plan(compiled: Any, arrays: list, sender: Any, receiver: Any, seg: tuple | N
         return None
     dtype = str(np.dtype(out.dtype))
     reduce_ = compiled.reduce_channels
-    use_unrolled = unrolled.unroll(compiled, dtype)
+    use_unrolled = unrolled.unroll(compiled, dtype, split=False)
     out_len = compiled.out_size if (compiled.node_output or reduce_) else 0
     buffer_len = compiled.num_slots + 1
     if use_unrolled:
@@ -226,7 +226,7 @@ def writes_every_element(compiled: Any, dtype: str) -> bool:
     """Whether the kernel :func:`plan` picks stores every element of its output (the unrolled
     kernel, every component reached by a term, not the atomic channel-summed node output), so
     the output needs no zero fill."""
-    return (unrolled.unroll(compiled, dtype) and compiled.covers_output
+    return (unrolled.unroll(compiled, dtype, split=False) and compiled.covers_output
             and not (compiled.node_output and compiled.reduce_channels))
 
 

@@ -56,7 +56,8 @@ from typing import Any
 from workbench.kernels.backends.device import cudasim_enabled
 from workbench.kernels.descriptor.tables import TermTable
 
-__all__ = ["kernel_source", "get_unrolled_kernel", "unroll", "unroll_cost", "use_unrolled", "DEFAULT_MAX_TERMS"]
+__all__ = ["kernel_source", "get_unrolled_kernel", "unroll", "unroll_cost", "unrolled_parts", "use_unrolled",
+           "DEFAULT_MAX_TERMS"]
 
 #: largest :func:`unroll_cost` unrolled by default. At the paper configuration (sm_90, one
 #: core) float32 unrolls every kernel but the double backward's d(x) (9053 terms: 2.8 KB of
@@ -97,9 +98,27 @@ def use_unrolled(num_terms: int, accumulators: int = 0, slots: int = 0, itemsize
     return unroll_cost(num_terms, accumulators, itemsize) <= budget and live < MAX_LIVE_REGISTERS
 
 
-def unroll(compiled: Any, dtype: str) -> bool:
-    """:func:`use_unrolled` for a compiled polynomial in ``dtype``."""
-    return use_unrolled(compiled.num_terms, compiled.accumulators, compiled.num_slots, 8 if dtype == "float64" else 4)
+def unrolled_parts(compiled: Any, dtype: str, split: bool = True) -> list[TermTable] | None:
+    """The term tables to generate kernels for, or None for the table-driven kernel.
+
+    One table when the polynomial passes :func:`use_unrolled`. ``WORKBENCH_UNROLL_PARTS=k``
+    (with ``split``) instead splits its output components into ``k`` groups balanced by terms,
+    one generated kernel (launch) each, all writing the same output. Splitting is opt-in: at the
+    paper configuration the double backward's d(W) in 2 parts compiles without spills, but its
+    d(x) in 2 parts of 4241 and 4812 terms still spills 1.5-2 KB in float32, so no automatic
+    rule is safe yet."""
+    forced = os.environ.get("WORKBENCH_UNROLL_PARTS")
+    if forced and split and os.environ.get("WORKBENCH_CUDA_KERNELS", "auto") != "table":
+        return compiled.split(int(forced))
+    itemsize = 8 if dtype == "float64" else 4
+    if use_unrolled(compiled.num_terms, compiled.accumulators, compiled.num_slots, itemsize):
+        return [compiled.table]
+    return None
+
+
+def unroll(compiled: Any, dtype: str, split: bool = True) -> bool:
+    """Whether ``compiled`` runs as generated kernels in ``dtype`` (:func:`unrolled_parts`)."""
+    return unrolled_parts(compiled, dtype, split) is not None
 
 
 def _index(off: int, cs: int) -> str:

@@ -192,12 +192,23 @@ def _kernel_variant(variant: str) -> Iterator[None]:
             os.environ["WORKBENCH_CUDA_KERNELS"] = old
 
 
-def _plans(op, dtype: str, channels: int):
-    """``(output name, kernel shape, compiled, plan)`` for every launch of ``op``, planned on small
-    host arrays of the launch shapes (the kernels' types depend only on dtypes, ranks and layouts).
-    A species output is two launches: the per-atom partials, then the per-species sum."""
+@dataclass
+class _Launch:
+    output: str
+    kernel: str  # launch shape
+    variant: str  # unrolled, table or segment
+    terms: int
+    slots: int
+    plan: tuple | None
+
+
+def _plans(op, dtype: str, channels: int) -> Iterator[_Launch]:
+    """Every launch of ``op``, planned on small host arrays of the launch shapes (the kernels'
+    types depend only on dtypes, ranks and layouts). A species output is its per-atom partial
+    kernels (one per part when split), then the per-species sum."""
     from workbench.kernels.backends import cuda as _cuda
     from workbench.kernels.backends import edge_cuda, segment
+    from workbench.kernels.backends.unrolled import unroll, unrolled_parts
 
     rows = 4
     dummy = np.zeros((1, 1), dtype=dtype)
@@ -209,18 +220,25 @@ def _plans(op, dtype: str, channels: int):
         for comp in op.compiled:
             out = np.zeros((rows, comp.output.width), dtype=dtype)
             shape = "node" if comp.node_output else ("edge reduce" if comp.reduce_channels else "edge")
-            yield comp.output.name, shape, comp, edge_cuda.plan(comp, arrays, idx, idx, seg if comp.node_output else None,
-                                                                channels, out, host=True)
-    else:
-        arrays = [dummy] * 10
-        for aid, o in zip(op.array_ids, op.operands):
-            arrays[aid] = np.zeros((rows, o.width), dtype=dtype)
-        for comp in op.compiled:
-            out = np.zeros((rows, comp.output.width), dtype=dtype)
-            yield comp.output.name, "atom partial" if comp.species_output else "atom", comp, \
-                _cuda.plan(comp, arrays, idx, channels, out, host=True)
-            if comp.species_output:
-                yield comp.output.name, "species sum", comp, segment.plan_segment_sum(out, idx, idx, out[:2])
+            yield _Launch(comp.output.name, shape, "unrolled" if unroll(comp, dtype, split=False) else "table",
+                          comp.num_terms, comp.num_slots,
+                          edge_cuda.plan(comp, arrays, idx, idx, seg if comp.node_output else None, channels, out, host=True))
+        return
+    arrays = [dummy] * 10
+    for aid, o in zip(op.array_ids, op.operands):
+        arrays[aid] = np.zeros((rows, o.width), dtype=dtype)
+    for comp in op.compiled:
+        out = np.zeros((rows, comp.output.width), dtype=dtype)
+        shape = "atom partial" if comp.species_output else "atom"
+        parts = unrolled_parts(comp, dtype)
+        for k, plan in enumerate(_cuda.plans(comp, arrays, idx, channels, out, host=True)):
+            if parts is None:
+                yield _Launch(comp.output.name, shape, "table", comp.num_terms, comp.num_slots, plan)
+            else:
+                name = comp.output.name if len(parts) == 1 else f"{comp.output.name} {k + 1}/{len(parts)}"
+                yield _Launch(name, shape, "unrolled", parts[k].num_terms, parts[k].num_slots, plan)
+        if comp.species_output:
+            yield _Launch(comp.output.name, "species sum", "segment", 0, 0, segment.plan_segment_sum(out, idx, idx, out[:2]))
 
 
 def kernel_resources(ops: Sequence[tuple[str, object]], dtype: str, variant: str = "auto",
@@ -234,28 +252,23 @@ def kernel_resources(ops: Sequence[tuple[str, object]], dtype: str, variant: str
     import numba
     from numba import cuda
 
-    from workbench.kernels.backends.unrolled import unroll
-
     if ptxas == "auto":
         ptxas = find_ptxas()
     nvdisasm = find_nvdisasm() if ptxas else None
     rows: list[KernelResources] = []
     with _kernel_variant(variant):
         for label, op in ops:
-            for name, shape, comp, plan in _plans(op, dtype, channels):
-                if plan is None:
+            for launch in _plans(op, dtype, channels):
+                if launch.plan is None:
                     continue
-                kernel, _, tpb, args = plan
+                kernel, _, tpb, args = launch.plan
                 sig = tuple(numba.typeof(a) for a in args)
                 t0 = time.perf_counter()
                 ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=cc)
                 dt = time.perf_counter() - t0
-                summing = shape == "species sum"
-                used = "segment" if summing else ("unrolled" if unroll(comp, dtype) else "table")
-                r = KernelResources(family=family, op=label, output=name, variant=used, dtype=dtype,
-                                    terms=0 if summing else comp.num_terms, slots=0 if summing else comp.num_slots,
-                                    threads_per_block=tpb, ptx_lines=ptx.count("\n"), compile_s=round(dt, 2), kernel=shape,
-                                    mode=variant)
+                r = KernelResources(family=family, op=label, output=launch.output, variant=launch.variant, dtype=dtype,
+                                    terms=launch.terms, slots=launch.slots, threads_per_block=tpb,
+                                    ptx_lines=ptx.count("\n"), compile_s=round(dt, 2), kernel=launch.kernel, mode=variant)
                 if ptxas:
                     for k, v in _ptxas(ptx, cc, ptxas, nvdisasm).items():
                         setattr(r, k, v)
@@ -263,7 +276,7 @@ def kernel_resources(ops: Sequence[tuple[str, object]], dtype: str, variant: str
                 r.finish()
                 rows.append(r)
                 if progress:
-                    print(f"  {label:16s} {name:14s} {used:8s} {dtype}: {comp.num_terms} terms, "
+                    print(f"  {label:16s} {launch.output:14s} {launch.variant:8s} {dtype}: {launch.terms} terms, "
                           f"compiled in {dt:.1f} s", file=sys.stderr, flush=True)
     return rows
 
