@@ -284,12 +284,8 @@ class PolyOp(TransientCache):
             if comp.num_terms == 0:
                 continue
             idx = index.arrays(comp, lambda t: t.numpy())
-            if sim and self.edge:
-                _ecuda.launch(comp, arrays, *idx, channels, out.numpy())
-            elif sim:
-                partial = self._partial(comp, index, out)
-                _cuda.launch(comp, arrays, *idx, channels, out.numpy(), partial=None if partial is None else partial.numpy(),
-                             csr=tuple(t.numpy() for t in index.csr()) if comp.species_output else None)
+            if sim:
+                self._launch(comp, arrays, idx, index, channels, out, lambda t: t.numpy(), 0)
             else:
                 (_ecpu.run if self.edge else _cpu.run)(comp, arrays, *idx, channels, out.numpy())
 
@@ -303,13 +299,18 @@ class PolyOp(TransientCache):
             arrays = self._arrays(tensors, dummy, cuda.as_cuda_array, index.num_arrays)
             for comp, out in zip(self.compiled, outs):
                 idx = index.arrays(comp, cuda.as_cuda_array)
-                if self.edge:
-                    _ecuda.launch(comp, arrays, *idx, channels, cuda.as_cuda_array(out), stream)
-                    continue
-                partial = self._partial(comp, index, out)
-                _cuda.launch(comp, arrays, *idx, channels, cuda.as_cuda_array(out), stream,
-                             partial=None if partial is None else cuda.as_cuda_array(partial),
-                             csr=tuple(cuda.as_cuda_array(t) for t in index.csr()) if comp.species_output else None)
+                self._launch(comp, arrays, idx, index, channels, out, cuda.as_cuda_array, stream)
+
+    def _launch(self, comp: CompiledPolynomial, arrays, idx, index: RowIndex, channels: int, out: torch.Tensor,
+                convert: Callable[[torch.Tensor], Any], stream) -> None:
+        """One output through the CUDA kernels (or the simulator): ``convert`` hands tensors over."""
+        if self.edge:
+            _ecuda.launch(comp, arrays, *idx, channels, convert(out), stream)
+            return
+        partial = self._partial(comp, index, out)
+        _cuda.launch(comp, arrays, *idx, channels, convert(out), stream,
+                     partial=None if partial is None else convert(partial),
+                     csr=tuple(convert(t) for t in index.csr()) if comp.species_output else None)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

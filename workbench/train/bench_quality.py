@@ -229,14 +229,14 @@ def bench_quality(preset: str = "small", seeds: Sequence[int] = (0, 1, 2), sampl
     capacity = max(split["max_atoms"], int(round(batch_size * split["mean_atoms"])))
     progress(f"split: {split['n_train']} training / {split['n_valid']} validation graphs "
              f"(mean {split['mean_atoms']:.0f} atoms); {steps} steps; packers at capacity {capacity} atoms")
-    done = {(r["seed"], "mace" if r["trainer"] == "mace_run_train" else r["sampler"]) for r in rows}
+    done = {_job(r) for r in rows}
     if done:
         progress(f"resuming: {len(done)} run(s) kept from {workdir / 'rows.jsonl'}")
     jobs = [(seed, what) for seed in seeds for what in ((["mace"] if mace else []) + list(samplers))]
     import torch
 
     def result() -> dict:
-        kept = [r for r in rows if (r["seed"], "mace" if r["trainer"] == "mace_run_train" else r["sampler"]) in jobs]
+        kept = [r for r in rows if _job(r) in jobs]
         return {"bench": "quality", **settings, "capacity": capacity, "steps": steps, "seeds": list(seeds),
                 "split": split, "threads": threads, "torch": torch.__version__, "mace": _version("mace-torch"),
                 "complete": len(kept) == len(jobs), "rows": kept, "summary": summarise(kept)}
@@ -266,6 +266,11 @@ def bench_quality(preset: str = "small", seeds: Sequence[int] = (0, 1, 2), sampl
     final = result()
     _write(out, final)
     return final
+
+
+def _job(row: dict) -> tuple[int, str]:
+    """``(seed, "mace" or sampler)``: the job a result row came from."""
+    return row["seed"], "mace" if row["trainer"] == "mace_run_train" else row["sampler"]
 
 
 def _resumed_rows(workdir: Path, settings: dict) -> list[dict] | None:
