@@ -22,8 +22,8 @@ the same function, hence double backward (and beyond) come for free.
 Dispatch: tensors on CUDA and numba's CUDA target available -> fused CUDA kernels
 (:mod:`~workbench.kernels.backends.cuda`, :mod:`~workbench.kernels.backends.edge_cuda`);
 ``WORKBENCH_KERNELS_CUDASIM=1`` with ``NUMBA_ENABLE_CUDASIM=1`` -> the same kernels in the
-simulator on CPU tensors; otherwise the numba CPU path (:mod:`~workbench.kernels.backends.cpu`,
-:mod:`~workbench.kernels.backends.edge_cpu`).
+simulator on CPU tensors; otherwise the numba CPU path (:mod:`~workbench.kernels.backends.cpu`:
+vector programs, SIMD over channels).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ import torch
 
 from workbench.kernels.backends import cpu as _cpu
 from workbench.kernels.backends import cuda as _cuda
-from workbench.kernels.backends import edge_cpu as _ecpu
 from workbench.kernels.backends import edge_cuda as _ecuda
 from workbench.kernels.backends.compiled import CompiledPolynomial, TransientCache
 from workbench.kernels.backends.device import cuda_available, cudasim_enabled
@@ -235,11 +234,9 @@ class PolyOp(TransientCache):
         tensors = [t.to(dtype).contiguous() for t in tensors]
         on_gpu = device.type == "cuda" and cuda_available()
         kernels = on_gpu or (device.type == "cpu" and cudasim_enabled())
-        if self.edge and index.num_edges == 0:
-            kernels = False  # empty graph: every message and gradient is zero
+        if self.edge and index.num_edges == 0:  # empty graph: every message and gradient is zero
+            return [torch.zeros((index.num_rows(c.out_rows), c.output.width), dtype=dtype, device=device) for c in self.compiled]
         outs = [self._output(c, index, dtype, device, kernels) for c in self.compiled]
-        if self.edge and index.num_edges == 0:
-            return outs
         if on_gpu:
             self._run_cuda(tensors, index, channels, outs)
         elif device.type != "cpu":
@@ -253,12 +250,16 @@ class PolyOp(TransientCache):
         return outs
 
     def _output(self, comp: CompiledPolynomial, index: RowIndex, dtype, device, kernels: bool) -> torch.Tensor:
-        """The output of ``comp``: uninitialised where the CUDA kernels write every element
-        (poisoned with NaN under the simulator, so a missed element fails the parity tests),
-        zeros for the accumulating kernels and the CPU path."""
+        """The output of ``comp``: uninitialised where the kernels write every element
+        (poisoned with NaN under the simulator and with ``WORKBENCH_KERNELS_POISON=1``, so a
+        missed element fails the parity tests), zeros for the accumulating kernels."""
         shape = (index.num_rows(comp.out_rows), comp.output.width)
-        full = comp.num_terms > 0 and (comp.species_output or (_ecuda if self.edge else _cuda).writes_every_element(comp, _dtype_name(dtype)))
-        return _uninitialised(shape, dtype, device) if kernels and full else torch.zeros(shape, dtype=dtype, device=device)
+        if comp.num_terms == 0:
+            return torch.zeros(shape, dtype=dtype, device=device)
+        if not kernels:  # the CPU row passes store every row, and sum species outputs whole
+            return _cpu_output(shape, dtype) if comp.covers_output or comp.species_output else torch.zeros(shape, dtype=dtype)
+        full = comp.species_output or (_ecuda if self.edge else _cuda).writes_every_element(comp, _dtype_name(dtype))
+        return _uninitialised(shape, dtype, device) if full else torch.zeros(shape, dtype=dtype, device=device)
 
     @staticmethod
     def _partial(comp: CompiledPolynomial, index: RowIndex, out: torch.Tensor) -> torch.Tensor | None:
@@ -279,15 +280,27 @@ class PolyOp(TransientCache):
     def _run_host(self, tensors, index: RowIndex, channels: int, outs, sim: bool) -> None:
         """numba CPU kernels, or (``sim``) the CUDA kernels in the simulator, on numpy views."""
         dummy = np.zeros((1, 1), dtype="float64" if tensors[0].dtype == torch.float64 else "float32")
-        arrays = self._arrays(tensors, dummy, lambda t: t.numpy(), index.num_arrays)
+        arrays = self._arrays(tensors, dummy, lambda t: t.numpy(), _cpu.NUM_ARRAYS if not sim else index.num_arrays)
+        if not sim:
+            self._run_cpu(arrays, index, channels, [o.numpy() for o in outs])
+            return
         for comp, out in zip(self.compiled, outs):
             if comp.num_terms == 0:
                 continue
             idx = index.arrays(comp, lambda t: t.numpy())
-            if sim:
-                self._launch(comp, arrays, idx, index, channels, out, lambda t: t.numpy(), 0)
-            else:
-                (_ecpu.run if self.edge else _cpu.run)(comp, arrays, *idx, channels, out.numpy())
+            self._launch(comp, arrays, idx, index, channels, out, lambda t: t.numpy(), 0)
+
+    def cpu_plan(self, channels: int) -> "_cpu.CpuPlan":
+        """The CPU row passes of this op's outputs (vector programs, built once per channel count)."""
+        return self._cached(("cpu", channels), lambda: _cpu.plan([c.poly for c in self.compiled], self.array_ids, channels))
+
+    def _run_cpu(self, arrays, index: RowIndex, channels: int, outs) -> None:
+        cp = self.cpu_plan(channels)
+        if self.edge:
+            _cpu.run_edge(cp, arrays, index.sender.numpy(), index.receiver.numpy(),
+                          lambda rows: tuple(t.numpy() for t in index.csr(rows)), index.num_nodes, channels, outs)
+        else:
+            _cpu.run_atom(cp, arrays, index.species.detach().to(torch.int64).numpy(), index.num_species, channels, outs)
 
     def _run_cuda(self, tensors, index: RowIndex, channels: int, outs) -> None:
         from numba import cuda
@@ -315,6 +328,16 @@ class PolyOp(TransientCache):
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return "float64" if dtype == torch.float64 else "float32"
+
+
+#: set to 1 to fill the CPU kernels' uninitialised outputs with NaN (the tests do)
+POISON_ENV = "WORKBENCH_KERNELS_POISON"
+
+
+def _cpu_output(shape: tuple, dtype) -> torch.Tensor:
+    if os.environ.get(POISON_ENV, "0") == "1":
+        return torch.full(shape, float("nan"), dtype=dtype)
+    return torch.empty(shape, dtype=dtype)
 
 
 def _uninitialised(shape: tuple, dtype, device) -> torch.Tensor:

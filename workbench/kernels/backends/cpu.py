@@ -1,88 +1,537 @@
-r"""CPU path: numba ``njit(parallel=True)`` evaluation of a compiled sparse polynomial.
+r"""CPU path: the :mod:`~workbench.kernels.descriptor.program` vector programs, run by numba with
+the channel loop innermost (SIMD over channels).
 
-Same numerics as the CUDA kernels (:mod:`workbench.kernels.backends.cuda`): for every (row, channel)
-the used operand components are gathered into a small buffer ``v`` (last entry 1, which pads
-terms of lower degree), then terms, sorted by output component, are accumulated in one scalar
-and flushed when the output component changes. Atom outputs are parallel over atoms; species
-outputs (weight gradients, a reduction over atoms) are parallel over channels, so no two
-threads ever write the same element and no atomics are needed.
+Every pass of an op (forward, backward, double backward) is a few *row passes*. A row pass runs
+one vector program per input row (an atom, an edge), summed over a *segment* of rows:
+
+* atom ops: segments are pieces of at most :data:`PIECE` atoms of one species (the species
+  CSR), so the weights' vector registers are loaded once per piece. Atom outputs are stored
+  per atom; species outputs (weight gradients) are summed over the piece into one partial row,
+  then the pieces of each species are added in order (:func:`sum_pieces`);
+* edge ops, node outputs (messages to receivers, gradients scattered to senders): one segment
+  per node, its CSR list of edges; the node's own operand rows are loaded once;
+* edge ops, edge outputs (gradients of the radial weights and of the spherical harmonics):
+  segments of :data:`PIECE` consecutive edges, stored per edge (a channel-summed output is
+  reduced over channels as :data:`LANES` interleaved partial sums, in a fixed order).
+
+Coefficients that carry broadcast factors (MACE's spherical harmonics) are computed for every
+row before the pass (:func:`row_coefficients`, vectorised over rows).
+
+All the outputs of one pass with the same row shape share one program, so their common
+monomials are built once and every operand row is read once. Segments run in parallel
+(``prange``); no two segments write the same element, so there are no atomics, and sums run
+in a fixed order: the same inputs give the same bits on every run and thread count.
+
+Layout: a vector register is a contiguous run of ``C`` channels. Channelwise operands whose
+components are not already contiguous (MACE's ``[rows, C, 2l+1]`` irreps) are copied to
+component-major ``[rows, size * C]`` once per call (:func:`channels_last`); outputs are stored
+in their own layout directly.
+
+Arithmetic is IEEE with one exception: ``fastmath={"contract"}`` lets LLVM fuse a multiply
+and an add into an FMA (one rounding instead of two); nothing is reassociated, and no order
+depends on the thread count, so the bits depend only on the inputs and the machine's
+instruction set. Index arithmetic is unsigned, which lets LLVM vectorise the channel loops
+(a signed index costs a negative-index check per element). Small problems run on the calling thread
+(:data:`SERIAL_WORK`), where waking numba's thread pool would cost more than the work.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Sequence
 
 import numpy as np
 from numba import njit, prange
 
-from workbench.kernels.backends.gather import pick
-from workbench.kernels.descriptor.layout import MAX_ATOM_ARRAYS
+from workbench.kernels.descriptor.program import ADD_AXPY, ADD_K, ADD_MUL, SET_AXPY, SET_K, SET_MUL, VectorProgram, vector_program
 
-__all__ = ["accumulate", "evaluate_cpu", "run"]
+__all__ = ["NUM_ARRAYS", "PIECE", "SERIAL_WORK", "CpuPlan", "RowPass", "channels_last", "plan", "run_atom", "run_edge",
+           "run_pass", "species_pieces", "sum_pieces"]
 
+#: operand arrays every CPU kernel takes (atom ops use 6 atom + 4 species, edge ops 8)
+NUM_ARRAYS = 10
 
-@njit(cache=True, inline="always")
-def _load(v, a0, a1, a2, a3, a4, a5, s0, s1, s2, s3, b, z, c, slot_src, slot_off, slot_cs):
-    for s in range(slot_src.shape[0]):
-        src = slot_src[s]
-        row = np.int64(b) if src < MAX_ATOM_ARRAYS else np.int64(z)  # prange indices may be unsigned
-        v[s] = pick(a0, a1, a2, a3, a4, a5, s0, s1, s2, s3, src, row, slot_off[s] + c * slot_cs[s])
-    v[slot_src.shape[0]] = 1.0
-
-
-@njit(cache=True, inline="always")
-def accumulate(v, out, row, c, t_out, t_fac, t_coef, out_off, out_cs):
-    T = t_out.shape[0]
-    D = t_fac.shape[1]
-    cur = t_out[0]
-    acc = t_coef[0] * 0.0  # typed zero of the compute dtype
-    for t in range(T):
-        o = t_out[t]
-        if o != cur:
-            out[row, out_off[cur] + c * out_cs[cur]] += acc
-            acc = t_coef[0] * 0.0
-            cur = o
-        p = t_coef[t]
-        for j in range(D):
-            p *= v[t_fac[t, j]]
-        acc += p
-    out[row, out_off[cur] + c * out_cs[cur]] += acc
+#: rows per segment where segments are free to choose (species pieces, runs of edges)
+PIECE = 16
+#: below this many channel-instructions (rows x instructions x channels) a pass runs serially
+SERIAL_WORK = int(os.environ.get("WORKBENCH_CPU_SERIAL_WORK", 2_000_000))
+#: how an operand row is found from an input row: the row itself, or through index 1 / 2
+#: (atom ops: species; edge ops: sender, receiver)
+ROW_SELF, ROW_IDX1, ROW_IDX2 = 0, 1, 2
+FASTMATH = {"contract"}
 
 
-@njit(parallel=True, cache=True)
-def evaluate_cpu(a0, a1, a2, a3, a4, a5, s0, s1, s2, s3, species, C,
-                 slot_src, slot_off, slot_cs, t_out, t_fac, t_coef,
-                 out, out_off, out_cs, species_output):
-    """Accumulate one compiled polynomial into ``out`` (zero-initialised by the caller).
+@dataclass(frozen=True, eq=False)
+class RowPass:
+    """One vector program over the rows of a pass, and how to load and store it.
 
-    ``a*``: atom operands ``[num_atoms, width]``; ``s*``: species operands
-    ``[num_species, width]``; ``species``: ``[num_atoms]`` int64; ``out``: ``[num_atoms, width]``
-    or, if ``species_output``, ``[num_species, width]``.
+    ``vec_arr / vec_code / vec_base``: per vector register, its kernel array, row code
+    (:data:`ROW_SELF`, ...) and the offset of its channel run (channel ``c`` at ``base + c``);
+    ``vec_const``: loaded once per segment (its row is the segment's own row);
+    ``sca_arr / sca_code / sca_off``: the broadcast scalars; per accumulator, its output
+    (``acc_out``), element ``acc_off + c * acc_cs`` (``acc_cs == 0``: summed over channels) and
+    whether it is stored per segment (``acc_seg``) or per row.
     """
-    B = species.shape[0]
-    S = slot_src.shape[0]
-    if t_out.shape[0] == 0:
-        return
-    if not species_output:
-        for b in prange(B):
-            v = np.empty(S + 1, dtype=out.dtype)
-            z = species[b]
-            for c in range(C):
-                _load(v, a0, a1, a2, a3, a4, a5, s0, s1, s2, s3, b, z, c, slot_src, slot_off, slot_cs)
-                accumulate(v, out, b, c, t_out, t_fac, t_coef, out_off, out_cs)
+
+    program: VectorProgram
+    outputs: tuple[int, ...]  # the op's output index of each program output
+    vec_arr: np.ndarray
+    vec_code: np.ndarray
+    vec_base: np.ndarray
+    vec_const: np.ndarray
+    sca_arr: np.ndarray
+    sca_code: np.ndarray
+    sca_off: np.ndarray
+    acc_out: np.ndarray
+    acc_off: np.ndarray
+    acc_cs: np.ndarray
+    acc_seg: np.ndarray
+
+    def drivers(self, dtype: str, channels: int) -> tuple[Any, Any]:
+        """``(parallel, serial)`` row-pass drivers whose body runs the program on one row:
+        generated straight-line code (:mod:`~workbench.kernels.backends.cpu_unrolled`) or the
+        interpreter."""
+        from workbench.kernels.backends import cpu_unrolled
+
+        if cpu_unrolled.use_generated(self.program):
+            return drivers(cpu_unrolled.body_source(self.program, channels, dtype, self.acc_seg))
+        return drivers(None)
+
+    def coefficients(self, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        k = self.program.k_terms
+        return (k[:, 0].astype(np.int64), k[:, 1].astype(dtype), np.ascontiguousarray(k[:, 2:]).astype(np.int64))
+
+
+def make_pass(polys: Sequence, outputs: Sequence[int], array_ids: Sequence[int], row_code: dict[str, int],
+              channels: int, const_code: int, per_segment: Sequence[bool]) -> RowPass:
+    """The :class:`RowPass` of ``polys`` (outputs ``outputs`` of one op): ``array_ids[a]`` is
+    operand ``a``'s kernel array, ``row_code`` maps an operand's rows to its row code, vector
+    registers of ``const_code`` are loaded once per segment, ``per_segment[p]``: polynomial
+    ``p`` is stored once per segment (else per row)."""
+    prog = vector_program(polys)
+    ops = prog.operands
+
+    def base(a: int, i: int) -> int:
+        op = ops[a]
+        return op.offsets[i] if all(cs == 1 for cs in op.cstrides) else i * channels
+
+    vec_code = np.array([row_code[ops[a].rows] for a in prog.vec_operand], dtype=np.int64)
+    acc_out, acc_off, acc_cs, acc_seg = [], [], [], []
+    for p, o in zip(prog.acc_output, prog.acc_comp):
+        out = prog.outputs[p]
+        acc_out.append(int(p))
+        acc_off.append(out.offsets[o])
+        acc_cs.append(out.cstrides[o])
+        acc_seg.append(int(bool(per_segment[p])))
+    return RowPass(
+        program=prog, outputs=tuple(outputs),
+        vec_arr=np.array([array_ids[a] for a in prog.vec_operand], dtype=np.int64), vec_code=vec_code,
+        vec_base=np.array([base(a, i) for a, i in zip(prog.vec_operand, prog.vec_comp)], dtype=np.int64),
+        vec_const=(vec_code == const_code).astype(np.int64),
+        sca_arr=np.array([array_ids[a] for a in prog.sca_operand], dtype=np.int64),
+        sca_code=np.array([row_code[ops[a].rows] for a in prog.sca_operand], dtype=np.int64),
+        sca_off=np.array([ops[a].offsets[i] for a, i in zip(prog.sca_operand, prog.sca_comp)], dtype=np.int64),
+        acc_out=np.array(acc_out, dtype=np.int64), acc_off=np.array(acc_off, dtype=np.int64),
+        acc_cs=np.array(acc_cs, dtype=np.int64), acc_seg=np.array(acc_seg, dtype=np.int64),
+    )
+
+
+def channels_last(op, channels: int) -> np.ndarray | None:
+    """Column order that makes operand ``op`` component-major (component ``i`` at columns
+    ``i*C .. i*C+C-1``), or None when every component's channels are already contiguous (or it
+    is broadcast over channels)."""
+    if all(cs == 1 for cs in op.cstrides) or all(cs == 0 for cs in op.cstrides):
+        return None
+    c = np.arange(channels, dtype=np.int64)
+    return np.concatenate([off + c * cs for off, cs in zip(op.offsets, op.cstrides)])
+
+
+@njit(cache=True, inline="always")
+def _copy(R, j, a, r, base, C):
+    # unsigned indices: no negative-index wraparound per element, so the loop vectorises
+    j, r, base = np.uint64(j), np.uint64(r), np.uint64(base)
+    for c in range(np.uint64(C)):
+        R[j, c] = a[r, base + c]
+
+
+@njit(cache=True, inline="always")
+def _load(R, j, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, src, r, base, C):
+    """``R[j, :] = a{src}[r, base:base + C]``, branching on ``src`` around whole loops: an
+    array picked by a function call would be a new view (a reference count per load)."""
+    if src == 0:
+        _copy(R, j, a0, r, base, C)
+    elif src == 1:
+        _copy(R, j, a1, r, base, C)
+    elif src == 2:
+        _copy(R, j, a2, r, base, C)
+    elif src == 3:
+        _copy(R, j, a3, r, base, C)
+    elif src == 4:
+        _copy(R, j, a4, r, base, C)
+    elif src == 5:
+        _copy(R, j, a5, r, base, C)
+    elif src == 6:
+        _copy(R, j, a6, r, base, C)
+    elif src == 7:
+        _copy(R, j, a7, r, base, C)
+    elif src == 8:
+        _copy(R, j, a8, r, base, C)
     else:
-        for c in prange(C):
-            v = np.empty(S + 1, dtype=out.dtype)
-            for b in range(B):
-                z = species[b]
-                _load(v, a0, a1, a2, a3, a4, a5, s0, s1, s2, s3, b, z, c, slot_src, slot_off, slot_cs)
-                accumulate(v, out, z, c, t_out, t_fac, t_coef, out_off, out_cs)
+        _copy(R, j, a9, r, base, C)
 
 
-def run(comp: Any, arrays: list, species: np.ndarray, channels: int, out: np.ndarray) -> None:
-    """Evaluate one compiled atom polynomial (:class:`~workbench.kernels.backends.compiled.CompiledPolynomial`)
-    into ``out``; ``arrays``: the 10 operand arrays (dummies where unused)."""
-    if comp.num_terms == 0:
+#: lanes of the blocked channel sum (a fixed order, whatever SIMD width the CPU has)
+LANES = 8
+
+
+@njit(cache=True, inline="always")
+def _channel_sum(R, j, C):
+    """``Σ_c R[j, c]`` as :data:`LANES` interleaved partial sums added in a fixed order: the
+    same bits on every machine, and no chain of ``C`` dependent additions."""
+    t = np.zeros(LANES, dtype=R.dtype)
+    full = np.uint64(C - C % LANES)
+    for c0 in range(np.uint64(0), full, np.uint64(LANES)):
+        for lane in range(np.uint64(LANES)):
+            t[lane] += R[j, c0 + lane]
+    for c in range(full, np.uint64(C)):
+        t[c - full] += R[j, c]
+    total = t[0]
+    for lane in range(1, LANES):
+        total += t[lane]
+    return total
+
+
+@njit(cache=True, inline="always", fastmath=FASTMATH)
+def _put(out, R, j, row, off, cs, C):
+    j, row, off = np.uint64(j), np.uint64(row), np.uint64(off)
+    if cs == 0:  # summed over channels
+        out[row, off] = _channel_sum(R, j, C)
+    elif cs == 1:
+        for c in range(np.uint64(C)):
+            out[row, off + c] = R[j, c]
+    else:
+        ucs = np.uint64(cs)
+        for c in range(np.uint64(C)):
+            out[row, off + c * ucs] = R[j, c]
+
+
+@njit(cache=True, inline="always")
+def _row_of(code, row, idx1, idx2):
+    if code == 1:
+        return idx1[row]
+    elif code == 2:
+        return idx2[row]
+    return row
+
+
+@njit(cache=True, inline="always", fastmath=FASTMATH)
+def interpret(R, K, ins, C):
+    """Run the instructions ``ins`` on the flat registers ``R`` (``C`` channels each)."""
+    _execute(R.reshape((R.shape[0] // C, C)), K, ins, C)
+
+
+@njit(cache=True, inline="always", fastmath=FASTMATH)
+def _execute(R, K, ins, C):
+    n = np.uint64(C)  # unsigned indices throughout: the channel loops vectorise
+    for i in range(ins.shape[0]):
+        op = ins[i, 0]
+        d = np.uint64(ins[i, 1])
+        a = np.uint64(ins[i, 2])
+        b = np.uint64(ins[i, 3])
+        k = K[ins[i, 4]]
+        if op == SET_MUL:
+            for c in range(n):
+                R[d, c] = k * R[a, c] * R[b, c]
+        elif op == ADD_MUL:
+            for c in range(n):
+                R[d, c] += k * R[a, c] * R[b, c]
+        elif op == SET_AXPY:
+            for c in range(n):
+                R[d, c] = k * R[a, c]
+        elif op == ADD_AXPY:
+            for c in range(n):
+                R[d, c] += k * R[a, c]
+        elif op == SET_K:
+            for c in range(n):
+                R[d, c] = k
+        elif op == ADD_K:
+            for c in range(n):
+                R[d, c] += k
+
+
+@njit(cache=True, inline="always", fastmath=FASTMATH)
+def store(R, V, o0, o1, o2, o3, row, seg, acc_out, acc_off, acc_cs, acc_seg, C):
+    """Accumulators of the given kind (per segment ``seg`` = 1, per row 0) to row ``row``."""
+    for j in range(acc_out.shape[0]):
+        if acc_seg[j] != seg:
+            continue
+        k = acc_out[j]
+        if k == 0:
+            _put(o0, R, V + j, row, acc_off[j], acc_cs[j], C)
+        elif k == 1:
+            _put(o1, R, V + j, row, acc_off[j], acc_cs[j], C)
+        elif k == 2:
+            _put(o2, R, V + j, row, acc_off[j], acc_cs[j], C)
+        else:
+            _put(o3, R, V + j, row, acc_off[j], acc_cs[j], C)
+
+
+@njit(cache=True, inline="always")
+def zero_accumulators(R, V, acc_seg, seg):
+    for j in range(acc_seg.shape[0]):
+        if acc_seg[j] == seg:
+            r = np.uint64(V + j)
+            for c in range(np.uint64(R.shape[1])):
+                R[r, c] = 0.0
+
+
+@njit(cache=True, inline="always")
+def load_vectors(R, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, idx1, idx2, row, vec_arr, vec_code, vec_base, vec_const, const, C):
+    """Vector registers of kind ``const`` (1: loaded once per segment) from input row ``row``."""
+    for j in range(vec_arr.shape[0]):
+        if vec_const[j] == const:
+            _load(R, j, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, vec_arr[j], _row_of(vec_code[j], row, idx1, idx2), vec_base[j], C)
+
+
+# The row-pass drivers, instantiated per body (the interpreter, or a generated program) in a
+# generated module (:func:`drivers`): numba cannot cache a function that takes another jitted
+# function as an argument, and the body must be inlined to be vectorised with the rest.
+_DRIVERS = """
+@njit(cache=True, fastmath=FASTMATH)
+def segment(s, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, idx1, idx2, seg_ptr, seg_perm, seg_row, C, nreg,
+            vec_arr, vec_code, vec_base, vec_const, K_rows, ins, acc_out, acc_off, acc_cs, acc_seg, o0, o1, o2, o3):
+    V = vec_arr.shape[0]
+    varying = K_rows.shape[0] > 1
+    flat = np.empty(nreg * C, dtype=o0.dtype)
+    R = flat.reshape((nreg, C))
+    zero_accumulators(R, V, acc_seg, 1)
+    p0 = seg_ptr[s]
+    p1 = seg_ptr[s + 1]
+    if p1 > p0:
+        load_vectors(R, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, idx1, idx2, seg_perm[p0], vec_arr, vec_code, vec_base, vec_const, 1, C)
+    for p in range(p0, p1):
+        row = seg_perm[p]
+        load_vectors(R, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, idx1, idx2, row, vec_arr, vec_code, vec_base, vec_const, 0, C)
+        zero_accumulators(R, V, acc_seg, 0)
+        body(flat, K_rows[row if varying else 0], ins, C)
+        store(R, V, o0, o1, o2, o3, row, 0, acc_out, acc_off, acc_cs, acc_seg, C)
+    store(R, V, o0, o1, o2, o3, seg_row[s], 1, acc_out, acc_off, acc_cs, acc_seg, C)
+
+
+@njit(parallel=True, cache=True, fastmath=FASTMATH)
+def run_parallel(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, idx1, idx2, seg_ptr, seg_perm, seg_row, C, nreg,
+                 vec_arr, vec_code, vec_base, vec_const, K_rows, ins, acc_out, acc_off, acc_cs, acc_seg, o0, o1, o2, o3):
+    for s in prange(seg_ptr.shape[0] - 1):
+        segment(np.int64(s), a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, idx1, idx2, seg_ptr, seg_perm, seg_row, C, nreg,
+                vec_arr, vec_code, vec_base, vec_const, K_rows, ins, acc_out, acc_off, acc_cs, acc_seg, o0, o1, o2, o3)
+
+
+@njit(cache=True, fastmath=FASTMATH)
+def run_serial(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, idx1, idx2, seg_ptr, seg_perm, seg_row, C, nreg,
+               vec_arr, vec_code, vec_base, vec_const, K_rows, ins, acc_out, acc_off, acc_cs, acc_seg, o0, o1, o2, o3):
+    for s in range(seg_ptr.shape[0] - 1):
+        segment(np.int64(s), a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, idx1, idx2, seg_ptr, seg_perm, seg_row, C, nreg,
+                vec_arr, vec_code, vec_base, vec_const, K_rows, ins, acc_out, acc_off, acc_cs, acc_seg, o0, o1, o2, o3)
+"""
+
+
+@njit(cache=True, fastmath=FASTMATH)
+def _coefficient_rows(S, k_reg, k_coef, k_fac, nk):
+    """``K[row, k_reg[t]] += k_coef[t] * S[f1, row] * S[f2, row] * S[f3, row]`` over the terms
+    ``t``, vectorised over rows; ``S`` ``[scalars + 1, rows]`` (last row ones)."""
+    n = S.shape[1]
+    Kt = np.zeros((nk, n), dtype=S.dtype)
+    for t in range(k_reg.shape[0]):
+        r = np.uint64(k_reg[t])
+        f0, f1, f2 = np.uint64(k_fac[t, 0]), np.uint64(k_fac[t, 1]), np.uint64(k_fac[t, 2])
+        coef = k_coef[t]
+        for i in range(np.uint64(n)):
+            Kt[r, i] += coef * S[f0, i] * S[f1, i] * S[f2, i]
+    K = np.empty((n, nk), dtype=S.dtype)
+    for i in range(n):
+        for k in range(nk):
+            K[i, k] = Kt[k, i]
+    return K
+
+
+def row_coefficients(rp: RowPass, arrays: Sequence[np.ndarray], idx1: np.ndarray, idx2: np.ndarray, num_rows: int,
+                     dtype: str) -> np.ndarray:
+    """The coefficient registers of every input row, ``[num_rows, num_k]`` (``[1, num_k]``
+    when the program has no broadcast operands): constants times the row's broadcast scalars."""
+    k_reg, k_coef, k_fac = rp.coefficients(dtype)
+    nk = max(rp.program.num_k, 1)
+    if rp.program.num_scalars == 0:
+        K = np.zeros((1, nk), dtype=dtype)
+        np.add.at(K[0], k_reg, k_coef)
+        return K
+    rows = {ROW_SELF: np.arange(num_rows), ROW_IDX1: idx1, ROW_IDX2: idx2}
+    S = np.ones((rp.program.num_scalars + 1, num_rows), dtype=dtype)
+    for j, (aid, code, off) in enumerate(zip(rp.sca_arr, rp.sca_code, rp.sca_off)):
+        S[j] = arrays[aid][rows[int(code)], off]
+    return _coefficient_rows(S, k_reg, k_coef, k_fac, nk)
+
+
+def _version() -> str:
+    """Digest of the sources a generated driver module compiles in: numba's cache follows a
+    function's own file only, so a change here must give the drivers a new module."""
+    import hashlib
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    h = hashlib.sha1()
+    for name in ("cpu.py", "cpu_unrolled.py"):
+        h.update((here / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+@lru_cache(maxsize=None)
+def drivers(body: str | None) -> tuple[Any, Any]:
+    """``(run_parallel, run_serial)`` over ``body``: the source of a generated
+    ``body(R, K, ins, C)`` (:mod:`~workbench.kernels.backends.cpu_unrolled`), or None for the
+    interpreter."""
+    from workbench.kernels.backends.generated import load_module
+
+    head = (f"# generated by workbench.kernels.backends.cpu (version {_version()}); safe to delete\n"
+            "import numba\nimport numpy as np\nfrom numba import njit, prange\n"
+            "from workbench.kernels.backends.cpu import FASTMATH, interpret, load_vectors, store, zero_accumulators\n\nf32 = numba.float32\n\n")
+    if body is None:
+        text = head + "body = interpret\n" + _DRIVERS
+    else:
+        text = head + body.replace("def body(", '@njit(cache=True, fastmath=FASTMATH, inline="always")\ndef body(', 1) + "\n" + _DRIVERS
+    module = load_module(text, "workbench_cpu")
+    return module.run_parallel, module.run_serial
+
+
+def run_pass(rp: RowPass, arrays: Sequence[np.ndarray], idx1: np.ndarray, idx2: np.ndarray,
+             segments: tuple[np.ndarray, np.ndarray, np.ndarray], channels: int, outs: Sequence[np.ndarray]) -> None:
+    """Run ``rp`` over ``segments = (ptr, perm, row)``: ``arrays`` the 10 kernel arrays (operands
+    in channels-last layout where :func:`channels_last` says so), ``idx1`` / ``idx2`` the row
+    indices of row codes 1 / 2, ``outs`` the pass's output arrays (at most 4)."""
+    prog = rp.program
+    if prog.num_instructions == 0 and prog.num_accumulators == 0:
         return
-    t = comp.host_tables(str(out.dtype))
-    evaluate_cpu(*arrays, species, channels, t[0], t[2], t[3], t[4], t[5], t[6], out, t[7], t[8], comp.species_output)
+    if len(outs) > 4:
+        raise ValueError(f"a CPU row pass stores at most 4 outputs, got {len(outs)}")
+    dtype = str(outs[0].dtype)
+    outs = list(outs) + [outs[0]] * (4 - len(outs))
+    ptr, perm, row = segments
+    K = row_coefficients(rp, arrays, idx1, idx2, int(perm.shape[0]), dtype)
+    work = int(perm.shape[0]) * max(prog.num_instructions, 1) * channels
+    parallel, serial = rp.drivers(dtype, channels)
+    (serial if work < SERIAL_WORK else parallel)(*arrays, idx1, idx2, ptr, perm, row, channels, prog.num_registers,
+                                                 rp.vec_arr, rp.vec_code, rp.vec_base, rp.vec_const, K, prog.ins,
+                                                 rp.acc_out, rp.acc_off, rp.acc_cs, rp.acc_seg, *outs)
+
+
+@njit(cache=True)
+def sum_pieces(partial, piece_ptr, out):
+    """``out[z] = Σ partial[piece_ptr[z] : piece_ptr[z+1]]``, pieces added in order (zeros for none)."""
+    for z in range(out.shape[0]):
+        acc = np.zeros(out.shape[1], dtype=out.dtype)
+        for p in range(piece_ptr[z], piece_ptr[z + 1]):
+            acc += partial[p]
+        out[z] = acc
+
+
+#: row codes of each operand's rows, per kind of op
+_ROW_CODES = {"atom": ROW_SELF, "species": ROW_IDX1, "edge": ROW_SELF, "sender": ROW_IDX1, "receiver": ROW_IDX2}
+#: the row pass of each output rows, the row code loaded once per segment, and whether the
+#: output is stored per segment
+_PASS_OF = {"atom": ("atom", ROW_IDX1, False), "species": ("atom", ROW_IDX1, True),
+            "receiver": ("receiver", ROW_IDX2, True), "sender": ("sender", ROW_IDX1, True),
+            "edge": ("edge", -1, False)}
+
+
+@dataclass(frozen=True, eq=False)
+class CpuPlan:
+    """The row passes of one op (``(kind, RowPass)``: ``"atom"``, ``"receiver"``, ``"sender"``
+    or ``"edge"``) and, per operand, the column order that makes it channels-last (or None)."""
+
+    passes: tuple[tuple[str, RowPass], ...]
+    order: tuple[np.ndarray | None, ...]
+    array_ids: tuple[int, ...]
+
+    def instructions(self) -> int:
+        return sum(rp.program.num_instructions for _, rp in self.passes)
+
+
+def plan(polys: Sequence, array_ids: Sequence[int], channels: int) -> CpuPlan:
+    """Group the outputs ``polys`` of one op (same operands) into row passes, one program each."""
+    kinds: dict[str, list[int]] = {}
+    for k, p in enumerate(polys):
+        if p.num_terms:
+            kinds.setdefault(_PASS_OF[p.output.rows][0], []).append(k)
+    passes = []
+    for kind, ks in kinds.items():
+        const = _PASS_OF[polys[ks[0]].output.rows][1]
+        per_seg = [_PASS_OF[polys[k].output.rows][2] for k in ks]
+        passes.append((kind, make_pass([polys[k] for k in ks], ks, array_ids, _ROW_CODES, channels, const, per_seg)))
+    order = tuple(channels_last(op, channels) for op in polys[0].operands)
+    return CpuPlan(tuple(passes), order, tuple(array_ids))
+
+
+def _host_arrays(cp: CpuPlan, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    arrays = list(arrays)
+    for aid, order in zip(cp.array_ids, cp.order):
+        if order is not None:
+            arrays[aid] = np.ascontiguousarray(np.take(arrays[aid], order, axis=1))
+    return arrays
+
+
+def _runs(n: int, size: int = PIECE) -> tuple[np.ndarray, np.ndarray]:
+    """Segments of ``size`` consecutive rows: ``(ptr, perm)``."""
+    return np.minimum(np.arange(0, n + size, size, dtype=np.int64), n)[: -(-n // size) + 1], np.arange(n, dtype=np.int64)
+
+
+def species_pieces(species: np.ndarray, num_species: int, size: int = PIECE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Atoms grouped by species (ascending atom order), cut into pieces of at most ``size``:
+    ``(seg_ptr [pieces + 1], perm [atoms], piece_ptr [num_species + 1])``; the pieces of species
+    ``z`` are ``piece_ptr[z] .. piece_ptr[z+1] - 1``. Depends only on ``species``, so the sums
+    over pieces are the same on every run and thread count."""
+    perm = np.argsort(species, kind="stable").astype(np.int64)
+    counts = np.bincount(species, minlength=num_species)[:num_species]
+    if counts.sum() != species.shape[0]:
+        raise ValueError(f"species index outside [0, {num_species})")
+    per = -(-counts // size)
+    piece_ptr = np.concatenate([[0], np.cumsum(per)]).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    seg = [min(starts[z] + i * size, starts[z + 1]) for z in range(num_species) for i in range(per[z])]
+    return np.array(seg + [species.shape[0]], dtype=np.int64), perm, piece_ptr
+
+
+def run_atom(cp: CpuPlan, arrays: Sequence[np.ndarray], species: np.ndarray, num_species: int, channels: int,
+             outs: Sequence[np.ndarray]) -> None:
+    """Evaluate an atom op's outputs ``outs`` (atom rows, or species rows summed over atoms)."""
+    arrays = _host_arrays(cp, arrays)
+    ptr, perm, piece_ptr = species_pieces(species, num_species)
+    pieces = ptr.shape[0] - 1
+    rows = np.arange(pieces, dtype=np.int64)
+    for _, rp in cp.passes:
+        targets, sums = [], []
+        for p, k in enumerate(rp.outputs):
+            if rp.program.outputs[p].rows == "species":
+                part = np.zeros((pieces, outs[k].shape[1]), dtype=outs[k].dtype)
+                targets.append(part)
+                sums.append((part, outs[k]))
+            else:
+                targets.append(outs[k])
+        run_pass(rp, arrays, species, species, (ptr, perm, rows), channels, targets)
+        for part, out in sums:
+            sum_pieces(part, piece_ptr, out)
+
+
+def run_edge(cp: CpuPlan, arrays: Sequence[np.ndarray], sender: np.ndarray, receiver: np.ndarray, csr, num_nodes: int,
+             channels: int, outs: Sequence[np.ndarray]) -> None:
+    """Evaluate an edge op's outputs ``outs``; ``csr(rows)`` gives ``(ptr, perm)`` of the edges
+    grouped by their ``"sender"`` or ``"receiver"`` node."""
+    arrays = _host_arrays(cp, arrays)
+    for kind, rp in cp.passes:
+        if kind == "edge":
+            ptr, perm = _runs(sender.shape[0])
+            seg = (ptr, perm, perm)
+        else:
+            ptr, perm = csr(kind)
+            seg = (ptr, perm, np.arange(num_nodes, dtype=np.int64))
+        run_pass(rp, arrays, sender, receiver, seg, channels, [outs[k] for k in rp.outputs])

@@ -1,0 +1,120 @@
+r"""Generated CPU code: a :class:`~workbench.kernels.descriptor.program.VectorProgram` as straight-line
+numba source, one channel loop that LLVM vectorises.
+
+The interpreter of :mod:`~workbench.kernels.backends.cpu` runs each instruction as its own loop
+over the channels, so every temporary goes through memory (three loads and a store per
+instruction and SIMD lane group). Here the whole program is one loop body over a channel
+``c``:
+
+.. code-block:: python
+
+    def body(R, K, ins, C):                  # R: the row's registers, flat, C channels each
+        k3 = K[3]                            # coefficients that vary by row (broadcast factors)
+        for c in range(128):                 # C is a literal: offsets are constants
+            v0 = R[0 + c]                    # operand components, loaded once
+            ...
+            t0 = v3 * v7                     # monomial prefixes and Horner partial sums:
+            t1 = t0 * v9                     #   registers, never stored
+            a0 = a0 + 0.2041241452 * t1 * v40
+            ...
+            R[6656 + c] = a0                 # accumulators stored once per row
+
+Every offset into ``R`` is a constant, so LLVM proves that no store overlaps a later load and
+vectorises the loop (``fastmath={"contract"}``: multiplies and adds fuse into FMAs; nothing is
+reassociated) without run-time alias checks. Coefficients that do not vary by row are literals.
+
+Opt-in (:func:`use_generated`): the row loads and the radial weights' memory traffic, not
+the instructions, bound most passes, so the interpreter is the default. The body is inlined into the row-pass drivers of
+:func:`workbench.kernels.backends.cpu.drivers`, written under ``$WORKBENCH_CACHE_DIR/kernels`` and
+compiled with numba's on-disk cache, so a configuration compiles once per machine.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from workbench.kernels.descriptor.program import ADD_AXPY, ADD_K, ADD_MUL, SET_AXPY, SET_K, SET_MUL, VectorProgram
+
+__all__ = ["DEFAULT_MAX_INSTRUCTIONS", "body_source", "use_generated"]
+
+#: largest program (instructions) ``WORKBENCH_CPU_KERNELS=generated`` compiles to straight-line code
+DEFAULT_MAX_INSTRUCTIONS = 1000
+
+
+def use_generated(program: VectorProgram) -> bool:
+    """Whether ``program`` runs as generated code. Opt-in (``WORKBENCH_CPU_KERNELS=generated``),
+    for programs of at most ``WORKBENCH_CPU_UNROLL_MAX`` instructions: measured on the paper
+    configuration (fp32, 2 cores), the channelwise TP's passes run 10-20% faster generated, but
+    the contraction's forward runs 2x slower (its ~100 live vectors spill) and its 6161-
+    instruction backward took 208 s to compile; the default interpreter is within 20% of the
+    generated code everywhere and compiles once for every program."""
+    mode = os.environ.get("WORKBENCH_CPU_KERNELS", "interpreter")
+    if mode not in ("generated", "interpreter"):
+        raise ValueError(f"WORKBENCH_CPU_KERNELS must be interpreter or generated, got {mode!r}")
+    return mode == "generated" and program.num_instructions <= int(os.environ.get("WORKBENCH_CPU_UNROLL_MAX", DEFAULT_MAX_INSTRUCTIONS))
+
+
+def body_source(program: VectorProgram, channels: int, dtype: str, per_segment: np.ndarray) -> str:
+    """Source of ``body(R, K, ins, C)`` (the interpreter's signature; ``ins`` and ``C`` unused) evaluating ``program`` for one row: registers in the flat
+    ``R`` (register ``j``, channel ``c`` at ``j * channels + c``), row coefficients in ``K``.
+    Accumulator ``j`` is added to (``per_segment[j]``) or overwritten."""
+    C = channels
+    V = program.num_vectors
+    cast = "" if dtype == "float64" else "f32"
+    varying = program.num_scalars > 0
+    consts = np.zeros(max(program.num_k, 1))
+    if not varying:
+        for r, coef, *_ in program.k_terms:
+            consts[int(r)] += coef
+
+    def kname(k: int) -> str:
+        if varying:
+            return f"k{k}"
+        return f"{cast}({float(consts[k])!r})" if cast else repr(float(consts[k]))
+
+    head = ["def body(R, K, ins, C):"]
+    if varying:
+        head += [f"    k{k} = K[{k}]" for k in range(program.num_k)]
+    lines = [f"    for c in range({C}):"]
+    ind = "        "
+    name: dict[int, str] = {}
+    for j in range(V):
+        lines.append(f"{ind}v{j} = R[{j * C} + c]")
+        name[j] = f"v{j}"
+    A = program.num_accumulators
+    for j in range(A):
+        r = V + j
+        name[r] = f"a{j}"
+        lines.append(f"{ind}a{j} = R[{r * C} + c]" if per_segment[j] else f"{ind}a{j} = {cast}(0.0)" if cast else f"{ind}a{j} = 0.0")
+    fresh = 0
+    for op, d, a, b, k in program.ins.tolist():
+        if d >= V + A:  # a temporary: a new local for every write keeps the code in SSA form
+            if op in (SET_MUL, SET_AXPY, SET_K):
+                target = f"t{fresh}"
+                fresh += 1
+            else:
+                target = name[d]
+        else:
+            target = name[d]
+        ka = kname(k)
+        if op == SET_MUL:
+            expr = f"{ka} * {name[a]} * {name[b]}"
+        elif op == ADD_MUL:
+            expr = f"{name[d]} + {ka} * {name[a]} * {name[b]}"
+        elif op == SET_AXPY:
+            expr = f"{ka} * {name[a]}"
+        elif op == ADD_AXPY:
+            expr = f"{name[d]} + {ka} * {name[a]}"
+        elif op == SET_K:
+            expr = f"{ka}"
+        elif op == ADD_K:
+            expr = f"{name[d]} + {ka}"
+        else:
+            raise ValueError(f"unknown opcode {op}")
+        lines.append(f"{ind}{target} = {expr}")
+        name[d] = target
+    for j in range(A):
+        lines.append(f"{ind}R[{(V + j) * C} + c] = a{j}")
+    return "\n".join(head + lines) + "\n"

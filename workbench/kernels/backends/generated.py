@@ -1,0 +1,44 @@
+"""Generated kernel modules: source written once under the cache directory and imported, so that
+numba's on-disk cache (``cache=True``) keeps their machine code and a configuration compiles
+once per machine, not once per process or rank."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+__all__ = ["load_module", "source_dir"]
+
+
+def source_dir() -> Path:
+    """Where generated kernel modules (and numba's cache of their machine code) live:
+    ``$WORKBENCH_CACHE_DIR/kernels`` (default ``~/.cache/cfm-workbench/kernels``)."""
+    return Path(os.environ.get("WORKBENCH_CACHE_DIR") or Path.home() / ".cache" / "cfm-workbench") / "kernels"
+
+
+def load_module(text: str, prefix: str) -> ModuleType:
+    """Import the module whose source is ``text``, named ``<prefix>_<digest of text>``: written to
+    :func:`source_dir` first (atomically, so concurrent ranks never read half a file) and
+    registered in ``sys.modules`` (numba's cache re-imports a function's module by name)."""
+    name = f"{prefix}_{hashlib.sha1(text.encode()).hexdigest()[:20]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = source_dir() / f"{name}.py"
+    if not path.exists() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
