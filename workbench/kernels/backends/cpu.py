@@ -11,7 +11,8 @@ one vector program per input row (an atom, an edge), summed over a *segment* of 
 * edge ops, node outputs (messages to receivers, gradients scattered to senders): one segment
   per node, its CSR list of edges; the node's own operand rows are loaded once;
 * edge ops, edge outputs (gradients of the radial weights and of the spherical harmonics):
-  segments of :data:`PIECE` consecutive edges, stored per edge (a channel-summed output is
+  one segment per receiver (or sender: whichever end point's rows hold more of the vector
+  operands, e.g. the message cotangent), whose rows are then loaded once, stored per edge (a channel-summed output is
   reduced over channels as :data:`LANES` interleaved partial sums, in a fixed order).
 
 Coefficients that carry broadcast factors (MACE's spherical harmonics) are computed for every
@@ -77,6 +78,7 @@ class RowPass:
 
     program: VectorProgram
     outputs: tuple[int, ...]  # the op's output index of each program output
+    const_code: int  # the row code loaded once per segment (-1: none)
     vec_arr: np.ndarray
     vec_code: np.ndarray
     vec_base: np.ndarray
@@ -126,7 +128,7 @@ def make_pass(polys: Sequence, outputs: Sequence[int], array_ids: Sequence[int],
         acc_cs.append(out.cstrides[o])
         acc_seg.append(int(bool(per_segment[p])))
     return RowPass(
-        program=prog, outputs=tuple(outputs),
+        program=prog, outputs=tuple(outputs), const_code=int(const_code),
         vec_arr=np.array([array_ids[a] for a in prog.vec_operand], dtype=np.int64), vec_code=vec_code,
         vec_base=np.array([base(a, i) for a, i in zip(prog.vec_operand, prog.vec_comp)], dtype=np.int64),
         vec_const=(vec_code == const_code).astype(np.int64),
@@ -466,6 +468,12 @@ def plan(polys: Sequence, array_ids: Sequence[int], channels: int) -> CpuPlan:
     passes = []
     for kind, ks in kinds.items():
         const = _PASS_OF[polys[ks[0]].output.rows][1]
+        if kind == "edge":  # walk the edges by the end point whose rows carry most of the vectors
+            used = sorted({f for k in ks for _, fs in polys[k].terms for f in fs})
+            ops = polys[ks[0]].operands
+            count = {code: sum(1 for a, _ in used if ops[a].rows == rows and any(ops[a].cstrides))
+                     for code, rows in ((ROW_IDX1, "sender"), (ROW_IDX2, "receiver"))}
+            const = max(count, key=lambda code: (count[code], code)) if max(count.values()) else -1
         per_seg = [_PASS_OF[polys[k].output.rows][2] for k in ks]
         passes.append((kind, make_pass([polys[k] for k in ks], ks, array_ids, _ROW_CODES, channels, const, per_seg)))
     order = tuple(channels_last(op, channels) for op in polys[0].operands)
@@ -528,10 +536,11 @@ def run_edge(cp: CpuPlan, arrays: Sequence[np.ndarray], sender: np.ndarray, rece
     grouped by their ``"sender"`` or ``"receiver"`` node."""
     arrays = _host_arrays(cp, arrays)
     for kind, rp in cp.passes:
-        if kind == "edge":
+        if kind == "edge" and rp.const_code == -1:
             ptr, perm = _runs(sender.shape[0])
             seg = (ptr, perm, perm)
-        else:
-            ptr, perm = csr(kind)
+        else:  # node outputs, or edge outputs walked by the end point whose rows are loaded once
+            rows = kind if kind != "edge" else ("sender" if rp.const_code == ROW_IDX1 else "receiver")
+            ptr, perm = csr(rows)
             seg = (ptr, perm, np.arange(num_nodes, dtype=np.int64))
         run_pass(rp, arrays, sender, receiver, seg, channels, [outs[k] for k in rp.outputs])
