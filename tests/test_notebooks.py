@@ -134,6 +134,7 @@ def test_notebook_04_local(runs):
     assert seconds < BUDGET_S
     text = _text(nb)
     assert "#SBATCH" in text, "the SLURM cell should print the dry-run job script when submission is off"
+    assert "NVE 20 steps of 0.5 fs" in text and "eV/atom/ps" in text, "the MD check of the trained model should run"
     run_dir = runs / "nb04-local"
     from workbench.train.metrics import read_steps
 

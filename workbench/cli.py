@@ -29,6 +29,7 @@ _COMMAND_MODULES = (
     "workbench.packing.cli",
     "workbench.kernels.tools.cli",
     "workbench.train.cli",
+    "workbench.train.md",
     "workbench.launch.cli",
     "workbench.viz.cli",
     "workbench.demo",

@@ -75,6 +75,7 @@ def _bench(args: argparse.Namespace) -> int:
 def register_bench(bench_sub) -> None:
     _register_bench_data(bench_sub)
     _register_bench_quality(bench_sub)
+    _register_bench_cpu(bench_sub)
     p = bench_sub.add_parser("train", help="one epoch per variant: fixed-count+e3nn vs packer+e3nn/numba/cueq")
     _add_config_args(p, " for the model and capacity")
     p.add_argument("--structures", type=int, default=5000, help="mixture size (embedded data tiled; default 5000)")
@@ -140,3 +141,37 @@ def _register_bench_quality(bench_sub) -> None:
                    help="keep the finished runs in --workdir (same settings only) and run the rest")
     p.add_argument("--out", default="runs/bench/quality.json")
     p.set_defaults(func=_bench_quality)
+
+
+def _bench_cpu(args: argparse.Namespace) -> int:
+    from workbench.train.bench_cpu import bench_cpu, format_table
+
+    def items(text: str | None) -> list[str] | None:
+        return [x for x in text.split(",") if x] if text else None
+
+    res = bench_cpu(preset=args.preset, parts=items(args.parts), models=items(args.models), systems=items(args.systems),
+                    dtypes=items(args.dtypes), repeats=args.repeats, trajectory_steps=args.trajectory_steps,
+                    threads=args.threads, out=args.out, workdir=args.workdir)
+    print(format_table(res))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _register_bench_cpu(bench_sub) -> None:
+    from workbench.train.bench_cpu import MODELS, PARTS, PRESETS
+
+    p = bench_sub.add_parser("cpu", help="MACE on a CPU: MD and train steps, e3nn vs the numba kernels interleaved; "
+                                         "hot-op GFLOP/s, step profile, and the e3nn-vs-numba training trajectory")
+    p.add_argument("--preset", default="full", choices=list(PRESETS),
+                   help="full: paper + small model, water 96/384/768 atoms + a mixed batch, float32 + float64 (tens of "
+                        "minutes on 2 cores); smoke: a 24-atom box, the small model (default: %(default)s)")
+    p.add_argument("--parts", default=",".join(PARTS), help="comma list of %(default)s")
+    p.add_argument("--models", help=f"comma list of {','.join(MODELS)} (default: the preset's)")
+    p.add_argument("--systems", help="comma list of water-<atoms> and mixed (default: the preset's)")
+    p.add_argument("--dtypes", help="comma list of float32,float64 (default: the preset's)")
+    p.add_argument("--repeats", type=int, help="timed steps per backend (default: the preset's)")
+    p.add_argument("--trajectory-steps", type=int, help="training steps of the trajectory part (default: the preset's)")
+    p.add_argument("--threads", type=int, default=2, help="torch and numba threads (default: %(default)s)")
+    p.add_argument("--workdir", default="runs/bench/cpu", help="trajectory runs (default: %(default)s)")
+    p.add_argument("--out", default="runs/bench/cpu.json", help="JSON; the trajectory figure goes beside it as .html")
+    p.set_defaults(func=_bench_cpu)

@@ -8,6 +8,7 @@
 >>> viz.kernel_app()                                # kernels/results/*.json: bars and roofline
 >>> viz.scaling_figure(viz.project_scaling(big))    # Figures 7, 8, 10 kind, a projection
 >>> viz.run_monitor(run)                            # launcher panel + live loss and step times
+>>> viz.md_energy_figure(run_md(model, atoms))      # NVE energy against time of a trained model
 
 Importing this package applies the nglview 4.0.1 frontend-version fix
 (:func:`workbench.viz.molecules.fix_nglview_frontend`) before anything imports
@@ -25,6 +26,7 @@ from workbench.viz.kernels import (kernel_app, kernel_timings_figure, read_kerne
                                    roofline_figure)
 from workbench.viz.layout import (Rectangles, bin_layout_app, bin_layout_figure, layout_rectangles,  # noqa: E402
                                   rectangles_from_batches)
+from workbench.viz.md import md_energy_figure  # noqa: E402
 from workbench.viz.molecules import family_gallery, molecule_browser, molecule_view  # noqa: E402
 from workbench.viz.monitor import (RunMonitor, loss_figure, run_monitor, step_series,  # noqa: E402
                                    step_time_figure)
@@ -38,7 +40,7 @@ __all__ = [
     "AllReduceModel", "CapacityStudy", "FAMILY_COLORS", "KernelSpeedup", "Rectangles", "RunMonitor",
     "bin_layout_app", "bin_layout_figure", "capacity_app", "capacity_curves_figure", "dataset_figure",
     "distribution_stats", "family_color", "family_gallery", "family_table_html", "fix_nglview_frontend",
-    "kernel_app", "kernel_speedup_from_results", "kernel_timings_figure", "layout_rectangles", "loss_figure",
+    "kernel_app", "kernel_speedup_from_results", "kernel_timings_figure", "layout_rectangles", "loss_figure", "md_energy_figure",
     "molecule_browser", "molecule_view", "project_scaling", "projection_cost_model", "read_kernel_results",
     "rectangles_from_batches", "roofline_figure", "run_monitor", "runs_dir", "scaling_assumptions", "scaling_figure",
     "simulate_epoch", "step_series", "step_time_figure",

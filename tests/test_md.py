@@ -1,0 +1,77 @@
+"""``workbench md``: NVE/NVT with a mace model on the workbench kernels, drift and speed reported."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import workbench  # noqa: F401
+
+import ase.io
+import numpy as np
+import pytest
+import torch
+
+from kernel_fixtures import build_model
+from workbench.train.md import energy_drift, run_md
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A random (non-zero) mace ScaleShiftMACE for H and O, saved as mace saves models, and a
+    water cluster of the embedded data."""
+    from workbench.data import load_embedded
+
+    d = tmp_path_factory.mktemp("md")
+    model = build_model("ScaleShiftMACE", "8x0e+8x1o", 2, 2, 2, dtype=torch.float64)
+    model.atomic_numbers = torch.tensor([1, 8])
+    torch.save(model, d / "tiny.model")
+    cluster = next(a for a in load_embedded() if a.info["config_type"] == "water_clusters")
+    ase.io.write(d / "cluster.xyz", cluster)
+    return d / "tiny.model", d / "cluster.xyz"
+
+
+def test_energy_drift_is_the_least_squares_slope_per_atom():
+    t = np.linspace(0.0, 2.0, 21)
+    e = 10.0 * (0.5 + 0.03 * t) + 0.001 * np.sin(40 * t)  # 10 atoms: 0.03 eV/atom/ps plus a wiggle
+    slope, excursion = energy_drift(t, e, atoms=10)
+    assert slope == pytest.approx(0.03, abs=2e-4)
+    assert excursion == pytest.approx(np.max(np.abs(e / 10 - e[0] / 10)))
+
+
+def test_nve_20_steps_numba_matches_e3nn(tiny_model):
+    model, structure = tiny_model
+    runs = {b: run_md(model, structure, steps=20, backend=b, timestep_fs=0.25, progress=False) for b in ("numba", "e3nn")}
+    a, b = runs["numba"], runs["e3nn"]
+    assert a.steps == 20 and len(a.total_energy) == 21 and a.atoms == 48
+    # float64 model, same velocities: the two trajectories agree to rounding
+    np.testing.assert_allclose(a.total_energy, b.total_energy, rtol=1e-10)
+    assert np.isfinite(a.drift_ev_atom_ps) and a.ns_per_day > 0 and a.ms_per_step > 0
+    # velocity Verlet at 0.25 fs: the total energy moves far less than the potential energy does
+    assert a.max_excursion_ev_atom < 0.1 * np.ptp(np.asarray(a.potential_energy) / a.atoms)
+
+
+def test_cli_writes_trajectory_and_reports_drift(tiny_model, tmp_path):
+    model, structure = tiny_model
+    traj, out = tmp_path / "md.xyz", tmp_path / "md.json"
+    res = subprocess.run([str(BIN / "workbench"), "md", str(model), "--structure", str(structure), "--steps", "20",
+                          "--ensemble", "nvt", "--trajectory", str(traj), "--write-every", "5", "--json", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "NVT 20 steps" in res.stdout and "eV/atom/ps" in res.stdout and "ns/day" in res.stdout
+    assert len(ase.io.read(traj, index=":")) == 5  # steps 0, 5, 10, 15, 20
+    data = json.loads(out.read_text())
+    assert data["ensemble"] == "nvt" and len(data["temperature_k"]) == 21
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--structure", "missing.xyz"], "missing.xyz: no such structure file"),
+    (["--structure", "{structure}", "--ensemble", "npt"], "invalid choice: 'npt'"),
+])
+def test_cli_errors_name_the_problem(tiny_model, args, message):
+    model, structure = tiny_model
+    args = [a.format(structure=structure) for a in args]
+    res = subprocess.run([str(BIN / "workbench"), "md", str(model), *args], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and message in res.stderr

@@ -1,0 +1,217 @@
+r"""``workbench md MODEL --structure FILE``: validate a trained model by molecular dynamics.
+
+The check every MLIP user runs after training: does the model conserve energy in NVE (a model
+with rough or non-conservative forces heats up), and how fast does it run? The model is loaded
+by mace-torch's own ``MACECalculator`` (any mace-torch model file, including the
+``model.model`` that ``workbench train`` exports), its hot ops are swapped for the workbench
+kernels (``backend="numba"``, the default) and ASE integrates:
+
+* ``nve``: velocity Verlet;
+* ``nvt``: Langevin at ``temperature`` (friction ``0.01 / fs``).
+
+Velocities start from a Maxwell-Boltzmann distribution at ``temperature`` (seeded), with the
+centre-of-mass motion removed. The summary gives the total-energy drift per atom per ps (the
+slope of a least-squares line through :math:`E_{tot}(t)`, meaningful in NVE), the largest
+excursion of :math:`E_{tot}` from its start, the temperature, and the speed in ns/day and
+ms/step (first step, which compiles, excluded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ENSEMBLES", "MDResult", "energy_drift", "load_calculator", "run_md"]
+
+ENSEMBLES = ("nve", "nvt")
+LANGEVIN_FRICTION_PER_FS = 0.01
+
+
+@dataclass
+class MDResult:
+    """What :func:`run_md` measured (energies in eV, times in ps)."""
+
+    model: str
+    structure: str
+    backend: str
+    ensemble: str
+    atoms: int
+    steps: int
+    timestep_fs: float
+    time_ps: list[float] = field(repr=False)
+    total_energy: list[float] = field(repr=False)
+    potential_energy: list[float] = field(repr=False)
+    temperature_k: list[float] = field(repr=False)
+    drift_ev_atom_ps: float = 0.0
+    max_excursion_ev_atom: float = 0.0
+    ns_per_day: float = 0.0
+    ms_per_step: float = 0.0
+    trajectory: str | None = None
+
+    def summary(self) -> str:
+        return (f"{self.ensemble.upper()} {self.steps} steps of {self.timestep_fs:g} fs, {self.atoms} atoms, backend {self.backend}: "
+                f"energy drift {self.drift_ev_atom_ps:+.3e} eV/atom/ps, max |E - E0| {self.max_excursion_ev_atom:.3e} eV/atom, "
+                f"T {np.mean(self.temperature_k):.0f} K (mean); {self.ns_per_day:.3f} ns/day ({self.ms_per_step:.1f} ms/step)")
+
+
+def energy_drift(time_ps: np.ndarray, total: np.ndarray, atoms: int) -> tuple[float, float]:
+    """``(slope, max excursion)`` of the total energy per atom: eV/atom/ps from a least-squares
+    line, and :math:`\\max_t |E(t) - E(0)|` in eV/atom."""
+    t, e = np.asarray(time_ps, dtype=float), np.asarray(total, dtype=float) / atoms
+    slope = float(np.polyfit(t, e, 1)[0]) if t.size >= 2 and np.ptp(t) > 0 else 0.0
+    return slope, float(np.max(np.abs(e - e[0]))) if e.size else 0.0
+
+
+def load_calculator(model: str | os.PathLike, backend: str = "numba", device: str = "cpu", dtype: str | None = None):
+    """mace-torch's ``MACECalculator`` for ``model`` with its hot ops on ``backend``."""
+    from mace.calculators import MACECalculator
+
+    path = Path(model)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such model file (a mace-torch model, e.g. runs/<name>/model.model)")
+    if dtype is None:
+        import torch
+
+        loaded = torch.load(path, map_location="cpu", weights_only=False)
+        dtype = str(next(loaded.parameters()).dtype).replace("torch.", "")
+        calc = MACECalculator(models=loaded, device=device, default_dtype=dtype)
+    else:
+        calc = MACECalculator(model_paths=str(path), device=device, default_dtype=dtype)
+    if backend != "e3nn":
+        from workbench.kernels import accelerate
+
+        calc.models = [accelerate(m, backend=backend) for m in calc.models]
+    return calc
+
+
+def _read_structure(path, index: int):
+    import ase
+    import ase.io
+
+    if isinstance(path, ase.Atoms):
+        atoms = path.copy()
+        if not np.isfinite(atoms.positions).all():
+            raise ValueError("the structure has non-finite coordinates")
+        atoms.calc = None
+        return atoms
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no such structure file")
+    try:
+        atoms = ase.io.read(p, index=index)
+    except Exception as exc:  # noqa: BLE001 - ASE raises many types for a bad file
+        raise ValueError(f"{p}: cannot read frame {index}: {type(exc).__name__}: {exc}") from None
+    if not np.isfinite(atoms.positions).all():
+        raise ValueError(f"{p}: frame {index} has non-finite coordinates")
+    atoms.calc = None
+    return atoms
+
+
+def run_md(model: str | os.PathLike, structure: Any, steps: int = 1000, ensemble: str = "nve",
+           temperature: float = 300.0, timestep_fs: float = 0.5, backend: str = "numba", index: int = 0,
+           trajectory: str | os.PathLike | None = None, write_every: int = 10, seed: int = 0, device: str = "cpu",
+           dtype: str | None = None, progress: bool = True) -> MDResult:
+    """Integrate ``steps`` steps of ``ensemble`` MD of ``structure`` (an ``ase.Atoms``, or a file
+    and its frame ``index``) with the model; write every ``write_every``-th frame to ``trajectory`` (extxyz) when given."""
+    import ase.io
+    from ase import units
+    from ase.md.langevin import Langevin
+    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary, ZeroRotation
+    from ase.md.verlet import VelocityVerlet
+
+    from workbench.progress import bar
+
+    if ensemble not in ENSEMBLES:
+        raise ValueError(f"ensemble {ensemble!r}: choose one of {', '.join(ENSEMBLES)}")
+    if steps < 1 or timestep_fs <= 0 or temperature < 0 or write_every < 1:
+        raise ValueError("steps and write_every must be >= 1, timestep_fs > 0 and temperature >= 0")
+    atoms = _read_structure(structure, index)
+    atoms.calc = load_calculator(model, backend=backend, device=device, dtype=dtype)
+    MaxwellBoltzmannDistribution(atoms, temperature_K=temperature, rng=np.random.default_rng(seed))
+    Stationary(atoms)
+    if not atoms.pbc.any():
+        ZeroRotation(atoms)
+    dt = timestep_fs * units.fs
+    if ensemble == "nve":
+        dyn = VelocityVerlet(atoms, timestep=dt)
+    else:
+        dyn = Langevin(atoms, timestep=dt, temperature_K=temperature, friction=LANGEVIN_FRICTION_PER_FS / units.fs,
+                       rng=np.random.default_rng(seed + 1))
+    n = len(atoms)
+    rec: dict[str, list[float]] = {"t": [], "etot": [], "epot": [], "T": []}
+    traj_path = Path(trajectory) if trajectory else None
+    if traj_path is not None:
+        traj_path.parent.mkdir(parents=True, exist_ok=True)
+        traj_path.unlink(missing_ok=True)
+    stamps: list[float] = []
+    progress_bar = bar(total=steps, desc=f"md {ensemble}", unit="step", disable=not progress)
+
+    def observe() -> None:
+        epot = float(atoms.get_potential_energy())
+        ekin = float(atoms.get_kinetic_energy())
+        rec["t"].append(dyn.nsteps * timestep_fs / 1000.0)
+        rec["epot"].append(epot)
+        rec["etot"].append(epot + ekin)
+        rec["T"].append(ekin / (1.5 * n * units.kB))
+        if traj_path is not None and dyn.nsteps % write_every == 0:
+            ase.io.write(traj_path, atoms, format="extxyz", append=True)
+        stamps.append(time.perf_counter())
+        if dyn.nsteps:
+            progress_bar.update(1)
+
+    dyn.attach(observe, interval=1)  # ASE calls it at step 0 too
+    dyn.run(steps)
+    progress_bar.close()
+    drift, excursion = energy_drift(np.array(rec["t"]), np.array(rec["etot"]), n)
+    timed = np.diff(stamps[1:]) if len(stamps) > 2 else np.diff(stamps)
+    per_step = float(np.median(timed)) if timed.size else float("nan")
+    return MDResult(model=str(model), structure=str(structure) if isinstance(structure, (str, os.PathLike)) else atoms.get_chemical_formula(), backend=backend, ensemble=ensemble, atoms=n, steps=steps,
+                    timestep_fs=timestep_fs, time_ps=rec["t"], total_energy=rec["etot"], potential_energy=rec["epot"],
+                    temperature_k=rec["T"], drift_ev_atom_ps=drift, max_excursion_ev_atom=excursion,
+                    ns_per_day=timestep_fs * 1e-6 / per_step * 86400.0, ms_per_step=1e3 * per_step,
+                    trajectory=str(traj_path) if traj_path else None)
+
+
+def write_result(result: MDResult, path: str | os.PathLike) -> None:
+    """The result as JSON (curves included)."""
+    Path(path).write_text(json.dumps(asdict(result), indent=1) + "\n")
+
+
+def _cli(args: Any) -> int:
+    result = run_md(args.model, args.structure, steps=args.steps, ensemble=args.ensemble, temperature=args.temperature,
+                    timestep_fs=args.timestep, backend=args.backend, index=args.index, trajectory=args.trajectory,
+                    write_every=args.write_every, seed=args.seed, dtype=args.dtype, progress=True)
+    print(result.summary())
+    if result.trajectory:
+        print(f"trajectory: {result.trajectory}")
+    if args.json:
+        write_result(result, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def register(sub) -> None:
+    from workbench.kernels.mace.accelerate import KERNEL_BACKENDS
+
+    p = sub.add_parser("md", help="molecular dynamics with a mace model (NVE energy drift, ns/day) on the workbench kernels")
+    p.add_argument("model", help="a mace-torch model file (e.g. runs/<name>/model.model)")
+    p.add_argument("--structure", required=True, help="starting structure (any file ASE reads; frame --index)")
+    p.add_argument("--index", type=int, default=0, help="frame of --structure (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=1000, help="MD steps (default: %(default)s)")
+    p.add_argument("--ensemble", default="nve", choices=ENSEMBLES)
+    p.add_argument("--temperature", type=float, default=300.0, help="K, initial velocities and NVT (default: %(default)s)")
+    p.add_argument("--timestep", type=float, default=0.5, help="fs (default: %(default)s)")
+    p.add_argument("--backend", default="numba", choices=[b for b in KERNEL_BACKENDS if b != "cueq"],
+                   help="kernels for the model's hot ops (default: %(default)s)")
+    p.add_argument("--dtype", choices=["float32", "float64"], help="default: the model's own")
+    p.add_argument("--trajectory", help="write frames here (extxyz)")
+    p.add_argument("--write-every", type=int, default=10, help="frames between trajectory writes (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="initial velocities (default: %(default)s)")
+    p.add_argument("--json", help="also write the energies, drift and speed as JSON here")
+    p.set_defaults(func=_cli)
