@@ -200,3 +200,21 @@ def test_poison_reveals_an_unwritten_element(monkeypatch):
     monkeypatch.setenv("WORKBENCH_KERNELS_POISON", "1")
     (y,) = op.evaluate([torch.ones(5, 8, dtype=torch.float64)], torch.zeros(5, dtype=torch.int64), 1)
     assert torch.equal(y, torch.tensor([[2.0, 3.0] * 4] * 5, dtype=torch.float64))
+
+
+def test_generated_straight_line_code_equals_the_interpreter(monkeypatch):
+    """``WORKBENCH_CPU_KERNELS=generated`` compiles a program to one vectorised loop body; it
+    computes what the interpreter computes (float64, to rounding)."""
+    from workbench.kernels.backends import cpu_unrolled
+
+    op = mace_ops()["channelwise_tp"][0]
+    graph = EdgeGraph(torch.randint(0, 12, (2, 90), generator=torch.Generator().manual_seed(4)), 12)
+    ts = _random_inputs(op, {"edge": 90, "sender": 12, "receiver": 12}, torch.float64, 7)
+    (ref,) = op.evaluate(ts, graph=graph)
+    monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "generated")
+    assert all(cpu_unrolled.use_generated(rp.program) for _, rp in op.cpu_plan(8).passes)
+    (got,) = op.evaluate(ts, graph=graph)
+    torch.testing.assert_close(got, ref, rtol=1e-13, atol=1e-13 * float(ref.abs().max()))
+    monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "fastest")
+    with pytest.raises(ValueError, match="must be interpreter or generated"):
+        op.evaluate(ts, graph=graph)
