@@ -44,14 +44,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from workbench.kernels.backends.cpu_loops import coefficients_by_row, drivers, sum_pieces
+from workbench.kernels.backends.cpu_loops import NUM_ARRAYS, coefficients_by_row, drivers, sum_pieces
 from workbench.kernels.descriptor.program import VectorProgram, vector_program
 
 __all__ = ["NUM_ARRAYS", "PIECE", "SERIAL_WORK", "CpuPlan", "RowPass", "channels_last", "plan", "run_atom", "run_edge",
            "run_pass", "species_pieces", "sum_pieces"]
 
-#: operand arrays every CPU kernel takes (atom ops use 6 atom + 4 species, edge ops 8)
-NUM_ARRAYS = 10
 
 #: rows per segment where segments are free to choose (species pieces, runs of edges)
 PIECE = 16

@@ -1,18 +1,26 @@
-r"""The numba loops of the CPU path (:mod:`~workbench.kernels.backends.cpu`): loading a row's
-vector registers, the vector-program interpreter, storing and reducing outputs, and the
-row-pass drivers.
+r"""The numba loops of the CPU path (:mod:`~workbench.kernels.backends.cpu`): the row-pass drivers,
+generated as source per body and compiled with numba's on-disk cache.
 
-The drivers (:func:`drivers`) are instantiated per body in a generated module: the interpreter
-(:func:`interpret`), or a program compiled to straight-line code
-(:mod:`~workbench.kernels.backends.cpu_unrolled`). numba cannot cache a function that takes
-another jitted function as an argument, and the body must be inlined to be vectorised with the
-rest. Every index is unsigned where it can be: numba checks a signed index for negative values
-element by element, which stops LLVM from vectorising the channel loops.
+A row pass loads each row's vector registers, runs the vector program (the interpreter below,
+or straight-line code from :mod:`~workbench.kernels.backends.cpu_unrolled`) and stores the
+accumulators. Everything a row does is written out in one function, :func:`driver_source`:
+
+* no helper function takes an array argument inside the row loop. numba counts references
+  to every array passed to a call (an atomic increment and decrement each, on a cache line
+  that both threads share), and picking one of ten operand arrays through a helper cost
+  ~140 ns per register load, 25x the load itself. The choice of array is an ``if`` chain around
+  whole channel loops instead;
+* indices are unsigned where they can be: numba checks a signed index for negative values
+  element by element, which stops LLVM from vectorising the channel loops;
+* channel sums (outputs broadcast over channels) run as :data:`LANES` interleaved partial sums
+  added in a fixed order.
 """
 
 from __future__ import annotations
 
+import hashlib
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,199 +28,165 @@ from numba import njit
 
 from workbench.kernels.descriptor.program import ADD_AXPY, ADD_K, ADD_MUL, SET_AXPY, SET_K, SET_MUL
 
-__all__ = ["FASTMATH", "LANES", "coefficients_by_row", "drivers", "interpret", "load_vectors", "store", "sum_pieces", "zero_accumulators"]
+__all__ = ["FASTMATH", "LANES", "NUM_ARRAYS", "NUM_OUTPUTS", "coefficients_by_row", "driver_source", "drivers",
+           "sum_pieces"]
 
 #: LLVM may fuse a multiply and an add (one rounding); nothing is reassociated
 FASTMATH = {"contract"}
-
-
-@njit(cache=True, inline="always")
-def _copy(R, j, a, r, base, C):
-    # unsigned indices: no negative-index wraparound per element, so the loop vectorises
-    j, r, base = np.uint64(j), np.uint64(r), np.uint64(base)
-    for c in range(np.uint64(C)):
-        R[j, c] = a[r, base + c]
-
-
-@njit(cache=True, inline="always")
-def _load(R, j, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, src, r, base, C):
-    """``R[j, :] = a{src}[r, base:base + C]``, branching on ``src`` around whole loops: an
-    array picked by a function call would be a new view (a reference count per load)."""
-    if src == 0:
-        _copy(R, j, a0, r, base, C)
-    elif src == 1:
-        _copy(R, j, a1, r, base, C)
-    elif src == 2:
-        _copy(R, j, a2, r, base, C)
-    elif src == 3:
-        _copy(R, j, a3, r, base, C)
-    elif src == 4:
-        _copy(R, j, a4, r, base, C)
-    elif src == 5:
-        _copy(R, j, a5, r, base, C)
-    elif src == 6:
-        _copy(R, j, a6, r, base, C)
-    elif src == 7:
-        _copy(R, j, a7, r, base, C)
-    elif src == 8:
-        _copy(R, j, a8, r, base, C)
-    else:
-        _copy(R, j, a9, r, base, C)
-
-
 #: lanes of the blocked channel sum (a fixed order, whatever SIMD width the CPU has)
 LANES = 8
+#: operand arrays and output arrays a driver takes
+NUM_ARRAYS = 10
+NUM_OUTPUTS = 4
+
+_ARGS = (", ".join(f"a{i}" for i in range(NUM_ARRAYS)) + ", idx1, idx2, seg_ptr, seg_perm, seg_row, C, nreg, "
+         "vec_arr, vec_code, vec_base, vec_const, K_rows, ins, acc_out, acc_off, acc_cs, acc_seg, "
+         + ", ".join(f"o{i}" for i in range(NUM_OUTPUTS)))
 
 
-@njit(cache=True, inline="always")
-def _channel_sum(R, j, C):
-    """``Σ_c R[j, c]`` as :data:`LANES` interleaved partial sums added in a fixed order: the
-    same bits on every machine, and no chain of ``C`` dependent additions."""
-    t = np.zeros(LANES, dtype=R.dtype)
-    full = np.uint64(C - C % LANES)
-    for c0 in range(np.uint64(0), full, np.uint64(LANES)):
-        for lane in range(np.uint64(LANES)):
-            t[lane] += R[j, c0 + lane]
-    for c in range(full, np.uint64(C)):
-        t[c - full] += R[j, c]
-    total = t[0]
-    for lane in range(1, LANES):
-        total += t[lane]
-    return total
+def _chain(selector: str, names: list[str], line: str, ind: str) -> list[str]:
+    """``if selector == i: <line with X = names[i]>`` for every name (the last as ``else``)."""
+    out = []
+    for i, name in enumerate(names):
+        head = "if" if i == 0 else ("else" if i == len(names) - 1 else "elif")
+        out.append(f"{ind}{head} {selector} == {i}:" if head != "else" else f"{ind}else:")
+        out.append(f"{ind}    {line.replace('X', name)}")
+    return out
 
 
-@njit(cache=True, inline="always", fastmath=FASTMATH)
-def _put(out, R, j, row, off, cs, C):
-    j, row, off = np.uint64(j), np.uint64(row), np.uint64(off)
-    if cs == 0:  # summed over channels
-        out[row, off] = _channel_sum(R, j, C)
-    elif cs == 1:
-        for c in range(np.uint64(C)):
-            out[row, off + c] = R[j, c]
-    else:
-        ucs = np.uint64(cs)
-        for c in range(np.uint64(C)):
-            out[row, off + c * ucs] = R[j, c]
+_INTERPRETER = {
+    SET_MUL: "R[d, c] = k * R[a, c] * R[b, c]",
+    ADD_MUL: "R[d, c] += k * R[a, c] * R[b, c]",
+    SET_AXPY: "R[d, c] = k * R[a, c]",
+    ADD_AXPY: "R[d, c] += k * R[a, c]",
+    SET_K: "R[d, c] = k",
+    ADD_K: "R[d, c] += k",
+}
 
 
-@njit(cache=True, inline="always")
-def _row_of(code, row, idx1, idx2):
-    if code == 1:
-        return idx1[row]
-    elif code == 2:
-        return idx2[row]
-    return row
+def _interpreter_lines(ind: str) -> list[str]:
+    lines = [f"{ind}for i in range(ins.shape[0]):",
+             f"{ind}    op = ins[i, 0]",
+             f"{ind}    d = np.uint64(ins[i, 1])",
+             f"{ind}    a = np.uint64(ins[i, 2])",
+             f"{ind}    b = np.uint64(ins[i, 3])",
+             f"{ind}    k = K_rows[krow, ins[i, 4]]"]
+    for n, (code, stmt) in enumerate(_INTERPRETER.items()):
+        lines.append(f"{ind}    {'if' if n == 0 else 'elif'} op == {code}:")
+        lines.append(f"{ind}        for c in range(n):")
+        lines.append(f"{ind}            {stmt}")
+    return lines
 
 
-@njit(cache=True, inline="always", fastmath=FASTMATH)
-def interpret(R, K, ins, C):
-    """Run the instructions ``ins`` on the flat registers ``R`` (``C`` channels each)."""
-    _execute(R.reshape((R.shape[0] // C, C)), K, ins, C)
+def _store_lines(target_row: str, seg: int, ind: str) -> list[str]:
+    outs = [f"o{i}" for i in range(NUM_OUTPUTS)]
+    lines = [f"{ind}for j in range(A):",
+             f"{ind}    if acc_seg[j] != {seg}:",
+             f"{ind}        continue",
+             f"{ind}    jj = np.uint64(V + j)",
+             f"{ind}    off = np.uint64(acc_off[j])",
+             f"{ind}    cs = acc_cs[j]",
+             f"{ind}    q = acc_out[j]",
+             f"{ind}    if cs == 0:  # summed over channels: LANES interleaved partial sums, fixed order",
+             f"{ind}        for lane in range(LANES):",
+             f"{ind}            lanes[lane] = 0.0",
+             f"{ind}        for c0 in range(np.uint64(0), full, np.uint64(LANES)):",
+             f"{ind}            for lane in range(np.uint64(LANES)):",
+             f"{ind}                lanes[lane] += R[jj, c0 + lane]",
+             f"{ind}        for c in range(full, n):",
+             f"{ind}            lanes[c - full] += R[jj, c]",
+             f"{ind}        total = lanes[0]",
+             f"{ind}        for lane in range(1, LANES):",
+             f"{ind}            total += lanes[lane]"]
+    lines += _chain("q", outs, f"X[{target_row}, off] = total", ind + "        ")
+    lines.append(f"{ind}    elif cs == 1:")
+    lines += _chain("q", outs, f"for c in range(n): X[{target_row}, off + c] = R[jj, c]", ind + "        ")
+    lines.append(f"{ind}    else:")
+    lines.append(f"{ind}        ucs = np.uint64(cs)")
+    for i, name in enumerate(outs):
+        head = "if" if i == 0 else ("else" if i == len(outs) - 1 else "elif")
+        lines.append(f"{ind}        {head} q == {i}:" if head != "else" else f"{ind}        else:")
+        lines.append(f"{ind}            for c in range(n):")
+        lines.append(f"{ind}                {name}[{target_row}, off + c * ucs] = R[jj, c]")
+    return lines
 
 
-@njit(cache=True, inline="always", fastmath=FASTMATH)
-def _execute(R, K, ins, C):
-    n = np.uint64(C)  # unsigned indices throughout: the channel loops vectorise
-    for i in range(ins.shape[0]):
-        op = ins[i, 0]
-        d = np.uint64(ins[i, 1])
-        a = np.uint64(ins[i, 2])
-        b = np.uint64(ins[i, 3])
-        k = K[ins[i, 4]]
-        if op == SET_MUL:
-            for c in range(n):
-                R[d, c] = k * R[a, c] * R[b, c]
-        elif op == ADD_MUL:
-            for c in range(n):
-                R[d, c] += k * R[a, c] * R[b, c]
-        elif op == SET_AXPY:
-            for c in range(n):
-                R[d, c] = k * R[a, c]
-        elif op == ADD_AXPY:
-            for c in range(n):
-                R[d, c] += k * R[a, c]
-        elif op == SET_K:
-            for c in range(n):
-                R[d, c] = k
-        elif op == ADD_K:
-            for c in range(n):
-                R[d, c] += k
+def driver_source(body: list[str] | None) -> str:
+    """Source of ``segment``, ``run_parallel`` and ``run_serial`` with the program's body inlined:
+    ``body`` the lines of a generated body (they read and write the flat registers ``F`` and
+    the coefficients ``K_rows[krow, k]``), or None for the interpreter."""
+    arrays = [f"a{i}" for i in range(NUM_ARRAYS)]
+    I2, I3 = " " * 8, " " * 12
+    seg = [
+        "@njit(cache=True, fastmath=FASTMATH)",
+        f"def segment(s, {_ARGS}):",
+        "    V = vec_arr.shape[0]",
+        "    A = acc_out.shape[0]",
+        "    n = np.uint64(C)",
+        "    full = np.uint64(C - C % LANES)",
+        "    varying = K_rows.shape[0] > 1",
+        "    R = np.empty((nreg, C), dtype=o0.dtype)",
+        "    F = R.reshape(nreg * C)",
+        "    lanes = np.empty(LANES, dtype=o0.dtype)",
+        "    for j in range(A):",
+        "        if acc_seg[j] == 1:",
+        "            jj = np.uint64(V + j)",
+        "            for c in range(n):",
+        "                R[jj, c] = 0.0",
+        "    p0 = seg_ptr[s]",
+        "    for p in range(p0, seg_ptr[s + 1]):",
+        "        row = seg_perm[p]",
+        "        krow = row if varying else 0",
+        "        for j in range(V):",
+        "            if vec_const[j] == 1 and p != p0:  # the segment's own row: loaded once",
+        "                continue",
+        "            code = vec_code[j]",
+        "            r = np.uint64(row if code == 0 else (idx1[row] if code == 1 else idx2[row]))",
+        "            jj = np.uint64(j)",
+        "            base = np.uint64(vec_base[j])",
+        "            src = vec_arr[j]",
+    ]
+    seg += _chain("src", arrays, "for c in range(n): R[jj, c] = X[r, base + c]", I3)
+    seg += ["        for j in range(A):",
+            "            if acc_seg[j] == 0:",
+            "                jj = np.uint64(V + j)",
+            "                for c in range(n):",
+            "                    R[jj, c] = 0.0"]
+    seg += _interpreter_lines(I2) if body is None else [I2 + line for line in body]
+    seg += _store_lines("row", 0, I2)
+    seg += _store_lines("seg_row[s]", 1, "    ")
+    loop = f"segment(np.int64(s), {_ARGS})"
+    drivers_ = ["", "", "@njit(parallel=True, cache=True, fastmath=FASTMATH)", f"def run_parallel({_ARGS}):",
+                "    for s in prange(seg_ptr.shape[0] - 1):", f"        {loop}",
+                "", "", "@njit(cache=True, fastmath=FASTMATH)", f"def run_serial({_ARGS}):",
+                "    for s in range(seg_ptr.shape[0] - 1):", f"        {loop}"]
+    return "\n".join(seg + drivers_) + "\n"
 
 
-@njit(cache=True, inline="always", fastmath=FASTMATH)
-def store(R, V, o0, o1, o2, o3, row, seg, acc_out, acc_off, acc_cs, acc_seg, C):
-    """Accumulators of the given kind (per segment ``seg`` = 1, per row 0) to row ``row``."""
-    for j in range(acc_out.shape[0]):
-        if acc_seg[j] != seg:
-            continue
-        k = acc_out[j]
-        if k == 0:
-            _put(o0, R, V + j, row, acc_off[j], acc_cs[j], C)
-        elif k == 1:
-            _put(o1, R, V + j, row, acc_off[j], acc_cs[j], C)
-        elif k == 2:
-            _put(o2, R, V + j, row, acc_off[j], acc_cs[j], C)
-        else:
-            _put(o3, R, V + j, row, acc_off[j], acc_cs[j], C)
+def _version() -> str:
+    """Digest of the sources a generated driver module is made from: numba's cache follows a
+    function's own file only, so a change here must give the drivers a new module."""
+    here = Path(__file__).parent
+    h = hashlib.sha1()
+    for name in ("cpu_loops.py", "cpu_unrolled.py"):
+        h.update((here / name).read_bytes())
+    return h.hexdigest()[:16]
 
 
-@njit(cache=True, inline="always")
-def zero_accumulators(R, V, acc_seg, seg):
-    for j in range(acc_seg.shape[0]):
-        if acc_seg[j] == seg:
-            r = np.uint64(V + j)
-            for c in range(np.uint64(R.shape[1])):
-                R[r, c] = 0.0
+@lru_cache(maxsize=None)
+def _drivers(body: tuple[str, ...] | None) -> tuple[Any, Any]:
+    from workbench.kernels.backends.generated import load_module
+
+    head = (f"# generated by workbench.kernels.backends.cpu_loops (version {_version()}); safe to delete\n"
+            "import numba\nimport numpy as np\nfrom numba import njit, prange\n"
+            "from workbench.kernels.backends.cpu_loops import FASTMATH, LANES\n\nf32 = numba.float32\n\n\n")
+    module = load_module(head + driver_source(None if body is None else list(body)), "workbench_cpu")
+    return module.run_parallel, module.run_serial
 
 
-@njit(cache=True, inline="always")
-def load_vectors(R, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, idx1, idx2, row, vec_arr, vec_code, vec_base, vec_const, const, C):
-    """Vector registers of kind ``const`` (1: loaded once per segment) from input row ``row``."""
-    for j in range(vec_arr.shape[0]):
-        if vec_const[j] == const:
-            _load(R, j, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, vec_arr[j], _row_of(vec_code[j], row, idx1, idx2), vec_base[j], C)
-
-
-# The row-pass drivers, instantiated per body (the interpreter, or a generated program) in a
-# generated module (:func:`drivers`): numba cannot cache a function that takes another jitted
-# function as an argument, and the body must be inlined to be vectorised with the rest.
-_DRIVERS = """
-@njit(cache=True, fastmath=FASTMATH)
-def segment(s, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, idx1, idx2, seg_ptr, seg_perm, seg_row, C, nreg,
-            vec_arr, vec_code, vec_base, vec_const, K_rows, ins, acc_out, acc_off, acc_cs, acc_seg, o0, o1, o2, o3):
-    V = vec_arr.shape[0]
-    varying = K_rows.shape[0] > 1
-    flat = np.empty(nreg * C, dtype=o0.dtype)
-    R = flat.reshape((nreg, C))
-    zero_accumulators(R, V, acc_seg, 1)
-    p0 = seg_ptr[s]
-    p1 = seg_ptr[s + 1]
-    if p1 > p0:
-        load_vectors(R, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, idx1, idx2, seg_perm[p0], vec_arr, vec_code, vec_base, vec_const, 1, C)
-    for p in range(p0, p1):
-        row = seg_perm[p]
-        load_vectors(R, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, idx1, idx2, row, vec_arr, vec_code, vec_base, vec_const, 0, C)
-        zero_accumulators(R, V, acc_seg, 0)
-        body(flat, K_rows[row if varying else 0], ins, C)
-        store(R, V, o0, o1, o2, o3, row, 0, acc_out, acc_off, acc_cs, acc_seg, C)
-    store(R, V, o0, o1, o2, o3, seg_row[s], 1, acc_out, acc_off, acc_cs, acc_seg, C)
-
-
-@njit(parallel=True, cache=True, fastmath=FASTMATH)
-def run_parallel(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, idx1, idx2, seg_ptr, seg_perm, seg_row, C, nreg,
-                 vec_arr, vec_code, vec_base, vec_const, K_rows, ins, acc_out, acc_off, acc_cs, acc_seg, o0, o1, o2, o3):
-    for s in prange(seg_ptr.shape[0] - 1):
-        segment(np.int64(s), a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, idx1, idx2, seg_ptr, seg_perm, seg_row, C, nreg,
-                vec_arr, vec_code, vec_base, vec_const, K_rows, ins, acc_out, acc_off, acc_cs, acc_seg, o0, o1, o2, o3)
-
-
-@njit(cache=True, fastmath=FASTMATH)
-def run_serial(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, idx1, idx2, seg_ptr, seg_perm, seg_row, C, nreg,
-               vec_arr, vec_code, vec_base, vec_const, K_rows, ins, acc_out, acc_off, acc_cs, acc_seg, o0, o1, o2, o3):
-    for s in range(seg_ptr.shape[0] - 1):
-        segment(np.int64(s), a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, idx1, idx2, seg_ptr, seg_perm, seg_row, C, nreg,
-                vec_arr, vec_code, vec_base, vec_const, K_rows, ins, acc_out, acc_off, acc_cs, acc_seg, o0, o1, o2, o3)
-"""
+def drivers(body: list[str] | None) -> tuple[Any, Any]:
+    """``(run_parallel, run_serial)`` with ``body`` (generated lines, or None: the interpreter)."""
+    return _drivers(None if body is None else tuple(body))
 
 
 @njit(cache=True, fastmath=FASTMATH)
@@ -232,37 +206,6 @@ def coefficients_by_row(S, k_reg, k_coef, k_fac, nk):
         for k in range(nk):
             K[i, k] = Kt[k, i]
     return K
-
-
-def _version() -> str:
-    """Digest of the sources a generated driver module compiles in: numba's cache follows a
-    function's own file only, so a change here must give the drivers a new module."""
-    import hashlib
-    from pathlib import Path
-
-    here = Path(__file__).parent
-    h = hashlib.sha1()
-    for name in ("cpu_loops.py", "cpu_unrolled.py"):
-        h.update((here / name).read_bytes())
-    return h.hexdigest()[:16]
-
-
-@lru_cache(maxsize=None)
-def drivers(body: str | None) -> tuple[Any, Any]:
-    """``(run_parallel, run_serial)`` over ``body``: the source of a generated
-    ``body(R, K, ins, C)`` (:mod:`~workbench.kernels.backends.cpu_unrolled`), or None for the
-    interpreter."""
-    from workbench.kernels.backends.generated import load_module
-
-    head = (f"# generated by workbench.kernels.backends.cpu_loops (version {_version()}); safe to delete\n"
-            "import numba\nimport numpy as np\nfrom numba import njit, prange\n"
-            "from workbench.kernels.backends.cpu_loops import FASTMATH, interpret, load_vectors, store, zero_accumulators\n\nf32 = numba.float32\n\n")
-    if body is None:
-        text = head + "body = interpret\n" + _DRIVERS
-    else:
-        text = head + body.replace("def body(", '@njit(cache=True, fastmath=FASTMATH, inline="always")\ndef body(', 1) + "\n" + _DRIVERS
-    module = load_module(text, "workbench_cpu")
-    return module.run_parallel, module.run_serial
 
 
 @njit(cache=True)

@@ -1,31 +1,30 @@
 r"""Generated CPU code: a :class:`~workbench.kernels.descriptor.program.VectorProgram` as straight-line
 numba source, one channel loop that LLVM vectorises.
 
-The interpreter of :mod:`~workbench.kernels.backends.cpu` runs each instruction as its own loop
+The interpreter of :mod:`~workbench.kernels.backends.cpu_loops` runs each instruction as its own loop
 over the channels, so every temporary goes through memory (three loads and a store per
 instruction and SIMD lane group). Here the whole program is one loop body over a channel
 ``c``:
 
 .. code-block:: python
 
-    def body(R, K, ins, C):                  # R: the row's registers, flat, C channels each
-        k3 = K[3]                            # coefficients that vary by row (broadcast factors)
-        for c in range(128):                 # C is a literal: offsets are constants
-            v0 = R[0 + c]                    # operand components, loaded once
-            ...
-            t0 = v3 * v7                     # monomial prefixes and Horner partial sums:
-            t1 = t0 * v9                     #   registers, never stored
-            a0 = a0 + 0.2041241452 * t1 * v40
-            ...
-            R[6656 + c] = a0                 # accumulators stored once per row
+    k3 = K_rows[krow, 3]                     # coefficients that vary by row (broadcast factors)
+    for c in range(128):                     # C is a literal: offsets are constants
+        v0 = F[0 + c]                        # operand components, loaded once (F: flat registers)
+        ...
+        t0 = v3 * v7                         # monomial prefixes and Horner partial sums:
+        t1 = t0 * v9                         #   registers, never stored
+        s0 = s0 + 0.2041241452 * t1 * v40    # accumulators
+        ...
+        F[6656 + c] = s0                     # stored once per row
 
-Every offset into ``R`` is a constant, so LLVM proves that no store overlaps a later load and
+Every offset into ``F`` is a constant, so LLVM proves that no store overlaps a later load and
 vectorises the loop (``fastmath={"contract"}``: multiplies and adds fuse into FMAs; nothing is
 reassociated) without run-time alias checks. Coefficients that do not vary by row are literals.
 
 Opt-in (:func:`use_generated`): the row loads and the radial weights' memory traffic, not
-the instructions, bound most passes, so the interpreter is the default. The body is inlined into the row-pass drivers of
-:func:`workbench.kernels.backends.cpu.drivers`, written under ``$WORKBENCH_CACHE_DIR/kernels`` and
+the instructions, bound most passes, so the interpreter is the default. The body is inlined
+into the row-pass drivers of :func:`workbench.kernels.backends.cpu_loops.driver_source`, written under ``$WORKBENCH_CACHE_DIR/kernels`` and
 compiled with numba's on-disk cache, so a configuration compiles once per machine.
 """
 
@@ -56,10 +55,11 @@ def use_generated(program: VectorProgram) -> bool:
     return mode == "generated" and program.num_instructions <= int(os.environ.get("WORKBENCH_CPU_UNROLL_MAX", DEFAULT_MAX_INSTRUCTIONS))
 
 
-def body_source(program: VectorProgram, channels: int, dtype: str, per_segment: np.ndarray) -> str:
-    """Source of ``body(R, K, ins, C)`` (the interpreter's signature; ``ins`` and ``C`` unused) evaluating ``program`` for one row: registers in the flat
-    ``R`` (register ``j``, channel ``c`` at ``j * channels + c``), row coefficients in ``K``.
-    Accumulator ``j`` is added to (``per_segment[j]``) or overwritten."""
+def body_source(program: VectorProgram, channels: int, dtype: str, per_segment: np.ndarray) -> list[str]:
+    """Lines running ``program`` on one row, for :func:`~workbench.kernels.backends.cpu_loops.driver_source`:
+    registers in the flat ``F`` (register ``j``, channel ``c`` at ``j * channels + c``), row
+    coefficients ``K_rows[krow, k]``. Accumulator ``j`` is added to (``per_segment[j]``) or
+    overwritten."""
     C = channels
     V = program.num_vectors
     cast = "" if dtype == "float64" else "f32"
@@ -74,28 +74,24 @@ def body_source(program: VectorProgram, channels: int, dtype: str, per_segment: 
             return f"k{k}"
         return f"{cast}({float(consts[k])!r})" if cast else repr(float(consts[k]))
 
-    head = ["def body(R, K, ins, C):"]
-    if varying:
-        head += [f"    k{k} = K[{k}]" for k in range(program.num_k)]
-    lines = [f"    for c in range({C}):"]
-    ind = "        "
+    lines = [f"k{k} = K_rows[krow, {k}]" for k in range(program.num_k)] if varying else []
+    lines.append(f"for c in range({C}):")
+    ind = "    "
     name: dict[int, str] = {}
     for j in range(V):
-        lines.append(f"{ind}v{j} = R[{j * C} + c]")
+        lines.append(f"{ind}v{j} = F[{j * C} + c]")
         name[j] = f"v{j}"
     A = program.num_accumulators
+    zero = f"{cast}(0.0)" if cast else "0.0"
     for j in range(A):
         r = V + j
-        name[r] = f"a{j}"
-        lines.append(f"{ind}a{j} = R[{r * C} + c]" if per_segment[j] else f"{ind}a{j} = {cast}(0.0)" if cast else f"{ind}a{j} = 0.0")
+        name[r] = f"s{j}"  # not a{j}: the drivers' operand arrays are a0..a9
+        lines.append(f"{ind}s{j} = F[{r * C} + c]" if per_segment[j] else f"{ind}s{j} = {zero}")
     fresh = 0
     for op, d, a, b, k in program.ins.tolist():
-        if d >= V + A:  # a temporary: a new local for every write keeps the code in SSA form
-            if op in (SET_MUL, SET_AXPY, SET_K):
-                target = f"t{fresh}"
-                fresh += 1
-            else:
-                target = name[d]
+        if d >= V + A and op in (SET_MUL, SET_AXPY, SET_K):
+            target = f"t{fresh}"  # a temporary: a new local for every write keeps the code in SSA form
+            fresh += 1
         else:
             target = name[d]
         ka = kname(k)
@@ -116,5 +112,5 @@ def body_source(program: VectorProgram, channels: int, dtype: str, per_segment: 
         lines.append(f"{ind}{target} = {expr}")
         name[d] = target
     for j in range(A):
-        lines.append(f"{ind}R[{(V + j) * C} + c] = a{j}")
-    return "\n".join(head + lines) + "\n"
+        lines.append(f"{ind}F[{(V + j) * C} + c] = s{j}")
+    return lines
