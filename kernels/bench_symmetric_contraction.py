@@ -38,7 +38,8 @@ sys.path.insert(0, str(ROOT))
 import workbench  # noqa: E402,F401  (env fix for e3nn before torch/e3nn imports)
 import torch  # noqa: E402
 
-from workbench.kernels.tools.bench import add_common_arguments, kernel_variant, random_scaleshift_mace, run_versions, with_backend  # noqa: E402
+from workbench.kernels.tools.bench import (add_common_arguments, kernel_variant, parity, random_scaleshift_mace,  # noqa: E402
+                                          run_versions, snapshot, with_backend)
 
 PASSES = ("forward", "forward_backward", "double_backward")
 
@@ -65,6 +66,12 @@ def timer(device: str, fn, warmup: int, repeats: int) -> list[float]:
     return times
 
 
+def _cotangent(out: torch.Tensor) -> torch.Tensor:
+    """The same random cotangent for every backend (parity compares their gradients)."""
+    g = torch.Generator(device="cpu").manual_seed(1)
+    return torch.randn(out.shape, generator=g, dtype=torch.float64).to(out.device, out.dtype)
+
+
 def pass_fn(kind: str, call, x, params):
     """A closure running one pass; gradients via autograd.grad (no accumulation between repeats)."""
     g = None
@@ -77,14 +84,14 @@ def pass_fn(kind: str, call, x, params):
         nonlocal g
         out = call(x)
         if g is None:
-            g = torch.randn_like(out)
+            g = _cotangent(out)
         return torch.autograd.grad(out, [x] + params, g, allow_unused=True)
 
     def dbl():
         nonlocal g
         out = call(x)
         if g is None:
-            g = torch.randn_like(out)
+            g = _cotangent(out)
         (gx,) = torch.autograd.grad(out, [x], g, create_graph=True)
         return torch.autograd.grad((gx**2).sum(), params, allow_unused=True)
 
@@ -172,6 +179,7 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
         y = torch.nn.functional.one_hot(species, args.elements).to(device=device, dtype=dtype)
         sc_in = torch.randn(args.atoms, block0.linear.irreps_out.dim, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
         results.setdefault("descriptor", {})[dtype_name] = descriptor_costs(block0.symmetric_contractions, args.atoms, x0.element_size())
+        snaps = {}  # (backend, target, pass) -> the pass's outputs, for parity against e3nn
         for backend in args.backends:
             os.environ["WORKBENCH_CUDA_KERNELS"] = kernel_variant(backend)  # read at every launch
             try:
@@ -194,8 +202,12 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
                     x = x0.clone().requires_grad_(kind != "forward")
                     entry = {"backend": backend, "dtype": dtype_name, "target": target, "pass": kind}
                     try:
-                        ts = timer(device, pass_fn(kind, call, x, params), args.warmup, args.repeats)
+                        fn = pass_fn(kind, call, x, params)
+                        ts = timer(device, fn, args.warmup, args.repeats)
                         entry.update(median_ms=statistics.median(ts), min_ms=min(ts), times_ms=ts)
+                        first, second = snapshot(fn()), snapshot(fn())
+                        entry["bitwise_repeatable"] = all(a is None or torch.equal(a, b) for a, b in zip(first, second))
+                        snaps[(backend, target, kind)] = (entry, first)
                         if target == "contraction":
                             d = results["descriptor"][dtype_name]
                             sec = entry["median_ms"] * 1e-3
@@ -209,6 +221,12 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
                     results["runs"].append(entry)
                     print(f"{dtype_name:8s} {backend:12s} {target:12s} {kind:17s} "
                           + (f"{entry['median_ms']:9.3f} ms" if "median_ms" in entry else entry.get("error", "")), flush=True)
+        for (backend, target, kind), (entry, out) in snaps.items():
+            ref = snaps.get(("e3nn", target, kind))
+            if backend != "e3nn" and ref is not None:
+                entry["parity_vs_e3nn"] = parity(out, ref[1])
+                print(f"{dtype_name:8s} {backend:12s} {target:12s} {kind:17s} max rel err vs e3nn "
+                      f"{entry['parity_vs_e3nn']['max_rel_err']:.2e}, bitwise repeatable {entry['bitwise_repeatable']}", flush=True)
     out = Path(args.out) if args.out else ROOT / "kernels" / "results" / f"symmetric_contraction_{'gpu' if device.startswith('cuda') else 'cpu'}_{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))

@@ -10,7 +10,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-__all__ = ["add_common_arguments", "kernel_variant", "random_scaleshift_mace", "run_versions", "with_backend"]
+__all__ = ["add_common_arguments", "kernel_variant", "parity", "random_scaleshift_mace", "run_versions", "snapshot",
+           "with_backend"]
 
 #: packages whose versions a benchmark result records (besides torch and python)
 RECORDED_PACKAGES = ("mace", "e3nn", "numba", "cuequivariance_torch")
@@ -96,3 +97,28 @@ def add_common_arguments(ap: argparse.ArgumentParser, passes: Sequence[str]) -> 
     ap.add_argument("--passes", nargs="+", default=list(passes))
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=25)
+
+
+def snapshot(result) -> list[torch.Tensor | None]:
+    """The tensors a benchmark pass returned (a tensor, or a tuple with tensors and None), as
+    float64 host copies, for :func:`parity`."""
+    items = result if isinstance(result, (tuple, list)) else (result,)
+    return [t.detach().to("cpu", torch.float64).clone() if torch.is_tensor(t) else None for t in items]
+
+
+def parity(result: list, reference: list) -> dict:
+    """How far ``result`` is from ``reference`` (two :func:`snapshot` lists, e.g. numba against
+    e3nn): the largest ``max|a - b| / max|b|`` over the tensors present in both with equal
+    shapes, and how many were compared (an accelerated module may lay out a parameter
+    differently, which is then skipped and counted)."""
+    worst, compared, skipped = 0.0, 0, 0
+    for a, b in zip(result, reference):
+        if a is None or b is None:
+            continue
+        if a.shape != b.shape:
+            skipped += 1
+            continue
+        scale = float(b.abs().max()) or 1.0
+        worst = max(worst, float((a - b).abs().max()) / scale)
+        compared += 1
+    return {"max_rel_err": worst, "compared": compared, "skipped_shape": skipped}
