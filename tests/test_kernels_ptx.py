@@ -182,3 +182,46 @@ def test_cli_writes_report(tmp_path):
     assert all(r["sass_instructions"] > 0 and r["sass_per_term"] is None for r in rows)  # table kernels: no per-term figure
     assert "double backward" in res.stdout
     assert "channelwise_tp [table, float32]: forward 1, backward 3, double backward 4" in res.stdout
+
+
+def test_float32_polynomials_too_large_to_unroll_are_split_automatically(small_ops, monkeypatch):
+    """A float32 polynomial over the unroll budget runs as ceil(terms / SPLIT_PART_TERMS)
+    generated kernels when every part fits; float64, the table kind and WORKBENCH_UNROLL_PARTS=1
+    keep the table-driven kernel."""
+    for var in ("WORKBENCH_CUDA_KERNELS", "WORKBENCH_UNROLL_PARTS", "WORKBENCH_UNROLL_MAX_TERMS"):
+        monkeypatch.delenv(var, raising=False)
+    comp = small_ops["symmetric_contraction"][1][1].compiled[0]  # backward d(x)
+    n, acc = comp.num_terms, comp.accumulators
+    monkeypatch.setenv("WORKBENCH_UNROLL_MAX_TERMS", str(0.9 * unrolled.unroll_cost(n, acc)))
+    assert not unrolled.use_unrolled(n, acc, comp.num_slots)
+    monkeypatch.setattr(unrolled, "SPLIT_PART_TERMS", -(-n // 3))
+    parts = unrolled.unrolled_parts(comp, "float32")
+    assert parts is not None and len(parts) == 3 and sum(p.num_terms for p in parts) == n
+    assert unrolled.unrolled_parts(comp, "float64") is None
+    assert unrolled.unrolled_parts(comp, "float32", split=False) is None  # edge kernels are never split
+    monkeypatch.setattr(unrolled, "MAX_PARTS", 2)
+    assert unrolled.unrolled_parts(comp, "float32") is None
+    monkeypatch.setattr(unrolled, "MAX_PARTS", 4)
+    monkeypatch.setenv("WORKBENCH_UNROLL_PARTS", "1")
+    assert unrolled.unrolled_parts(comp, "float32") is None
+    monkeypatch.setenv("WORKBENCH_UNROLL_PARTS", "0")
+    monkeypatch.setenv("WORKBENCH_CUDA_KERNELS", "table")
+    assert unrolled.unrolled_parts(comp, "float32") is None
+
+
+def test_paper_contraction_double_backward_leaves_the_table_path(monkeypatch):
+    """At the paper configuration, float32: d(x) (9053 terms) in 5 generated kernels, d(W)
+    (4940 terms into 81 weight components) in 3, every other training kernel in one (ptxas:
+    no spills in any of them); float64 stays on the table kernels."""
+    from workbench.kernels.tools.resources import paper_ops
+
+    for var in ("WORKBENCH_CUDA_KERNELS", "WORKBENCH_UNROLL_PARTS", "WORKBENCH_UNROLL_MAX_TERMS"):
+        monkeypatch.delenv(var, raising=False)
+    ops = dict(paper_ops(("symmetric_contraction",))["symmetric_contraction"])
+    parts = {(label, c.output.name): unrolled.unrolled_parts(c, "float32") for label, op in ops.items() for c in op.compiled}
+    counts = {k: (len(v) if v else 0) for k, v in parts.items()}
+    assert counts[("double backward", "d(x)")] == 5 and counts[("double backward", "d(W)")] == 3
+    assert counts[("double backward", "d(d(out))")] == 1
+    assert counts[("forward", "out")] == counts[("backward", "d(x)")] == counts[("backward", "d(W)")] == 1
+    assert max(p.num_terms for p in parts[("double backward", "d(x)")]) <= unrolled.SPLIT_PART_TERMS * 5 // 4
+    assert unrolled.unrolled_parts(ops["double backward"].compiled[0], "float64") is None

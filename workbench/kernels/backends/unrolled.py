@@ -57,15 +57,23 @@ from workbench.kernels.backends.generated import load_module, source_dir
 from workbench.kernels.descriptor.tables import TermTable
 
 __all__ = ["kernel_source", "get_unrolled_kernel", "unroll", "unroll_cost", "unrolled_parts", "use_unrolled",
-           "DEFAULT_MAX_TERMS"]
+           "DEFAULT_MAX_TERMS", "MAX_PARTS", "SPLIT_PART_TERMS"]
 
-#: largest :func:`unroll_cost` unrolled by default. At the paper configuration (sm_90, one
+#: largest :func:`unroll_cost` unrolled in one kernel. At the paper configuration (sm_90, one
 #: core) float32 unrolls every kernel but the double backward's d(x) (9053 terms: 2.8 KB of
-#: spills and 106 s to compile unrolled) and d(W) (4940 terms into 81 accumulators: 236 B of
-#: spills, 88 s); the others compile in 30-62 s without spills. float64 (twice the registers)
-#: unrolls the channelwise TP and keeps the contraction on tables (unrolled, its 4940-term
-#: kernels spill 5-8 KB).
+#: spills and 106 s to compile as one kernel) and d(W) (4940 terms into 81 accumulators: 236 B
+#: of spills, 88 s), which are split (below); the others compile without spills. float64
+#: (twice the registers) unrolls the channelwise TP and keeps the contraction on tables
+#: (unrolled, its 4940-term kernels spill 5-8 KB).
 DEFAULT_MAX_TERMS = 8000
+#: float32 polynomials that fail :func:`use_unrolled` are split into parts of about this many
+#: terms (:func:`unrolled_parts`). Calibrated on sm_90 with ptxas at the paper configuration,
+#: double backward d(x) (9053 terms, 115 operand components): 2 parts of 4241 / 4812 spill
+#: 1.5-2 KB, 4 parts (largest 2844) 256 B in one part, 5 parts (1492-1996) none; d(W) in 3
+#: parts: none, 128-255 registers
+SPLIT_PART_TERMS = 2000
+#: at most this many launches for one output (compile time grows with the parts' terms anyway)
+MAX_PARTS = 6
 #: a thread's live operand components and accumulators, in 32-bit registers, must stay below
 #: this (of 255): 200 (the float64 TP double backward's d(d(out))) spills 736 B
 MAX_LIVE_REGISTERS = 200
@@ -101,19 +109,28 @@ def use_unrolled(num_terms: int, accumulators: int = 0, slots: int = 0, itemsize
 def unrolled_parts(compiled: Any, dtype: str, split: bool = True) -> list[TermTable] | None:
     """The term tables to generate kernels for, or None for the table-driven kernel.
 
-    One table when the polynomial passes :func:`use_unrolled`. ``WORKBENCH_UNROLL_PARTS=k``
-    (with ``split``) instead splits its output components into ``k`` groups balanced by terms,
-    one generated kernel (launch) each, all writing the same output. Splitting is opt-in: at the
-    paper configuration the double backward's d(W) in 2 parts compiles without spills, but its
-    d(x) in 2 parts of 4241 and 4812 terms still spills 1.5-2 KB in float32, so no automatic
-    rule is safe yet."""
+    One table when the polynomial passes :func:`use_unrolled`. A float32 polynomial that does
+    not (with ``split``) is split by output components into ``k = ceil(terms /``
+    :data:`SPLIT_PART_TERMS` ``)`` groups balanced by terms, at most :data:`MAX_PARTS`, one
+    generated kernel (launch) each, all writing the same output, when every part passes
+    :func:`use_unrolled`. ``WORKBENCH_UNROLL_PARTS=k`` forces ``k`` parts (``1``: no
+    automatic split)."""
+    mode = os.environ.get("WORKBENCH_CUDA_KERNELS", "auto")
     forced = os.environ.get("WORKBENCH_UNROLL_PARTS")
-    if forced and split and os.environ.get("WORKBENCH_CUDA_KERNELS", "auto") != "table":
+    if forced and split and mode != "table" and int(forced) > 1:
         return compiled.split(int(forced))
     itemsize = 8 if dtype == "float64" else 4
     if use_unrolled(compiled.num_terms, compiled.accumulators, compiled.num_slots, itemsize):
         return [compiled.table]
-    return None
+    if not split or forced or mode != "auto" or dtype != "float32":
+        return None
+    k = -(-compiled.num_terms // SPLIT_PART_TERMS)
+    if k < 2 or k > MAX_PARTS:
+        return None
+    parts = compiled.split(k)
+    ok = all(p.num_terms <= SPLIT_PART_TERMS * 5 // 4
+             and use_unrolled(p.num_terms, len(set(p.t_out.tolist())), p.num_slots, itemsize) for p in parts)
+    return parts if ok else None
 
 
 def unroll(compiled: Any, dtype: str, split: bool = True) -> bool:
