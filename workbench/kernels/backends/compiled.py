@@ -108,6 +108,34 @@ class CompiledPolynomial(TransientCache):
         t = self.table
         return (t.slot_arr, t.slot_rows, t.slot_off, t.slot_cs, t.t_out, t.t_fac, self._coef[dtype], t.out_off, t.out_cs)
 
+    def lean_tables(self, dtype: str, device: bool = True) -> tuple:
+        """The atom table kernel's arguments in the smallest unsigned integers, so that its term
+        loop does no sign checks and reads 2-byte indices: ``(slot_arr uint8, slot_off uint32,
+        slot_cs uint32, t_out uint16, t_fac uint16 flattened to [terms * degree], t_coef,
+        out_off uint32, out_cs uint32)``; on the current CUDA device unless ``device`` is false
+        or under the simulator."""
+        def build() -> tuple:
+            t = self.table
+            if t.num_slots >= 2**16 - 1 or self.output.size >= 2**16:
+                raise ValueError(f"{self.output.name}: {t.num_slots} slots or {self.output.size} components do not fit "
+                                 "the table kernel's 16-bit indices")
+            return (t.slot_arr.astype(np.uint8), t.slot_off.astype(np.uint32), t.slot_cs.astype(np.uint32),
+                    t.t_out.astype(np.uint16), np.ascontiguousarray(t.t_fac.astype(np.uint16).reshape(-1)),
+                    self._coef[dtype], t.out_off.astype(np.uint32), t.out_cs.astype(np.uint32))
+
+        host = self._cached(("lean", dtype), build)
+        if not device or cudasim_enabled():
+            return host
+        from numba import cuda
+
+        return self._cached(("lean", cuda.get_current_device().id, dtype),
+                            lambda: tuple(cuda.to_device(np.ascontiguousarray(a)) for a in host))
+
+    @property
+    def degree(self) -> int:
+        """Factors per term in the table (padded with the constant slot): the term loop's inner trip count."""
+        return int(self.table.t_fac.shape[1])
+
     def device_tables(self, dtype: str) -> tuple:
         """:meth:`host_tables` on the current CUDA device; the host arrays under the simulator."""
         if cudasim_enabled():

@@ -29,7 +29,7 @@ import numpy as np
 
 from workbench.kernels.backends import segment, unrolled
 from workbench.kernels.backends.device import cuda_available, cudasim_enabled, threads_per_block
-from workbench.kernels.backends.gather import cuda_pick, cuda_split, cuda_term
+from workbench.kernels.backends.gather import cuda_pick
 from workbench.kernels.descriptor.layout import MAX_ATOM_ARRAYS
 
 __all__ = ["cuda_available", "cudasim_enabled", "get_kernel", "launch", "plans", "writes_every_element"]
@@ -38,8 +38,14 @@ cuda = None  # numba.cuda, bound on first use (after NUMBA_ENABLE_CUDASIM is rea
 
 
 @lru_cache(maxsize=None)
-def get_kernel(buffer_len: int, tpb: int, dtype: str) -> Any:
-    """The fused kernel for one configuration, compiled on first launch and cached."""
+def get_kernel(buffer_len: int, tpb: int, dtype: str, degree: int = 4) -> Any:
+    """The fused table kernel for one configuration, compiled on first launch and cached.
+
+    Lean by construction (the static review counted ~190 SASS instructions per term in the
+    first version, 5 of them floating point): tables in 8/16/32-bit unsigned integers
+    (:meth:`CompiledPolynomial.lean_tables`), every index unsigned 64-bit so numba emits no
+    negative-index fix-ups, and the factors of a term in a flat array walked by a loop of
+    ``degree`` (a compile-time constant) that LLVM unrolls."""
     import numba
 
     global cuda  # a module global: the simulator swaps the kernel's global ``cuda`` for its fake
@@ -49,38 +55,44 @@ def get_kernel(buffer_len: int, tpb: int, dtype: str) -> Any:
     SP = buffer_len if buffer_len % 2 == 1 else buffer_len + 1  # odd row stride: no bank conflicts
     TPB = tpb
     pick = cuda_pick()
-    split = cuda_split()
-    term = cuda_term()
+    u64 = numba.uint64
+    D = np.uint64(degree)
+    NA = np.uint64(MAX_ATOM_ARRAYS)
 
     @cuda.jit
     def sparse_poly_kernel(a0, a1, a2, a3, a4, a5, s0, s1, s2, s3, species, C,
                            slot_src, slot_off, slot_cs, t_out, t_fac, t_coef,
                            out, out_off, out_cs):
         v = cuda.shared.array((TPB, SP), nb_dtype)
-        tid = cuda.threadIdx.x
-        gid = cuda.blockIdx.x * cuda.blockDim.x + tid
-        B = species.shape[0]
-        if gid >= B * C:
+        tid = u64(cuda.threadIdx.x)
+        gid = u64(cuda.blockIdx.x) * u64(cuda.blockDim.x) + tid
+        n = u64(C)
+        if gid >= u64(species.shape[0]) * n:
             return
-        b, c = split(gid, C)
-        z = species[b]
-        S = slot_src.shape[0]
+        b = gid // n
+        c = gid - b * n
+        z = u64(species[b])
+        S = u64(slot_src.shape[0])
         for s in range(S):
             src = slot_src[s]
-            row = b if src < MAX_ATOM_ARRAYS else z
-            v[tid, s] = pick(a0, a1, a2, a3, a4, a5, s0, s1, s2, s3, src, row, slot_off[s] + c * slot_cs[s])
+            row = b if src < NA else z
+            v[tid, s] = pick(a0, a1, a2, a3, a4, a5, s0, s1, s2, s3, src, row, u64(slot_off[s]) + c * u64(slot_cs[s]))
         v[tid, S] = 1.0
-        T = t_out.shape[0]
         cur = t_out[0]
         acc = nb_dtype(0.0)  # typed zero: a bare 0.0 would make float32 kernels accumulate in float64
-        for t in range(T):
+        base = u64(0)
+        for t in range(u64(t_out.shape[0])):
             o = t_out[t]
             if o != cur:
-                out[b, out_off[cur] + c * out_cs[cur]] += acc
+                out[b, u64(out_off[cur]) + c * u64(out_cs[cur])] += acc
                 acc = nb_dtype(0.0)
                 cur = o
-            acc += term(v, tid, t_coef, t_fac, t)
-        out[b, out_off[cur] + c * out_cs[cur]] += acc
+            p = t_coef[t]
+            for j in range(D):
+                p *= v[tid, t_fac[base + j]]
+            acc += p
+            base += D
+        out[b, u64(out_off[cur]) + c * u64(out_cs[cur])] += acc
 
     return sparse_poly_kernel
 
@@ -108,10 +120,9 @@ def plans(compiled: Any, arrays: list, species: Any, channels: int, out: Any, ho
     itemsize = np.dtype(out.dtype).itemsize
     buffer_len = compiled.num_slots + 1
     tpb = threads_per_block(buffer_len + (buffer_len + 1) % 2, itemsize)
-    kernel = get_kernel(buffer_len, tpb, dtype)
-    tables = compiled.host_tables(dtype) if host else compiled.device_tables(dtype)
-    t = tables
-    args = (*arrays, species, channels, t[0], t[2], t[3], t[4], t[5], t[6], out, t[7], t[8])
+    kernel = get_kernel(buffer_len, tpb, dtype, compiled.degree)
+    t = compiled.lean_tables(dtype, device=not host)
+    args = (*arrays, species, channels, *t[:6], out, t[6], t[7])
     return [(kernel, (n + tpb - 1) // tpb, tpb, args)]
 
 

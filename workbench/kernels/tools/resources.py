@@ -36,7 +36,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 __all__ = ["KernelResources", "training_ops", "kernel_resources", "find_nvdisasm", "find_ptxas", "occupancy", "paper_ops",
-           "format_table", "launches_per_pass", "sass_counts"]
+           "format_table", "launches_per_pass", "sass_counts", "term_loop_sass"]
 
 #: per-SM limits used for the occupancy estimate, by compute capability (Hopper, Ampere)
 SM_LIMITS = {
@@ -69,10 +69,10 @@ class KernelResources:
     kernel: str = ""  # launch shape: atom, atom partial, species sum, node, edge, edge reduce
     sass_instructions: int | None = None  # SASS instructions of the kernel (nvdisasm), padding NOPs excluded
     sass_fp: int | None = None  # of which floating-point arithmetic (F/D/H FMA, MUL, ADD)
-    sass_per_term: float | None = None
+    sass_per_term: float | None = None  # unrolled: instructions / terms; table: the term loop's, per term
 
     def finish(self) -> None:
-        # straight-line code only: a table kernel's static size says nothing about a term's cost
+        # straight-line code: its size over its terms; a table kernel: its term loop (term_loop_sass)
         if self.sass_instructions is not None and self.terms and self.variant == "unrolled":
             self.sass_per_term = round(self.sass_instructions / self.terms, 2)
 
@@ -132,12 +132,46 @@ def sass_counts(listing: str) -> tuple[int, int]:
     return len(ops), sum(o in FP_OPCODES for o in ops)
 
 
+#: a label line of nvdisasm (``.L_x_12:``) and a branch to one
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_BRANCH = re.compile(r"\bBRA\s+`?\(?(\.L_x_\d+)")
+
+
+def term_loop_sass(listing: str, degree: int) -> float | None:
+    """SASS instructions per term of a table kernel's term loop, from an nvdisasm listing.
+
+    The term loop is the loop (a backward branch) with the most shared-memory loads: each term
+    reads its ``degree`` factors from the shared operand buffer (``LDS``), so the loop body
+    covers ``LDS / degree`` terms however far LLVM unrolled it. Includes the branch that stores
+    an output component when the table moves to the next one (taken once per component)."""
+    labels, ops = {}, []
+    for line in listing.splitlines():
+        m = _LABEL.match(line)
+        if m:
+            labels[m.group(1)] = len(ops)
+            continue
+        m = _SASS.search(line)
+        if m and m.group(1) != "NOP":
+            ops.append((m.group(1), line))
+    best = None
+    for k, (_, line) in enumerate(ops):
+        m = _BRANCH.search(line)
+        if m and labels.get(m.group(1), k + 1) <= k:
+            body = ops[labels[m.group(1)]:k + 1]
+            lds = sum(op == "LDS" for op, _ in body)
+            if lds and (best is None or lds > best[0]):
+                best = (lds, len(body))
+    if best is None or degree < 1:
+        return None
+    return round(best[1] / (best[0] / degree), 1)
+
+
 _REG = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
 _STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
-def _ptxas(ptx: str, cc: tuple[int, int], ptxas: str, nvdisasm: str | None = None) -> dict:
+def _ptxas(ptx: str, cc: tuple[int, int], ptxas: str, nvdisasm: str | None = None, degree: int = 0) -> dict:
     with tempfile.TemporaryDirectory() as d:
         src, cubin = Path(d) / "k.ptx", Path(d) / "k.cubin"
         src.write_text(ptx)
@@ -145,12 +179,13 @@ def _ptxas(ptx: str, cc: tuple[int, int], ptxas: str, nvdisasm: str | None = Non
                              capture_output=True, text=True, timeout=600)
         if res.returncode != 0:
             raise RuntimeError(f"ptxas failed ({ptxas}): {res.stderr.strip()[-2000:]}")
-        sass = None
+        sass = loop = None
         if nvdisasm:
             dis = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, timeout=600)
             if dis.returncode != 0:
                 raise RuntimeError(f"nvdisasm failed ({nvdisasm}): {dis.stderr.strip()[-2000:]}")
             sass = sass_counts(dis.stdout)
+            loop = term_loop_sass(dis.stdout, degree) if degree else None
     log = res.stdout + res.stderr
     reg, smem, stack = _REG.search(log), _SMEM.search(log), _STACK.search(log)
     out = {
@@ -162,6 +197,8 @@ def _ptxas(ptx: str, cc: tuple[int, int], ptxas: str, nvdisasm: str | None = Non
     }
     if sass is not None:
         out["sass_instructions"], out["sass_fp"] = sass
+        if loop is not None:
+            out["sass_per_term"] = loop
     return out
 
 
@@ -200,6 +237,7 @@ class _Launch:
     terms: int
     slots: int
     plan: tuple | None
+    degree: int = 0  # factors per term of a table kernel (its term loop's loads per term)
 
 
 def _plans(op, dtype: str, channels: int) -> Iterator[_Launch]:
@@ -220,9 +258,10 @@ def _plans(op, dtype: str, channels: int) -> Iterator[_Launch]:
         for comp in op.compiled:
             out = np.zeros((rows, comp.output.width), dtype=dtype)
             shape = "node" if comp.node_output else ("edge reduce" if comp.reduce_channels else "edge")
-            yield _Launch(comp.output.name, shape, "unrolled" if unroll(comp, dtype, split=False) else "table",
-                          comp.num_terms, comp.num_slots,
-                          edge_cuda.plan(comp, arrays, idx, idx, seg if comp.node_output else None, channels, out, host=True))
+            table = not unroll(comp, dtype, split=False)
+            yield _Launch(comp.output.name, shape, "table" if table else "unrolled", comp.num_terms, comp.num_slots,
+                          edge_cuda.plan(comp, arrays, idx, idx, seg if comp.node_output else None, channels, out, host=True),
+                          comp.degree if table else 0)
         return
     arrays = [dummy] * 10
     for aid, o in zip(op.array_ids, op.operands):
@@ -233,7 +272,7 @@ def _plans(op, dtype: str, channels: int) -> Iterator[_Launch]:
         parts = unrolled_parts(comp, dtype)
         for k, plan in enumerate(_cuda.plans(comp, arrays, idx, channels, out, host=True)):
             if parts is None:
-                yield _Launch(comp.output.name, shape, "table", comp.num_terms, comp.num_slots, plan)
+                yield _Launch(comp.output.name, shape, "table", comp.num_terms, comp.num_slots, plan, comp.degree)
             else:
                 name = comp.output.name if len(parts) == 1 else f"{comp.output.name} {k + 1}/{len(parts)}"
                 yield _Launch(name, shape, "unrolled", parts[k].num_terms, parts[k].num_slots, plan)
@@ -270,7 +309,7 @@ def kernel_resources(ops: Sequence[tuple[str, object]], dtype: str, variant: str
                                     terms=launch.terms, slots=launch.slots, threads_per_block=tpb,
                                     ptx_lines=ptx.count("\n"), compile_s=round(dt, 2), kernel=launch.kernel, mode=variant)
                 if ptxas:
-                    for k, v in _ptxas(ptx, cc, ptxas, nvdisasm).items():
+                    for k, v in _ptxas(ptx, cc, ptxas, nvdisasm, launch.degree).items():
                         setattr(r, k, v)
                     r.occupancy = round(occupancy(r.registers, r.shared_bytes, tpb, cc), 3)
                 r.finish()
