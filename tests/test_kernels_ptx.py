@@ -222,6 +222,13 @@ def test_float32_polynomials_too_large_to_unroll_are_split_automatically(small_o
     monkeypatch.setattr(unrolled, "SPLIT_PART_TERMS", -(-n // 3))
     parts = unrolled.unrolled_parts(comp, "float32")
     assert parts is not None and len(parts) == 3 and sum(p.num_terms for p in parts) == n
+    monkeypatch.setattr(unrolled, "SPLIT_PART_TERMS_F64", -(-n // 2))
+    parts64 = unrolled.unrolled_parts(comp, "float64")  # float64: its own part size, a bound on operand components
+    assert parts64 is not None and len(parts64) == 2 and sum(p.num_terms for p in parts64) == n
+    monkeypatch.setattr(unrolled, "MAX_PART_SLOTS_F64", max(p.num_slots for p in parts64) - 1)
+    finer = unrolled.unrolled_parts(comp, "float64")  # the fewest parts that all fit: more of them
+    assert finer is None or (len(finer) > 2 and all(p.num_slots < max(q.num_slots for q in parts64) for p in finer))
+    monkeypatch.setattr(unrolled, "MAX_PART_SLOTS_F64", 0)
     assert unrolled.unrolled_parts(comp, "float64") is None
     assert unrolled.unrolled_parts(comp, "float32", split=False) is None  # edge kernels are never split
     monkeypatch.setattr(unrolled, "MAX_PARTS", 2)
@@ -237,7 +244,8 @@ def test_float32_polynomials_too_large_to_unroll_are_split_automatically(small_o
 def test_paper_contraction_double_backward_leaves_the_table_path(monkeypatch):
     """At the paper configuration, float32: d(x) (9053 terms) in 5 generated kernels, d(W)
     (4940 terms into 81 weight components) in 3, every other training kernel in one (ptxas:
-    no spills in any of them); float64 stays on the table kernels."""
+    no spills in any of them). float64: parts of ~650 terms (no spills either), except the double backward's d(x)
+    and d(d(out)), which spill in every split and stay on the table kernel."""
     from workbench.kernels.tools.resources import paper_ops
 
     for var in ("WORKBENCH_CUDA_KERNELS", "WORKBENCH_UNROLL_PARTS", "WORKBENCH_UNROLL_MAX_TERMS"):
@@ -249,4 +257,8 @@ def test_paper_contraction_double_backward_leaves_the_table_path(monkeypatch):
     assert counts[("double backward", "d(d(out))")] == 1
     assert counts[("forward", "out")] == counts[("backward", "d(x)")] == counts[("backward", "d(W)")] == 1
     assert max(p.num_terms for p in parts[("double backward", "d(x)")]) <= unrolled.SPLIT_PART_TERMS * 5 // 4
-    assert unrolled.unrolled_parts(ops["double backward"].compiled[0], "float64") is None
+    f64 = {(label, c.output.name): unrolled.unrolled_parts(c, "float64") for label, op in ops.items() for c in op.compiled}
+    assert f64[("double backward", "d(x)")] is None and f64[("double backward", "d(d(out))")] is None
+    assert [len(f64[k]) for k in (("forward", "out"), ("backward", "d(x)"), ("backward", "d(W)"), ("double backward", "d(W)"))] \
+        == [4, 8, 3, 8]
+    assert all(p.num_slots <= unrolled.MAX_PART_SLOTS_F64 for v in f64.values() if v for p in v)

@@ -57,14 +57,15 @@ from workbench.kernels.backends.generated import load_module, source_dir
 from workbench.kernels.descriptor.tables import TermTable
 
 __all__ = ["kernel_source", "get_unrolled_kernel", "unroll", "unroll_cost", "unrolled_parts", "use_unrolled",
-           "DEFAULT_MAX_TERMS", "MAX_PARTS", "SPLIT_PART_TERMS"]
+           "DEFAULT_MAX_TERMS", "MAX_PARTS", "MAX_PARTS_F64", "MAX_PART_SLOTS_F64", "SPLIT_PART_TERMS",
+           "SPLIT_PART_TERMS_F64"]
 
 #: largest :func:`unroll_cost` unrolled in one kernel. At the paper configuration (sm_90, one
 #: core) float32 unrolls every kernel but the double backward's d(x) (9053 terms: 2.8 KB of
 #: spills and 106 s to compile as one kernel) and d(W) (4940 terms into 81 accumulators: 236 B
 #: of spills, 88 s), which are split (below); the others compile without spills. float64
-#: (twice the registers) unrolls the channelwise TP and keeps the contraction on tables
-#: (unrolled, its 4940-term kernels spill 5-8 KB).
+#: (twice the registers) unrolls the channelwise TP in one kernel each; its contraction kernels
+#: (whole, the 4940-term ones spill 5-8 KB) are split or stay on tables (below).
 DEFAULT_MAX_TERMS = 8000
 #: float32 polynomials that fail :func:`use_unrolled` are split into parts of about this many
 #: terms (:func:`unrolled_parts`). Calibrated on sm_90 with ptxas at the paper configuration,
@@ -74,6 +75,15 @@ DEFAULT_MAX_TERMS = 8000
 SPLIT_PART_TERMS = 2000
 #: at most this many launches for one output (compile time grows with the parts' terms anyway)
 MAX_PARTS = 6
+#: float64 (operands in register pairs): parts of about 650 terms reading at most 100 operand
+#: components. Calibrated with ptxas at the paper configuration: the forward in 4 parts, the
+#: backward's d(x) in 8, its d(W) in 3 and the double backward's d(W) in 8 compile without
+#: spills (in 9 parts, two of the latter spill 16 B); the double
+#: backward's d(x) (115 components: 230 registers of operands) spills in every split, and
+#: d(d(out)) (4 output components, so parts of ~1500 terms) spills 24 B: both stay on tables
+SPLIT_PART_TERMS_F64 = 650
+MAX_PARTS_F64 = 10
+MAX_PART_SLOTS_F64 = 100
 #: a thread's live operand components and accumulators, in 32-bit registers, must stay below
 #: this (of 255): 200 (the float64 TP double backward's d(d(out))) spills 736 B
 MAX_LIVE_REGISTERS = 200
@@ -109,12 +119,14 @@ def use_unrolled(num_terms: int, accumulators: int = 0, slots: int = 0, itemsize
 def unrolled_parts(compiled: Any, dtype: str, split: bool = True) -> list[TermTable] | None:
     """The term tables to generate kernels for, or None for the table-driven kernel.
 
-    One table when the polynomial passes :func:`use_unrolled`. A float32 polynomial that does
-    not (with ``split``) is split by output components into ``k = ceil(terms /``
-    :data:`SPLIT_PART_TERMS` ``)`` groups balanced by terms, at most :data:`MAX_PARTS`, one
-    generated kernel (launch) each, all writing the same output, when every part passes
-    :func:`use_unrolled`. ``WORKBENCH_UNROLL_PARTS=k`` forces ``k`` parts (``1``: no
-    automatic split)."""
+    One table when the polynomial passes :func:`use_unrolled`. A polynomial that does not (with
+    ``split``) is split by output components into the fewest ``k >= ceil(terms / part size)``
+    groups balanced by terms whose parts all fit (part size :data:`SPLIT_PART_TERMS`, at most :data:`MAX_PARTS` parts;
+    float64: :data:`SPLIT_PART_TERMS_F64`, :data:`MAX_PARTS_F64`), one generated kernel
+    (launch) each, all writing the same output, when every part fits: float32 parts pass
+    :func:`use_unrolled`; float64 parts, whose operands take two registers each, read at most
+    :data:`MAX_PART_SLOTS_F64` operand components. ``WORKBENCH_UNROLL_PARTS=k`` forces ``k``
+    parts (``1``: no automatic split)."""
     mode = os.environ.get("WORKBENCH_CUDA_KERNELS", "auto")
     forced = os.environ.get("WORKBENCH_UNROLL_PARTS")
     if forced and split and mode != "table" and int(forced) > 1:
@@ -122,15 +134,24 @@ def unrolled_parts(compiled: Any, dtype: str, split: bool = True) -> list[TermTa
     itemsize = 8 if dtype == "float64" else 4
     if use_unrolled(compiled.num_terms, compiled.accumulators, compiled.num_slots, itemsize):
         return [compiled.table]
-    if not split or forced or mode != "auto" or dtype != "float32":
+    if not split or forced or mode != "auto":
         return None
-    k = -(-compiled.num_terms // SPLIT_PART_TERMS)
-    if k < 2 or k > MAX_PARTS:
-        return None
-    parts = compiled.split(k)
-    ok = all(p.num_terms <= SPLIT_PART_TERMS * 5 // 4
-             and use_unrolled(p.num_terms, len(set(p.t_out.tolist())), p.num_slots, itemsize) for p in parts)
-    return parts if ok else None
+    size, most = (SPLIT_PART_TERMS_F64, MAX_PARTS_F64) if itemsize == 8 else (SPLIT_PART_TERMS, MAX_PARTS)
+
+    def fits(p: TermTable) -> bool:
+        if p.num_terms > size * 5 // 4:  # components too coarse to balance: a part stays too large
+            return False
+        if itemsize == 8:
+            return p.num_slots <= MAX_PART_SLOTS_F64
+        return use_unrolled(p.num_terms, len(set(p.t_out.tolist())), p.num_slots, itemsize)
+
+    for k in range(max(2, -(-compiled.num_terms // size)), most + 1):
+        parts = compiled.split(k)
+        if len(parts) < k:  # fewer output components than parts
+            return None
+        if all(fits(p) for p in parts):
+            return parts
+    return None
 
 
 def unroll(compiled: Any, dtype: str, split: bool = True) -> bool:
