@@ -43,8 +43,8 @@ import workbench  # noqa: E402,F401  (env fix for e3nn before torch/e3nn imports
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from workbench.kernels.tools.bench import (add_common_arguments, kernel_variant, parity, random_scaleshift_mace,  # noqa: E402
-                                          run_versions, snapshot, with_backend)
+from workbench.kernels.tools.bench import (add_common_arguments, compare_with_e3nn, kernel_variant,  # noqa: E402
+                                          random_scaleshift_mace, record_outputs, run_versions, with_backend)
 
 from bench_symmetric_contraction import measured_bandwidth, timer  # noqa: E402  (Kernels I helpers)
 
@@ -235,9 +235,7 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
                         base_mem = torch.cuda.memory_allocated()
                     ts = timer(device, fn, args.warmup, args.repeats)
                     entry.update(median_ms=statistics.median(ts), min_ms=min(ts), times_ms=ts)
-                    first, second = snapshot(fn()), snapshot(fn())
-                    entry["bitwise_repeatable"] = all(a is None or torch.equal(a, b) for a, b in zip(first, second))
-                    snaps[(backend, kind)] = (entry, first)
+                    snaps[(backend, kind)] = (entry, record_outputs(entry, fn))
                     if on_gpu:
                         entry["peak_mem_MB"] = (torch.cuda.max_memory_allocated() - base_mem) / 2**20
                     d = results["descriptor"][dtype_name]
@@ -254,12 +252,9 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
                 print(f"{dtype_name:8s} {backend:12s} {kind:17s} "
                       + (f"{entry['median_ms']:10.3f} ms" + (f"  peak {entry['peak_mem_MB']:.0f} MB" if "peak_mem_MB" in entry else "")
                          if "median_ms" in entry else entry.get("error", "")), flush=True)
-        for (backend, kind), (entry, out) in snaps.items():
-            ref = snaps.get(("e3nn", kind))
-            if backend != "e3nn" and ref is not None:
-                entry["parity_vs_e3nn"] = parity(out, ref[1])
-                print(f"{dtype_name:8s} {backend:12s} {kind:17s} max rel err vs e3nn {entry['parity_vs_e3nn']['max_rel_err']:.2e}, "
-                      f"bitwise repeatable {entry['bitwise_repeatable']}", flush=True)
+        for (backend, kind), entry in compare_with_e3nn(snaps):
+            print(f"{dtype_name:8s} {backend:12s} {kind:17s} max rel err vs e3nn {entry['parity_vs_e3nn']['max_rel_err']:.2e}, "
+                  f"bitwise repeatable {entry['bitwise_repeatable']}", flush=True)
     print_table(results)
     out = Path(args.out) if args.out else ROOT / "kernels" / "results" / (
         f"channelwise_tp_{'gpu' if on_gpu else 'cpu'}{'_smoke' if args.smoke else ''}_{stamp}.json")

@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 import workbench  # noqa: E402,F401  (env fix for e3nn before torch/e3nn imports)
 import torch  # noqa: E402
 
-from workbench.kernels.tools.bench import (add_common_arguments, kernel_variant, parity, random_scaleshift_mace,  # noqa: E402
-                                          run_versions, snapshot, with_backend)
+from workbench.kernels.tools.bench import (add_common_arguments, compare_with_e3nn, kernel_variant,  # noqa: E402
+                                          random_scaleshift_mace, record_outputs, run_versions, with_backend)
 
 PASSES = ("forward", "forward_backward", "double_backward")
 
@@ -205,9 +205,7 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
                         fn = pass_fn(kind, call, x, params)
                         ts = timer(device, fn, args.warmup, args.repeats)
                         entry.update(median_ms=statistics.median(ts), min_ms=min(ts), times_ms=ts)
-                        first, second = snapshot(fn()), snapshot(fn())
-                        entry["bitwise_repeatable"] = all(a is None or torch.equal(a, b) for a, b in zip(first, second))
-                        snaps[(backend, target, kind)] = (entry, first)
+                        snaps[(backend, target, kind)] = (entry, record_outputs(entry, fn))
                         if target == "contraction":
                             d = results["descriptor"][dtype_name]
                             sec = entry["median_ms"] * 1e-3
@@ -221,12 +219,9 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
                     results["runs"].append(entry)
                     print(f"{dtype_name:8s} {backend:12s} {target:12s} {kind:17s} "
                           + (f"{entry['median_ms']:9.3f} ms" if "median_ms" in entry else entry.get("error", "")), flush=True)
-        for (backend, target, kind), (entry, out) in snaps.items():
-            ref = snaps.get(("e3nn", target, kind))
-            if backend != "e3nn" and ref is not None:
-                entry["parity_vs_e3nn"] = parity(out, ref[1])
-                print(f"{dtype_name:8s} {backend:12s} {target:12s} {kind:17s} max rel err vs e3nn "
-                      f"{entry['parity_vs_e3nn']['max_rel_err']:.2e}, bitwise repeatable {entry['bitwise_repeatable']}", flush=True)
+        for (backend, target, kind), entry in compare_with_e3nn(snaps):
+            print(f"{dtype_name:8s} {backend:12s} {target:12s} {kind:17s} max rel err vs e3nn "
+                  f"{entry['parity_vs_e3nn']['max_rel_err']:.2e}, bitwise repeatable {entry['bitwise_repeatable']}", flush=True)
     out = Path(args.out) if args.out else ROOT / "kernels" / "results" / f"symmetric_contraction_{'gpu' if device.startswith('cuda') else 'cpu'}_{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))

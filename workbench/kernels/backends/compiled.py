@@ -124,12 +124,7 @@ class CompiledPolynomial(TransientCache):
                     self._coef[dtype], t.out_off.astype(np.uint32), t.out_cs.astype(np.uint32))
 
         host = self._cached(("lean", dtype), build)
-        if not device or cudasim_enabled():
-            return host
-        from numba import cuda
-
-        return self._cached(("lean", cuda.get_current_device().id, dtype),
-                            lambda: tuple(cuda.to_device(np.ascontiguousarray(a)) for a in host))
+        return self._on_device(("lean", dtype), host) if device else host
 
     @property
     def degree(self) -> int:
@@ -138,14 +133,16 @@ class CompiledPolynomial(TransientCache):
 
     def device_tables(self, dtype: str) -> tuple:
         """:meth:`host_tables` on the current CUDA device; the host arrays under the simulator."""
+        return self._on_device(("tables", dtype), self.host_tables(dtype))
+
+    def _on_device(self, key: tuple, host: tuple) -> tuple:
+        """``host`` arrays uploaded once per CUDA device (cached under ``key``); themselves under the simulator."""
         if cudasim_enabled():
-            return self.host_tables(dtype)
+            return host
         from numba import cuda
 
-        def upload() -> tuple:
-            return tuple(cuda.to_device(np.ascontiguousarray(a)) for a in self.host_tables(dtype))
-
-        return self._cached((cuda.get_current_device().id, dtype), upload)
+        return self._cached((*key, cuda.get_current_device().id),
+                            lambda: tuple(cuda.to_device(np.ascontiguousarray(a)) for a in host))
 
 
 def _covers(poly: SparsePolynomial) -> bool:

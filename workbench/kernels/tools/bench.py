@@ -10,8 +10,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-__all__ = ["add_common_arguments", "kernel_variant", "parity", "random_scaleshift_mace", "run_versions", "snapshot",
-           "with_backend"]
+__all__ = ["add_common_arguments", "compare_with_e3nn", "kernel_variant", "parity", "random_scaleshift_mace",
+           "record_outputs", "run_versions", "snapshot", "with_backend"]
 
 #: packages whose versions a benchmark result records (besides torch and python)
 RECORDED_PACKAGES = ("mace", "e3nn", "numba", "cuequivariance_torch")
@@ -122,3 +122,24 @@ def parity(result: list, reference: list) -> dict:
         worst = max(worst, float((a - b).abs().max()) / scale)
         compared += 1
     return {"max_rel_err": worst, "compared": compared, "skipped_shape": skipped}
+
+
+def record_outputs(entry: dict, fn) -> list:
+    """Run a timed pass ``fn`` twice more: ``entry["bitwise_repeatable"]`` says whether both runs
+    gave the same bits; returns the first run's :func:`snapshot` (for :func:`compare_with_e3nn`)."""
+    first, second = snapshot(fn()), snapshot(fn())
+    entry["bitwise_repeatable"] = all(a is None or torch.equal(a, b) for a, b in zip(first, second))
+    return first
+
+
+def compare_with_e3nn(snaps: dict) -> list[tuple[tuple, dict]]:
+    """``snaps``: ``(backend, *case) -> (entry, outputs)``. Sets ``entry["parity_vs_e3nn"]``
+    (:func:`parity` against ``("e3nn", *case)``) for every other backend that has an e3nn
+    reference; returns the ``(key, entry)`` pairs compared."""
+    done = []
+    for (backend, *case), (entry, out) in snaps.items():
+        ref = snaps.get(("e3nn", *case))
+        if backend != "e3nn" and ref is not None:
+            entry["parity_vs_e3nn"] = parity(out, ref[1])
+            done.append(((backend, *case), entry))
+    return done
