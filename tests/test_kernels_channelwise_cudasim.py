@@ -1,6 +1,6 @@
 """The fused message-op CUDA kernels (node kernel: forward and gradients to node features; edge
 kernel: gradients to radial weights, and channel-reduced in shared memory to the spherical
-harmonics; the double backward) run by numba's CUDA simulator on tiny shapes and compared with
+harmonics; the double backward; unrolled, each backward pass as one fused launch) run by numba's CUDA simulator on tiny shapes and compared with
 mace's e3nn path; a second evaluation must give the same bits.
 
 ``NUMBA_ENABLE_CUDASIM`` must be set before ``numba.cuda`` is first imported, so the checks run
@@ -22,8 +22,16 @@ from workbench.kernels import accelerate
 from workbench.kernels.backends import cuda as kc
 from workbench.kernels.mace.channelwise_tp import channelwise_tp_op
 from workbench.kernels.ops import EdgeGraph, apply_edge_poly_op
+import workbench.kernels.ops as kops
 assert kc.cudasim_enabled() and kc.cuda_available()
 errs = {{}}
+fused = []  # outputs computed by each fused pass launch (0: the pass launched them one by one)
+_launch = kops._epass.launch
+def _spy(*a, **k):
+    done = _launch(*a, **k)
+    fused.append(len(done))
+    return done
+kops._epass.launch = _spy
 
 # op level: forward, backward, double backward (channel count 4 -> 4 threads share an edge
 # in the channel-reduced gradient to Y, which exercises the shared-memory reduction)
@@ -51,6 +59,21 @@ for dtype in (torch.float64, torch.float32):
 again = passes(lambda x, Y, W: apply_edge_poly_op(op, graph, x, Y, W)[0], torch.float32)
 errs["repeat"] = sum(int((a.detach() != b.detach()).sum()) for a, b in zip(got, again))
 
+# more channels than a block holds nodes of: one node of 12 threads per block (tiny blocks of 8
+# asked), sender segments of 0 to 5 edges
+tp = make_conv_tp("12x0e+12x1o", 1)
+N, E = 6, 17
+ei = random_graph(N, E, seed=7)
+x = away_from_zero((N, tp.irreps_in1.dim), g)
+Y = away_from_zero((E, tp.irreps_in2.dim), g)
+W = away_from_zero((E, tp.weight_numel), g)
+ct = away_from_zero((N, tp.irreps_out.dim), g)
+op, _ = channelwise_tp_op(tp)
+ref = passes(lambda x, Y, W: e3nn_message(tp, x, Y, W, ei), torch.float64)
+graph = EdgeGraph(ei, N)
+got = passes(lambda x, Y, W: apply_edge_poly_op(op, graph, x, Y, W)[0], torch.float64)
+errs["op-wide-torch.float64"] = max(rel_err(a.detach(), b.detach()) for a, b in zip(got, ref))
+
 # full model, message op only (the contraction has its own simulator test)
 cfg = ("ScaleShiftMACE", "2x0e+2x1o", 2, 2, 2, "RealAgnosticResidualInteractionBlock")
 m = build(cfg)
@@ -63,6 +86,7 @@ for dtype in (torch.float64, torch.float32):
     gerr = (max(rel_err(p, q) for p, q in zip(G_, ref[2]) if q.abs().max() > 0) if dtype == torch.float64
             else rel_err(torch.cat([p.flatten() for p in G_]), torch.cat([q.flatten() for q in ref[2]])))
     errs[f"model-{{dtype}}"] = max(rel_err(E_, ref[0]), rel_err(F_, ref[1]), gerr)
+errs["fused"] = sorted(set(fused))
 """
 
 
@@ -70,7 +94,11 @@ for dtype in (torch.float64, torch.float32):
 def test_channelwise_kernels_under_simulator(variant):
     errs = run_under_simulator(SCRIPT, variant)
     print(errs)
-    assert set(errs) == {"op-torch.float64", "op-torch.float32", "model-torch.float64", "model-torch.float32", "repeat"}
+    assert set(errs) == {"op-torch.float64", "op-torch.float32", "op-wide-torch.float64", "model-torch.float64",
+                         "model-torch.float32", "repeat", "fused"}
     assert errs.pop("repeat") == 0
+    # unrolled: the forward has one output; the backward's 3 outputs are one launch, the double
+    # backward's 4 (float64: 3, its receiver output apart); table kernels are never fused
+    assert errs.pop("fused") == ([0, 3, 4] if variant == "unrolled" else [0])
     for key, e in errs.items():
         assert e <= (1e-10 if "float64" in key else 1e-5), (key, e)

@@ -93,9 +93,12 @@ def test_training_kernels_compile_for_sm90(small_ops, variant, dtype, monkeypatc
     for family, ops in small_ops.items():
         rows += kernel_resources(ops, dtype, variant, cc=(9, 0), family=family)
     # forward, 2 backward and 3 double-backward outputs for the contraction, plus the per-species
-    # sum of each weight gradient; 1 + 3 + 4 for the TP
-    assert len(rows) == len(captured) == 6 + 2 + 8
+    # sum of each weight gradient; the TP: one launch per pass unrolled (float64: the double
+    # backward's receiver output apart), 1 + 3 + 4 on tables
+    tp = {("unrolled", "float32"): 3, ("unrolled", "float64"): 4}.get((variant, dtype), 8)
+    assert len(rows) == len(captured) == 6 + 2 + tp
     assert {r.variant for r in rows} == {variant, "segment"}
+    assert [r.kernel == "pass" for r in rows if r.family == "channelwise_tp"].count(True) == (2 if tp < 8 else 0)
     assert [r.kernel for r in rows if r.variant == "segment"] == ["species sum"] * 2
     for r, ptx in zip(rows, captured):
         assert ".target sm_90" in ptx and ".entry" in ptx, (r.family, r.op, r.output)
@@ -113,7 +116,7 @@ def test_training_kernels_compile_for_sm90(small_ops, variant, dtype, monkeypatc
         if r.variant == "table" and r.kernel.startswith("atom"):
             # the lean term loop: 16-bit tables and unsigned indices (the first version: ~187 per term)
             assert r.sass_per_term is not None and r.sass_per_term < 100, r
-        if r.variant == "unrolled" and r.kernel != "edge reduce":
+        if r.variant == "unrolled" and r.kernel not in ("edge reduce", "pass"):
             assert r.shared_bytes == 0  # operands and accumulators live in registers
         elif r.variant != "segment":
             assert r.shared_bytes > 0  # table kernels stage slots; the channel reduction stages partials
@@ -176,8 +179,8 @@ def test_split_parts_partition_the_terms(small_ops, monkeypatch):
 
 
 def test_generated_source_is_straight_line(small_ops):
-    """Offsets are literals, each distinct coefficient is a typed float32 global, every term's
-    coefficient is used exactly once, terms are fused multiply-adds, and no table is read."""
+    """Offsets are unsigned globals, each distinct coefficient is a typed float32 global, every
+    term's coefficient is used exactly once, terms are fused multiply-adds, and no table is read."""
     for op in (small_ops["channelwise_tp"][0][1], small_ops["symmetric_contraction"][1][1]):
         for comp in op.compiled:
             shape = "node" if comp.node_output else ("edge" if op.edge else "atom")
@@ -185,12 +188,46 @@ def test_generated_source_is_straight_line(small_ops):
             compile(src, "<test>", "exec")
             consts, body = src.split("\ndef kernel(")
             defs = dict(re.findall(r"^(K\d+) = f32\((.+)\)$", consts, flags=re.M))
-            assert len(defs) == len(consts.strip().splitlines())  # every constant typed float32
+            offsets = re.findall(r"^U(\d+) = np\.uint64\((\d+)\)$", consts, flags=re.M)
+            assert offsets and all(a == b for a, b in offsets)
+            assert len(defs) + len(offsets) == len(consts.strip().splitlines())  # coefficients float32, offsets uint64
+            assert not re.search(r"x\d\[\w+, \d", body)  # no signed literal index (numba would wrap it around)
             assert sorted(float(v) for v in defs.values()) == sorted({float(np.float64(c)) for c in comp.table.coef64})
             assert len(re.findall(r"\bK\d+\b", body)) == comp.num_terms
             assert "cuda.fma(" in body and "t_coef" not in body and "t_fac" not in body
             if shape == "node":
                 assert "for p in range(seg_ptr[n], seg_ptr[n + 1]):" in body and "cuda.shared" not in body
+
+
+def test_fused_pass_source_loads_each_component_once(small_ops):
+    """The TP backward and double backward are one kernel each: role 1 walks the sender segments
+    (d(x) carried, d(W) stored per edge, d(Y) summed over the node's channel threads after a
+    barrier), role 2 the receiver segments (d(d(out))); each distinct operand component is loaded
+    once per edge and role."""
+    from workbench.kernels.backends import edge_pass
+
+    ops = dict(small_ops["channelwise_tp"])
+    assert edge_pass.layout(ops["forward"].compiled) is None  # one output: nothing to fuse
+    for label, other in (("backward", ()), ("double backward", (3,))):
+        comp = ops[label].compiled
+        lay = edge_pass.fused_layout(comp, "float32", 4)
+        assert (lay.walk, lay.walked, lay.edge, lay.reduce, lay.other) == ("sender", (0,), (2,), 1, other)
+        src = edge_pass.kernel_source(tuple(c.table for c in comp), lay, "float32", 4)
+        compile(src, "<test>", "exec")
+        role1, _, role2 = src.partition("\n    else:\n")
+        keys = {k for i in edge_pass._role1(lay) for k in edge_pass._slot_keys(comp[i].table)}
+        assert len(re.findall(r"^ +v\d+ = x\d\[", role1, flags=re.M)) == len(keys)
+        assert role1.count("cuda.syncthreads()") == 3 and "atomic" not in src
+        assert "red = cuda.shared.array((128, 9), f32)" in src  # 32 nodes of 4 channels, 9 components of Y
+        if other:
+            keys2 = {k for k in edge_pass._slot_keys(comp[3].table)}
+            assert len(re.findall(r"^ +w\d+ = x\d\[", role2, flags=re.M)) == len(keys2)
+        else:
+            assert not role2
+    # float64 launches the receiver output apart; a channel-summed output needs a node per block
+    assert edge_pass.fused_layout(ops["double backward"].compiled, "float64", 4).other == ()
+    assert edge_pass.fused_layout(ops["backward"].compiled, "float32", 257) is None
+    assert edge_pass.block_shape(4) == (32, 128) and edge_pass.block_shape(200) == (1, 200)
 
 
 def test_cli_writes_report(tmp_path):

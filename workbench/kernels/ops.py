@@ -38,6 +38,7 @@ import torch
 from workbench.kernels.backends import cpu as _cpu
 from workbench.kernels.backends import cuda as _cuda
 from workbench.kernels.backends import edge_cuda as _ecuda
+from workbench.kernels.backends import edge_pass as _epass
 from workbench.kernels.backends.compiled import CompiledPolynomial, TransientCache
 from workbench.kernels.backends.device import cuda_available, cudasim_enabled
 from workbench.kernels.descriptor.layout import EDGE_ROWS, MAX_ATOM_ARRAYS, MAX_EDGE_ARRAYS, MAX_SPECIES_ARRAYS, array_ids
@@ -54,6 +55,8 @@ def _warn_once(msg: str) -> None:
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
+#: set to 0 to launch an edge op's outputs one kernel each instead of one fused kernel per pass
+FUSE_ENV = "WORKBENCH_FUSE_PASSES"
 #: set to 1 to let CUDA tensors run the CPU kernels on host copies when numba has no CUDA target
 HOST_FALLBACK_ENV = "WORKBENCH_KERNELS_HOST_FALLBACK"
 
@@ -284,8 +287,9 @@ class PolyOp(TransientCache):
         if not sim:
             self._run_cpu(arrays, index, channels, [o.numpy() for o in outs])
             return
-        for comp, out in zip(self.compiled, outs):
-            if comp.num_terms == 0:
+        fused = self._launch_pass(arrays, index, channels, outs, lambda t: t.numpy(), 0)
+        for k, (comp, out) in enumerate(zip(self.compiled, outs)):
+            if comp.num_terms == 0 or k in fused:
                 continue
             idx = index.arrays(comp, lambda t: t.numpy())
             self._launch(comp, arrays, idx, index, channels, out, lambda t: t.numpy(), 0)
@@ -310,9 +314,22 @@ class PolyOp(TransientCache):
             stream = cuda.external_stream(torch.cuda.current_stream(device).cuda_stream)
             dummy = cuda.as_cuda_array(torch.zeros((1, 1), dtype=tensors[0].dtype, device=device))
             arrays = self._arrays(tensors, dummy, cuda.as_cuda_array, index.num_arrays)
-            for comp, out in zip(self.compiled, outs):
+            fused = self._launch_pass(arrays, index, channels, outs, cuda.as_cuda_array, stream)
+            for k, (comp, out) in enumerate(zip(self.compiled, outs)):
+                if k in fused:
+                    continue
                 idx = index.arrays(comp, cuda.as_cuda_array)
                 self._launch(comp, arrays, idx, index, channels, out, cuda.as_cuda_array, stream)
+
+    def _launch_pass(self, arrays, index: RowIndex, channels: int, outs, convert: Callable[[torch.Tensor], Any],
+                     stream) -> tuple[int, ...]:
+        """The outputs of an edge op in one launch (:mod:`~workbench.kernels.backends.edge_pass`)
+        when it applies (``WORKBENCH_FUSE_PASSES=0``: never); the indices of those it computed."""
+        if not self.edge or os.environ.get(FUSE_ENV, "1") == "0":
+            return ()
+        return _epass.launch(self.compiled, arrays, convert(index.sender), convert(index.receiver),
+                             lambda rows: tuple(convert(t) for t in index.csr(rows)), channels,
+                             [convert(o) for o in outs], stream)
 
     def _launch(self, comp: CompiledPolynomial, arrays, idx, index: RowIndex, channels: int, out: torch.Tensor,
                 convert: Callable[[torch.Tensor], Any], stream) -> None:

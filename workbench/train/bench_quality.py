@@ -8,7 +8,8 @@ number of optimiser steps and with the same recipe as far as both trainers allow
   and ``shuffled-paper`` (batches packed to ``capacity`` atoms, set so that a batch holds
   ``batch_size`` graphs on average),
 
-each over several seeds, then evaluates every final model with one function
+each over several seeds (the workbench's hot ops on ``backend``: e3nn as in mace, or the numba
+kernels, equal to e3nn within 1e-10 in float64), then evaluates every final model with one function
 (:func:`~workbench.train.evaluate.evaluate_file`) on the same validation file. It prints a table,
 writes JSON, and checks two targets:
 
@@ -196,7 +197,7 @@ def summarise(rows: list[dict]) -> dict:
 
 
 def bench_quality(preset: str = "small", seeds: Sequence[int] = (0, 1, 2), samplers: Sequence[str] = SAMPLERS,
-                  mace: bool = True, dtype: str = "float64", batch_size: int = 8, threads: int = 2,
+                  mace: bool = True, dtype: str = "float64", batch_size: int = 8, threads: int = 2, backend: str = "e3nn",
                   workdir: str | os.PathLike = "runs/bench/quality", out: str | os.PathLike = "runs/bench/quality.json",
                   resume: bool = False, progress=print) -> dict:
     """Run the comparison (see the module docstring); returns and writes the results.
@@ -211,12 +212,16 @@ def bench_quality(preset: str = "small", seeds: Sequence[int] = (0, 1, 2), sampl
 
     if preset not in PRESETS:
         raise KeyError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    from workbench.train.config import MODEL_BACKENDS
+
+    if backend not in MODEL_BACKENDS:
+        raise KeyError(f"unknown backend {backend!r}; choose from {', '.join(MODEL_BACKENDS)}")
     unknown = sorted(set(samplers) - set(SAMPLERS))
     if unknown:
         raise KeyError(f"unknown sampler(s) {unknown}; choose from {', '.join(SAMPLERS)}")
     p = PRESETS[preset]
     workdir = Path(workdir)
-    settings = {"preset": preset, "preset_config": asdict(p), "dtype": dtype, "batch_size": batch_size}
+    settings = {"preset": preset, "preset_config": asdict(p), "dtype": dtype, "batch_size": batch_size, "backend": backend}
     rows = _resumed_rows(workdir, settings) if resume else None
     if rows is None:
         if workdir.exists():
@@ -253,7 +258,7 @@ def bench_quality(preset: str = "small", seeds: Sequence[int] = (0, 1, 2), sampl
         else:
             cfg = replace(base, name=f"{what}-seed{seed}", output_dir=str(workdir), seed=seed, sampler=what,
                           capacity=capacity, dataset=split["train"], valid_dataset=split["valid"], max_structures=None,
-                          epochs=10 * p.epochs + 10, max_steps=steps)
+                          epochs=10 * p.epochs + 10, max_steps=steps, backend=backend)
             model, wall = run_workbench(cfg, where, threads)
             trainer, sampler = "workbench", what
         res = evaluate_file(model, split["valid"], energy_key=base.energy_key, forces_key=base.forces_key)
@@ -309,7 +314,8 @@ def format_table(res: dict) -> str:
     fams = sorted({f for r in res["rows"] for f in r["families"]})
     head = f"{'trainer':<15} {'sampler':<15} {'seed':>4} {'steps':>5} {'E MAE':>7} {'F MAE':>7}  " + \
         " ".join(f"{f[:12]:>12}" for f in fams)
-    lines = [f"Quality bench ({res['preset']}, {res['dtype']}, {res['split']['n_train']} train / "
+    lines = [f"Quality bench ({res['preset']}, {res['dtype']}, workbench on {res.get('backend', 'e3nn')}, "
+             f"{res['split']['n_train']} train / "
              f"{res['split']['n_valid']} valid graphs, {res['steps']} steps, packers at capacity {res['capacity']})",
              "MAE: energy meV/atom, force meV/Å; per family: force MAE", head, "-" * len(head)]
     if not res.get("complete", True):

@@ -117,7 +117,7 @@ def _bench_quality(args: argparse.Namespace) -> int:
     res = bench_quality(preset=args.preset, seeds=[int(s) for s in args.seeds.split(",")],
                         samplers=args.samplers.split(","), mace=not args.no_mace, dtype=args.dtype,
                         batch_size=args.batch_size, threads=args.threads, workdir=args.workdir, out=args.out,
-                        resume=args.resume)
+                        resume=args.resume, backend=args.backend)
     print(format_table(res))
     print(f"wrote {args.out}")
     return 0
@@ -125,6 +125,7 @@ def _bench_quality(args: argparse.Namespace) -> int:
 
 def _register_bench_quality(bench_sub) -> None:
     from workbench.train.bench_quality import PRESETS, SAMPLERS
+    from workbench.train.config import MODEL_BACKENDS
 
     p = bench_sub.add_parser("quality", help="validation errors against mace_run_train (same split, dtype, steps), "
                                              "and fixed-count vs the packers over seeds")
@@ -136,6 +137,8 @@ def _register_bench_quality(bench_sub) -> None:
     p.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     p.add_argument("--batch-size", type=int, default=8, help="graphs per batch (packers: capacity = this x mean atoms)")
     p.add_argument("--threads", type=int, default=2, help="torch threads per run (default: %(default)s)")
+    p.add_argument("--backend", default="e3nn", choices=list(MODEL_BACKENDS),
+                   help="the workbench runs' hot ops (mace_run_train always uses e3nn; default: %(default)s)")
     p.add_argument("--workdir", default="runs/bench/quality", help="split files, runs and logs (replaced unless --resume)")
     p.add_argument("--resume", action="store_true",
                    help="keep the finished runs in --workdir (same settings only) and run the rest")

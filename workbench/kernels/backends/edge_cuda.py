@@ -206,7 +206,8 @@ def plan(compiled: Any, arrays: list, sender: Any, receiver: Any, seg: tuple | N
         return None
     if use_unrolled:
         shape = "node" if compiled.node_output else "edge"
-        kernel = unrolled.get_unrolled_kernel(compiled.table, shape, dtype, reduce_channels=reduce_, tpb=tpb)
+        kernel = unrolled.get_unrolled_kernel(compiled.table, shape, dtype, reduce_channels=reduce_, tpb=tpb,
+                                              group=G if reduce_ and not compiled.node_output else 0)
         if compiled.node_output:
             args = (*arrays, sender, receiver, seg[0], seg[1], channels, out)
         else:

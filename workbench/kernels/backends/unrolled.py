@@ -50,7 +50,7 @@ import hashlib
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from workbench.kernels.backends.device import cudasim_enabled
 from workbench.kernels.backends.generated import load_module, source_dir
@@ -84,8 +84,10 @@ MAX_PARTS = 6
 SPLIT_PART_TERMS_F64 = 650
 MAX_PARTS_F64 = 10
 MAX_PART_SLOTS_F64 = 100
-#: a thread's live operand components and accumulators, in 32-bit registers, must stay below
-#: this (of 255): 200 (the float64 TP double backward's d(d(out))) spills 736 B
+#: a thread's live operand components and accumulators, in 32-bit registers, must not exceed
+#: this (of 255): at 200, the float64 TP double backward's d(d(out)) (accumulators carried over
+#: the segment) takes 254 registers without spills; it spilled 736 B when each edge's sums were
+#: added to a second set of accumulators
 MAX_LIVE_REGISTERS = 200
 ACCUMULATOR_WEIGHT = 32
 #: no shared memory, so the block size only sets the granularity; ptxas picks the registers
@@ -105,7 +107,7 @@ def use_unrolled(num_terms: int, accumulators: int = 0, slots: int = 0, itemsize
     ``slots`` operand components into ``accumulators`` output components, in values of
     ``itemsize`` bytes: when :func:`unroll_cost` is at most ``WORKBENCH_UNROLL_MAX_TERMS``
     (default :data:`DEFAULT_MAX_TERMS`) and the values a thread keeps live (slots and
-    accumulators, in 32-bit registers) stay below :data:`MAX_LIVE_REGISTERS`."""
+    accumulators, in 32-bit registers) stay within :data:`MAX_LIVE_REGISTERS`."""
     mode = os.environ.get("WORKBENCH_CUDA_KERNELS", "auto")
     if mode not in ("auto", "table", "unrolled"):
         raise ValueError(f"WORKBENCH_CUDA_KERNELS must be auto, table or unrolled, got {mode!r}")
@@ -113,7 +115,7 @@ def use_unrolled(num_terms: int, accumulators: int = 0, slots: int = 0, itemsize
         return mode == "unrolled"
     live = (slots + accumulators) * itemsize // 4
     budget = float(os.environ.get("WORKBENCH_UNROLL_MAX_TERMS", DEFAULT_MAX_TERMS))
-    return unroll_cost(num_terms, accumulators, itemsize) <= budget and live < MAX_LIVE_REGISTERS
+    return unroll_cost(num_terms, accumulators, itemsize) <= budget and live <= MAX_LIVE_REGISTERS
 
 
 def unrolled_parts(compiled: Any, dtype: str, split: bool = True) -> list[TermTable] | None:
@@ -159,12 +161,6 @@ def unroll(compiled: Any, dtype: str, split: bool = True) -> bool:
     return unrolled_parts(compiled, dtype, split) is not None
 
 
-def _index(off: int, cs: int) -> str:
-    if cs == 0:
-        return str(off)
-    return f"{off} + c" if cs == 1 else f"{off} + c * {cs}"
-
-
 def _const(value: float, dtype: str) -> str:
     return repr(float(value)) if dtype == "float64" else f"f32({float(value)!r})"
 
@@ -193,8 +189,13 @@ class _Constants:
         return [f"{name} = {_const(value, self.dtype)}" for value, name in self.names.items()]
 
 
-def _sums(table: TermTable, dtype: str, ind: str, consts: _Constants) -> tuple[list[str], dict[int, str]]:
-    r"""Lines accumulating every output component, and per component the expression holding it.
+def _sums(table: TermTable, dtype: str, ind: str, consts: _Constants, decl_ind: str | None = None,
+          names: Sequence[str] | None = None, tag: str = "") -> tuple[list[str], list[str], dict[int, str]]:
+    r"""``(declarations, lines, exprs)``: the accumulators' declarations (zeroed; at ``decl_ind``,
+    default ``ind``, so that a loop can carry them), the lines accumulating every output component
+    into them, and per component the expression holding it. ``names``: the variable holding each
+    slot (default ``v{q}``); ``tag`` prefixes the local names, so that several tables can share
+    one kernel body.
 
     Operands are ranked by how often their components occur as factors (for the contraction:
     :math:`x`, then the cotangent, then the weights). Terms are grouped by their monomial in the
@@ -218,6 +219,7 @@ def _sums(table: TermTable, dtype: str, ind: str, consts: _Constants) -> tuple[l
     liveness passes are superlinear in the size of a basic block, and the blocks keep compile
     time linear in the terms. A monomial is built and used in one block."""
     mons = table.monomials()
+    v = list(names) if names is not None else [f"v{q}" for q in range(table.num_slots)]
     arrays = [int(a) for a in table.slot_arr]
     count: dict[int, int] = {}
     for _, _, slots in mons:
@@ -240,7 +242,7 @@ def _sums(table: TermTable, dtype: str, ind: str, consts: _Constants) -> tuple[l
             if not mono_:
                 tail = chain(sub, level + 1, tail)
                 continue
-            f = " * ".join(f"v{q}" for q in mono_)
+            f = " * ".join(v[q] for q in mono_)
             if level + 1 == len(rank):  # innermost: the coefficient is the multiplier
                 k = consts(sum(c for c, _ in sub))
                 tail = f"{f} * {k}" if tail is None else f"cuda.fma({f}, {k}, {tail})"
@@ -257,30 +259,31 @@ def _sums(table: TermTable, dtype: str, ind: str, consts: _Constants) -> tuple[l
         top.setdefault(key[0] if key else (), {}).setdefault(o, []).append((coef, key))
     prefixes = sorted({mono_[:2] for mono_ in top if len(mono_) >= 2})
     pre = {t: k for k, t in enumerate(prefixes)}
-    decl = [f"{ind}acc = cuda.local.array({len(outs)}, {_dtype_name(dtype)})"]
-    decl += [f"{ind}acc[{k}] = {_const(0.0, dtype)}" for k in range(len(outs))]
+    di = ind if decl_ind is None else decl_ind
+    decl = [f"{di}{tag}acc = cuda.local.array({len(outs)}, {_dtype_name(dtype)})"]
+    decl += [f"{di}{tag}acc[{k}] = {_const(0.0, dtype)}" for k in range(len(outs))]
     blocks: list[str] = []
     if prefixes:
-        decl.append(f"{ind}pre = cuda.local.array({len(prefixes)}, {_dtype_name(dtype)})")
+        decl.append(f"{di}{tag}pre = cuda.local.array({len(prefixes)}, {_dtype_name(dtype)})")
         for i in range(0, len(prefixes), LINES_PER_BLOCK):
             blocks.append(f"{ind}if go:")
-            blocks += [f"{ind}    pre[{pre[t]}] = v{t[0]} * v{t[1]}" for t in prefixes[i:i + LINES_PER_BLOCK]]
+            blocks += [f"{ind}    {tag}pre[{pre[t]}] = {v[t[0]]} * {v[t[1]]}" for t in prefixes[i:i + LINES_PER_BLOCK]]
     made = 0
     block: list[str] = []
     weight = 0
     local: dict[tuple[int, ...], str] = {}
     for mono_ in sorted(top):
         for o, terms in sorted(top[mono_].items()):
-            a = f"acc[{slot[o]}]"
+            a = f"{tag}acc[{slot[o]}]"
             for i in range(0, len(terms), CHUNK):
                 if weight >= TERMS_PER_BLOCK:  # close the block; monomials are rebuilt in the next one
                     blocks += [f"{ind}if go:"] + [f"{ind}    {line}" for line in block]
                     block, weight, local = [], 0, {}
                 if len(mono_) >= 2 and mono_ not in local:
-                    local[mono_] = f"m{made}"  # defined once, used in this block only
+                    local[mono_] = f"{tag}m{made}"  # defined once, used in this block only
                     made += 1
-                    block.append(f"{local[mono_]} = pre[{pre[mono_[:2]]}]" + "".join(f" * v{q}" for q in mono_[2:]))
-                m = local[mono_] if len(mono_) >= 2 else (f"v{mono_[0]}" if mono_ else None)
+                    block.append(f"{local[mono_]} = {tag}pre[{pre[mono_[:2]]}]" + "".join(f" * {v[q]}" for q in mono_[2:]))
+                m = local[mono_] if len(mono_) >= 2 else (v[mono_[0]] if mono_ else None)
                 if mono_ and len(rank) == 1:  # the monomial is the whole term
                     block.append(f"{a} = cuda.fma({m}, {consts(sum(c for c, _ in terms))}, {a})")
                     weight += 1
@@ -290,11 +293,36 @@ def _sums(table: TermTable, dtype: str, ind: str, consts: _Constants) -> tuple[l
                 weight += len(chunk)
     if block:
         blocks += [f"{ind}if go:"] + [f"{ind}    {line}" for line in block]
-    return decl + blocks, {o: f"acc[{slot[o]}]" for o in outs}
+    return decl, blocks, {o: f"{tag}acc[{slot[o]}]" for o in outs}
+
+
+class _Index:
+    """Unsigned element indices: ``x[row, cu3 + U128]`` with ``cu3 = u64(c * 3)`` computed once
+    per thread and the offset a typed ``uint64`` global, so numba emits no negative-index
+    wraparound and the offset folds into the load's immediate (one load per component, no
+    64-bit index arithmetic per slot)."""
+
+    def __init__(self):
+        self.offsets: set[int] = set()
+        self.strides: set[int] = set()
+
+    def __call__(self, off: int, cs: int) -> str:
+        off, cs = int(off), int(cs)
+        self.offsets.add(off)
+        if cs == 0:
+            return f"U{off}"
+        self.strides.add(cs)
+        return f"cu{cs} + U{off}"
+
+    def globals(self) -> list[str]:
+        return [f"U{off} = np.uint64({off})" for off in sorted(self.offsets)]
+
+    def channel_lines(self, c: str = "c") -> list[str]:
+        return [f"cu{cs} = u64({c})" if cs == 1 else f"cu{cs} = u64({c} * {cs})" for cs in sorted(self.strides)]
 
 
 def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: bool = False,
-                  tpb: int = THREADS_PER_BLOCK) -> str:
+                  tpb: int = THREADS_PER_BLOCK, group: int = 0) -> str:
     """Python source of the unrolled kernel ``kernel`` for ``table``.
 
     ``shape``: ``"atom"`` (arrays ``x0..x9``: 0-5 per atom, 6-9 per species; the output has one
@@ -302,26 +330,30 @@ def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: 
     :mod:`~workbench.kernels.backends.segment` sums), ``"node"`` or ``"edge"`` (arrays ``x0..x7``
     with rows edge / sender / receiver; ``reduce_channels``: a channel-summed output, reduced in
     shared memory by the ``G`` threads of an edge in a fixed order, so ``tpb``, the block size
-    the kernel is launched with, sizes that buffer)."""
-    zero = _const(0.0, dtype)
+    the kernel is launched with, sizes that buffer; ``group``, when given, fixes ``G`` at compile
+    time so that the channel stride is an immediate and the sum of the ``G`` partials is straight
+    code). Accumulators that a loop carries (over the node's edges, over the thread's channels)
+    are zeroed once, before the loop."""
     consts = _Constants(dtype)
+    index = _Index()
     body: list[str] = []
     ind = "    "
+    i2 = ind * 2
     if shape == "atom":
         args = ", ".join(f"x{i}" for i in range(10))
         head = [f"def kernel({args}, species, C, out):",
                 "gid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
                 "if gid >= species.shape[0] * C:", "    return",
-                "b = gid // C", "c = gid - b * C", "z = species[b]"]
-        rows = {0: "b", 1: "z"}
+                "b = gid // C", "c = gid - b * C", "bu = u64(b)", "zu = u64(species[b])"]
+        rows = {0: "bu", 1: "zu"}
     elif shape in ("node", "edge"):
         args = ", ".join(f"x{i}" for i in range(8))
-        rows = {0: "e", 1: "s", 2: "r"}
+        rows = {0: "eu", 1: "su", 2: "ru"}
         if shape == "node":
             head = [f"def kernel({args}, sender, receiver, seg_ptr, seg_perm, C, out):",
                     "gid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
                     "if gid >= (seg_ptr.shape[0] - 1) * C:", "    return",
-                    "n = gid // C", "c = gid - n * C"]
+                    "n = gid // C", "c = gid - n * C", "nu = u64(n)"]
         elif reduce_channels:
             # no early return: every thread of the block reaches the barrier
             head = [f"def kernel({args}, sender, receiver, G, C, out):",
@@ -329,61 +361,68 @@ def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: 
                     "tid = cuda.threadIdx.x",
                     "gid = cuda.blockIdx.x * cuda.blockDim.x + tid",
                     "valid = gid < sender.shape[0] * G",
-                    "e = gid // G", "g = gid - e * G"]
+                    "e = gid // G", "g = gid - e * G", "eu = u64(e)"]
         else:
             head = [f"def kernel({args}, sender, receiver, G, C, out):",
                     "gid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
                     "if gid >= sender.shape[0] * G:", "    return",
-                    "e = gid // G", "g = gid - e * G", "s = sender[e]", "r = receiver[e]"]
+                    "e = gid // G", "c = gid - e * G", "eu = u64(e)", "su = u64(sender[e])", "ru = u64(receiver[e])"]
     else:
         raise ValueError(f"unknown kernel shape {shape!r}")
 
     def loads(prefix: str) -> list[str]:
-        return [f"{prefix}v{q} = x{a}[{rows[int(k)]}, {_index(int(off), int(cs))}]"
+        return [f"{prefix}v{q} = x{a}[{rows[int(k)]}, {index(off, cs)}]"
                 for q, (a, k, off, cs) in enumerate(zip(table.slot_arr, table.slot_rows, table.slot_off, table.slot_cs))]
 
     body.append("go = C > 0")
     if shape == "atom":
-        body += loads("")
-        lines, exprs = _sums(table, dtype, "", consts)
-        body += lines
+        decl, lines, exprs = _sums(table, dtype, "", consts)
+        body += loads("") + decl + lines
         for o, expr in exprs.items():
-            body.append(f"out[b, {_index(int(table.out_off[o]), int(table.out_cs[o]))}] = {expr}")
+            body.append(f"out[bu, {index(table.out_off[o], table.out_cs[o])}] = {expr}")
     elif shape == "node":
-        # loop-carried accumulators over the node's edges
-        lines, exprs = _sums(table, dtype, ind, consts)
-        body += [f"o{o} = {zero}" for o in exprs]
+        # accumulators carried over the node's edges, stored once at the end
+        decl, lines, exprs = _sums(table, dtype, ind, consts, decl_ind="")
+        body += decl
         body += ["for p in range(seg_ptr[n], seg_ptr[n + 1]):",
-                 f"{ind}e = seg_perm[p]", f"{ind}s = sender[e]", f"{ind}r = receiver[e]"]
-        body += loads(ind) + lines + [f"{ind}o{o} += {expr}" for o, expr in exprs.items()]
-        for o in exprs:
-            idx = _index(int(table.out_off[o]), int(table.out_cs[o]))
+                 f"{ind}e = seg_perm[p]", f"{ind}eu = u64(e)", f"{ind}su = u64(sender[e])", f"{ind}ru = u64(receiver[e])"]
+        body += loads(ind) + lines
+        for o, expr in exprs.items():
+            idx = index(table.out_off[o], table.out_cs[o])
             # a channel-summed node output is not used in training; it keeps an atomic sum
-            body.append(f"cuda.atomic.add(out, (n, {idx}), o{o})" if reduce_channels else f"out[n, {idx}] = o{o}")
+            body.append(f"cuda.atomic.add(out, (nu, {idx}), {expr})" if reduce_channels else f"out[nu, {idx}] = {expr}")
     elif reduce_channels:
-        # loop-carried accumulators over this thread's channels, then a fixed-order sum of the
-        # G partials of the edge in shared memory (deterministic, no atomics)
-        i2 = ind * 2
-        lines, exprs = _sums(table, dtype, i2, consts)
+        # accumulators carried over this thread's channels, then a fixed-order sum of the G
+        # partials of the edge in shared memory (deterministic, no atomics)
+        decl, lines, exprs = _sums(table, dtype, i2, consts, decl_ind=ind)
         slots = {o: k for k, o in enumerate(exprs)}
-        body += ["if valid:", f"{ind}s = sender[e]", f"{ind}r = receiver[e]"]
-        body += [f"{ind}o{o} = {zero}" for o in exprs]
-        body.append(f"{ind}for c in range(g, C, G):")
-        body += loads(i2) + lines + [f"{i2}o{o} += {expr}" for o, expr in exprs.items()]
-        body += [f"{ind}red[tid, {k}] = o{o}" for o, k in slots.items()]
+        body += ["if valid:", f"{ind}su = u64(sender[e])", f"{ind}ru = u64(receiver[e])"]
+        body += decl
+        body.append(f"{ind}for c in range(g, C, {group if group else 'G'}):")
+        body += ["@CHANNELS@"] + loads(i2) + lines
+        body += [f"{ind}red[tid, {k}] = {exprs[o]}" for o, k in slots.items()]
         body += ["cuda.syncthreads()", "if valid and g == 0:"]
         for o, k in slots.items():
+            if group:  # the same left-to-right order as the loop below, unrolled
+                total = " + ".join([f"red[tid, {k}]"] + [f"red[tid + {j}, {k}]" for j in range(1, group)])
+                body.append(f"{ind}out[eu, {index(table.out_off[o], 0)}] = {total}")
+                continue
             body += [f"{ind}t{o} = red[tid, {k}]", f"{ind}for j in range(1, G):", f"{i2}t{o} += red[tid + j, {k}]",
-                     f"{ind}out[e, {_index(int(table.out_off[o]), 0)}] = t{o}"]
+                     f"{ind}out[eu, {index(table.out_off[o], 0)}] = t{o}"]
     else:  # edge, channelwise output: G == C, one channel per thread
-        body += ["c = g"] + loads("")
-        lines, exprs = _sums(table, dtype, "", consts)
-        body += lines
+        decl, lines, exprs = _sums(table, dtype, "", consts)
+        body += loads("") + decl + lines
         for o, expr in exprs.items():
-            idx = _index(int(table.out_off[o]), int(table.out_cs[o]))
-            body.append(f"out[e, {idx}] = {expr}")
+            body.append(f"out[eu, {index(table.out_off[o], table.out_cs[o])}] = {expr}")
+    # the per-thread channel offsets, once the strides the loads and stores use are known
+    chan = index.channel_lines()
+    if "@CHANNELS@" in body:
+        k = body.index("@CHANNELS@")
+        body[k:k + 1] = [f"{i2}{line}" for line in chan]
+    else:
+        body[1:1] = chan
     kernel = "\n".join([head[0]] + [ind + line for line in head[1:] + body]) + "\n"
-    return "\n".join(consts.lines()) + "\n\n\n" + kernel
+    return "\n".join(consts.lines() + index.globals()) + "\n\n\n" + kernel
 
 
 def _dtype_name(dtype: str) -> str:
@@ -392,9 +431,11 @@ def _dtype_name(dtype: str) -> str:
 
 _HEADER = """# generated by workbench.kernels.unrolled from a term table; safe to delete
 import numba
+import numpy as np
 from numba import cuda
 
 f32 = numba.float32
+u64 = numba.uint64
 
 
 """
@@ -420,8 +461,8 @@ def _compile(source: str) -> Any:
 
 @lru_cache(maxsize=None)
 def get_unrolled_kernel(table: TermTable, shape: str, dtype: str, *, reduce_channels: bool = False,
-                        tpb: int = THREADS_PER_BLOCK) -> Any:
+                        tpb: int = THREADS_PER_BLOCK, group: int = 0) -> Any:
     """The compiled unrolled kernel for ``table``: cached per table object, so a launch does not
     regenerate the source (tables from another process, e.g. unpickled, share the compiled
     kernel through the per-source cache)."""
-    return _compile(kernel_source(table, shape, dtype, reduce_channels=reduce_channels, tpb=tpb))
+    return _compile(kernel_source(table, shape, dtype, reduce_channels=reduce_channels, tpb=tpb, group=group))

@@ -252,10 +252,25 @@ def _plans(op, dtype: str, channels: int) -> Iterator[_Launch]:
     dummy = np.zeros((1, 1), dtype=dtype)
     idx = np.arange(rows, dtype=np.int64)
     if op.edge:
+        from workbench.kernels.backends import edge_pass
+        from workbench.kernels.ops import FUSE_ENV
+
         arrays = [np.zeros((rows, o.width), dtype=dtype) for o in op.operands]
         arrays += [dummy] * (8 - len(arrays))
         seg = (np.arange(rows + 1, dtype=np.int64), idx)
-        for comp in op.compiled:
+        outs = [np.zeros((rows, comp.output.width), dtype=dtype) for comp in op.compiled]
+        fused = None if os.environ.get(FUSE_ENV, "1") == "0" else \
+            edge_pass.plan(op.compiled, arrays, idx, idx, lambda _: seg, channels, outs)
+        done: tuple[int, ...] = ()
+        if fused is not None:  # one launch for these outputs of the pass
+            done = fused[4]
+            live = [op.compiled[k] for k in done]
+            slots = len({k for c in live for k in edge_pass._slot_keys(c.table)})
+            yield _Launch(", ".join(c.output.name for c in live), "pass", "unrolled",
+                          sum(c.num_terms for c in live), slots, fused[:4])
+        for k, comp in enumerate(op.compiled):
+            if k in done:
+                continue
             out = np.zeros((rows, comp.output.width), dtype=dtype)
             shape = "node" if comp.node_output else ("edge reduce" if comp.reduce_channels else "edge")
             table = not unroll(comp, dtype, split=False)
@@ -385,6 +400,10 @@ def register(subparsers) -> None:
                    help="auto: the kernels the dispatcher launches; both: auto and table (default)")
     r.add_argument("--dtype", choices=("float32", "float64", "both"), default="both")
     r.add_argument("--ops", default="symmetric_contraction,channelwise_tp")
+    r.add_argument("--hidden", default="128x0e+128x1o",
+                   help="hidden irreps (the channel count is their multiplicity; default: the paper's %(default)s)")
+    r.add_argument("--max-ell", type=int, default=3, help="spherical harmonics degree (default %(default)s)")
+    r.add_argument("--correlation", type=int, default=3, help="body order of the contraction (default %(default)s)")
     r.add_argument("--json", default="kernels/results/kernel_resources_sm{cc}.json", help="output JSON ('' for none)")
     r.set_defaults(func=_main)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
@@ -401,12 +420,16 @@ def _main(args) -> int:
     variants = ("auto", "table") if args.variant == "both" else (args.variant,)
     dtypes = ("float32", "float64") if args.dtype == "both" else (args.dtype,)
     wanted = [o.strip() for o in args.ops.split(",") if o.strip()]
-    all_ops = paper_ops(wanted)
+    from e3nn import o3
+
+    channels = o3.Irreps(args.hidden)[0].mul
+    all_ops = paper_ops(wanted, hidden=args.hidden, max_ell=args.max_ell, correlation=args.correlation)
     rows = []
     for name in wanted:
         for variant in variants:
             for dtype in dtypes:
-                rows += kernel_resources(all_ops[name], dtype, variant, cc, ptxas, progress=True, family=name)
+                rows += kernel_resources(all_ops[name], dtype, variant, cc, ptxas, progress=True, family=name,
+                                         channels=channels)
     print(format_table(rows))
     if args.json:
         path = Path(args.json.format(cc=f"{cc[0]}{cc[1]}"))
@@ -414,7 +437,9 @@ def _main(args) -> int:
         import numba
 
         meta = {"cc": list(cc), "ptxas": ptxas, "numba": numba.__version__, "machine": platform.node(),
-                "config": "paper: 128x0e+128x1o, max_ell 3, correlation 3, 4 elements, 128 channels"}
+                "config": f"{'paper: ' if args.hidden == '128x0e+128x1o' and args.max_ell == 3 and args.correlation == 3 else ''}"
+                          f"{args.hidden}, max_ell {args.max_ell}, correlation {args.correlation}, 4 elements, "
+                          f"{channels} channels"}
         try:
             from importlib.metadata import version
 
