@@ -43,7 +43,7 @@ import workbench  # noqa: E402,F401  (env fix for e3nn before torch/e3nn imports
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from workbench.kernels.tools.bench import (add_common_arguments, compare_with_e3nn, kernel_variant,  # noqa: E402
+from workbench.kernels.tools.bench import (add_common_arguments, compare_with_e3nn, use_backend_kernels,  # noqa: E402
                                           random_scaleshift_mace, record_outputs, run_versions, with_backend)
 
 from bench_symmetric_contraction import measured_bandwidth, timer  # noqa: E402  (Kernels I helpers)
@@ -214,7 +214,7 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
         results.setdefault("descriptor", {})[dtype_name] = descriptor_costs(base.interactions[1], N, E, torch.finfo(dtype).bits // 8)
         snaps = {}  # (backend, pass) -> the pass's outputs, for parity against e3nn
         for backend in args.backends:
-            os.environ["WORKBENCH_CUDA_KERNELS"] = kernel_variant(backend)  # read at every launch
+            use_backend_kernels(backend)
             try:
                 model = with_backend(base, backend)
                 kwargs = capture_block_inputs(model, bdt)

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 import workbench  # noqa: E402,F401  (env fix for e3nn before torch/e3nn imports)
 import torch  # noqa: E402
 
-from workbench.kernels.tools.bench import (add_common_arguments, compare_with_e3nn, kernel_variant,  # noqa: E402
+from workbench.kernels.tools.bench import (add_common_arguments, compare_with_e3nn, use_backend_kernels,  # noqa: E402
                                           random_scaleshift_mace, record_outputs, run_versions, with_backend)
 
 PASSES = ("forward", "forward_backward", "double_backward")
@@ -181,7 +181,7 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
         results.setdefault("descriptor", {})[dtype_name] = descriptor_costs(block0.symmetric_contractions, args.atoms, x0.element_size())
         snaps = {}  # (backend, target, pass) -> the pass's outputs, for parity against e3nn
         for backend in args.backends:
-            os.environ["WORKBENCH_CUDA_KERNELS"] = kernel_variant(backend)  # read at every launch
+            use_backend_kernels(backend)
             try:
                 model = with_backend(base, backend)
             except Exception as exc:  # noqa: BLE001 (record why a backend is missing, keep going)

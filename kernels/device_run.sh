@@ -44,7 +44,7 @@ step warm_cache ${WARM_S:-170} python3 kernels/warm_cache.py
 step symmetric_contraction 110 python3 kernels/bench_symmetric_contraction.py --repeats 10 --warmup 2 \
   --backends numba numba-table e3nn cueq --out kernels/results/symmetric_contraction_gpu.json
 step channelwise_tp 80 python3 kernels/bench_channelwise_tp.py --repeats 10 --warmup 2 \
-  --backends numba e3nn cueq --out kernels/results/channelwise_tp_gpu.json
+  --backends numba numba-unfused e3nn cueq --out kernels/results/channelwise_tp_gpu.json
 LEFT=$(( ${DEVICE_BUDGET_S:-540} - (SECONDS - T0) - 15 )); [ "$LEFT" -gt 30 ] || LEFT=30
 step train "$LEFT" python3 -m workbench.cli bench train --structures 2000 \
   --variants ${TRAIN_VARIANTS:-baseline,packer-e3nn,packer-numba} --out runs/bench/train_gpu.json

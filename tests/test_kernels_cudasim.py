@@ -39,10 +39,13 @@ for cfg in [("MACE", "2x0e+2x1o", 1, 2, 2), ("ScaleShiftMACE", "2x0e+2x1o", 2, 3
 """
 
 
-@pytest.mark.parametrize("variant", ["unrolled", "table", "unrolled-split"])
+@pytest.mark.parametrize("variant", ["unrolled", "table", "unrolled-split", "unrolled-terms"])
 def test_cuda_kernels_under_simulator(variant):
-    # unrolled-split: every polynomial's output components in 2 generated kernels writing one output
-    extra = {"WORKBENCH_UNROLL_PARTS": "2"} if variant.endswith("split") else {}
+    # unrolled-split: every polynomial's output components in 2 generated kernels writing one output;
+    # unrolled-terms: every contraction polynomial in runs of 5 terms, later runs of a component
+    # adding to what its first run stored (launched in order)
+    extra = {"unrolled-split": {"WORKBENCH_UNROLL_PARTS": "2"},
+             "unrolled-terms": {"WORKBENCH_UNROLL_TERMS": "5"}}.get(variant, {})
     errs = run_under_simulator(SCRIPT, variant.split("-")[0], **extra)
     print(errs)
     assert sum(key.startswith("repeat") for key in errs) == 2

@@ -278,24 +278,55 @@ def test_float32_polynomials_too_large_to_unroll_are_split_automatically(small_o
     assert unrolled.unrolled_parts(comp, "float32") is None
 
 
-def test_paper_contraction_double_backward_leaves_the_table_path(monkeypatch):
-    """At the paper configuration, float32: d(x) (9053 terms) in 5 generated kernels, d(W)
-    (4940 terms into 81 weight components) in 3, every other training kernel in one (ptxas:
-    no spills in any of them). float64: parts of ~650 terms (no spills either), except the double backward's d(x)
-    and d(d(out)), which spill in every split and stay on the table kernel."""
+#: issue 17's configurations: hidden irreps, max_ell, correlation
+CONFIGS = {"paper": ("128x0e+128x1o", 3, 3), "128x2e": ("128x0e+128x1o+128x2e", 3, 3), "256": ("256x0e+256x1o", 3, 3)}
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_training_kernels_leave_the_table_path(config, monkeypatch):
+    """Which kernel every training polynomial gets, at the three configurations (ptxas on the
+    kernels these pick: kernels/results/kernel_resources_sm90*.json).
+
+    float32: every contraction polynomial runs generated code, split by output components into
+    parts of about SPLIT_PART_TERMS terms (fewer above SPLIT_FULL_SLOTS operand components) where
+    it is too large for one kernel (paper: double backward d(x) 5 parts, d(W) 3; 128x2e:
+    backward d(x) 15, d(W) 3, double backward d(x) 31, with components cut into runs of terms,
+    d(W) 9, d(d(out)) 16), and the TP's backward and double backward are one fused launch each.
+    float64: parts of about 650 terms reading at most 100 operand components (the paper's
+    d(d(out)) in runs of terms); what stays on the table kernel is named below."""
+    from e3nn import o3
+
+    from workbench.kernels.backends import edge_pass
     from workbench.kernels.tools.resources import paper_ops
 
-    for var in ("WORKBENCH_CUDA_KERNELS", "WORKBENCH_UNROLL_PARTS", "WORKBENCH_UNROLL_MAX_TERMS"):
+    for var in ("WORKBENCH_CUDA_KERNELS", "WORKBENCH_UNROLL_PARTS", "WORKBENCH_UNROLL_MAX_TERMS", "WORKBENCH_CUDA_TPB"):
         monkeypatch.delenv(var, raising=False)
-    ops = dict(paper_ops(("symmetric_contraction",))["symmetric_contraction"])
-    parts = {(label, c.output.name): unrolled.unrolled_parts(c, "float32") for label, op in ops.items() for c in op.compiled}
-    counts = {k: (len(v) if v else 0) for k, v in parts.items()}
-    assert counts[("double backward", "d(x)")] == 5 and counts[("double backward", "d(W)")] == 3
-    assert counts[("double backward", "d(d(out))")] == 1
-    assert counts[("forward", "out")] == counts[("backward", "d(x)")] == counts[("backward", "d(W)")] == 1
-    assert max(p.num_terms for p in parts[("double backward", "d(x)")]) <= unrolled.SPLIT_PART_TERMS * 5 // 4
-    f64 = {(label, c.output.name): unrolled.unrolled_parts(c, "float64") for label, op in ops.items() for c in op.compiled}
-    assert f64[("double backward", "d(x)")] is None and f64[("double backward", "d(d(out))")] is None
-    assert [len(f64[k]) for k in (("forward", "out"), ("backward", "d(x)"), ("backward", "d(W)"), ("double backward", "d(W)"))] \
-        == [4, 8, 3, 8]
-    assert all(p.num_slots <= unrolled.MAX_PART_SLOTS_F64 for v in f64.values() if v for p in v)
+    hidden, max_ell, correlation = CONFIGS[config]
+    channels = o3.Irreps(hidden)[0].mul
+    fam = paper_ops(hidden=hidden, max_ell=max_ell, correlation=correlation)
+    sc, tp = dict(fam["symmetric_contraction"]), dict(fam["channelwise_tp"])
+    parts = {dt: {(label, c.output.name): unrolled.unrolled_parts(c, dt) for label, op in sc.items() for c in op.compiled}
+             for dt in ("float32", "float64")}
+    f32 = {k: len(v) for k, v in parts["float32"].items()}  # a None would raise: no float32 table kernel
+    for k, v in parts["float32"].items():
+        assert len(v) == 1 or max(p.num_terms for p in v) <= unrolled.SPLIT_PART_TERMS * 5 // 4, k
+    for label in ("backward", "double backward"):  # one launch per TP pass
+        op = tp[label]
+        lay = edge_pass.fused_layout(op.compiled, "float32", channels)
+        assert sorted(edge_pass._role1(lay) + lay.other) == list(range(len(op.compiled))), label
+    tp64 = {(label, c.output.name) for label, op in tp.items() for c in op.compiled
+            if not unrolled.unroll(c, "float64", split=False)}
+    table64 = {k for k, v in parts["float64"].items() if v is None}
+    assert all(p.num_slots <= unrolled.MAX_PART_SLOTS_F64 for v in parts["float64"].values() if v and len(v) > 1 for p in v)
+    order = [("forward", "out"), ("backward", "d(x)"), ("backward", "d(W)"), ("double backward", "d(x)"),
+             ("double backward", "d(W)"), ("double backward", "d(d(out))")]
+    if config in ("paper", "256"):  # the same polynomials: the channel count is not in them
+        assert [f32[k] for k in order] == [1, 1, 1, 5, 3, 1]
+        assert [len(parts["float64"][k]) for k in order] == [4, 8, 3, 16, 8, 10]
+        assert not table64 and not tp64
+        assert any(p.add_to for p in parts["float64"][("double backward", "d(d(out))")])  # runs of terms
+    else:
+        assert [f32[k] for k in order] == [1, 15, 3, 31, 9, 16]
+        assert [len(parts["float64"][k]) for k in order if k not in table64] == [14, 10, 28, 30]
+        assert table64 == {("backward", "d(x)"), ("double backward", "d(x)")}
+        assert tp64 == {("double backward", "d(d(out))")}

@@ -20,7 +20,8 @@ autograd function below differentiates itself: backward is a :class:`PolyOp` lau
 the same function, hence double backward (and beyond) come for free.
 
 Dispatch: tensors on CUDA and numba's CUDA target available -> fused CUDA kernels
-(:mod:`~workbench.kernels.backends.cuda`, :mod:`~workbench.kernels.backends.edge_cuda`);
+(:mod:`~workbench.kernels.backends.cuda`, :mod:`~workbench.kernels.backends.edge_cuda`; an edge
+op's outputs in one launch per pass where :mod:`~workbench.kernels.backends.edge_pass` applies);
 ``WORKBENCH_KERNELS_CUDASIM=1`` with ``NUMBA_ENABLE_CUDASIM=1`` -> the same kernels in the
 simulator on CPU tensors; otherwise the numba CPU path (:mod:`~workbench.kernels.backends.cpu`:
 vector programs, SIMD over channels).

@@ -85,6 +85,8 @@ class CompiledPolynomial(TransientCache):
         for o, _ in self.poly.terms:
             per[o] = per.get(o, 0) + 1
         comps = sorted(per)
+        if parts >= len(comps):  # as fine as components go: one each
+            return self._tables([[o] for o in comps])
         target = self.num_terms / max(1, min(parts, len(comps)))
         groups, cur, load = [], [], 0
         for o in comps:
@@ -94,6 +96,9 @@ class CompiledPolynomial(TransientCache):
             cur.append(o)
             load += per[o]
         groups.append(cur)
+        return self._tables(groups)
+
+    def _tables(self, groups: list[list[int]]) -> list:
         codes = row_codes(op.rows for op in self.poly.operands)
         tables = []
         for g in groups:
@@ -101,6 +106,42 @@ class CompiledPolynomial(TransientCache):
             sub = SparsePolynomial(self.poly.operands, self.poly.output,
                                    {k: v for k, v in self.poly.terms.items() if k[0] in keep})
             tables.append(term_table(sub, self.array_ids, codes))
+        return tables
+
+    def split_terms(self, size: int) -> list:
+        """Term tables of at most about ``size`` terms each, cutting a component's terms into
+        ``ceil(n / size)`` equal runs where it has more (:meth:`split` cannot go below one
+        component). Consecutive runs are packed into parts up to ``size`` terms; a part lists in
+        ``add_to`` the components whose first run an earlier part stored, so its kernel adds to
+        them: launched in order on one stream, the sum is the same on every run."""
+        return self._cached(("split_terms", size), lambda: self._split_terms(size))
+
+    def _split_terms(self, size: int) -> list:
+        from dataclasses import replace
+
+        runs: list[tuple[int, bool, list]] = []  # (component, first run?, terms)
+        per: dict[int, list] = {}
+        for key, coef in sorted(self.poly.terms.items()):
+            per.setdefault(key[0], []).append((key, coef))
+        for o in sorted(per):
+            terms = per[o]
+            n = -(-len(terms) // -(-len(terms) // size))
+            runs += [(o, i == 0, terms[i:i + n]) for i in range(0, len(terms), n)]
+        parts, cur, load = [], [], 0
+        for run in runs:
+            if cur and load + len(run[2]) > size:
+                parts.append(cur)
+                cur, load = [], 0
+            cur.append(run)
+            load += len(run[2])
+        parts.append(cur)
+        codes = row_codes(op.rows for op in self.poly.operands)
+        tables = []
+        for part in parts:
+            sub = SparsePolynomial(self.poly.operands, self.poly.output, {k: v for _, _, terms in part for k, v in terms})
+            add = {o for o, first, _ in part if not first}
+            t = term_table(sub, self.array_ids, codes)
+            tables.append(replace(t, add_to=tuple(sorted(add))))
         return tables
 
     def host_tables(self, dtype: str) -> tuple:

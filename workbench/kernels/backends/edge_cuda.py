@@ -1,5 +1,7 @@
 r"""numba-CUDA kernels for edge (message-passing) sparse polynomials: gather, CG-sparse
 product and scatter-sum fused in one launch per output, no per-edge intermediate in global memory.
+(A backward pass whose outputs all run unrolled is one launch for all of them instead:
+:mod:`~workbench.kernels.backends.edge_pass`.)
 
 Two kernels, chosen by the rows of the output polynomial:
 

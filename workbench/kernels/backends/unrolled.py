@@ -56,8 +56,8 @@ from workbench.kernels.backends.device import cudasim_enabled
 from workbench.kernels.backends.generated import load_module, source_dir
 from workbench.kernels.descriptor.tables import TermTable
 
-__all__ = ["kernel_source", "get_unrolled_kernel", "unroll", "unroll_cost", "unrolled_parts", "use_unrolled",
-           "DEFAULT_MAX_TERMS", "MAX_PARTS", "MAX_PARTS_F64", "MAX_PART_SLOTS_F64", "SPLIT_PART_TERMS",
+__all__ = ["kernel_source", "get_unrolled_kernel", "live_slots", "unroll", "unroll_cost", "unrolled_parts", "use_unrolled",
+           "DEFAULT_MAX_TERMS", "MAX_PARTS", "SPLIT_FULL_SLOTS", "MAX_PARTS_F64", "MAX_PART_SLOTS_F64", "SPLIT_PART_TERMS",
            "SPLIT_PART_TERMS_F64"]
 
 #: largest :func:`unroll_cost` unrolled in one kernel. At the paper configuration (sm_90, one
@@ -73,16 +73,22 @@ DEFAULT_MAX_TERMS = 8000
 #: 1.5-2 KB, 4 parts (largest 2844) 256 B in one part, 5 parts (1492-1996) none; d(W) in 3
 #: parts: none, 128-255 registers
 SPLIT_PART_TERMS = 2000
+#: the float32 part size is scaled by SPLIT_FULL_SLOTS / (operand components) above this many:
+#: 128x0e+128x1o+128x2e's double backward d(x) (187 components) in parts of up to ~2250 terms
+#: (one per component) spilled 8-48 B in 5 of 16 parts, including one of 1827 terms
+SPLIT_FULL_SLOTS = 120
 #: at most this many launches for one output (compile time grows with the parts' terms anyway)
-MAX_PARTS = 6
+MAX_PARTS = 32
 #: float64 (operands in register pairs): parts of about 650 terms reading at most 100 operand
 #: components. Calibrated with ptxas at the paper configuration: the forward in 4 parts, the
 #: backward's d(x) in 8, its d(W) in 3 and the double backward's d(W) in 8 compile without
-#: spills (in 9 parts, two of the latter spill 16 B); the double
-#: backward's d(x) (115 components: 230 registers of operands) spills in every split, and
-#: d(d(out)) (4 output components, so parts of ~1500 terms) spills 24 B: both stay on tables
+#: spills (in 9 parts, two of the latter spill 16 B); the double backward's d(x) in 16 parts,
+#: one per component (413-697 terms, 85 operand components), spills 24-76 B per thread
+#: (issue 17 allows float64 256 B); d(d(out)) (4 components of ~1235 terms) in 10 runs of terms
+#: (:meth:`CompiledPolynomial.split_terms`). 128x0e+128x1o+128x2e: the forward in 14 runs and
+#: d(d(out)) in 30; its d(x)s need more than 100 components per run and stay on tables
 SPLIT_PART_TERMS_F64 = 650
-MAX_PARTS_F64 = 10
+MAX_PARTS_F64 = 64
 MAX_PART_SLOTS_F64 = 100
 #: a thread's live operand components and accumulators, in 32-bit registers, must not exceed
 #: this (of 255): at 200, the float64 TP double backward's d(d(out)) (accumulators carried over
@@ -118,6 +124,16 @@ def use_unrolled(num_terms: int, accumulators: int = 0, slots: int = 0, itemsize
     return unroll_cost(num_terms, accumulators, itemsize) <= budget and live <= MAX_LIVE_REGISTERS
 
 
+def live_slots(compiled: Any) -> int:
+    """Operand components :func:`use_unrolled` counts as live. A message kernel (edge rows)
+    loads an edge's components and consumes them in its few hundred terms, so ptxas keeps only
+    part of them live: half are counted (128x0e+128x1o+128x2e, float64, forced unrolled: the
+    backward's d(x), 104 components and 9 accumulators, takes 96 registers; the double
+    backward's d(d(out)), 84 and 71, spills 1.6 KB). An atom kernel's components are used all
+    through its thousands of terms and count whole."""
+    return compiled.num_slots // 2 if compiled.edge else compiled.num_slots
+
+
 def unrolled_parts(compiled: Any, dtype: str, split: bool = True) -> list[TermTable] | None:
     """The term tables to generate kernels for, or None for the table-driven kernel.
 
@@ -128,17 +144,24 @@ def unrolled_parts(compiled: Any, dtype: str, split: bool = True) -> list[TermTa
     (launch) each, all writing the same output, when every part fits: float32 parts pass
     :func:`use_unrolled`; float64 parts, whose operands take two registers each, read at most
     :data:`MAX_PART_SLOTS_F64` operand components. ``WORKBENCH_UNROLL_PARTS=k`` forces ``k``
-    parts (``1``: no automatic split)."""
+    parts (``1``: no automatic split). Where the components are too coarse, an atom
+    polynomial's terms are cut into runs instead (:meth:`CompiledPolynomial.split_terms`, the
+    same part size; ``WORKBENCH_UNROLL_TERMS=n`` forces runs of ``n`` terms)."""
     mode = os.environ.get("WORKBENCH_CUDA_KERNELS", "auto")
     forced = os.environ.get("WORKBENCH_UNROLL_PARTS")
     if forced and split and mode != "table" and int(forced) > 1:
         return compiled.split(int(forced))
+    forced_terms = os.environ.get("WORKBENCH_UNROLL_TERMS")
+    if forced_terms and split and mode != "table" and not compiled.edge:
+        return compiled.split_terms(int(forced_terms))
     itemsize = 8 if dtype == "float64" else 4
-    if use_unrolled(compiled.num_terms, compiled.accumulators, compiled.num_slots, itemsize):
+    if use_unrolled(compiled.num_terms, compiled.accumulators, live_slots(compiled), itemsize):
         return [compiled.table]
     if not split or forced or mode != "auto":
         return None
     size, most = (SPLIT_PART_TERMS_F64, MAX_PARTS_F64) if itemsize == 8 else (SPLIT_PART_TERMS, MAX_PARTS)
+    if itemsize == 4 and compiled.num_slots > SPLIT_FULL_SLOTS:  # more operands live per term: smaller parts
+        size = size * SPLIT_FULL_SLOTS // compiled.num_slots
 
     def fits(p: TermTable) -> bool:
         if p.num_terms > size * 5 // 4:  # components too coarse to balance: a part stays too large
@@ -150,10 +173,14 @@ def unrolled_parts(compiled: Any, dtype: str, split: bool = True) -> list[TermTa
     for k in range(max(2, -(-compiled.num_terms // size)), most + 1):
         parts = compiled.split(k)
         if len(parts) < k:  # fewer output components than parts
-            return None
+            break
         if all(fits(p) for p in parts):
             return parts
-    return None
+    if compiled.edge:  # message kernels store each component once (no term split)
+        return None
+    # components too coarse: cut their terms into runs (a later run adds to the first)
+    parts = compiled.split_terms(size)
+    return parts if len(parts) <= most and all(fits(p) for p in parts) else None
 
 
 def unroll(compiled: Any, dtype: str, split: bool = True) -> bool:
@@ -375,11 +402,14 @@ def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: 
                 for q, (a, k, off, cs) in enumerate(zip(table.slot_arr, table.slot_rows, table.slot_off, table.slot_cs))]
 
     body.append("go = C > 0")
+    if table.add_to and shape != "atom":
+        raise ValueError("only atom kernels take a term split (add_to)")
     if shape == "atom":
         decl, lines, exprs = _sums(table, dtype, "", consts)
         body += loads("") + decl + lines
-        for o, expr in exprs.items():
-            body.append(f"out[bu, {index(table.out_off[o], table.out_cs[o])}] = {expr}")
+        for o, expr in exprs.items():  # a later run of a term split adds to what the first stored
+            op = "+=" if o in table.add_to else "="
+            body.append(f"out[bu, {index(table.out_off[o], table.out_cs[o])}] {op} {expr}")
     elif shape == "node":
         # accumulators carried over the node's edges, stored once at the end
         decl, lines, exprs = _sums(table, dtype, ind, consts, decl_ind="")

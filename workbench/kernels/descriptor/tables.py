@@ -37,6 +37,8 @@ class TermTable:
     coef64: np.ndarray = field(repr=False)
     out_off: np.ndarray
     out_cs: np.ndarray
+    #: output components an earlier part of a term split already stored: this part adds to them
+    add_to: tuple[int, ...] = ()
 
     @property
     def num_slots(self) -> int:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 from typing import Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["add_common_arguments", "compare_with_e3nn", "kernel_variant", "parity", "random_scaleshift_mace",
+__all__ = ["add_common_arguments", "compare_with_e3nn", "kernel_variant", "use_backend_kernels", "parity", "random_scaleshift_mace",
            "record_outputs", "run_versions", "snapshot", "with_backend"]
 
 #: packages whose versions a benchmark result records (besides torch and python)
@@ -57,6 +58,14 @@ def kernel_variant(backend: str) -> str:
     dispatcher (``"auto"``)."""
     base, _, variant = backend.partition("-")
     return variant if base == "numba" and variant in ("table", "unrolled") else "auto"
+
+
+def use_backend_kernels(backend: str) -> None:
+    """Set the kernel switches a benchmark backend name asks for (read at every launch):
+    :func:`kernel_variant`, and ``"numba-unfused"`` launches an edge op's outputs one kernel
+    each (``WORKBENCH_FUSE_PASSES=0``) instead of one fused kernel per pass."""
+    os.environ["WORKBENCH_CUDA_KERNELS"] = kernel_variant(backend)
+    os.environ["WORKBENCH_FUSE_PASSES"] = "0" if backend == "numba-unfused" else "1"
 
 
 def with_backend(model: torch.nn.Module, backend: str) -> torch.nn.Module:
