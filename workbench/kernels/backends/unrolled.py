@@ -83,8 +83,8 @@ MAX_PARTS = 32
 #: components. Calibrated with ptxas at the paper configuration: the forward in 4 parts, the
 #: backward's d(x) in 8, its d(W) in 3 and the double backward's d(W) in 8 compile without
 #: spills (in 9 parts, two of the latter spill 16 B); the double backward's d(x) in 16 parts,
-#: one per component (413-697 terms, 85 operand components), spills 24-76 B per thread
-#: (issue 17 allows float64 256 B); d(d(out)) (4 components of ~1235 terms) in 10 runs of terms
+#: one per component (413-697 terms, at most 85 operand components), of which 5 spill 12-76 B
+#: per thread (issue 17 allows float64 256 B); d(d(out)) (4 components of ~1235 terms) in 10 runs of terms
 #: (:meth:`CompiledPolynomial.split_terms`). 128x0e+128x1o+128x2e: the forward in 14 runs and
 #: d(d(out)) in 30; its d(x)s need more than 100 components per run and stay on tables
 SPLIT_PART_TERMS_F64 = 650
