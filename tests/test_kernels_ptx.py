@@ -199,13 +199,14 @@ def test_generated_source_is_straight_line(small_ops):
                 assert "for p in range(seg_ptr[n], seg_ptr[n + 1]):" in body and "cuda.shared" not in body
 
 
-def test_fused_pass_source_loads_each_component_once(small_ops):
+def test_fused_pass_source_loads_each_component_once(small_ops, monkeypatch):
     """The TP backward and double backward are one kernel each: role 1 walks the sender segments
     (d(x) carried, d(W) stored per edge, d(Y) summed over the node's channel threads after a
     barrier), role 2 the receiver segments (d(d(out))); each distinct operand component is loaded
     once per edge and role."""
     from workbench.kernels.backends import edge_pass
 
+    monkeypatch.delenv("WORKBENCH_CUDA_TPB", raising=False)
     ops = dict(small_ops["channelwise_tp"])
     assert edge_pass.layout(ops["forward"].compiled) is None  # one output: nothing to fuse
     for label, other in (("backward", ()), ("double backward", (3,))):
@@ -228,6 +229,9 @@ def test_fused_pass_source_loads_each_component_once(small_ops):
     assert edge_pass.fused_layout(ops["double backward"].compiled, "float64", 4).other == ()
     assert edge_pass.fused_layout(ops["backward"].compiled, "float32", 257) is None
     assert edge_pass.block_shape(4) == (32, 128) and edge_pass.block_shape(200) == (1, 200)
+    # the d(Y) partials (128 threads x 9 components) must fit static shared memory
+    monkeypatch.setattr(edge_pass, "MAX_SHARED_BYTES", 128 * 9 * 4 - 1)
+    assert edge_pass.fused_layout(ops["backward"].compiled, "float32", 4) is None
 
 
 def test_cli_writes_report(tmp_path):

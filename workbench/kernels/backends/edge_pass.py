@@ -44,6 +44,8 @@ __all__ = ["PassLayout", "block_shape", "fused_layout", "kernel_source", "launch
 #: a channel-summed output is reduced inside one block, so one node's channels must fit a block
 MAX_REDUCE_CHANNELS = 256
 MAX_CHANNELS = 1024
+#: the partials of the channel-summed output live in static shared memory (48 KB a block)
+MAX_SHARED_BYTES = 48 * 1024
 ROWS = {0: "eu", 1: "su", 2: "ru"}  # row codes of edge operands: the edge, its sender, its receiver
 
 
@@ -113,8 +115,10 @@ def fused_layout(compiled: Sequence[Any], dtype: str, channels: int) -> PassLayo
     if lay is None or channels < 1 or channels > MAX_CHANNELS:
         return None
     role1 = [compiled[k] for k in _role1(lay)]
-    if lay.reduce is not None and channels > MAX_REDUCE_CHANNELS:
-        return None
+    if lay.reduce is not None:
+        width = compiled[lay.reduce].out_off.shape[0] * (8 if dtype == "float64" else 4)
+        if channels > MAX_REDUCE_CHANNELS or block_shape(channels)[1] * width > MAX_SHARED_BYTES:
+            return None
     if not all(unrolled.unroll(c, dtype, split=False) for c in role1):
         return None
     slots = len({key for c in role1 for key in _slot_keys(c.table)})
