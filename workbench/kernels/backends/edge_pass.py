@@ -23,8 +23,9 @@ Operand components are read with unsigned indices (no wraparound, offsets folded
 loads) and shared by every output of a role (:func:`~workbench.kernels.backends.unrolled._sums`
 with one slot namespace). A pass is fused when every output runs unrolled on its own, the
 role-1 union fits (:func:`fused_layout`), there is at most one channel-summed output with
-contiguous components, and ``C <= 256`` when it has one (a block holds one node's channels);
-the outputs left out are launched one kernel each by the caller.
+contiguous components, and ``C <= 256`` when it has one (a node's threads share a block, and
+its partials fit static shared memory); the outputs left out are launched one kernel each by
+the caller.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ from workbench.kernels.descriptor.tables import TermTable
 
 __all__ = ["PassLayout", "block_shape", "fused_layout", "kernel_source", "launch", "layout", "plan"]
 
-#: a channel-summed output is reduced inside one block, so one node's channels must fit a block
+#: a channel-summed output is reduced inside one block, so a node's C threads share one: 256
+#: threads at up to 255 registers each fill the 64K register file
 MAX_REDUCE_CHANNELS = 256
 MAX_CHANNELS = 1024
 #: the partials of the channel-summed output live in static shared memory (48 KB a block)
