@@ -48,7 +48,6 @@ MAX_REDUCE_CHANNELS = 256
 MAX_CHANNELS = 1024
 #: the partials of the channel-summed output live in static shared memory (48 KB a block)
 MAX_SHARED_BYTES = 48 * 1024
-ROWS = {0: "eu", 1: "su", 2: "ru"}  # row codes of edge operands: the edge, its sender, its receiver
 
 
 @dataclass(frozen=True)
@@ -159,7 +158,7 @@ class _Slots:
             if key not in self.names:
                 self.names[key] = f"{self.prefix}{len(self.names)}"
                 a, k, off, cs = key
-                loads.append(f"{ind}{self.names[key]} = x{a}[{ROWS[k]}, {self.index(off, cs)}]")
+                loads.append(f"{ind}{self.names[key]} = x{a}[{unrolled.EDGE_ROW_VARS[k]}, {self.index(off, cs)}]")
             names.append(self.names[key])
         return names, loads
 
@@ -214,7 +213,7 @@ def kernel_source(tables: Sequence[TermTable], lay: PassLayout, dtype: str, chan
                        f"{i3}for i in range(1, C):", f"{i4}t += red[ln * C + i, q]",
                        f"{i3}out{k}[eu, u64(q) + U{int(t.out_off[0])}] = t", f"{ind}cuda.syncthreads()"]
         index.offsets.add(int(t.out_off[0]))
-    body += ["for j in range(L):", f"{ind}if j < count:"] + _edge_rows(i2, "w_perm[start + j]")
+    body += ["for j in range(L):", f"{ind}if j < count:"] + unrolled.edge_rows(i2, "w_perm[start + j]")
     body += loop + reduce_tail
     if stores:
         body += ["if n < N:"] + stores
@@ -226,7 +225,7 @@ def kernel_source(tables: Sequence[TermTable], lay: PassLayout, dtype: str, chan
         body2 = ["gid = (cuda.blockIdx.x - B1) * cuda.blockDim.x + tid", "if gid >= (o_ptr.shape[0] - 1) * C:",
                  f"{ind}return", "n = gid // C", "c = gid - n * C", "nu = u64(n)", "@CHANNELS@"]
         decl, loop2, stores2 = _carried(tables, lay.other, slots2, ind, "", consts, index, dtype)
-        body2 += decl + ["for p in range(o_ptr[n], o_ptr[n + 1]):"] + _edge_rows(ind, "o_perm[p]")
+        body2 += decl + ["for p in range(o_ptr[n], o_ptr[n + 1]):"] + unrolled.edge_rows(ind, "o_perm[p]")
         body2 += loop2 + stores2
         src += ["else:"] + [ind + line for line in body2]
     chan = index.channel_lines()
@@ -256,11 +255,6 @@ def _carried(tables: Sequence[TermTable], ks: Sequence[int], slots: _Slots, ind:
         loop += loads + lines
         stores += [f"{store_ind}out{k}[nu, {index(t.out_off[o], t.out_cs[o])}] = {e}" for o, e in exprs.items()]
     return decls, loop, stores
-
-
-def _edge_rows(ind: str, edge: str) -> list[str]:
-    """The edge of a walk step and its rows as unsigned indices."""
-    return [f"{ind}e = {edge}", f"{ind}eu = u64(e)", f"{ind}su = u64(sender[e])", f"{ind}ru = u64(receiver[e])"]
 
 
 @lru_cache(maxsize=None)

@@ -348,6 +348,15 @@ class _Index:
         return [f"cu{cs} = u64({c})" if cs == 1 else f"cu{cs} = u64({c} * {cs})" for cs in sorted(self.strides)]
 
 
+#: the variables holding an edge operand's row, by row code: the edge, its sender, its receiver
+EDGE_ROW_VARS = {0: "eu", 1: "su", 2: "ru"}
+
+
+def edge_rows(ind: str, edge: str) -> list[str]:
+    """The lines of a segment walk's step: the edge ``edge`` and its rows as unsigned indices."""
+    return [f"{ind}e = {edge}", f"{ind}eu = u64(e)", f"{ind}su = u64(sender[e])", f"{ind}ru = u64(receiver[e])"]
+
+
 def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: bool = False,
                   tpb: int = THREADS_PER_BLOCK, group: int = 0) -> str:
     """Python source of the unrolled kernel ``kernel`` for ``table``.
@@ -375,7 +384,7 @@ def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: 
         rows = {0: "bu", 1: "zu"}
     elif shape in ("node", "edge"):
         args = ", ".join(f"x{i}" for i in range(8))
-        rows = {0: "eu", 1: "su", 2: "ru"}
+        rows = EDGE_ROW_VARS
         if shape == "node":
             head = [f"def kernel({args}, sender, receiver, seg_ptr, seg_perm, C, out):",
                     "gid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
@@ -415,7 +424,7 @@ def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: 
         decl, lines, exprs = _sums(table, dtype, ind, consts, decl_ind="")
         body += decl
         body += ["for p in range(seg_ptr[n], seg_ptr[n + 1]):",
-                 f"{ind}e = seg_perm[p]", f"{ind}eu = u64(e)", f"{ind}su = u64(sender[e])", f"{ind}ru = u64(receiver[e])"]
+                 *edge_rows(ind, "seg_perm[p]")]
         body += loads(ind) + lines
         for o, expr in exprs.items():
             idx = index(table.out_off[o], table.out_cs[o])
