@@ -143,6 +143,38 @@ def test_on_error_fail_names_file_and_frame_skip_lists_every_frame(embedded_fram
     assert res.returncode == 2 and "bad.extxyz, frame 3" in res.stderr and "Traceback" not in res.stderr
 
 
+def test_fail_names_the_first_bad_chunk_whichever_worker_finishes_first():
+    """Chunks finish out of order; the error raised is still the earliest one in file order."""
+    import threading
+    from concurrent.futures import Future
+
+    from workbench.data.prepare import _collect
+
+    class Bar:
+        def update(self, n): pass
+        def set_postfix(self, **kw): pass
+
+    def failed(msg):
+        f = Future()
+        f.set_exception(StructureError(Path("a.extxyz"), None, msg))
+        return f
+
+    # both failed: the later chunk may come first out of wait()'s set
+    for _ in range(20):
+        with pytest.raises(StructureError, match="chunk 0"):
+            _collect({failed("chunk 0"): 1, failed("chunk 1"): 2}, Bar(), 0, 0, 0, block=True)
+    # the later chunk failed while the earlier one still runs: wait for it, raise its error
+    early, late = Future(), failed("chunk 1")
+    threading.Timer(0.2, lambda: early.set_exception(StructureError(Path("a.extxyz"), None, "chunk 0"))).start()
+    with pytest.raises(StructureError, match="chunk 0"):
+        _collect({early: 1, late: 2}, Bar(), 0, 0, 0, block=True)
+    # the earlier one succeeds: the later chunk's error stands
+    early, late = Future(), failed("chunk 1")
+    threading.Timer(0.2, lambda: early.set_result({"graphs": 4, "skipped": 0})).start()
+    with pytest.raises(StructureError, match="chunk 1"):
+        _collect({early: 1, late: 2}, Bar(), 0, 0, 0, block=True)
+
+
 def test_malformed_inputs_name_the_frame(embedded_frames, tmp_path):
     good = write_structures(tmp_path / "w.extxyz", _water(embedded_frames)[:6])
     lines = good.read_text().splitlines(keepends=True)

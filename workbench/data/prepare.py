@@ -411,9 +411,12 @@ def _run_pool(out: Path, paths: list[Path], settings: Settings, fingerprints: li
 
 def _collect(pending: dict, bar, graphs: int, skipped: int, position: int, block: bool) -> tuple[int, int, int]:
     finished, _ = wait(list(pending), return_when=FIRST_COMPLETED) if block else (set(), None)
-    for fut in finished:
+    order = list(pending)  # submission order = file order
+    for fut in sorted(finished, key=order.index):
+        if fut.exception() is not None:
+            _raise_first_error(order[: order.index(fut) + 1])
         now = pending.pop(fut)
-        result = fut.result()  # re-raises a worker's StructureError with file and frame
+        result = fut.result()
         graphs += result["graphs"]
         skipped += result["skipped"]
         if now > position:
@@ -421,6 +424,15 @@ def _collect(pending: dict, bar, graphs: int, skipped: int, position: int, block
             position = now
         bar.set_postfix(graphs=graphs, skipped=skipped, refresh=False)
     return graphs, skipped, position
+
+
+def _raise_first_error(futures: list) -> None:
+    """Raise the error of the earliest chunk that failed, so ``on_error="fail"`` names the first
+    bad frame in file order whichever worker finished first."""
+    wait(futures)
+    for fut in futures:
+        if fut.exception() is not None:
+            raise fut.exception()  # a worker's StructureError, with file and frame
 
 
 def _write_manifest(out: Path, data: dict) -> None:
