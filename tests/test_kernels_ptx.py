@@ -179,22 +179,36 @@ def test_split_parts_partition_the_terms(small_ops, monkeypatch):
 
 
 def test_generated_source_is_straight_line(small_ops):
-    """Offsets are unsigned globals, each distinct coefficient is a typed float32 global, every
-    term's coefficient is used exactly once, terms are fused multiply-adds, and no table is read."""
+    """Offsets are unsigned globals, no table is read, and the sums are one generated
+    polynomial whose program uses every term's coefficient exactly once and equals the term
+    table evaluated directly (float64, random operands and accumulators)."""
+    from workbench.kernels.backends.poly_ir import CONST, Program
+
+    rng = np.random.default_rng(7)
     for op in (small_ops["channelwise_tp"][0][1], small_ops["symmetric_contraction"][1][1]):
         for comp in op.compiled:
             shape = "node" if comp.node_output else ("edge" if op.edge else "atom")
             src = unrolled.kernel_source(comp.table, shape, "float32", reduce_channels=comp.reduce_channels)
             compile(src, "<test>", "exec")
             consts, body = src.split("\ndef kernel(")
-            defs = dict(re.findall(r"^(K\d+) = f32\((.+)\)$", consts, flags=re.M))
             offsets = re.findall(r"^U(\d+) = np\.uint64\((\d+)\)$", consts, flags=re.M)
-            assert offsets and all(a == b for a, b in offsets)
-            assert len(defs) + len(offsets) == len(consts.strip().splitlines())  # coefficients float32, offsets uint64
+            codes = re.findall(r'^P = polynomial\("([A-Za-z0-9+/=]+)", "float32"\)$', consts, flags=re.M)
+            assert offsets and all(a == b for a, b in offsets) and len(codes) == 1
+            assert len(offsets) + 1 == len(consts.strip().splitlines())  # offsets uint64, one polynomial
             assert not re.search(r"x\d\[\w+, \d", body)  # no signed literal index (numba would wrap it around)
-            assert sorted(float(v) for v in defs.values()) == sorted({float(np.float64(c)) for c in comp.table.coef64})
-            assert len(re.findall(r"\bK\d+\b", body)) == comp.num_terms
-            assert "cuda.fma(" in body and "t_coef" not in body and "t_fac" not in body
+            assert body.count("acc = P(acc, (") == 1 and "t_coef" not in body and "t_fac" not in body
+            prog = Program.decode(codes[0])
+            const_ids = {prog.num_inputs + prog.num_acc + j for j, o in enumerate(prog.ops) if o[0] == CONST}
+            uses = sum(x in const_ids for o in prog.ops if o[0] != CONST for x in o[1:3])
+            assert uses == comp.num_terms
+            assert sorted(prog.coefs) == sorted({float(c) for c in comp.table.coef64})
+            v = rng.standard_normal(prog.num_inputs)
+            acc = rng.standard_normal(prog.num_acc)
+            want = acc.copy()
+            outs = sorted({o for o, _, _ in comp.table.monomials()})
+            for o, c, slots in comp.table.monomials():
+                want[outs.index(o)] += c * np.prod(v[list(slots)])
+            np.testing.assert_allclose(prog.evaluate(acc, v), want, rtol=1e-12, atol=1e-12)
             if shape == "node":
                 assert "for p in range(seg_ptr[n], seg_ptr[n + 1]):" in body and "cuda.shared" not in body
 

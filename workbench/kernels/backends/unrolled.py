@@ -54,6 +54,7 @@ from typing import Any, Sequence
 
 from workbench.kernels.backends.device import cudasim_enabled
 from workbench.kernels.backends.generated import load_module, source_dir
+from workbench.kernels.backends.poly_ir import Program
 from workbench.kernels.descriptor.tables import TermTable
 
 __all__ = ["kernel_source", "get_unrolled_kernel", "live_slots", "unroll", "unroll_cost", "unrolled_parts", "use_unrolled",
@@ -193,8 +194,6 @@ def _const(value: float, dtype: str) -> str:
 
 
 CHUNK = 16  # terms per fused multiply-add chain
-LINES_PER_BLOCK = 8  # prefix products per ``if go:`` block
-TERMS_PER_BLOCK = 64  # terms per ``if go:`` block
 
 
 class _Constants:
@@ -205,6 +204,7 @@ class _Constants:
     def __init__(self, dtype: str):
         self.dtype = dtype
         self.names: dict[float, str] = {}
+        self.defs: list[str] = []
 
     def __call__(self, value: float) -> str:
         value = float(value)
@@ -212,23 +212,25 @@ class _Constants:
             self.names[value] = f"K{len(self.names)}"
         return self.names[value]
 
+    def define(self, name: str, expr: str) -> str:
+        """A module-level definition ``name = expr`` (a generated polynomial); returns ``name``."""
+        self.defs.append(f"{name} = {expr}")
+        return name
+
     def lines(self) -> list[str]:
-        return [f"{name} = {_const(value, self.dtype)}" for value, name in self.names.items()]
+        return [f"{name} = {_const(value, self.dtype)}" for value, name in self.names.items()] + self.defs
 
 
-def _sums(table: TermTable, dtype: str, ind: str, consts: _Constants, decl_ind: str | None = None,
-          names: Sequence[str] | None = None, tag: str = "") -> tuple[list[str], list[str], dict[int, str]]:
-    r"""``(declarations, lines, exprs)``: the accumulators' declarations (zeroed; at ``decl_ind``,
-    default ``ind``, so that a loop can carry them), the lines accumulating every output component
-    into them, and per component the expression holding it. ``names``: the variable holding each
-    slot (default ``v{q}``); ``tag`` prefixes the local names, so that several tables can share
-    one kernel body.
+def _program(table: TermTable) -> tuple[Program, list[int]]:
+    r"""The sums of ``table`` as a :class:`~workbench.kernels.backends.poly_ir.Program` (inputs:
+    the slots, then one accumulator per output component), and the output components in
+    accumulator order.
 
     Operands are ranked by how often their components occur as factors (for the contraction:
     :math:`x`, then the cotangent, then the weights). Terms are grouped by their monomial in the
-    first operand, :math:`m = x_i x_j \cdots`, built once from its prefix (one multiplication)
-    and shared by every output; inside a group, factors of the next operand are taken out the
-    same way, and so on (a multivariate Horner form):
+    first operand, :math:`m = x_i x_j \cdots`, built once from its two-factor prefix and shared
+    by every output; inside a group, factors of the next operand are taken out the same way,
+    and so on (a multivariate Horner form):
 
     .. math::
 
@@ -236,32 +238,36 @@ def _sums(table: TermTable, dtype: str, ind: str, consts: _Constants, decl_ind: 
         \mathrm{fma}(W_1, \alpha_1, \mathrm{fma}(W_2, \alpha_2, \ldots)), \ldots\big),\; a_o\Big)
 
     so a term costs about one fused multiply-add with its coefficient as an immediate, and an
-    outer group one more. Written as nested ``cuda.fma`` calls (one typed call per term, where
-    ``a * b + c`` is two binary operations for numba to type) with the coefficients as globals
-    (:class:`_Constants`), which halves compile time.
-
-    Accumulators live in a small local array (constant indices: LLVM keeps them in registers)
-    so that no Python variable is redefined block after block, and the groups of one
-    two-factor prefix share an ``if go:`` block (``go`` is always true): numba's SSA and
-    liveness passes are superlinear in the size of a basic block, and the blocks keep compile
-    time linear in the terms. A monomial is built and used in one block."""
+    outer group one more. An output's terms of one monomial go in chunks of :data:`CHUNK`, each
+    chunk one nested chain added to the accumulator."""
     mons = table.monomials()
-    v = list(names) if names is not None else [f"v{q}" for q in range(table.num_slots)]
     arrays = [int(a) for a in table.slot_arr]
     count: dict[int, int] = {}
     for _, _, slots in mons:
         for q in slots:
             count[arrays[q]] = count.get(arrays[q], 0) + 1
     rank = sorted(count, key=lambda a: (-count[a], a))
+    outs = sorted({o for o, _, _ in mons})
+    slot = {o: k for k, o in enumerate(outs)}
+    prog = Program(table.num_slots, len(outs))
+    products: dict[tuple[int, ...], int] = {}
 
     def split(slots: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
         return tuple(tuple(q for q in slots if arrays[q] == a) for a in rank)
 
-    def chain(terms: list[tuple[float, tuple]], level: int, tail: str | None) -> str:
+    def product(mono_: tuple[int, ...]) -> int:
+        """``v[q0] * v[q1] * ...`` left to right; two-factor prefixes are shared."""
+        if len(mono_) == 1:
+            return prog.v(mono_[0])
+        if mono_ not in products:
+            products[mono_] = prog.mul(product(mono_[:-1]), prog.v(mono_[-1]))
+        return products[mono_]
+
+    def chain(terms: list[tuple[float, tuple]], level: int, tail: int | None) -> int:
         """``tail`` plus the sum of ``terms`` (their factors of ``rank[level:]``)."""
         if level == len(rank):
-            k = consts(sum(c for c, _ in terms))
-            return k if tail is None else f"({tail} + {k})"
+            k = prog.const(sum(c for c, _ in terms))
+            return k if tail is None else prog.add(tail, k)
         groups: dict[tuple[int, ...], list] = {}
         for c, key in terms:
             groups.setdefault(key[level], []).append((c, key))
@@ -269,58 +275,52 @@ def _sums(table: TermTable, dtype: str, ind: str, consts: _Constants, decl_ind: 
             if not mono_:
                 tail = chain(sub, level + 1, tail)
                 continue
-            f = " * ".join(v[q] for q in mono_)
-            if level + 1 == len(rank):  # innermost: the coefficient is the multiplier
-                k = consts(sum(c for c, _ in sub))
-                tail = f"{f} * {k}" if tail is None else f"cuda.fma({f}, {k}, {tail})"
-            else:
-                inner = chain(sub, level + 1, None)
-                tail = f"{f} * {inner}" if tail is None else f"cuda.fma({f}, {inner}, {tail})"
+            f = product(mono_)
+            inner = prog.const(sum(c for c, _ in sub)) if level + 1 == len(rank) else chain(sub, level + 1, None)
+            tail = prog.mul(f, inner) if tail is None else prog.fma(f, inner, tail)
         return tail
 
-    outs = sorted({o for o, _, _ in mons})
-    slot = {o: k for k, o in enumerate(outs)}
     top: dict[tuple[int, ...], dict[int, list]] = {}
     for o, coef, slots in mons:
         key = split(slots)
         top.setdefault(key[0] if key else (), {}).setdefault(o, []).append((coef, key))
-    prefixes = sorted({mono_[:2] for mono_ in top if len(mono_) >= 2})
-    pre = {t: k for k, t in enumerate(prefixes)}
-    di = ind if decl_ind is None else decl_ind
-    decl = [f"{di}{tag}acc = cuda.local.array({len(outs)}, {_dtype_name(dtype)})"]
-    decl += [f"{di}{tag}acc[{k}] = {_const(0.0, dtype)}" for k in range(len(outs))]
-    blocks: list[str] = []
-    if prefixes:
-        decl.append(f"{di}{tag}pre = cuda.local.array({len(prefixes)}, {_dtype_name(dtype)})")
-        for i in range(0, len(prefixes), LINES_PER_BLOCK):
-            blocks.append(f"{ind}if go:")
-            blocks += [f"{ind}    {tag}pre[{pre[t]}] = {v[t[0]]} * {v[t[1]]}" for t in prefixes[i:i + LINES_PER_BLOCK]]
-    made = 0
-    block: list[str] = []
-    weight = 0
-    local: dict[tuple[int, ...], str] = {}
+    for mono_ in sorted(top):  # the two-factor prefixes first, as they are shared most
+        if len(mono_) >= 2:
+            product(mono_[:2])
+    acc = [prog.acc(k) for k in range(len(outs))]
     for mono_ in sorted(top):
+        m = product(mono_) if mono_ else None
         for o, terms in sorted(top[mono_].items()):
-            a = f"{tag}acc[{slot[o]}]"
+            k = slot[o]
+            if mono_ and len(rank) == 1:  # the monomial is the whole term
+                acc[k] = prog.fma(m, prog.const(sum(c for c, _ in terms)), acc[k])
+                continue
             for i in range(0, len(terms), CHUNK):
-                if weight >= TERMS_PER_BLOCK:  # close the block; monomials are rebuilt in the next one
-                    blocks += [f"{ind}if go:"] + [f"{ind}    {line}" for line in block]
-                    block, weight, local = [], 0, {}
-                if len(mono_) >= 2 and mono_ not in local:
-                    local[mono_] = f"{tag}m{made}"  # defined once, used in this block only
-                    made += 1
-                    block.append(f"{local[mono_]} = {tag}pre[{pre[mono_[:2]]}]" + "".join(f" * {v[q]}" for q in mono_[2:]))
-                m = local[mono_] if len(mono_) >= 2 else (v[mono_[0]] if mono_ else None)
-                if mono_ and len(rank) == 1:  # the monomial is the whole term
-                    block.append(f"{a} = cuda.fma({m}, {consts(sum(c for c, _ in terms))}, {a})")
-                    weight += 1
-                    break
                 chunk = terms[i:i + CHUNK]
-                block.append(f"{a} = cuda.fma({m}, {chain(chunk, 1, None)}, {a})" if m else f"{a} = {chain(chunk, 1, a)}")
-                weight += len(chunk)
-    if block:
-        blocks += [f"{ind}if go:"] + [f"{ind}    {line}" for line in block]
-    return decl, blocks, {o: f"{tag}acc[{slot[o]}]" for o in outs}
+                acc[k] = prog.fma(m, chain(chunk, 1, None), acc[k]) if m is not None else chain(chunk, 1, acc[k])
+    prog.outputs = acc
+    return prog, outs
+
+
+def _sums(table: TermTable, dtype: str, ind: str, consts: _Constants, decl_ind: str | None = None,
+          names: Sequence[str] | None = None, tag: str = "") -> tuple[list[str], list[str], dict[int, str]]:
+    """``(declarations, lines, exprs)``: the accumulators' declaration (zeroed; at ``decl_ind``,
+    default ``ind``, so that a loop can carry them), the line adding every term to them, and per
+    output component the expression holding it. ``names``: the variable holding each slot
+    (default ``v{q}``); ``tag`` prefixes the local names, so that several tables can share one
+    kernel body.
+
+    The sums (:func:`_program`) are one call of a generated intrinsic
+    (:func:`~workbench.kernels.backends.poly_ir.polynomial`) on tuples of the accumulators and
+    the operand components, so numba types one call instead of every term."""
+    prog, outs = _program(table)
+    v = list(names) if names is not None else [f"v{q}" for q in range(table.num_slots)]
+    fn = consts.define(f"{tag}P", f'polynomial("{prog.encode()}", "{dtype}")')
+    di = ind if decl_ind is None else decl_ind
+    zero = _const(0.0, dtype)
+    decl = [f"{di}{tag}acc = (" + "".join(f"{zero}, " for _ in outs) + ")"]
+    lines = [f"{ind}{tag}acc = {fn}({tag}acc, (" + "".join(f"{x}, " for x in v) + "))"]
+    return decl, lines, {o: f"{tag}acc[{k}]" for k, o in enumerate(outs)}
 
 
 class _Index:
@@ -472,6 +472,8 @@ _HEADER = """# generated by workbench.kernels.unrolled from a term table; safe t
 import numba
 import numpy as np
 from numba import cuda
+
+from workbench.kernels.backends.poly_ir import polynomial
 
 f32 = numba.float32
 u64 = numba.uint64
