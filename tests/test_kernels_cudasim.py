@@ -18,8 +18,16 @@ sys.path.insert(0, {tests!r})
 from kernel_fixtures import build_model, energy_force_grads, random_batch, rel_err
 from workbench.kernels import accelerate
 from workbench.kernels.backends import cuda as kc
+from workbench.kernels import ops as kops
 assert kc.cudasim_enabled() and kc.cuda_available()
 errs = {{}}
+fused = []  # outputs computed by each fused atom pass launch (0: launched one kernel per part)
+_launch = kops._apass.launch
+def _spy(*a, **k):
+    done = _launch(*a, **k)
+    fused.append(len(done))
+    return done
+kops._apass.launch = _spy
 for cfg in [("MACE", "2x0e+2x1o", 1, 2, 2), ("ScaleShiftMACE", "2x0e+2x1o", 2, 3, 2)]:
     m = build_model(*cfg)
     d = random_batch(cfg[4], n_atoms=(3, 4))
@@ -36,6 +44,7 @@ for cfg in [("MACE", "2x0e+2x1o", 1, 2, 2), ("ScaleShiftMACE", "2x0e+2x1o", 2, 3
             again = energy_force_grads(a, dd)
             errs[f"repeat-{{cfg}}"] = [int((torch.cat([t.flatten() for t in (E, F, *G)]) !=
                                             torch.cat([t.flatten() for t in (again[0], again[1], *again[2])])).sum())] * 3
+errs["fused"] = sorted(set(fused))
 """
 
 
@@ -48,6 +57,10 @@ def test_cuda_kernels_under_simulator(variant):
              "unrolled-terms": {"WORKBENCH_UNROLL_TERMS": "5"}}.get(variant, {})
     errs = run_under_simulator(SCRIPT, variant.split("-")[0], **extra)
     print(errs)
+    # one launch per pass for the contraction: the backward's d(x) and d(W), the double
+    # backward's d(x), d(W) and d(d(out)), each in all its parts (the forward, one output, too
+    # when it is split); table kernels are never fused
+    assert errs.pop("fused") == {"unrolled": [0, 2, 3], "table": [0]}.get(variant, [0, 1, 2, 3])
     assert sum(key.startswith("repeat") for key in errs) == 2
     for key, (e, f, g) in errs.items():
         tol = 0 if key.startswith("repeat") else (1e-10 if "float64" in key else 1e-5)

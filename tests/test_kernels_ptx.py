@@ -92,13 +92,16 @@ def test_training_kernels_compile_for_sm90(small_ops, variant, dtype, monkeypatc
     rows = []
     for family, ops in small_ops.items():
         rows += kernel_resources(ops, dtype, variant, cc=(9, 0), family=family)
-    # forward, 2 backward and 3 double-backward outputs for the contraction, plus the per-species
-    # sum of each weight gradient; the TP: one launch per pass unrolled (float64: the double
+    # the contraction unrolled: one launch per pass (the backward's and double backward's outputs
+    # in one atom pass each), plus the per-species sum of each weight gradient; on tables, one per
+    # output (1 + 2 + 3) and the sums. The TP: one launch per pass unrolled (float64: the double
     # backward's receiver output apart), 1 + 3 + 4 on tables
     tp = {("unrolled", "float32"): 3, ("unrolled", "float64"): 4}.get((variant, dtype), 8)
-    assert len(rows) == len(captured) == 6 + 2 + tp
+    sc = 3 if variant == "unrolled" else 6
+    assert len(rows) == len(captured) == sc + 2 + tp
     assert {r.variant for r in rows} == {variant, "segment"}
     assert [r.kernel == "pass" for r in rows if r.family == "channelwise_tp"].count(True) == (2 if tp < 8 else 0)
+    assert [r.kernel == "atom pass" for r in rows].count(True) == (2 if variant == "unrolled" else 0)
     assert [r.kernel for r in rows if r.variant == "segment"] == ["species sum"] * 2
     for r, ptx in zip(rows, captured):
         assert ".target sm_90" in ptx and ".entry" in ptx, (r.family, r.op, r.output)
@@ -194,7 +197,9 @@ def test_generated_source_is_straight_line(small_ops):
             offsets = re.findall(r"^U(\d+) = np\.uint64\((\d+)\)$", consts, flags=re.M)
             codes = re.findall(r'^P = polynomial\("([A-Za-z0-9+/=]+)", "float32"\)$', consts, flags=re.M)
             assert offsets and all(a == b for a, b in offsets) and len(codes) == 1
-            assert len(offsets) + 1 == len(consts.strip().splitlines())  # offsets uint64, one polynomial
+            zeros = re.findall(r"^Z = \(np\.float32\(0\.0\),\) \* (\d+)$", consts, flags=re.M)
+            assert len(offsets) + 2 == len(consts.strip().splitlines())  # offsets uint64, one polynomial, its zeros
+            assert zeros == [str(len(set(comp.table.t_out.tolist())))]
             assert not re.search(r"x\d\[\w+, \d", body)  # no signed literal index (numba would wrap it around)
             assert body.count("acc = P(acc, (") == 1 and "t_coef" not in body and "t_fac" not in body
             prog = Program.decode(codes[0])

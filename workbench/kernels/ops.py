@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from workbench.kernels.backends import atom_pass as _apass
 from workbench.kernels.backends import cpu as _cpu
 from workbench.kernels.backends import cuda as _cuda
 from workbench.kernels.backends import edge_cuda as _ecuda
@@ -56,7 +57,7 @@ def _warn_once(msg: str) -> None:
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
-#: set to 0 to launch an edge op's outputs one kernel each instead of one fused kernel per pass
+#: set to 0 to launch an op's outputs (and their parts) one kernel each instead of one fused kernel per pass
 FUSE_ENV = "WORKBENCH_FUSE_PASSES"
 #: set to 1 to let CUDA tensors run the CPU kernels on host copies when numba has no CUDA target
 HOST_FALLBACK_ENV = "WORKBENCH_KERNELS_HOST_FALLBACK"
@@ -324,10 +325,18 @@ class PolyOp(TransientCache):
 
     def _launch_pass(self, arrays, index: RowIndex, channels: int, outs, convert: Callable[[torch.Tensor], Any],
                      stream) -> tuple[int, ...]:
-        """The outputs of an edge op in one launch (:mod:`~workbench.kernels.backends.edge_pass`)
-        when it applies (``WORKBENCH_FUSE_PASSES=0``: never); the indices of those it computed."""
-        if not self.edge or os.environ.get(FUSE_ENV, "1") == "0":
+        """The outputs of the pass in one launch (:mod:`~workbench.kernels.backends.edge_pass`,
+        :mod:`~workbench.kernels.backends.atom_pass`: then a per-species sum of each weight
+        gradient) when it applies (``WORKBENCH_FUSE_PASSES=0``: never); the indices of those it
+        computed."""
+        if os.environ.get(FUSE_ENV, "1") == "0":
             return ()
+        if not self.edge:
+            partials = [self._partial(c, index, o) for c, o in zip(self.compiled, outs)]
+            return _apass.launch(self.compiled, arrays, *index.arrays(self.compiled[0], convert), channels,
+                                 [convert(o) for o in outs], [None if p is None else convert(p) for p in partials],
+                                 tuple(convert(t) for t in index.csr()) if any(c.species_output for c in self.compiled)
+                                 else None, stream)
         return _epass.launch(self.compiled, arrays, convert(index.sender), convert(index.receiver),
                              lambda rows: tuple(convert(t) for t in index.csr(rows)), channels,
                              [convert(o) for o in outs], stream)

@@ -170,14 +170,14 @@ def kernel_source(tables: Sequence[TermTable], lay: PassLayout, dtype: str, chan
     the shared buffers are sized by them)."""
     npb = block_shape(channels)[0] if npb is None else npb
     tpb = npb * channels
-    consts = unrolled._Constants(dtype)
+    consts = unrolled._Definitions(dtype)
     index = unrolled._Index()
     dt = unrolled._dtype_name(dtype)
     ind, i2, i3, i4 = "    ", "    " * 2, "    " * 3, "    " * 4
     outs = ", ".join(f"out{k}" for k in range(len(tables)))
     xs = ", ".join(f"x{i}" for i in range(8))
     src = [f"def kernel({xs}, sender, receiver, w_ptr, w_perm, o_ptr, o_perm, C, B1, {outs}):",
-           "tid = cuda.threadIdx.x", "go = C > 0"]
+           "tid = cuda.threadIdx.x"]
     red_k = tables[lay.reduce].out_off.shape[0] if lay.reduce is not None else 0
     if lay.reduce is not None:
         src += [f"red = cuda.shared.array(({tpb}, {red_k}), {dt})", f"cnt = cuda.shared.array({npb}, numba.int64)"]
@@ -241,7 +241,7 @@ def kernel_source(tables: Sequence[TermTable], lay: PassLayout, dtype: str, chan
 
 
 def _carried(tables: Sequence[TermTable], ks: Sequence[int], slots: _Slots, ind: str, store_ind: str,
-             consts: "unrolled._Constants", index: "unrolled._Index", dtype: str) -> tuple[list[str], list[str], list[str]]:
+             consts: "unrolled._Definitions", index: "unrolled._Index", dtype: str) -> tuple[list[str], list[str], list[str]]:
     """Node outputs ``ks`` summed over a walk: ``(declarations before the loop, loop lines at
     ``ind``, stores after it at ``store_ind``)``."""
     decls: list[str] = []

@@ -11,11 +11,13 @@ over value ids, and the kernel source calls it as one function:
 
     P0 = polynomial("eJzt...", "float32")    # the program, encoded in the generated module
     ...
-    acc = P0(acc, (v0, v1, ..., v96))         # acc, v: tuples; returns the new accumulators
+    acc = P0(acc, ((v0, ..., v15), ..., (v96,)))  # returns the new accumulators
 
 The intrinsic's lowering emits the program as ``fmul``/``fadd``/``llvm.fma`` on the tuple's
 elements, so numba sees one call, and NVVM gets the same instructions the Python source gave
-it. Under the CUDA simulator the program runs as generated Python instead (same order of
+it. The operands come in tuples of at most :data:`CHUNK` (CPython builds a longer tuple
+display through a list, which numba's bytecode pass mishandles when a function has several).
+Under the CUDA simulator the program runs as generated Python instead (same order of
 operations, in the operands' precision).
 
 Values are numbered: ``[0, S)`` the operand components ``v``, ``[S, S + A)`` the accumulators
@@ -30,9 +32,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Program", "polynomial"]
+__all__ = ["CHUNK", "Program", "call_source", "polynomial"]
 
 MUL, ADD, FMA, CONST = 0, 1, 2, 3
+#: operand components per tuple of a call's source (CPython builds a tuple display of over 30 through a list)
+CHUNK = 16
 
 
 class Program:
@@ -100,13 +104,14 @@ class Program:
         return p
 
     def python_source(self, name: str = "poly") -> str:
-        """The program as a Python function ``name(acc, v)`` (for the simulator and tests)."""
+        """The program as a Python function ``name(acc, chunks)`` (for the simulator and tests):
+        ``chunks`` a tuple of tuples holding the operand components in order."""
         s, a = self.num_inputs, self.num_acc
 
         def ref(i: int) -> str:
             return f"v[{i}]" if i < s else (f"acc[{i - s}]" if i < s + a else f"t{i}")
 
-        lines = [f"def {name}(acc, v):"]
+        lines = [f"def {name}(acc, chunks):", "    v = sum(chunks, ())"]
         for j, (op, x, y, z) in enumerate(self.ops):
             t = f"t{s + a + j}"
             if op == CONST:
@@ -123,7 +128,15 @@ class Program:
     def evaluate(self, acc: Any, v: Any, dtype: str = "float64") -> tuple:
         """Run the program in Python, in ``dtype`` (the reference for tests)."""
         fn = _python_function(self, np.dtype(dtype).type)
-        return fn(tuple(acc), tuple(v))
+        return fn(tuple(acc), (tuple(v),))
+
+
+def call_source(fn: str, acc: str, names: list[str]) -> str:
+    """Source of the call ``fn(acc, ((v0, ...), ...))`` on the operand variables ``names``."""
+    chunks = ["(" + "".join(f"{x}, " for x in names[i:i + CHUNK]) + ")" for i in range(0, len(names), CHUNK)]
+    if len(chunks) > 30:
+        raise ValueError(f"polynomial: {len(names)} operand components exceed {30 * CHUNK}")
+    return f"{fn}({acc}, (" + "".join(f"{c}, " for c in chunks) + "))"
 
 
 def _python_function(program: Program, scalar: type) -> Any:
@@ -147,10 +160,14 @@ def polynomial(code: str, dtype: str) -> Any:
     return _intrinsic(program, scalar)
 
 
-def _intrinsic(program: Program, scalar: type) -> Any:
+def _intrinsic(program: Program, scalar: type, intrinsic: Any = None) -> Any:
+    """The intrinsic for ``program``; ``intrinsic``: the decorator (default numba-CUDA's; tests
+    lower the same code for the CPU target with ``numba.core.extending.intrinsic``)."""
     from llvmlite import ir
     from numba import types
-    from numba.cuda.extending import intrinsic
+
+    if intrinsic is None:
+        from numba.cuda.extending import intrinsic
 
     nb = types.float64 if scalar is np.float64 else types.float32
     lltype = ir.DoubleType() if scalar is np.float64 else ir.FloatType()
@@ -162,14 +179,20 @@ def _intrinsic(program: Program, scalar: type) -> Any:
     def poly(typingctx, acc, v):
         if not (isinstance(acc, types.UniTuple) and acc.count == a and acc.dtype == nb):
             raise TypeError(f"polynomial: accumulators must be a tuple of {a} {nb}, got {acc}")
-        if not (isinstance(v, types.UniTuple) and v.count == s and v.dtype == nb):
-            raise TypeError(f"polynomial: operands must be a tuple of {s} {nb}, got {v}")
+        chunks = [t.count if isinstance(t, types.UniTuple) and t.dtype == nb else -1
+                  for t in (v.types if isinstance(v, types.BaseTuple) else ())]
+        if min(chunks, default=-1) < 0 or sum(chunks) != s:
+            raise TypeError(f"polynomial: operands must be a tuple of tuples of {s} {nb} in all, got {v}")
 
         def codegen(context, builder, sig, args):
             acc_v, v_v = args
             vals: list = [None] * program.num_values
-            for i in range(s):
-                vals[i] = builder.extract_value(v_v, i)
+            i = 0
+            for j, n in enumerate(chunks):
+                part = builder.extract_value(v_v, j)
+                for q in range(n):
+                    vals[i] = builder.extract_value(part, q)
+                    i += 1
             for k in range(a):
                 vals[s + k] = builder.extract_value(acc_v, k)
             base = s + a

@@ -7,22 +7,18 @@ straight-line source instead, with common factors taken out (:func:`_sums`):
 
 .. code-block:: python
 
-    K0 = f32(0.2041241452)                # each distinct CG coefficient: a typed global
-    ...
+    P = polynomial("eNp9lU...", "float32")   # the sums, as a program (:mod:`.poly_ir`)
+    Z = (np.float32(0.0),) * 4                # zeroed accumulators
     def kernel(x0, ..., out):
-        v0 = x0[b, 0 + c * 16]            # each used operand component: one load, a register
+        v0 = x0[bu, cu16 + U0]                # each used operand component: one load, a register
         ...
-        acc = cuda.local.array(4, f32)    # accumulators (constant indices: registers)
-        pre = cuda.local.array(136, f32)  # x_i x_j, the prefixes of the x monomials
-        if go:                            # always true: keeps numba's compile time linear
-            pre[0] = v0 * v0
-            ...
-        if go:
-            m0 = pre[5] * v7              # x_0 x_5 x_7, built once per block
-            acc[0] = cuda.fma(m0, cuda.fma(v40, K3, cuda.fma(v41, K8, v42 * K1)), acc[0])
-            ...
-        out[b, 0 + c * 1] = acc[0]        # written once per output component
+        acc = Z
+        acc = P(acc, ((v0, ..., v15), ...))   # every term: one call that numba types once
+        out[bu, cu1 + U0] = acc[0]            # written once per output component
 
+The program takes common factors out: monomial prefixes :math:`x_i x_j` built once, a
+multivariate Horner form per output (:func:`_program`), and the intrinsic lowers it straight to
+LLVM ``fmul``/``fma`` with the coefficients as immediates,
 so a term costs about one fused multiply-add with an immediate coefficient (the paper
 contraction's forward: 1.45 SASS instructions per term, backward to ``x`` 0.73, against 3.0
 for the term-by-term code before). Three kernel shapes mirror the table-driven ones:
@@ -36,10 +32,11 @@ for the term-by-term code before). Three kernel shapes mirror the table-driven o
   spherical harmonics) ``G`` threads per edge, each summing a strided subset of channels; the
   ``G`` partials are added in shared memory in a fixed order by the edge's first thread.
 
-A generated kernel's compile time grows with its terms (numba types every operation in
-Python: about 15 s per 1000 terms on one core), so :func:`use_unrolled` keeps the table-driven
-kernel above ``WORKBENCH_UNROLL_MAX_TERMS`` (default :data:`DEFAULT_MAX_TERMS`) or when
-``WORKBENCH_CUDA_KERNELS=table``. Each generated source (which encodes the whole table) is
+A thread's registers bound how many terms one kernel can hold, so :func:`use_unrolled` keeps
+the table-driven kernel above ``WORKBENCH_UNROLL_MAX_TERMS`` (default :data:`DEFAULT_MAX_TERMS`)
+or when ``WORKBENCH_CUDA_KERNELS=table``, and :func:`unrolled_parts` splits larger polynomials
+(:mod:`~workbench.kernels.backends.atom_pass` runs the parts of a pass in one launch). Compile
+time is about 0.5 ms per term on one core (it was 5 ms while numba typed every term as source). Each generated source (which encodes the whole table) is
 written to a module under :func:`source_dir` and compiled with numba's on-disk cache, so it
 compiles once per machine.
 """
@@ -54,10 +51,10 @@ from typing import Any, Sequence
 
 from workbench.kernels.backends.device import cudasim_enabled
 from workbench.kernels.backends.generated import load_module, source_dir
-from workbench.kernels.backends.poly_ir import Program
+from workbench.kernels.backends.poly_ir import Program, call_source
 from workbench.kernels.descriptor.tables import TermTable
 
-__all__ = ["kernel_source", "get_unrolled_kernel", "live_slots", "unroll", "unroll_cost", "unrolled_parts", "use_unrolled",
+__all__ = ["ATOM_ROW_VARS", "atom_head", "atom_lines", "kernel_source", "get_unrolled_kernel", "live_slots", "unroll", "unroll_cost", "unrolled_parts", "use_unrolled",
            "DEFAULT_MAX_TERMS", "MAX_PARTS", "SPLIT_FULL_SLOTS", "MAX_PARTS_F64", "MAX_PART_SLOTS_F64", "SPLIT_PART_TERMS",
            "SPLIT_PART_TERMS_F64"]
 
@@ -109,12 +106,14 @@ def unroll_cost(num_terms: int, accumulators: int = 0, itemsize: int = 4) -> flo
     return num_terms * (1.0 + accumulators / ACCUMULATOR_WEIGHT) * itemsize / 4
 
 
-def use_unrolled(num_terms: int, accumulators: int = 0, slots: int = 0, itemsize: int = 4) -> bool:
+def use_unrolled(num_terms: int, accumulators: int = 0, slots: int = 0, itemsize: int = 4,
+                 scale: float = 1.0) -> bool:
     """Whether to launch the generated kernel for a polynomial of ``num_terms`` terms over
     ``slots`` operand components into ``accumulators`` output components, in values of
     ``itemsize`` bytes: when :func:`unroll_cost` is at most ``WORKBENCH_UNROLL_MAX_TERMS``
     (default :data:`DEFAULT_MAX_TERMS`) and the values a thread keeps live (slots and
-    accumulators, in 32-bit registers) stay within :data:`MAX_LIVE_REGISTERS`."""
+    accumulators, in 32-bit registers) stay within :data:`MAX_LIVE_REGISTERS`. ``scale``
+    shrinks the budget (a part of a fused pass, :data:`FUSED_SCALE`)."""
     mode = os.environ.get("WORKBENCH_CUDA_KERNELS", "auto")
     if mode not in ("auto", "table", "unrolled"):
         raise ValueError(f"WORKBENCH_CUDA_KERNELS must be auto, table or unrolled, got {mode!r}")
@@ -122,7 +121,7 @@ def use_unrolled(num_terms: int, accumulators: int = 0, slots: int = 0, itemsize
         return mode == "unrolled"
     live = (slots + accumulators) * itemsize // 4
     budget = float(os.environ.get("WORKBENCH_UNROLL_MAX_TERMS", DEFAULT_MAX_TERMS))
-    return unroll_cost(num_terms, accumulators, itemsize) <= budget and live <= MAX_LIVE_REGISTERS
+    return unroll_cost(num_terms, accumulators, itemsize) <= budget * scale and live <= MAX_LIVE_REGISTERS
 
 
 def live_slots(compiled: Any) -> int:
@@ -135,7 +134,7 @@ def live_slots(compiled: Any) -> int:
     return compiled.num_slots // 2 if compiled.edge else compiled.num_slots
 
 
-def unrolled_parts(compiled: Any, dtype: str, split: bool = True) -> list[TermTable] | None:
+def unrolled_parts(compiled: Any, dtype: str, split: bool = True, scale: float = 1.0) -> list[TermTable] | None:
     """The term tables to generate kernels for, or None for the table-driven kernel.
 
     One table when the polynomial passes :func:`use_unrolled`. A polynomial that does not (with
@@ -147,7 +146,8 @@ def unrolled_parts(compiled: Any, dtype: str, split: bool = True) -> list[TermTa
     :data:`MAX_PART_SLOTS_F64` operand components. ``WORKBENCH_UNROLL_PARTS=k`` forces ``k``
     parts (``1``: no automatic split). Where the components are too coarse, an atom
     polynomial's terms are cut into runs instead (:meth:`CompiledPolynomial.split_terms`, the
-    same part size; ``WORKBENCH_UNROLL_TERMS=n`` forces runs of ``n`` terms)."""
+    same part size; ``WORKBENCH_UNROLL_TERMS=n`` forces runs of ``n`` terms). ``scale``: the
+    float32 budget of :func:`use_unrolled` (and the part size) times this."""
     mode = os.environ.get("WORKBENCH_CUDA_KERNELS", "auto")
     forced = os.environ.get("WORKBENCH_UNROLL_PARTS")
     if forced and split and mode != "table" and int(forced) > 1:
@@ -156,20 +156,23 @@ def unrolled_parts(compiled: Any, dtype: str, split: bool = True) -> list[TermTa
     if forced_terms and split and mode != "table" and not compiled.edge:
         return compiled.split_terms(int(forced_terms))
     itemsize = 8 if dtype == "float64" else 4
-    if use_unrolled(compiled.num_terms, compiled.accumulators, live_slots(compiled), itemsize):
+    if itemsize == 8:
+        scale = 1.0
+    if use_unrolled(compiled.num_terms, compiled.accumulators, live_slots(compiled), itemsize, scale):
         return [compiled.table]
     if not split or forced or mode != "auto":
         return None
     size, most = (SPLIT_PART_TERMS_F64, MAX_PARTS_F64) if itemsize == 8 else (SPLIT_PART_TERMS, MAX_PARTS)
     if itemsize == 4 and compiled.num_slots > SPLIT_FULL_SLOTS:  # more operands live per term: smaller parts
         size = size * SPLIT_FULL_SLOTS // compiled.num_slots
+    size = int(size * scale)
 
     def fits(p: TermTable) -> bool:
         if p.num_terms > size * 5 // 4:  # components too coarse to balance: a part stays too large
             return False
         if itemsize == 8:
             return p.num_slots <= MAX_PART_SLOTS_F64
-        return use_unrolled(p.num_terms, len(set(p.t_out.tolist())), p.num_slots, itemsize)
+        return use_unrolled(p.num_terms, len(set(p.t_out.tolist())), p.num_slots, itemsize, scale)
 
     for k in range(max(2, -(-compiled.num_terms // size)), most + 1):
         parts = compiled.split(k)
@@ -189,36 +192,30 @@ def unroll(compiled: Any, dtype: str, split: bool = True) -> bool:
     return unrolled_parts(compiled, dtype, split) is not None
 
 
-def _const(value: float, dtype: str) -> str:
-    return repr(float(value)) if dtype == "float64" else f"f32({float(value)!r})"
+def _scalar(dtype: str) -> str:
+    """The numpy scalar type of ``dtype`` in a generated module (a typed global)."""
+    return "np.float64" if dtype == "float64" else "np.float32"
 
 
 CHUNK = 16  # terms per fused multiply-add chain
 
 
-class _Constants:
-    """The CG coefficients of one kernel as module globals ``K0, K1, ...`` (one per distinct
-    value): numba freezes a global as a typed constant, which types faster than a ``f32(...)``
-    call per term and still ends up as an immediate operand."""
+class _Definitions:
+    """The module-level definitions of one generated kernel: each table's polynomial
+    (``P = polynomial(...)``, :mod:`~workbench.kernels.backends.poly_ir`) and its zeroed
+    accumulators, typed globals that numba freezes as constants."""
 
     def __init__(self, dtype: str):
         self.dtype = dtype
-        self.names: dict[float, str] = {}
         self.defs: list[str] = []
 
-    def __call__(self, value: float) -> str:
-        value = float(value)
-        if value not in self.names:
-            self.names[value] = f"K{len(self.names)}"
-        return self.names[value]
-
     def define(self, name: str, expr: str) -> str:
-        """A module-level definition ``name = expr`` (a generated polynomial); returns ``name``."""
+        """A module-level definition ``name = expr``; returns ``name``."""
         self.defs.append(f"{name} = {expr}")
         return name
 
     def lines(self) -> list[str]:
-        return [f"{name} = {_const(value, self.dtype)}" for value, name in self.names.items()] + self.defs
+        return list(self.defs)
 
 
 def _program(table: TermTable) -> tuple[Program, list[int]]:
@@ -302,7 +299,7 @@ def _program(table: TermTable) -> tuple[Program, list[int]]:
     return prog, outs
 
 
-def _sums(table: TermTable, dtype: str, ind: str, consts: _Constants, decl_ind: str | None = None,
+def _sums(table: TermTable, dtype: str, ind: str, consts: _Definitions, decl_ind: str | None = None,
           names: Sequence[str] | None = None, tag: str = "") -> tuple[list[str], list[str], dict[int, str]]:
     """``(declarations, lines, exprs)``: the accumulators' declaration (zeroed; at ``decl_ind``,
     default ``ind``, so that a loop can carry them), the line adding every term to them, and per
@@ -316,10 +313,10 @@ def _sums(table: TermTable, dtype: str, ind: str, consts: _Constants, decl_ind: 
     prog, outs = _program(table)
     v = list(names) if names is not None else [f"v{q}" for q in range(table.num_slots)]
     fn = consts.define(f"{tag}P", f'polynomial("{prog.encode()}", "{dtype}")')
+    zeros = consts.define(f"{tag}Z", f"({_scalar(dtype)}(0.0),) * {len(outs)}")  # a global: numba freezes it
     di = ind if decl_ind is None else decl_ind
-    zero = _const(0.0, dtype)
-    decl = [f"{di}{tag}acc = (" + "".join(f"{zero}, " for _ in outs) + ")"]
-    lines = [f"{ind}{tag}acc = {fn}({tag}acc, (" + "".join(f"{x}, " for x in v) + "))"]
+    decl = [f"{di}{tag}acc = {zeros}"]
+    lines = [f"{ind}{tag}acc = {call_source(fn, f'{tag}acc', v)}"]
     return decl, lines, {o: f"{tag}acc[{k}]" for k, o in enumerate(outs)}
 
 
@@ -357,6 +354,36 @@ def edge_rows(ind: str, edge: str) -> list[str]:
     return [f"{ind}e = {edge}", f"{ind}eu = u64(e)", f"{ind}su = u64(sender[e])", f"{ind}ru = u64(receiver[e])"]
 
 
+#: the variables holding an atom operand's row, by row code: the atom, its species
+ATOM_ROW_VARS = {0: "bu", 1: "zu"}
+
+
+def atom_head(outs: str) -> list[str]:
+    """The signature and first lines of an atom kernel writing ``outs`` (its output arguments)."""
+    args = ", ".join(f"x{i}" for i in range(10))
+    return [f"def kernel({args}, species, C, {outs}):",
+            "gid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
+            "if gid >= species.shape[0] * C:", "    return",
+            "b = gid // C", "c = gid - b * C", "bu = u64(b)", "zu = u64(species[b])"]
+
+
+def atom_lines(table: TermTable, dtype: str, consts: "_Definitions", index: "_Index", out: str = "out",
+               tag: str = "") -> list[str]:
+    """The body lines of one atom polynomial: load its operand components, add its terms (one
+    generated polynomial), store each output component of row ``bu`` of ``out`` once (a later run
+    of a term split adds to what the first stored). ``tag`` prefixes the local names, so that
+    several tables can follow one another in one kernel."""
+    names = [f"{tag}v{q}" for q in range(table.num_slots)]
+    lines = [f"{names[q]} = x{a}[{ATOM_ROW_VARS[int(k)]}, {index(off, cs)}]"
+             for q, (a, k, off, cs) in enumerate(zip(table.slot_arr, table.slot_rows, table.slot_off, table.slot_cs))]
+    decl, sums, exprs = _sums(table, dtype, "", consts, names=names, tag=tag)
+    lines += decl + sums
+    for o, expr in exprs.items():
+        op = "+=" if o in table.add_to else "="
+        lines.append(f"{out}[bu, {index(table.out_off[o], table.out_cs[o])}] {op} {expr}")
+    return lines
+
+
 def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: bool = False,
                   tpb: int = THREADS_PER_BLOCK, group: int = 0) -> str:
     """Python source of the unrolled kernel ``kernel`` for ``table``.
@@ -370,18 +397,14 @@ def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: 
     time so that the channel stride is an immediate and the sum of the ``G`` partials is straight
     code). Accumulators that a loop carries (over the node's edges, over the thread's channels)
     are zeroed once, before the loop."""
-    consts = _Constants(dtype)
+    consts = _Definitions(dtype)
     index = _Index()
     body: list[str] = []
     ind = "    "
     i2 = ind * 2
     if shape == "atom":
-        args = ", ".join(f"x{i}" for i in range(10))
-        head = [f"def kernel({args}, species, C, out):",
-                "gid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
-                "if gid >= species.shape[0] * C:", "    return",
-                "b = gid // C", "c = gid - b * C", "bu = u64(b)", "zu = u64(species[b])"]
-        rows = {0: "bu", 1: "zu"}
+        head = atom_head("out")
+        rows = ATOM_ROW_VARS
     elif shape in ("node", "edge"):
         args = ", ".join(f"x{i}" for i in range(8))
         rows = EDGE_ROW_VARS
@@ -410,15 +433,10 @@ def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: 
         return [f"{prefix}v{q} = x{a}[{rows[int(k)]}, {index(off, cs)}]"
                 for q, (a, k, off, cs) in enumerate(zip(table.slot_arr, table.slot_rows, table.slot_off, table.slot_cs))]
 
-    body.append("go = C > 0")
     if table.add_to and shape != "atom":
         raise ValueError("only atom kernels take a term split (add_to)")
     if shape == "atom":
-        decl, lines, exprs = _sums(table, dtype, "", consts)
-        body += loads("") + decl + lines
-        for o, expr in exprs.items():  # a later run of a term split adds to what the first stored
-            op = "+=" if o in table.add_to else "="
-            body.append(f"out[bu, {index(table.out_off[o], table.out_cs[o])}] {op} {expr}")
+        body += atom_lines(table, dtype, consts, index)
     elif shape == "node":
         # accumulators carried over the node's edges, stored once at the end
         decl, lines, exprs = _sums(table, dtype, ind, consts, decl_ind="")
@@ -459,7 +477,7 @@ def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: 
         k = body.index("@CHANNELS@")
         body[k:k + 1] = [f"{i2}{line}" for line in chan]
     else:
-        body[1:1] = chan
+        body[0:0] = chan
     kernel = "\n".join([head[0]] + [ind + line for line in head[1:] + body]) + "\n"
     return "\n".join(consts.lines() + index.globals()) + "\n\n\n" + kernel
 

@@ -278,11 +278,32 @@ def _plans(op, dtype: str, channels: int) -> Iterator[_Launch]:
                           edge_cuda.plan(comp, arrays, idx, idx, seg if comp.node_output else None, channels, out, host=True),
                           comp.degree if table else 0)
         return
+    from workbench.kernels.backends import atom_pass
+    from workbench.kernels.ops import FUSE_ENV
+
     arrays = [dummy] * 10
     for aid, o in zip(op.array_ids, op.operands):
         arrays[aid] = np.zeros((rows, o.width), dtype=dtype)
-    for comp in op.compiled:
-        out = np.zeros((rows, comp.output.width), dtype=dtype)
+    outs = [np.zeros((rows, comp.output.width), dtype=dtype) for comp in op.compiled]
+    fused = None if os.environ.get(FUSE_ENV, "1") == "0" else atom_pass.plan(op.compiled, arrays, idx, channels, outs)
+    done: tuple[int, ...] = ()
+    if fused is not None:  # one launch for these outputs (all their parts) per kernel, then the species sums
+        launches, done = fused
+        kernels = atom_pass.pass_kernels(op.compiled, dtype)[1]
+        for j, (parts, plan) in enumerate(zip(kernels, launches)):
+            names = ", ".join(dict.fromkeys(op.compiled[k].output.name for k, _ in parts))
+            if len(kernels) > 1:
+                names += f" {j + 1}/{len(kernels)}"
+            yield _Launch(names, "atom pass", "unrolled", sum(t.num_terms for _, t in parts),
+                          max(t.num_slots for _, t in parts), plan)
+        for k in done:
+            if op.compiled[k].species_output:
+                yield _Launch(op.compiled[k].output.name, "species sum", "segment", 0, 0,
+                              segment.plan_segment_sum(outs[k], idx, idx, outs[k][:2]))
+    for k, comp in enumerate(op.compiled):
+        if k in done:
+            continue
+        out = outs[k]
         shape = "atom partial" if comp.species_output else "atom"
         parts = unrolled_parts(comp, dtype)
         for k, plan in enumerate(_cuda.plans(comp, arrays, idx, channels, out, host=True)):
