@@ -95,6 +95,21 @@ def energy_force_grads(model: torch.nn.Module, data: dict, seed: int = 1):
     return E.detach(), F.detach(), [gr.detach() for gr in grads]
 
 
+def count_fused(module) -> list[int]:
+    """Record, per call of ``module.launch`` (a fused-pass launcher), how many outputs it
+    computed (0: the pass launched them one kernel each); returns the list it appends to."""
+    fused: list[int] = []
+    launch = module.launch
+
+    def spy(*args, **kwargs):
+        done = launch(*args, **kwargs)
+        fused.append(len(done))
+        return done
+
+    module.launch = spy
+    return fused
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| / max |b| (b the reference)."""
     a, b = a.double(), b.double()

@@ -15,7 +15,7 @@ from kernel_fixtures import run_under_simulator
 SCRIPT = r"""
 import copy, json, sys, torch
 sys.path.insert(0, {tests!r})
-from kernel_fixtures import energy_force_grads, rel_err
+from kernel_fixtures import count_fused, energy_force_grads, rel_err
 from test_kernels_channelwise import (MODEL_CFGS, build, e3nn_message, make_conv_tp, mixed_graphs,
                                       random_graph, away_from_zero)
 from workbench.kernels import accelerate
@@ -25,13 +25,7 @@ from workbench.kernels.ops import EdgeGraph, apply_edge_poly_op
 import workbench.kernels.ops as kops
 assert kc.cudasim_enabled() and kc.cuda_available()
 errs = {{}}
-fused = []  # outputs computed by each fused pass launch (0: the pass launched them one by one)
-_launch = kops._epass.launch
-def _spy(*a, **k):
-    done = _launch(*a, **k)
-    fused.append(len(done))
-    return done
-kops._epass.launch = _spy
+fused = count_fused(kops._epass)  # outputs computed by each fused pass launch (0: the pass launched them one by one)
 
 # op level: forward, backward, double backward (channel count 4 -> 4 threads share an edge
 # in the channel-reduced gradient to Y, which exercises the shared-memory reduction)

@@ -15,19 +15,13 @@ from kernel_fixtures import run_under_simulator
 SCRIPT = r"""
 import copy, json, sys, torch
 sys.path.insert(0, {tests!r})
-from kernel_fixtures import build_model, energy_force_grads, random_batch, rel_err
+from kernel_fixtures import build_model, count_fused, energy_force_grads, random_batch, rel_err
 from workbench.kernels import accelerate
 from workbench.kernels.backends import cuda as kc
 from workbench.kernels import ops as kops
 assert kc.cudasim_enabled() and kc.cuda_available()
 errs = {{}}
-fused = []  # outputs computed by each fused atom pass launch (0: launched one kernel per part)
-_launch = kops._apass.launch
-def _spy(*a, **k):
-    done = _launch(*a, **k)
-    fused.append(len(done))
-    return done
-kops._apass.launch = _spy
+fused = count_fused(kops._apass)  # outputs computed by each fused atom pass launch (0: launched one kernel per part)
 for cfg in [("MACE", "2x0e+2x1o", 1, 2, 2), ("ScaleShiftMACE", "2x0e+2x1o", 2, 3, 2)]:
     m = build_model(*cfg)
     d = random_batch(cfg[4], n_atoms=(3, 4))
