@@ -1,7 +1,7 @@
 """Fill numba's on-disk cache of the generated CUDA kernels in parallel, before a GPU benchmark.
 
 A fresh GPU machine compiles every unrolled kernel of the paper configuration on first use: one
-after another, up to ~50 s each for the float32 contraction derivatives, minutes in all. This
+after another, up to ~25 s each for the fused float32 contraction passes, minutes in all. This
 script runs the benchmarks' passes on a few atoms in ``--shards`` processes at once; process ``k``
 compiles (and caches) only the generated kernels whose source digest is ``k`` modulo the shard
 count, and skips the launch of every other one (its output stays uninitialised: these runs

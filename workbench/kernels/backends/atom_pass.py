@@ -24,7 +24,9 @@ output (weight gradient) is written as per-atom partials and summed per species 
 :mod:`~workbench.kernels.backends.segment`, one more launch each: two launches for the
 contraction's backward and double backward at the paper configuration, one for its forward.
 
-A pass is fused when every live output runs unrolled (the others are launched apart by the
+float64 passes are not fused: their parts take up to 255 registers alone (two a value), and
+one kernel of them spilled 1.2 KB (paper backward) to 2.8 KB (double backward) where the parts
+launched apart spill at most 32 B. A float32 pass is fused when every live output runs unrolled (the others are launched apart by the
 caller). Its parts go into as few kernels as keep each within ``WORKBENCH_PASS_MAX_TERMS``
 terms (default :data:`MAX_KERNEL_TERMS`), which bounds compile time: one kernel for each pass
 at the paper configuration, three for the double backward of 128x0e+128x1o+128x2e.
@@ -61,8 +63,10 @@ Part = tuple[int, TermTable]  # (the output it writes, its term table)
 def pass_kernels(compiled: Sequence[Any], dtype: str) -> tuple[tuple[int, ...], tuple[tuple[Part, ...], ...]] | None:
     """``(outputs, kernels)``: the indices of the outputs fused and the parts of each kernel,
     in launch order (consecutive parts while their terms stay within ``WORKBENCH_PASS_MAX_TERMS``,
-    default :data:`MAX_KERNEL_TERMS`); None when fewer than two kernels would be fused. Only
-    outputs that run unrolled are fused (the caller launches the others)."""
+    default :data:`MAX_KERNEL_TERMS`); None when fewer than two kernels would be fused, and for
+    float64. Only outputs that run unrolled are fused (the caller launches the others)."""
+    if dtype == "float64":
+        return None
     ks, parts = [], []
     for k, comp in enumerate(compiled):
         if comp.num_terms == 0:

@@ -108,7 +108,9 @@ def fused_layout(compiled: Sequence[Any], dtype: str, channels: int) -> PassLayo
     Role 1 is fused when each of its outputs runs unrolled on its own and their union fits:
     float32, the union's terms, accumulators and distinct operand components pass
     :func:`~workbench.kernels.backends.unrolled.use_unrolled`; float64 (two registers a value),
-    it reads at most :data:`~workbench.kernels.backends.unrolled.MAX_PART_SLOTS_F64` components.
+    it reads at most :data:`~workbench.kernels.backends.unrolled.MAX_PART_SLOTS_F64` components
+    and passes ``use_unrolled`` in 8-byte values (the paper config's double backward, 100
+    components and 30 accumulators, spilled 1.7 KB as one kernel and runs as three without).
     Role 2 joins it in float32 when its outputs run unrolled; float64 launches them apart, since
     one kernel holding both roles spills more (paper config, double backward: 268 B against 192 B
     for role 1 alone, and none for role 2 alone)."""
@@ -124,7 +126,8 @@ def fused_layout(compiled: Sequence[Any], dtype: str, channels: int) -> PassLayo
         return None
     slots = len({key for c in role1 for key in _slot_keys(c.table)})
     if dtype == "float64":
-        if slots > unrolled.MAX_PART_SLOTS_F64:
+        live = unrolled.use_unrolled(sum(c.num_terms for c in role1), sum(c.accumulators for c in role1), slots, 8)
+        if slots > unrolled.MAX_PART_SLOTS_F64 or not live:
             return None
         return replace(lay, other=())
     if not unrolled.use_unrolled(sum(c.num_terms for c in role1), sum(c.accumulators for c in role1), slots, 4):
