@@ -182,9 +182,11 @@ def test_split_parts_partition_the_terms(small_ops, monkeypatch):
 
 
 def test_generated_source_is_straight_line(small_ops):
-    """Offsets are unsigned globals, no table is read, and the sums are one generated
-    polynomial whose program uses every term's coefficient exactly once and equals the term
-    table evaluated directly (float64, random operands and accumulators)."""
+    """Offsets are unsigned globals and no table is read. An atom kernel's sums are one
+    generated polynomial whose program uses every term's coefficient exactly once and equals
+    the term table evaluated directly (float64, random operands and accumulators); a message
+    kernel's are source lines, each distinct coefficient a typed float32 global used once per
+    term, the terms fused multiply-adds."""
     from workbench.kernels.backends.poly_ir import CONST, Program
 
     rng = np.random.default_rng(7)
@@ -195,13 +197,22 @@ def test_generated_source_is_straight_line(small_ops):
             compile(src, "<test>", "exec")
             consts, body = src.split("\ndef kernel(")
             offsets = re.findall(r"^U(\d+) = np\.uint64\((\d+)\)$", consts, flags=re.M)
-            codes = re.findall(r'^P = polynomial\("([A-Za-z0-9+/=]+)", "float32"\)$', consts, flags=re.M)
-            assert offsets and all(a == b for a, b in offsets) and len(codes) == 1
-            zeros = re.findall(r"^Z = \(np\.float32\(0\.0\),\) \* (\d+)$", consts, flags=re.M)
-            assert len(offsets) + 2 == len(consts.strip().splitlines())  # offsets uint64, one polynomial, its zeros
-            assert zeros == [str(len(set(comp.table.t_out.tolist())))]
+            assert offsets and all(a == b for a, b in offsets)
             assert not re.search(r"x\d\[\w+, \d", body)  # no signed literal index (numba would wrap it around)
-            assert body.count("acc = P(acc, (") == 1 and "t_coef" not in body and "t_fac" not in body
+            assert "t_coef" not in body and "t_fac" not in body
+            if shape != "atom":
+                defs = dict(re.findall(r"^(K\d+) = f32\((.+)\)$", consts, flags=re.M))
+                assert len(defs) + len(offsets) == len(consts.strip().splitlines())  # coefficients float32, offsets uint64
+                assert sorted(float(v) for v in defs.values()) == sorted({float(np.float64(c)) for c in comp.table.coef64})
+                assert len(re.findall(r"\bK\d+\b", body)) == comp.num_terms and "cuda.fma(" in body
+                if shape == "node":
+                    assert "for p in range(seg_ptr[n], seg_ptr[n + 1]):" in body and "cuda.shared" not in body
+                continue
+            codes = re.findall(r'^P = polynomial\("([A-Za-z0-9+/=]+)", "float32"\)$', consts, flags=re.M)
+            zeros = re.findall(r"^Z = \(np\.float32\(0\.0\),\) \* (\d+)$", consts, flags=re.M)
+            assert len(codes) == 1 and zeros == [str(len(set(comp.table.t_out.tolist())))]
+            assert len(offsets) + 2 == len(consts.strip().splitlines())  # offsets uint64, one polynomial, its zeros
+            assert body.count("acc = P(acc, (") == 1
             prog = Program.decode(codes[0])
             const_ids = {prog.num_inputs + prog.num_acc + j for j, o in enumerate(prog.ops) if o[0] == CONST}
             uses = sum(x in const_ids for o in prog.ops if o[0] != CONST for x in o[1:3])
@@ -214,8 +225,6 @@ def test_generated_source_is_straight_line(small_ops):
             for o, c, slots in comp.table.monomials():
                 want[outs.index(o)] += c * np.prod(v[list(slots)])
             np.testing.assert_allclose(prog.evaluate(acc, v), want, rtol=1e-12, atol=1e-12)
-            if shape == "node":
-                assert "for p in range(seg_ptr[n], seg_ptr[n + 1]):" in body and "cuda.shared" not in body
 
 
 def test_fused_pass_source_loads_each_component_once(small_ops, monkeypatch):

@@ -108,9 +108,7 @@ def fused_layout(compiled: Sequence[Any], dtype: str, channels: int) -> PassLayo
     Role 1 is fused when each of its outputs runs unrolled on its own and their union fits:
     float32, the union's terms, accumulators and distinct operand components pass
     :func:`~workbench.kernels.backends.unrolled.use_unrolled`; float64 (two registers a value),
-    it reads at most :data:`~workbench.kernels.backends.unrolled.MAX_PART_SLOTS_F64` components
-    and passes ``use_unrolled`` in 8-byte values (the paper config's double backward, 100
-    components and 30 accumulators, spilled 1.7 KB as one kernel and runs as three without).
+    it reads at most :data:`~workbench.kernels.backends.unrolled.MAX_PART_SLOTS_F64` components.
     Role 2 joins it in float32 when its outputs run unrolled; float64 launches them apart, since
     one kernel holding both roles spills more (paper config, double backward: 268 B against 192 B
     for role 1 alone, and none for role 2 alone)."""
@@ -126,8 +124,7 @@ def fused_layout(compiled: Sequence[Any], dtype: str, channels: int) -> PassLayo
         return None
     slots = len({key for c in role1 for key in _slot_keys(c.table)})
     if dtype == "float64":
-        live = unrolled.use_unrolled(sum(c.num_terms for c in role1), sum(c.accumulators for c in role1), slots, 8)
-        if slots > unrolled.MAX_PART_SLOTS_F64 or not live:
+        if slots > unrolled.MAX_PART_SLOTS_F64:
             return None
         return replace(lay, other=())
     if not unrolled.use_unrolled(sum(c.num_terms for c in role1), sum(c.accumulators for c in role1), slots, 4):
@@ -180,7 +177,7 @@ def kernel_source(tables: Sequence[TermTable], lay: PassLayout, dtype: str, chan
     outs = ", ".join(f"out{k}" for k in range(len(tables)))
     xs = ", ".join(f"x{i}" for i in range(8))
     src = [f"def kernel({xs}, sender, receiver, w_ptr, w_perm, o_ptr, o_perm, C, B1, {outs}):",
-           "tid = cuda.threadIdx.x"]
+           "tid = cuda.threadIdx.x", "go = C > 0"]
     red_k = tables[lay.reduce].out_off.shape[0] if lay.reduce is not None else 0
     if lay.reduce is not None:
         src += [f"red = cuda.shared.array(({tpb}, {red_k}), {dt})", f"cnt = cuda.shared.array({npb}, numba.int64)"]
@@ -200,14 +197,14 @@ def kernel_source(tables: Sequence[TermTable], lay: PassLayout, dtype: str, chan
     for k in lay.edge:
         t = tables[k]
         names, loads = slots.of(t, i2)
-        decl, lines, exprs = unrolled._sums(t, dtype, i2, consts, names=names, tag=f"a{k}")
+        decl, lines, exprs = unrolled._sums_source(t, dtype, i2, consts, names=names, tag=f"a{k}")
         loop += loads + decl + lines + [f"{i2}out{k}[eu, {index(t.out_off[o], t.out_cs[o])}] = {e}" for o, e in exprs.items()]
     reduce_tail: list[str] = []
     if lay.reduce is not None:
         k = lay.reduce
         t = tables[k]
         names, loads = slots.of(t, i2)
-        decl, lines, exprs = unrolled._sums(t, dtype, i2, consts, names=names, tag=f"a{k}")
+        decl, lines, exprs = unrolled._sums_source(t, dtype, i2, consts, names=names, tag=f"a{k}")
         comp = {o: j for j, o in enumerate(sorted(exprs))}
         loop += loads + decl + lines + [f"{i2}red[tid, {comp[o]}] = {e}" for o, e in exprs.items()]
         # the node's first K threads each sum one component over the C channel partials, ascending
@@ -253,7 +250,7 @@ def _carried(tables: Sequence[TermTable], ks: Sequence[int], slots: _Slots, ind:
     for k in ks:
         t = tables[k]
         names, loads = slots.of(t, ind)
-        decl, lines, exprs = unrolled._sums(t, dtype, ind, consts, decl_ind="", names=names, tag=f"a{k}")
+        decl, lines, exprs = unrolled._sums_source(t, dtype, ind, consts, decl_ind="", names=names, tag=f"a{k}")
         decls += decl
         loop += loads + lines
         stores += [f"{store_ind}out{k}[nu, {index(t.out_off[o], t.out_cs[o])}] = {e}" for o, e in exprs.items()]

@@ -3,11 +3,13 @@ r"""Unrolled numba-CUDA kernels generated per term table (paper §4.2: CG-sparse
 The table-driven kernels (:mod:`~workbench.kernels.backends.cuda`, :mod:`~workbench.kernels.backends.edge_cuda`)
 walk the term table at run time and keep operand components in shared memory, so every term
 costs ~3 dependent shared loads and its index arithmetic. Here the table is turned into
-straight-line source instead, with common factors taken out (:func:`_sums`):
+straight-line code instead, with common factors taken out. An atom kernel (the contraction,
+thousands of terms) calls its sums as one generated numba intrinsic (:func:`_sums`,
+:mod:`~workbench.kernels.backends.poly_ir`):
 
 .. code-block:: python
 
-    P = polynomial("eNp9lU...", "float32")   # the sums, as a program (:mod:`.poly_ir`)
+    P = polynomial("eNp9lU...", "float32")   # the sums, as a program
     Z = (np.float32(0.0),) * 4                # zeroed accumulators
     def kernel(x0, ..., out):
         v0 = x0[bu, cu16 + U0]                # each used operand component: one load, a register
@@ -16,12 +18,15 @@ straight-line source instead, with common factors taken out (:func:`_sums`):
         acc = P(acc, ((v0, ..., v15), ...))   # every term: one call that numba types once
         out[bu, cu1 + U0] = acc[0]            # written once per output component
 
-The program takes common factors out: monomial prefixes :math:`x_i x_j` built once, a
-multivariate Horner form per output (:func:`_program`), and the intrinsic lowers it straight to
-LLVM ``fmul``/``fma`` with the coefficients as immediates,
-so a term costs about one fused multiply-add with an immediate coefficient (the paper
-contraction's forward: 1.45 SASS instructions per term, backward to ``x`` 0.73, against 3.0
-for the term-by-term code before). Three kernel shapes mirror the table-driven ones:
+The program builds monomial prefixes :math:`x_i x_j` once and a multivariate Horner form per
+output (:func:`_program`); the intrinsic lowers it straight to LLVM ``fmul``/``fma`` with the
+coefficients as immediates. Compile time is about 0.5 ms per term on one core (5 ms while
+numba typed every term). A message kernel (at most ~2,000 terms) writes the same sums out as
+numba source (:func:`_sums_source`: ``acc[0] = cuda.fma(m0, cuda.fma(v40, K3, ...), acc[0])``
+in ``if go:`` blocks), whose blocks keep NVVM from sharing products across them and so keep
+registers lower. Either way a term costs about one fused multiply-add (the paper contraction's
+forward: about 1 SASS instruction per term, against 3.0 for the term-by-term code of the first
+version). Three kernel shapes mirror the table-driven ones:
 
 * ``atom``: thread per (atom, channel); species operands are read at the atom's species row;
   a species output (weight gradient) is written as one partial row per atom, summed per
@@ -35,10 +40,9 @@ for the term-by-term code before). Three kernel shapes mirror the table-driven o
 A thread's registers bound how many terms one kernel can hold, so :func:`use_unrolled` keeps
 the table-driven kernel above ``WORKBENCH_UNROLL_MAX_TERMS`` (default :data:`DEFAULT_MAX_TERMS`)
 or when ``WORKBENCH_CUDA_KERNELS=table``, and :func:`unrolled_parts` splits larger polynomials
-(:mod:`~workbench.kernels.backends.atom_pass` runs the parts of a pass in one launch). Compile
-time is about 0.5 ms per term on one core (it was 5 ms while numba typed every term as source). Each generated source (which encodes the whole table) is
-written to a module under :func:`source_dir` and compiled with numba's on-disk cache, so it
-compiles once per machine.
+(:mod:`~workbench.kernels.backends.atom_pass` runs the parts of a pass in one launch). Each
+generated source (which encodes the whole table) is written to a module under
+:func:`source_dir` and compiled with numba's on-disk cache, so it compiles once per machine.
 """
 
 from __future__ import annotations
@@ -192,12 +196,18 @@ def unroll(compiled: Any, dtype: str, split: bool = True) -> bool:
     return unrolled_parts(compiled, dtype, split) is not None
 
 
+def _const(value: float, dtype: str) -> str:
+    return repr(float(value)) if dtype == "float64" else f"f32({float(value)!r})"
+
+
 def _scalar(dtype: str) -> str:
     """The numpy scalar type of ``dtype`` in a generated module (a typed global)."""
     return "np.float64" if dtype == "float64" else "np.float32"
 
 
 CHUNK = 16  # terms per fused multiply-add chain
+LINES_PER_BLOCK = 8  # prefix products per ``if go:`` block (:func:`_sums_source`)
+TERMS_PER_BLOCK = 64  # terms per ``if go:`` block
 
 
 class _Definitions:
@@ -208,14 +218,99 @@ class _Definitions:
     def __init__(self, dtype: str):
         self.dtype = dtype
         self.defs: list[str] = []
+        self.names: dict[float, str] = {}
 
     def define(self, name: str, expr: str) -> str:
         """A module-level definition ``name = expr``; returns ``name``."""
         self.defs.append(f"{name} = {expr}")
         return name
 
+    def __call__(self, value: float) -> str:
+        """The global ``K<n>`` holding the coefficient ``value`` (:func:`_sums_source`): numba
+        freezes it as a typed constant, which types faster than a ``f32(...)`` call per term."""
+        value = float(value)
+        if value not in self.names:
+            self.names[value] = self.define(f"K{len(self.names)}", _const(value, self.dtype))
+        return self.names[value]
+
     def lines(self) -> list[str]:
         return list(self.defs)
+
+
+class _Grouped:
+    """The terms of a table grouped for a multivariate Horner form (:func:`_program`,
+    :func:`_sums_source`): operands ranked by how often their components occur as factors,
+    ``top[m][o]`` the ``(coefficient, factors by rank)`` of output ``o``'s terms whose monomial
+    in the first operand is ``m``."""
+
+    def __init__(self, table: TermTable):
+        mons = table.monomials()
+        arrays = [int(a) for a in table.slot_arr]
+        count: dict[int, int] = {}
+        for _, _, slots in mons:
+            for q in slots:
+                count[arrays[q]] = count.get(arrays[q], 0) + 1
+        self.rank = sorted(count, key=lambda a: (-count[a], a))
+        self.outs = sorted({o for o, _, _ in mons})
+        self.slot = {o: k for k, o in enumerate(self.outs)}
+        self.top: dict[tuple[int, ...], dict[int, list]] = {}
+        for o, coef, slots in mons:
+            key = tuple(tuple(q for q in slots if arrays[q] == a) for a in self.rank)
+            self.top.setdefault(key[0] if key else (), {}).setdefault(o, []).append((coef, key))
+
+    def chain(self, terms: list[tuple[float, tuple]], level: int, tail: Any, emit: Any) -> Any:
+        """``tail`` plus the sum of ``terms`` (their factors of ``rank[level:]``), built with
+        ``emit`` (``const``, ``product``, ``mul``, ``add``, ``fma``)."""
+        if level == len(self.rank):
+            k = emit.const(sum(c for c, _ in terms))
+            return k if tail is None else emit.add(tail, k)
+        groups: dict[tuple[int, ...], list] = {}
+        for c, key in terms:
+            groups.setdefault(key[level], []).append((c, key))
+        for mono_, sub in groups.items():
+            if not mono_:
+                tail = self.chain(sub, level + 1, tail, emit)
+                continue
+            f = emit.product(mono_)
+            inner = emit.const(sum(c for c, _ in sub)) if level + 1 == len(self.rank) else self.chain(sub, level + 1, None, emit)
+            tail = emit.mul(f, inner) if tail is None else emit.fma(f, inner, tail)
+        return tail
+
+
+class _SourceEmit:
+    """:meth:`_Grouped.chain` as numba source text."""
+
+    def __init__(self, v: Sequence[str], consts: "_Definitions"):
+        self.v, self.const = v, consts
+
+    def product(self, mono_: tuple[int, ...]) -> str:
+        return " * ".join(self.v[q] for q in mono_)
+
+    def mul(self, f: str, x: str) -> str:
+        return f"{f} * {x}"
+
+    def add(self, t: str, k: str) -> str:
+        return f"({t} + {k})"
+
+    def fma(self, f: str, x: str, t: str) -> str:
+        return f"cuda.fma({f}, {x}, {t})"
+
+
+class _ProgramEmit:
+    """:meth:`_Grouped.chain` as :class:`~workbench.kernels.backends.poly_ir.Program` operations."""
+
+    def __init__(self, prog: Program):
+        self.prog = prog
+        self.const, self.mul, self.add, self.fma = prog.const, prog.mul, prog.add, prog.fma
+        self.products: dict[tuple[int, ...], int] = {}
+
+    def product(self, mono_: tuple[int, ...]) -> int:
+        """``v[q0] * v[q1] * ...`` left to right, each prefix built once."""
+        if len(mono_) == 1:
+            return self.prog.v(mono_[0])
+        if mono_ not in self.products:
+            self.products[mono_] = self.prog.mul(self.product(mono_[:-1]), self.prog.v(mono_[-1]))
+        return self.products[mono_]
 
 
 def _program(table: TermTable) -> tuple[Program, list[int]]:
@@ -237,66 +332,25 @@ def _program(table: TermTable) -> tuple[Program, list[int]]:
     so a term costs about one fused multiply-add with its coefficient as an immediate, and an
     outer group one more. An output's terms of one monomial go in chunks of :data:`CHUNK`, each
     chunk one nested chain added to the accumulator."""
-    mons = table.monomials()
-    arrays = [int(a) for a in table.slot_arr]
-    count: dict[int, int] = {}
-    for _, _, slots in mons:
-        for q in slots:
-            count[arrays[q]] = count.get(arrays[q], 0) + 1
-    rank = sorted(count, key=lambda a: (-count[a], a))
-    outs = sorted({o for o, _, _ in mons})
-    slot = {o: k for k, o in enumerate(outs)}
-    prog = Program(table.num_slots, len(outs))
-    products: dict[tuple[int, ...], int] = {}
-
-    def split(slots: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
-        return tuple(tuple(q for q in slots if arrays[q] == a) for a in rank)
-
-    def product(mono_: tuple[int, ...]) -> int:
-        """``v[q0] * v[q1] * ...`` left to right; two-factor prefixes are shared."""
-        if len(mono_) == 1:
-            return prog.v(mono_[0])
-        if mono_ not in products:
-            products[mono_] = prog.mul(product(mono_[:-1]), prog.v(mono_[-1]))
-        return products[mono_]
-
-    def chain(terms: list[tuple[float, tuple]], level: int, tail: int | None) -> int:
-        """``tail`` plus the sum of ``terms`` (their factors of ``rank[level:]``)."""
-        if level == len(rank):
-            k = prog.const(sum(c for c, _ in terms))
-            return k if tail is None else prog.add(tail, k)
-        groups: dict[tuple[int, ...], list] = {}
-        for c, key in terms:
-            groups.setdefault(key[level], []).append((c, key))
-        for mono_, sub in groups.items():
-            if not mono_:
-                tail = chain(sub, level + 1, tail)
-                continue
-            f = product(mono_)
-            inner = prog.const(sum(c for c, _ in sub)) if level + 1 == len(rank) else chain(sub, level + 1, None)
-            tail = prog.mul(f, inner) if tail is None else prog.fma(f, inner, tail)
-        return tail
-
-    top: dict[tuple[int, ...], dict[int, list]] = {}
-    for o, coef, slots in mons:
-        key = split(slots)
-        top.setdefault(key[0] if key else (), {}).setdefault(o, []).append((coef, key))
-    for mono_ in sorted(top):  # the two-factor prefixes first, as they are shared most
+    g = _Grouped(table)
+    prog = Program(table.num_slots, len(g.outs))
+    emit = _ProgramEmit(prog)
+    for mono_ in sorted(g.top):  # the two-factor prefixes first (ptxas then schedules with fewer registers)
         if len(mono_) >= 2:
-            product(mono_[:2])
-    acc = [prog.acc(k) for k in range(len(outs))]
-    for mono_ in sorted(top):
-        m = product(mono_) if mono_ else None
-        for o, terms in sorted(top[mono_].items()):
-            k = slot[o]
-            if mono_ and len(rank) == 1:  # the monomial is the whole term
+            emit.product(mono_[:2])
+    acc = [prog.acc(k) for k in range(len(g.outs))]
+    for mono_ in sorted(g.top):
+        m = emit.product(mono_) if mono_ else None
+        for o, terms in sorted(g.top[mono_].items()):
+            k = g.slot[o]
+            if mono_ and len(g.rank) == 1:  # the monomial is the whole term
                 acc[k] = prog.fma(m, prog.const(sum(c for c, _ in terms)), acc[k])
                 continue
             for i in range(0, len(terms), CHUNK):
                 chunk = terms[i:i + CHUNK]
-                acc[k] = prog.fma(m, chain(chunk, 1, None), acc[k]) if m is not None else chain(chunk, 1, acc[k])
+                acc[k] = prog.fma(m, g.chain(chunk, 1, None, emit), acc[k]) if m is not None else g.chain(chunk, 1, acc[k], emit)
     prog.outputs = acc
-    return prog, outs
+    return prog, g.outs
 
 
 def _sums(table: TermTable, dtype: str, ind: str, consts: _Definitions, decl_ind: str | None = None,
@@ -318,6 +372,91 @@ def _sums(table: TermTable, dtype: str, ind: str, consts: _Definitions, decl_ind
     decl = [f"{di}{tag}acc = {zeros}"]
     lines = [f"{ind}{tag}acc = {call_source(fn, f'{tag}acc', v)}"]
     return decl, lines, {o: f"{tag}acc[{k}]" for k, o in enumerate(outs)}
+
+
+def _sums_source(table: TermTable, dtype: str, ind: str, consts: "_Definitions", decl_ind: str | None = None,
+          names: Sequence[str] | None = None, tag: str = "") -> tuple[list[str], list[str], dict[int, str]]:
+    r"""As :func:`_sums`, but the terms written out as numba source, for the message kernels
+    (node, edge, :mod:`~workbench.kernels.backends.edge_pass`): ``(declarations, lines, exprs)``:
+    the accumulators' declarations (zeroed; at ``decl_ind``,
+    default ``ind``, so that a loop can carry them), the lines accumulating every output component
+    into them, and per component the expression holding it. ``names``: the variable holding each
+    slot (default ``v{q}``); ``tag`` prefixes the local names, so that several tables can share
+    one kernel body.
+
+    Operands are ranked by how often their components occur as factors (for the contraction:
+    :math:`x`, then the cotangent, then the weights). Terms are grouped by their monomial in the
+    first operand, :math:`m = x_i x_j \cdots`, built once from its prefix (one multiplication)
+    and shared by every output; inside a group, factors of the next operand are taken out the
+    same way, and so on (a multivariate Horner form):
+
+    .. math::
+
+        a_o \leftarrow \mathrm{fma}\Big(m,\; \mathrm{fma}\big(\bar y_p,\;
+        \mathrm{fma}(W_1, \alpha_1, \mathrm{fma}(W_2, \alpha_2, \ldots)), \ldots\big),\; a_o\Big)
+
+    so a term costs about one fused multiply-add with its coefficient as an immediate, and an
+    outer group one more. Written as nested ``cuda.fma`` calls (one typed call per term, where
+    ``a * b + c`` is two binary operations for numba to type) with the coefficients as globals
+    (:class:`_Constants`), which halves compile time.
+
+    Accumulators live in a small local array (constant indices: LLVM keeps them in registers)
+    so that no Python variable is redefined block after block, and the groups of one
+    two-factor prefix share an ``if go:`` block (``go`` is always true): numba's SSA and
+    liveness passes are superlinear in the size of a basic block, and the blocks keep compile
+    time linear in the terms. A monomial is built and used in one block, which also keeps
+    products from staying live across blocks: the same sums as one polynomial intrinsic, where
+    NVVM merges every repeated product, spilled 288 B in the fused TP double backward at
+    128x0e+128x1o+128x2e (float32) and 1.7 KB at the paper config (float64), where this source
+    spills none and 132 B. Message kernels hold at most ~2,000 terms, so numba's typing of each
+    term costs seconds, not minutes."""
+    v = list(names) if names is not None else [f"v{q}" for q in range(table.num_slots)]
+    g = _Grouped(table)
+    emit = _SourceEmit(v, consts)
+    rank, outs, slot, top = g.rank, g.outs, g.slot, g.top
+
+    def chain(terms: list[tuple[float, tuple]], level: int, tail: str | None) -> str:
+        return g.chain(terms, level, tail, emit)
+
+    prefixes = sorted({mono_[:2] for mono_ in top if len(mono_) >= 2})
+    pre = {t: k for k, t in enumerate(prefixes)}
+    di = ind if decl_ind is None else decl_ind
+    decl = [f"{di}{tag}acc = cuda.local.array({len(outs)}, {_dtype_name(dtype)})"]
+    decl += [f"{di}{tag}acc[{k}] = {_const(0.0, dtype)}" for k in range(len(outs))]
+    blocks: list[str] = []
+    if prefixes:
+        decl.append(f"{di}{tag}pre = cuda.local.array({len(prefixes)}, {_dtype_name(dtype)})")
+        for i in range(0, len(prefixes), LINES_PER_BLOCK):
+            blocks.append(f"{ind}if go:")
+            blocks += [f"{ind}    {tag}pre[{pre[t]}] = {v[t[0]]} * {v[t[1]]}" for t in prefixes[i:i + LINES_PER_BLOCK]]
+    made = 0
+    block: list[str] = []
+    weight = 0
+    local: dict[tuple[int, ...], str] = {}
+    for mono_ in sorted(top):
+        for o, terms in sorted(top[mono_].items()):
+            a = f"{tag}acc[{slot[o]}]"
+            for i in range(0, len(terms), CHUNK):
+                if weight >= TERMS_PER_BLOCK:  # close the block; monomials are rebuilt in the next one
+                    blocks += [f"{ind}if go:"] + [f"{ind}    {line}" for line in block]
+                    block, weight, local = [], 0, {}
+                if len(mono_) >= 2 and mono_ not in local:
+                    local[mono_] = f"{tag}m{made}"  # defined once, used in this block only
+                    made += 1
+                    block.append(f"{local[mono_]} = {tag}pre[{pre[mono_[:2]]}]" + "".join(f" * {v[q]}" for q in mono_[2:]))
+                m = local[mono_] if len(mono_) >= 2 else (v[mono_[0]] if mono_ else None)
+                if mono_ and len(rank) == 1:  # the monomial is the whole term
+                    block.append(f"{a} = cuda.fma({m}, {consts(sum(c for c, _ in terms))}, {a})")
+                    weight += 1
+                    break
+                chunk = terms[i:i + CHUNK]
+                block.append(f"{a} = cuda.fma({m}, {chain(chunk, 1, None)}, {a})" if m else f"{a} = {chain(chunk, 1, a)}")
+                weight += len(chunk)
+    if block:
+        blocks += [f"{ind}if go:"] + [f"{ind}    {line}" for line in block]
+    return decl, blocks, {o: f"{tag}acc[{slot[o]}]" for o in outs}
+
+
 
 
 class _Index:
@@ -433,13 +572,15 @@ def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: 
         return [f"{prefix}v{q} = x{a}[{rows[int(k)]}, {index(off, cs)}]"
                 for q, (a, k, off, cs) in enumerate(zip(table.slot_arr, table.slot_rows, table.slot_off, table.slot_cs))]
 
+    if shape != "atom":
+        body.append("go = C > 0")  # the ``if go:`` blocks of _sums_source
     if table.add_to and shape != "atom":
         raise ValueError("only atom kernels take a term split (add_to)")
     if shape == "atom":
         body += atom_lines(table, dtype, consts, index)
     elif shape == "node":
         # accumulators carried over the node's edges, stored once at the end
-        decl, lines, exprs = _sums(table, dtype, ind, consts, decl_ind="")
+        decl, lines, exprs = _sums_source(table, dtype, ind, consts, decl_ind="")
         body += decl
         body += ["for p in range(seg_ptr[n], seg_ptr[n + 1]):",
                  *edge_rows(ind, "seg_perm[p]")]
@@ -451,7 +592,7 @@ def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: 
     elif reduce_channels:
         # accumulators carried over this thread's channels, then a fixed-order sum of the G
         # partials of the edge in shared memory (deterministic, no atomics)
-        decl, lines, exprs = _sums(table, dtype, i2, consts, decl_ind=ind)
+        decl, lines, exprs = _sums_source(table, dtype, i2, consts, decl_ind=ind)
         slots = {o: k for k, o in enumerate(exprs)}
         body += ["if valid:", f"{ind}su = u64(sender[e])", f"{ind}ru = u64(receiver[e])"]
         body += decl
@@ -467,7 +608,7 @@ def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: 
             body += [f"{ind}t{o} = red[tid, {k}]", f"{ind}for j in range(1, G):", f"{i2}t{o} += red[tid + j, {k}]",
                      f"{ind}out[eu, {index(table.out_off[o], 0)}] = t{o}"]
     else:  # edge, channelwise output: G == C, one channel per thread
-        decl, lines, exprs = _sums(table, dtype, "", consts)
+        decl, lines, exprs = _sums_source(table, dtype, "", consts)
         body += loads("") + decl + lines
         for o, expr in exprs.items():
             body.append(f"out[eu, {index(table.out_off[o], table.out_cs[o])}] = {expr}")
