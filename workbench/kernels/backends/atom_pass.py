@@ -11,10 +11,11 @@ runs the parts one after another in one kernel:
 
     def kernel(x0, ..., x9, species, C, out0, out1, out2):
         ...                                   # b, c, the rows and channel offsets, once
-        a0v0 = x0[bu, cu16 + U0]              # part 0: its operand components,
-        a0acc = a0P(a0acc, (a0v0, ...))       #   its sums (one generated polynomial),
-        out0[bu, cu16 + U3] = a0acc[0]        #   its stores
-        a1v0 = x0[bu, cu16 + U0]              # part 1: loads again (an L1 hit) ...
+        if go:                                # part 0 (a basic block of its own):
+            a0v0 = x0[bu, cu16 + U0]          #   its operand components,
+            a0acc = a0P(a0Z, ((a0v0, ...),))  #   its sums (one generated polynomial),
+            out0[bu, cu16 + U3] = a0acc[0]    #   its stores
+        if go:                                # part 1: loads again (an L1 hit) ...
 
 Each part's stores may alias the next part's loads (numba declares no ``noalias``), so neither
 NVVM nor ptxas moves a load above them: a part's registers are dead before the next begins,
@@ -26,10 +27,11 @@ contraction's backward and double backward at the paper configuration, one for i
 
 float64 passes are not fused: their parts take up to 255 registers alone (two a value), and
 one kernel of them spilled 1.2 KB (paper backward) to 2.8 KB (double backward) where the parts
-launched apart spill at most 32 B. A float32 pass is fused when every live output runs unrolled (the others are launched apart by the
-caller). Its parts go into as few kernels as keep each within ``WORKBENCH_PASS_MAX_TERMS``
-terms (default :data:`MAX_KERNEL_TERMS`), which bounds compile time: one kernel for each pass
-at the paper configuration, three for the double backward of 128x0e+128x1o+128x2e.
+launched apart spill at most 32 B. A float32 pass is fused when every live output runs
+unrolled (the others are launched apart by the caller). Its parts go into as few kernels as
+keep each within ``WORKBENCH_PASS_MAX_TERMS`` terms (default :data:`MAX_KERNEL_TERMS`), which
+bounds compile time: one kernel for each pass at the paper configuration, three for the
+double backward of 128x0e+128x1o+128x2e.
 ``WORKBENCH_FUSE_PASSES=0`` turns fusion off (:data:`workbench.kernels.ops.FUSE_ENV`).
 """
 
