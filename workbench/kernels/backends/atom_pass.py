@@ -23,15 +23,14 @@ and the kernel needs the registers of its largest part, not of their sum. Runs o
 one component (``+=``) follow each other in one thread, so the sum keeps its order. A species
 output (weight gradient) is written as per-atom partials and summed per species by
 :mod:`~workbench.kernels.backends.segment`, one more launch each: two launches for the
-contraction's backward and double backward at the paper configuration, one for its forward.
+contraction's backward and double backward, one for its forward.
 
 float64 passes are not fused: their parts take up to 255 registers alone (two a value), and
 one kernel of them spilled 1.2 KB (paper backward) to 2.8 KB (double backward) where the parts
 launched apart spill at most 32 B. A float32 pass is fused when every live output runs
 unrolled (the others are launched apart by the caller). Its parts go into as few kernels as
 keep each within ``WORKBENCH_PASS_MAX_TERMS`` terms (default :data:`MAX_KERNEL_TERMS`), which
-bounds compile time: one kernel for each pass at the paper configuration, three for the
-double backward of 128x0e+128x1o+128x2e.
+bounds compile time: one kernel for each pass at the three configurations of issue 17.
 ``WORKBENCH_FUSE_PASSES=0`` turns fusion off (:data:`workbench.kernels.ops.FUSE_ENV`).
 """
 
@@ -53,11 +52,10 @@ __all__ = ["FUSED_SCALE", "MAX_KERNEL_TERMS", "kernel_source", "launch", "plan",
 #: (the paper configuration's backward d(W), 1909 terms into 81 components, takes 254
 #: registers alone and spills 8 B after d(x) in one kernel)
 FUSED_SCALE = 0.75
-#: terms of one fused kernel, which bounds its compile time (one core, numba-cuda 0.30): the
-#: paper configuration's double backward (18,933 terms) compiles in 9 s, the backward of
-#: 128x0e+128x1o+128x2e (21,991) in ~25 s; its double backward (62,580) took ~100 s as one
-#: kernel and runs as three
-MAX_KERNEL_TERMS = 24_000
+#: terms of one fused kernel, which bounds its compile time (one core, numba-cuda 0.30, loads
+#: from per-thread row views): the paper configuration's double backward (18,933 terms) in
+#: ~6 s, 128x0e+128x1o+128x2e's (62,580 terms in 58 parts) in 35 s
+MAX_KERNEL_TERMS = 70_000
 
 Part = tuple[int, TermTable]  # (the output it writes, its term table)
 
@@ -104,7 +102,7 @@ def kernel_source(parts: Sequence[Part], outputs: Sequence[int], dtype: str) -> 
         lines = unrolled.atom_lines(t, dtype, consts, index, out=f"out{outputs.index(k)}", tag=f"a{n}")
         body += ["if go:"] + [ind + line for line in lines]
     head = unrolled.atom_head(", ".join(f"out{j}" for j in range(len(outputs))))
-    lines = head[1:] + index.channel_lines() + ["go = C > 0"] + body
+    lines = head[1:] + index.channel_lines() + index.view_lines() + ["go = C > 0"] + body
     kernel = "\n".join([head[0]] + [ind + line for line in lines]) + "\n"
     return "\n".join(consts.lines() + index.globals()) + "\n\n\n" + kernel
 

@@ -468,6 +468,18 @@ class _Index:
     def __init__(self):
         self.offsets: set[int] = set()
         self.strides: set[int] = set()
+        self.views: dict[str, str] = {}
+
+    def row(self, array: str, row: str) -> str:
+        """The 1-D view ``array[row]``, taken once per thread (:meth:`view_lines`): a load from
+        it is one index for numba to type and lower, where ``array[row, i]`` is a tuple of two
+        (at 128x0e+128x1o+128x2e a fused double backward reads ~9,000 components)."""
+        name = f"{array}_{row}"
+        self.views[name] = f"{name} = {array}[{row}]"
+        return name
+
+    def view_lines(self) -> list[str]:
+        return [self.views[k] for k in sorted(self.views)]
 
     def __call__(self, off: int, cs: int) -> str:
         off, cs = int(off), int(cs)
@@ -513,13 +525,14 @@ def atom_lines(table: TermTable, dtype: str, consts: "_Definitions", index: "_In
     of a term split adds to what the first stored). ``tag`` prefixes the local names, so that
     several tables can follow one another in one kernel."""
     names = [f"{tag}v{q}" for q in range(table.num_slots)]
-    lines = [f"{names[q]} = x{a}[{ATOM_ROW_VARS[int(k)]}, {index(off, cs)}]"
+    lines = [f"{names[q]} = {index.row(f'x{a}', ATOM_ROW_VARS[int(k)])}[{index(off, cs)}]"
              for q, (a, k, off, cs) in enumerate(zip(table.slot_arr, table.slot_rows, table.slot_off, table.slot_cs))]
     decl, sums, exprs = _sums(table, dtype, "", consts, names=names, tag=tag)
     lines += decl + sums
+    row = index.row(out, "bu")
     for o, expr in exprs.items():
         op = "+=" if o in table.add_to else "="
-        lines.append(f"{out}[bu, {index(table.out_off[o], table.out_cs[o])}] {op} {expr}")
+        lines.append(f"{row}[{index(table.out_off[o], table.out_cs[o])}] {op} {expr}")
     return lines
 
 
@@ -613,7 +626,7 @@ def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: 
         for o, expr in exprs.items():
             body.append(f"out[eu, {index(table.out_off[o], table.out_cs[o])}] = {expr}")
     # the per-thread channel offsets, once the strides the loads and stores use are known
-    chan = index.channel_lines()
+    chan = index.channel_lines() + index.view_lines()
     if "@CHANNELS@" in body:
         k = body.index("@CHANNELS@")
         body[k:k + 1] = [f"{i2}{line}" for line in chan]
