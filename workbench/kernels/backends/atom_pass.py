@@ -12,9 +12,9 @@ runs the parts one after another in one kernel:
     def kernel(x0, ..., x9, species, C, out0, out1, out2):
         ...                                   # b, c, the rows and channel offsets, once
         if go:                                # part 0 (a basic block of its own):
-            a0v0 = x0[bu, cu16 + U0]          #   its operand components,
+            a0v0 = x0_bu[cu16 + U0]           #   its operand components (x0_bu = x0[bu], once),
             a0acc = a0P(a0Z, ((a0v0, ...),))  #   its sums (one generated polynomial),
-            out0[bu, cu16 + U3] = a0acc[0]    #   its stores
+            out0_bu[cu16 + U3] = a0acc[0]     #   its stores
         if go:                                # part 1: loads again (an L1 hit) ...
 
 Each part's stores may alias the next part's loads (numba declares no ``noalias``), so neither

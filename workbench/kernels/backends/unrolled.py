@@ -12,11 +12,11 @@ thousands of terms) calls its sums as one generated numba intrinsic (:func:`_sum
     P = polynomial("eNp9lU...", "float32")   # the sums, as a program
     Z = (np.float32(0.0),) * 4                # zeroed accumulators
     def kernel(x0, ..., out):
-        v0 = x0[bu, cu16 + U0]                # each used operand component: one load, a register
+        v0 = x0_bu[cu16 + U0]                 # x0_bu = x0[bu] once; each component: one load, a register
         ...
         acc = Z
         acc = P(acc, ((v0, ..., v15), ...))   # every term: one call that numba types once
-        out[bu, cu1 + U0] = acc[0]            # written once per output component
+        out_bu[cu1 + U0] = acc[0]             # written once per output component
 
 The program builds monomial prefixes :math:`x_i x_j` once and a multivariate Horner form per
 output (:func:`_program`); the intrinsic lowers it straight to LLVM ``fmul``/``fma`` with the
