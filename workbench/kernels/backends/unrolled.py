@@ -117,7 +117,8 @@ def use_unrolled(num_terms: int, accumulators: int = 0, slots: int = 0, itemsize
     ``itemsize`` bytes: when :func:`unroll_cost` is at most ``WORKBENCH_UNROLL_MAX_TERMS``
     (default :data:`DEFAULT_MAX_TERMS`) and the values a thread keeps live (slots and
     accumulators, in 32-bit registers) stay within :data:`MAX_LIVE_REGISTERS`. ``scale``
-    shrinks the budget (a part of a fused pass, :data:`FUSED_SCALE`)."""
+    shrinks the budget (a part of a fused pass,
+    :data:`~workbench.kernels.backends.atom_pass.FUSED_SCALE`)."""
     mode = os.environ.get("WORKBENCH_CUDA_KERNELS", "auto")
     if mode not in ("auto", "table", "unrolled"):
         raise ValueError(f"WORKBENCH_CUDA_KERNELS must be auto, table or unrolled, got {mode!r}")
@@ -213,7 +214,8 @@ TERMS_PER_BLOCK = 64  # terms per ``if go:`` block
 class _Definitions:
     """The module-level definitions of one generated kernel: each table's polynomial
     (``P = polynomial(...)``, :mod:`~workbench.kernels.backends.poly_ir`) and its zeroed
-    accumulators, typed globals that numba freezes as constants."""
+    accumulators, or the coefficients ``K0, K1, ...`` of source sums (:func:`_sums_source`):
+    typed globals that numba freezes as constants."""
 
     def __init__(self, dtype: str):
         self.dtype = dtype
