@@ -332,13 +332,14 @@ class PolyOp(TransientCache):
         if os.environ.get(FUSE_ENV, "1") == "0":
             return ()
         if not self.edge:
-            if _apass.pass_kernels(self.compiled, _dtype_name(outs[0].dtype)) is None:
+            kernels = _apass.pass_kernels(self.compiled, _dtype_name(outs[0].dtype))
+            if kernels is None:
                 return ()  # before allocating partials the per-output launches would allocate again
             partials = [self._partial(c, index, o) for c, o in zip(self.compiled, outs)]
             return _apass.launch(self.compiled, arrays, *index.arrays(self.compiled[0], convert), channels,
                                  [convert(o) for o in outs], [None if p is None else convert(p) for p in partials],
                                  tuple(convert(t) for t in index.csr()) if any(c.species_output for c in self.compiled)
-                                 else None, stream)
+                                 else None, stream, kernels)
         return _epass.launch(self.compiled, arrays, convert(index.sender), convert(index.receiver),
                              lambda rows: tuple(convert(t) for t in index.csr(rows)), channels,
                              [convert(o) for o in outs], stream)

@@ -112,32 +112,33 @@ def _kernel(parts: tuple[Part, ...], outputs: tuple[int, ...], dtype: str) -> An
     return unrolled._compile(kernel_source(parts, outputs, dtype))
 
 
-def plan(compiled: Sequence[Any], arrays: list, species: Any, channels: int,
-         outs: Sequence[Any]) -> tuple[list[tuple], tuple[int, ...]] | None:
+def plan(compiled: Sequence[Any], arrays: list, species: Any, channels: int, outs: Sequence[Any],
+         kernels: tuple | None = None) -> tuple[list[tuple], tuple[int, ...]] | None:
     """``([(kernel, blocks, threads_per_block, args)], fused)``: the fused kernels in launch
     order, where ``outs[k]`` is output ``k``'s array (for a species output, its per-atom
-    partials) and ``fused`` the indices of the outputs they compute; None when nothing is fused
-    (:func:`pass_kernels`)."""
+    partials) and ``fused`` the indices of the outputs they compute; None when nothing is fused.
+    ``kernels``: :func:`pass_kernels`' answer when the caller has it (computed otherwise)."""
     n = species.shape[0] * channels
     if n == 0:
         return None
     dtype = str(np.dtype(outs[0].dtype))
-    pk = pass_kernels(compiled, dtype)
+    pk = pass_kernels(compiled, dtype) if kernels is None else kernels
     if pk is None:
         return None
     ks, kernels = pk
-    tpb = int(os.environ.get("WORKBENCH_CUDA_TPB", unrolled.THREADS_PER_BLOCK))
+    tpb = unrolled.block_size()
     args = (*arrays, species, channels, *(outs[k] for k in ks))
     return [(_kernel(parts, ks, dtype), (n + tpb - 1) // tpb, tpb, args) for parts in kernels], ks
 
 
 def launch(compiled: Sequence[Any], arrays: list, species: Any, channels: int, outs: Sequence[Any],
-           partials: Sequence[Any], csr: tuple[Any, Any] | None, stream: Any = 0) -> tuple[int, ...]:
+           partials: Sequence[Any], csr: tuple[Any, Any] | None, stream: Any = 0,
+           kernels: tuple | None = None) -> tuple[int, ...]:
     """Launch the fused pass on ``stream``, then one per-species sum of each species output's
     ``partials[k]`` into ``outs[k]``; the indices of the outputs it computed (none when it does
-    not apply)."""
+    not apply). ``kernels``: as for :func:`plan`."""
     targets = [p if c.species_output else o for c, o, p in zip(compiled, outs, partials)]
-    p = plan(compiled, arrays, species, channels, targets)
+    p = plan(compiled, arrays, species, channels, targets, kernels)
     if p is None:
         return ()
     launches, fused = p

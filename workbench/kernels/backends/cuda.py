@@ -21,7 +21,6 @@ the simulator the same kernels run on numpy arrays (see ``WORKBENCH_KERNELS_CUDA
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from typing import Any
 
@@ -114,7 +113,7 @@ def plans(compiled: Any, arrays: list, species: Any, channels: int, out: Any, ho
     dtype = str(np.dtype(out.dtype))
     parts = unrolled.unrolled_parts(compiled, dtype)
     if parts is not None:
-        tpb = int(os.environ.get("WORKBENCH_CUDA_TPB", unrolled.THREADS_PER_BLOCK))
+        tpb = unrolled.block_size()
         return [(unrolled.get_unrolled_kernel(t, "atom", dtype), (n + tpb - 1) // tpb, tpb, (*arrays, species, channels, out))
                 for t in parts]
     itemsize = np.dtype(out.dtype).itemsize

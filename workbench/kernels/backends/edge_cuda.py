@@ -30,7 +30,6 @@ arrays.
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from typing import Any
 
@@ -195,7 +194,7 @@ def plan(compiled: Any, arrays: list, sender: Any, receiver: Any, seg: tuple | N
     out_len = compiled.out_size if (compiled.node_output or reduce_) else 0
     buffer_len = compiled.num_slots + 1
     if use_unrolled:
-        tpb = int(os.environ.get("WORKBENCH_CUDA_TPB", unrolled.THREADS_PER_BLOCK))
+        tpb = unrolled.block_size()
     else:
         tpb = threads_per_block(_odd(buffer_len + out_len), np.dtype(out.dtype).itemsize)
     if compiled.node_output:

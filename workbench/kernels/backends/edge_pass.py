@@ -30,7 +30,6 @@ the caller.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Callable, Sequence
@@ -98,7 +97,7 @@ def layout(compiled: Sequence[Any]) -> PassLayout | None:
 def block_shape(channels: int) -> tuple[int, int]:
     """``(nodes per block, threads per block)`` of role 1: as many whole nodes of ``channels``
     threads as fit ``WORKBENCH_CUDA_TPB`` (default 128) threads, at least one."""
-    npb = max(1, int(os.environ.get("WORKBENCH_CUDA_TPB", unrolled.THREADS_PER_BLOCK)) // channels)
+    npb = max(1, unrolled.block_size() // channels)
     return npb, npb * channels
 
 

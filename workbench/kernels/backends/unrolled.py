@@ -58,7 +58,7 @@ from workbench.kernels.backends.generated import load_module, source_dir
 from workbench.kernels.backends.poly_ir import Program, call_source
 from workbench.kernels.descriptor.tables import TermTable
 
-__all__ = ["ATOM_ROW_VARS", "atom_head", "atom_lines", "kernel_source", "get_unrolled_kernel", "live_slots", "unroll", "unroll_cost", "unrolled_parts", "use_unrolled",
+__all__ = ["ATOM_ROW_VARS", "atom_head", "atom_lines", "block_size", "kernel_source", "get_unrolled_kernel", "live_slots", "unroll", "unroll_cost", "unrolled_parts", "use_unrolled",
            "DEFAULT_MAX_TERMS", "MAX_PARTS", "SPLIT_FULL_SLOTS", "MAX_PARTS_F64", "MAX_PART_SLOTS_F64", "SPLIT_PART_TERMS",
            "SPLIT_PART_TERMS_F64"]
 
@@ -101,6 +101,12 @@ ACCUMULATOR_WEIGHT = 32
 #: no shared memory, so the block size only sets the granularity; ptxas picks the registers
 THREADS_PER_BLOCK = 128
 cuda = None  # numba.cuda, bound on first use (after NUMBA_ENABLE_CUDASIM is read)
+
+
+def block_size() -> int:
+    """Threads per block of the generated kernels: ``WORKBENCH_CUDA_TPB``, default
+    :data:`THREADS_PER_BLOCK`."""
+    return int(os.environ.get("WORKBENCH_CUDA_TPB", THREADS_PER_BLOCK))
 
 
 def unroll_cost(num_terms: int, accumulators: int = 0, itemsize: int = 4) -> float:
@@ -459,8 +465,6 @@ def _sums_source(table: TermTable, dtype: str, ind: str, consts: "_Definitions",
     return decl, blocks, {o: f"{tag}acc[{slot[o]}]" for o in outs}
 
 
-
-
 class _Index:
     """Unsigned element indices: ``x[row, cu3 + U128]`` with ``cu3 = u64(c * 3)`` computed once
     per thread and the offset a typed ``uint64`` global, so numba emits no negative-index
@@ -558,7 +562,6 @@ def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: 
     i2 = ind * 2
     if shape == "atom":
         head = atom_head("out")
-        rows = ATOM_ROW_VARS
     elif shape in ("node", "edge"):
         args = ", ".join(f"x{i}" for i in range(8))
         rows = EDGE_ROW_VARS

@@ -285,11 +285,12 @@ def _plans(op, dtype: str, channels: int) -> Iterator[_Launch]:
     for aid, o in zip(op.array_ids, op.operands):
         arrays[aid] = np.zeros((rows, o.width), dtype=dtype)
     outs = [np.zeros((rows, comp.output.width), dtype=dtype) for comp in op.compiled]
-    fused = None if os.environ.get(FUSE_ENV, "1") == "0" else atom_pass.plan(op.compiled, arrays, idx, channels, outs)
+    pk = None if os.environ.get(FUSE_ENV, "1") == "0" else atom_pass.pass_kernels(op.compiled, dtype)
+    fused = None if pk is None else atom_pass.plan(op.compiled, arrays, idx, channels, outs, pk)
     done: tuple[int, ...] = ()
     if fused is not None:  # one launch for these outputs (all their parts) per kernel, then the species sums
         launches, done = fused
-        kernels = atom_pass.pass_kernels(op.compiled, dtype)[1]
+        kernels = pk[1]
         for j, (parts, plan) in enumerate(zip(kernels, launches)):
             names = ", ".join(dict.fromkeys(op.compiled[k].output.name for k, _ in parts))
             if len(kernels) > 1:
@@ -300,10 +301,10 @@ def _plans(op, dtype: str, channels: int) -> Iterator[_Launch]:
             if op.compiled[k].species_output:
                 yield _Launch(op.compiled[k].output.name, "species sum", "segment", 0, 0,
                               segment.plan_segment_sum(outs[k], idx, idx, outs[k][:2]))
-    for k, comp in enumerate(op.compiled):
-        if k in done:
+    for i, comp in enumerate(op.compiled):
+        if i in done:
             continue
-        out = outs[k]
+        out = outs[i]
         shape = "atom partial" if comp.species_output else "atom"
         parts = unrolled_parts(comp, dtype)
         for k, plan in enumerate(_cuda.plans(comp, arrays, idx, channels, out, host=True)):
