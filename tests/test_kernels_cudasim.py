@@ -42,13 +42,16 @@ errs["fused"] = sorted(set(fused))
 """
 
 
-@pytest.mark.parametrize("variant", ["unrolled", "table", "unrolled-split", "unrolled-terms"])
+@pytest.mark.parametrize("variant", ["unrolled", "table", "unrolled-split", "unrolled-terms", "unrolled-weights"])
 def test_cuda_kernels_under_simulator(variant):
-    # unrolled-split: every polynomial's output components in 2 generated kernels writing one output;
+    # unrolled-split: every polynomial's output components in 2 generated kernels writing one
+    # output (message kernels too: each part walks the edges and stores its components);
     # unrolled-terms: every contraction polynomial in runs of 5 terms, later runs of a component
-    # adding to what its first run stored (launched in order)
+    # adding to what its first run stored (launched in order); unrolled-weights: the contraction's
+    # terms in groups by weight component (parts of about 5 terms across output components)
     extra = {"unrolled-split": {"WORKBENCH_UNROLL_PARTS": "2"},
-             "unrolled-terms": {"WORKBENCH_UNROLL_TERMS": "5"}}.get(variant, {})
+             "unrolled-terms": {"WORKBENCH_UNROLL_TERMS": "5"},
+             "unrolled-weights": {"WORKBENCH_UNROLL_WEIGHT_GROUPS": "5"}}.get(variant, {})
     errs = run_under_simulator(SCRIPT, variant.split("-")[0], **extra)
     print(errs)
     # one launch per pass for the contraction: the backward's d(x) and d(W), the double

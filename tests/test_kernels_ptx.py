@@ -181,6 +181,58 @@ def test_split_parts_partition_the_terms(small_ops, monkeypatch):
     assert unrolled.unrolled_parts(comp, "float32") is None
 
 
+def test_weight_groups_partition_the_terms(small_ops, monkeypatch):
+    """WORKBENCH_UNROLL_WEIGHT_GROUPS=n splits a contraction polynomial into parts of at most n
+    terms that keep a weight component's terms together (cut only where one component has more
+    than n), across output components; a part adds into exactly the components an earlier part
+    stored. Message polynomials (no weights) are not grouped."""
+    monkeypatch.delenv("WORKBENCH_CUDA_KERNELS", raising=False)
+    monkeypatch.delenv("WORKBENCH_UNROLL_PARTS", raising=False)
+    monkeypatch.delenv("WORKBENCH_UNROLL_TERMS", raising=False)
+    comp = small_ops["symmetric_contraction"][1][1].compiled[0]  # backward d(x): operands x, W, grad_out
+    assert [o.rows for o in comp.poly.operands].count("species") == 1
+    w_array = comp.array_ids[[o.rows for o in comp.poly.operands].index("species")]
+
+    def reads(t):
+        return list(zip(t.slot_arr.tolist(), t.slot_rows.tolist(), t.slot_off.tolist(), t.slot_cs.tolist()))
+
+    def terms(t):  # slots renumbered per table: compare by what a slot reads
+        where = reads(t)
+        return [(o, c, tuple(sorted(where[q] for q in slots))) for o, c, slots in t.monomials()]
+
+    def weight_reads(t):  # {weight component read: terms reading it}
+        count: dict = {}
+        for _, _, slots in terms(t):
+            for r in slots:
+                if r[0] == w_array:
+                    count[r] = count.get(r, 0) + 1
+        return count
+
+    whole = sorted(terms(comp.table))
+    per_weight = weight_reads(comp.table)
+    assert len(per_weight) > 4 and all(sum(r[0] == w_array for r in m[2]) == 1 for m in whole)  # one weight per term
+    for n in (7, 30):
+        monkeypatch.setenv("WORKBENCH_UNROLL_WEIGHT_GROUPS", str(n))
+        parts = unrolled.unrolled_parts(comp, "float32")
+        assert len(parts) >= comp.num_terms / n
+        assert sorted(m for t in parts for m in terms(t)) == whole
+        assert max(t.num_terms for t in parts) <= n
+        stored: set[int] = set()
+        for t in parts:
+            mine = set(t.t_out.tolist())
+            assert set(t.add_to) == mine & stored
+            stored |= mine
+        readers: dict = {}
+        for k, t in enumerate(parts):
+            for r in weight_reads(t):
+                readers.setdefault(r, set()).add(k)
+        assert all(len(readers[r]) == 1 for r, c in per_weight.items() if c <= n)  # groups kept whole
+        assert max(len(weight_reads(t)) for t in parts) < len(per_weight)
+    tp = small_ops["channelwise_tp"][1][1].compiled[0]
+    monkeypatch.setenv("WORKBENCH_UNROLL_WEIGHT_GROUPS", "7")
+    assert unrolled.unrolled_parts(tp, "float32") == [tp.table]
+
+
 def test_generated_source_is_straight_line(small_ops):
     """Offsets are unsigned globals and no table is read. An atom kernel's sums are one
     generated polynomial whose program uses every term's coefficient exactly once and equals
@@ -325,7 +377,9 @@ def test_training_kernels_leave_the_table_path(config, monkeypatch):
     backward d(x) 15, d(W) 3, double backward d(x) 31, with components cut into runs of terms,
     d(W) 9, d(d(out)) 16), and the TP's backward and double backward are one fused launch each.
     float64: parts of about 650 terms reading at most 100 operand components (the paper's
-    d(d(out)) in runs of terms); what stays on the table kernel is named below."""
+    d(d(out)) in runs of terms; 128x2e's d(x)s, whose runs read more, in groups by weight
+    component), and the TP's outputs one kernel each (128x2e's d(d(out)) in 2 parts): nothing
+    stays on the table kernel."""
     from e3nn import o3
 
     from workbench.kernels.backends import edge_pass
@@ -346,8 +400,9 @@ def test_training_kernels_leave_the_table_path(config, monkeypatch):
         op = tp[label]
         lay = edge_pass.fused_layout(op.compiled, "float32", channels)
         assert sorted(edge_pass._role1(lay) + lay.other) == list(range(len(op.compiled))), label
-    tp64 = {(label, c.output.name) for label, op in tp.items() for c in op.compiled
-            if not unrolled.unroll(c, "float64", split=False)}
+    tp64 = {(label, c.output.name): unrolled.unrolled_parts(c, "float64") for label, op in tp.items() for c in op.compiled}
+    assert all(v is not None for v in tp64.values())
+    tp64 = {k: len(v) for k, v in tp64.items() if len(v) > 1}
     table64 = {k for k, v in parts["float64"].items() if v is None}
     assert all(p.num_slots <= unrolled.MAX_PART_SLOTS_F64 for v in parts["float64"].values() if v and len(v) > 1 for p in v)
     order = [("forward", "out"), ("backward", "d(x)"), ("backward", "d(W)"), ("double backward", "d(x)"),
@@ -359,6 +414,10 @@ def test_training_kernels_leave_the_table_path(config, monkeypatch):
         assert any(p.add_to for p in parts["float64"][("double backward", "d(d(out))")])  # runs of terms
     else:
         assert [f32[k] for k in order] == [1, 15, 3, 31, 9, 16]
-        assert [len(parts["float64"][k]) for k in order if k not in table64] == [14, 10, 28, 30]
-        assert table64 == {("backward", "d(x)"), ("double backward", "d(x)")}
-        assert tp64 == {("double backward", "d(d(out))")}
+        assert not table64
+        assert [len(parts["float64"][k]) for k in order] == [14, 38, 10, 76, 28, 30]
+        for k in (("backward", "d(x)"), ("double backward", "d(x)")):  # by weight component
+            ps = parts["float64"][k]
+            assert max(p.num_slots for p in ps) < 60 and max(p.num_terms for p in ps) <= unrolled.SPLIT_WEIGHT_TERMS_F64
+            assert all(p.add_to for p in ps[1:])
+        assert tp64 == {("double backward", "d(d(out))"): 2}

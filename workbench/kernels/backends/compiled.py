@@ -117,8 +117,6 @@ class CompiledPolynomial(TransientCache):
         return self._cached(("split_terms", size), lambda: self._split_terms(size))
 
     def _split_terms(self, size: int) -> list:
-        from dataclasses import replace
-
         runs: list[tuple[int, bool, list]] = []  # (component, first run?, terms)
         per: dict[int, list] = {}
         for key, coef in sorted(self.poly.terms.items()):
@@ -127,21 +125,49 @@ class CompiledPolynomial(TransientCache):
             terms = per[o]
             n = -(-len(terms) // -(-len(terms) // size))
             runs += [(o, i == 0, terms[i:i + n]) for i in range(0, len(terms), n)]
+        return self._pack([terms for _, _, terms in runs], size)
+
+    def split_operand(self, size: int, operand: int) -> list:
+        """Term tables of about ``size`` terms each, holding whole groups of the terms that share
+        their factors of ``operand`` (across output components), groups in order. Where an
+        output component's terms read many components of one operand (the species weights of a
+        derivative), a part then reads only a few of them, at the price of adding into every
+        component an earlier part stored (``add_to``, as in :meth:`split_terms`)."""
+        return self._cached(("split_operand", size, operand), lambda: self._split_operand(size, operand))
+
+    def _split_operand(self, size: int, operand: int) -> list:
+        groups: dict[tuple, list] = {}
+        for key, coef in sorted(self.poly.terms.items()):
+            groups.setdefault(tuple(f for f in key[1] if f[0] == operand), []).append((key, coef))
+        runs = []
+        for g in sorted(groups):  # a group larger than a part: equal runs, by output component
+            terms = groups[g]
+            n = -(-len(terms) // -(-len(terms) // size))
+            runs += [terms[i:i + n] for i in range(0, len(terms), n)]
+        return self._pack(runs, size)
+
+    def _pack(self, runs: list[list], size: int) -> list:
+        """Consecutive runs of ``((o, factors), coefficient)`` packed into parts of up to ``size``
+        terms; a part's ``add_to`` lists the components an earlier part stored."""
+        from dataclasses import replace
+
         parts, cur, load = [], [], 0
         for run in runs:
-            if cur and load + len(run[2]) > size:
+            if cur and load + len(run) > size:
                 parts.append(cur)
                 cur, load = [], 0
             cur.append(run)
-            load += len(run[2])
+            load += len(run)
         parts.append(cur)
         codes = row_codes(op.rows for op in self.poly.operands)
-        tables = []
+        tables, stored = [], set()
         for part in parts:
-            sub = SparsePolynomial(self.poly.operands, self.poly.output, {k: v for _, _, terms in part for k, v in terms})
-            add = {o for o, first, _ in part if not first}
+            terms = {k: v for run in part for k, v in run}
+            sub = SparsePolynomial(self.poly.operands, self.poly.output, terms)
             t = term_table(sub, self.array_ids, codes)
-            tables.append(replace(t, add_to=tuple(sorted(add))))
+            mine = {k[0] for k in terms}
+            tables.append(replace(t, add_to=tuple(sorted(mine & stored))))
+            stored |= mine
         return tables
 
     def host_tables(self, dtype: str) -> tuple:

@@ -174,11 +174,13 @@ def get_edge_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
     return edge_poly_edge_kernel
 
 
-def plan(compiled: Any, arrays: list, sender: Any, receiver: Any, seg: tuple | None, channels: int,
-         out: Any, host: bool = False) -> tuple | None:
-    """``(kernel, blocks, threads_per_block, args)`` for one compiled edge polynomial
-    (:class:`~workbench.kernels.backends.compiled.CompiledPolynomial`), or None when there is nothing to do.
-    The unrolled kernel is chosen unless the polynomial is too large for it.
+def plans(compiled: Any, arrays: list, sender: Any, receiver: Any, seg: tuple | None, channels: int,
+          out: Any, host: bool = False) -> list[tuple]:
+    """``[(kernel, blocks, threads_per_block, args)]`` for one compiled edge polynomial
+    (:class:`~workbench.kernels.backends.compiled.CompiledPolynomial`), empty when there is
+    nothing to do: the unrolled kernel, or one per group of output components where the
+    polynomial is too large for one (:func:`~workbench.kernels.backends.unrolled.unrolled_parts`;
+    each part walks the edges again and stores its own components), or the table-driven kernel.
 
     ``arrays``: the 8 operand arrays (dummies where unused) as numba device arrays (numpy under
     the simulator or for PTX compilation); ``seg``: ``(seg_ptr, seg_perm)`` CSR for node outputs,
@@ -187,13 +189,13 @@ def plan(compiled: Any, arrays: list, sender: Any, receiver: Any, seg: tuple | N
     host arrays (for PTX compilation).
     """
     if compiled.num_terms == 0 or sender.shape[0] == 0:
-        return None
+        return []
     dtype = str(np.dtype(out.dtype))
     reduce_ = compiled.reduce_channels
-    use_unrolled = unrolled.unroll(compiled, dtype, split=False)
+    parts = unrolled.unrolled_parts(compiled, dtype)
     out_len = compiled.out_size if (compiled.node_output or reduce_) else 0
     buffer_len = compiled.num_slots + 1
-    if use_unrolled:
+    if parts is not None:
         tpb = unrolled.block_size()
     else:
         tpb = threads_per_block(_odd(buffer_len + out_len), np.dtype(out.dtype).itemsize)
@@ -204,16 +206,17 @@ def plan(compiled: Any, arrays: list, sender: Any, receiver: Any, seg: tuple | N
         G = reduce_group(channels, tpb) if reduce_ else channels
         n = sender.shape[0] * G
     if n == 0:
-        return None
-    if use_unrolled:
+        return []
+    blocks = (n + tpb - 1) // tpb
+    if parts is not None:
         shape = "node" if compiled.node_output else "edge"
-        kernel = unrolled.get_unrolled_kernel(compiled.table, shape, dtype, reduce_channels=reduce_, tpb=tpb,
-                                              group=G if reduce_ and not compiled.node_output else 0)
         if compiled.node_output:
             args = (*arrays, sender, receiver, seg[0], seg[1], channels, out)
         else:
             args = (*arrays, sender, receiver, G, channels, out)
-        return kernel, (n + tpb - 1) // tpb, tpb, args
+        return [(unrolled.get_unrolled_kernel(t, shape, dtype, reduce_channels=reduce_, tpb=tpb,
+                                              group=G if reduce_ and not compiled.node_output else 0), blocks, tpb, args)
+                for t in parts]
     tables = compiled.host_tables(dtype) if host else compiled.device_tables(dtype)
     if compiled.node_output:
         kernel = get_node_kernel(buffer_len, out_len, tpb, dtype, reduce_)
@@ -221,21 +224,19 @@ def plan(compiled: Any, arrays: list, sender: Any, receiver: Any, seg: tuple | N
     else:
         kernel = get_edge_kernel(buffer_len, out_len, tpb, dtype)
         args = (*arrays, sender, receiver, G, channels, *tables[:7], out, tables[7], tables[8], reduce_)
-    return kernel, (n + tpb - 1) // tpb, tpb, args
+    return [(kernel, blocks, tpb, args)]
 
 
 def writes_every_element(compiled: Any, dtype: str) -> bool:
-    """Whether the kernel :func:`plan` picks stores every element of its output (the unrolled
-    kernel, every component reached by a term, not the atomic channel-summed node output), so
+    """Whether the kernels :func:`plans` picks store every element of its output (the unrolled
+    kernels, every component reached by a term, not the atomic channel-summed node output), so
     the output needs no zero fill."""
-    return (unrolled.unroll(compiled, dtype, split=False) and compiled.covers_output
+    return (unrolled.unroll(compiled, dtype) and compiled.covers_output
             and not (compiled.node_output and compiled.reduce_channels))
 
 
 def launch(compiled: Any, arrays: list, sender: Any, receiver: Any, seg: tuple | None, channels: int,
            out: Any, stream: Any = 0) -> None:
-    """Launch one compiled edge polynomial on ``stream`` (see :func:`plan`)."""
-    p = plan(compiled, arrays, sender, receiver, seg, channels, out)
-    if p is not None:
-        kernel, blocks, tpb, args = p
+    """Launch one compiled edge polynomial on ``stream`` (see :func:`plans`)."""
+    for kernel, blocks, tpb, args in plans(compiled, arrays, sender, receiver, seg, channels, out):
         kernel[blocks, tpb, stream](*args)

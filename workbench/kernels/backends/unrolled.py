@@ -60,7 +60,7 @@ from workbench.kernels.descriptor.tables import TermTable
 
 __all__ = ["ATOM_ROW_VARS", "atom_head", "atom_lines", "block_size", "kernel_source", "get_unrolled_kernel", "live_slots", "unroll", "unroll_cost", "unrolled_parts", "use_unrolled",
            "DEFAULT_MAX_TERMS", "MAX_PARTS", "SPLIT_FULL_SLOTS", "MAX_PARTS_F64", "MAX_PART_SLOTS_F64", "SPLIT_PART_TERMS",
-           "SPLIT_PART_TERMS_F64"]
+           "SPLIT_PART_TERMS_F64", "SPLIT_WEIGHT_TERMS_F64", "MAX_WEIGHT_PARTS_F64"]
 
 #: largest :func:`unroll_cost` unrolled in one kernel. At the paper configuration (sm_90, one
 #: core) float32 unrolls every kernel but the double backward's d(x) (9053 terms: 2.8 KB of
@@ -88,10 +88,19 @@ MAX_PARTS = 32
 #: one per component (413-697 terms, at most 85 operand components), of which 5 spill 12-76 B
 #: per thread (issue 17 allows float64 256 B); d(d(out)) (4 components of ~1235 terms) in 10 runs of terms
 #: (:meth:`CompiledPolynomial.split_terms`). 128x0e+128x1o+128x2e: the forward in 14 runs and
-#: d(d(out)) in 30; its d(x)s need more than 100 components per run and stay on tables
+#: d(d(out)) in 30; its d(x)s need more than 100 components per run and are grouped by weight
+#: component instead (below)
 SPLIT_PART_TERMS_F64 = 650
 MAX_PARTS_F64 = 64
 MAX_PART_SLOTS_F64 = 100
+#: float64 parts grouped by weight component (:meth:`CompiledPolynomial.split_operand`), where
+#: runs of one component read too many weights. Each part reads ~30-57 components but shares its
+#: x monomials across all output components, so its size sets the spills. Calibrated with ptxas
+#: on 128x0e+128x1o+128x2e: the backward's d(x) (16,080 terms) spills at most 200 B per thread
+#: in parts of 550-650 terms; the double backward's d(x) (30,420) 1 KB at 650, 416 B at 600,
+#: 104 B at 550 (76 parts) and none at 450 (94 parts)
+SPLIT_WEIGHT_TERMS_F64 = 550
+MAX_WEIGHT_PARTS_F64 = 96
 #: a thread's live operand components and accumulators, in 32-bit registers, must not exceed
 #: this (of 255): at 200, the float64 TP double backward's d(d(out)) (accumulators carried over
 #: the segment) takes 254 registers without spills; it spilled 736 B when each edge's sums were
@@ -154,10 +163,15 @@ def unrolled_parts(compiled: Any, dtype: str, split: bool = True, scale: float =
     float64: :data:`SPLIT_PART_TERMS_F64`, :data:`MAX_PARTS_F64`), one generated kernel
     (launch) each, all writing the same output, when every part fits: float32 parts pass
     :func:`use_unrolled`; float64 parts, whose operands take two registers each, read at most
-    :data:`MAX_PART_SLOTS_F64` operand components. ``WORKBENCH_UNROLL_PARTS=k`` forces ``k``
-    parts (``1``: no automatic split). Where the components are too coarse, an atom
-    polynomial's terms are cut into runs instead (:meth:`CompiledPolynomial.split_terms`, the
-    same part size; ``WORKBENCH_UNROLL_TERMS=n`` forces runs of ``n`` terms). ``scale``: the
+    :data:`MAX_PART_SLOTS_F64` operand components; message-kernel parts (each walks the edges
+    again) pass :func:`use_unrolled` with their operands counted as :func:`live_slots` does.
+    ``WORKBENCH_UNROLL_PARTS=k`` forces ``k`` parts (``1``: no automatic split). Where the
+    components are too coarse, an atom polynomial's terms are cut into runs instead
+    (:meth:`CompiledPolynomial.split_terms`, the same part size; ``WORKBENCH_UNROLL_TERMS=n``
+    forces runs of ``n`` terms), and where a run still reads too many operand components, into
+    groups by weight component (:meth:`CompiledPolynomial.split_operand`: 128x0e+128x1o+128x2e's
+    float64 d(x)s, whose runs read up to 108 components, read at most 57;
+    ``WORKBENCH_UNROLL_WEIGHT_GROUPS=n`` forces parts of about ``n`` terms). ``scale``: the
     float32 budget of :func:`use_unrolled` (and the part size) times this."""
     mode = os.environ.get("WORKBENCH_CUDA_KERNELS", "auto")
     forced = os.environ.get("WORKBENCH_UNROLL_PARTS")
@@ -166,6 +180,10 @@ def unrolled_parts(compiled: Any, dtype: str, split: bool = True, scale: float =
     forced_terms = os.environ.get("WORKBENCH_UNROLL_TERMS")
     if forced_terms and split and mode != "table" and not compiled.edge:
         return compiled.split_terms(int(forced_terms))
+    weights = [a for a, o in enumerate(compiled.poly.operands) if o.rows == "species"]
+    forced_groups = os.environ.get("WORKBENCH_UNROLL_WEIGHT_GROUPS")
+    if forced_groups and split and mode != "table" and weights:
+        return compiled.split_operand(int(forced_groups), weights[0])
     itemsize = 8 if dtype == "float64" else 4
     if itemsize == 8:
         scale = 1.0
@@ -181,6 +199,8 @@ def unrolled_parts(compiled: Any, dtype: str, split: bool = True, scale: float =
     def fits(p: TermTable) -> bool:
         if p.num_terms > size * 5 // 4:  # components too coarse to balance: a part stays too large
             return False
+        if compiled.edge:  # operands counted as live_slots counts them
+            return use_unrolled(p.num_terms, len(set(p.t_out.tolist())), p.num_slots // 2, itemsize)
         if itemsize == 8:
             return p.num_slots <= MAX_PART_SLOTS_F64
         return use_unrolled(p.num_terms, len(set(p.t_out.tolist())), p.num_slots, itemsize, scale)
@@ -195,7 +215,15 @@ def unrolled_parts(compiled: Any, dtype: str, split: bool = True, scale: float =
         return None
     # components too coarse: cut their terms into runs (a later run adds to the first)
     parts = compiled.split_terms(size)
-    return parts if len(parts) <= most and all(fits(p) for p in parts) else None
+    if len(parts) <= most and all(fits(p) for p in parts):
+        return parts
+    # a component's runs still read most of the weights: group the terms by weight component
+    if weights:
+        wsize, wmost = (SPLIT_WEIGHT_TERMS_F64, MAX_WEIGHT_PARTS_F64) if itemsize == 8 else (size, most)
+        parts = compiled.split_operand(wsize, weights[0])
+        if len(parts) <= wmost and all(fits(p) for p in parts):
+            return parts
+    return None
 
 
 def unroll(compiled: Any, dtype: str, split: bool = True) -> bool:

@@ -246,7 +246,7 @@ def _plans(op, dtype: str, channels: int) -> Iterator[_Launch]:
     kernels (one per part when split), then the per-species sum."""
     from workbench.kernels.backends import cuda as _cuda
     from workbench.kernels.backends import edge_cuda, segment
-    from workbench.kernels.backends.unrolled import unroll, unrolled_parts
+    from workbench.kernels.backends.unrolled import unrolled_parts
 
     rows = 4
     dummy = np.zeros((1, 1), dtype=dtype)
@@ -273,10 +273,14 @@ def _plans(op, dtype: str, channels: int) -> Iterator[_Launch]:
                 continue
             out = np.zeros((rows, comp.output.width), dtype=dtype)
             shape = "node" if comp.node_output else ("edge reduce" if comp.reduce_channels else "edge")
-            table = not unroll(comp, dtype, split=False)
-            yield _Launch(comp.output.name, shape, "table" if table else "unrolled", comp.num_terms, comp.num_slots,
-                          edge_cuda.plan(comp, arrays, idx, idx, seg if comp.node_output else None, channels, out, host=True),
-                          comp.degree if table else 0)
+            parts = unrolled_parts(comp, dtype)
+            plans = edge_cuda.plans(comp, arrays, idx, idx, seg if comp.node_output else None, channels, out, host=True)
+            for k, plan in enumerate(plans):
+                if parts is None:
+                    yield _Launch(comp.output.name, shape, "table", comp.num_terms, comp.num_slots, plan, comp.degree)
+                else:
+                    name = comp.output.name if len(parts) == 1 else f"{comp.output.name} {k + 1}/{len(parts)}"
+                    yield _Launch(name, shape, "unrolled", parts[k].num_terms, parts[k].num_slots, plan)
         return
     from workbench.kernels.backends import atom_pass
     from workbench.kernels.ops import FUSE_ENV
