@@ -112,3 +112,27 @@ def test_partial_bench_table_says_so():
            "capacity": 900, "complete": False, "rows": rows, "summary": summarise(rows)}
     text = format_table(res)
     assert text.splitlines()[1].startswith("PARTIAL: 1 runs finished")
+
+
+def test_parity_interval_matches_welch_and_sizes_the_seeds():
+    """The ratio's 95% interval is Welch's interval on the difference of means (scipy's own
+    ttest_ind), over the reference mean; ``seeds_needed`` is the fewest seeds per trainer whose
+    interval (normal quantile, same standard deviations) fits inside ±5%."""
+    from scipy import stats
+
+    from workbench.train.bench_quality import ratio_interval
+
+    rng = np.random.default_rng()
+    e_m, f_m = rng.uniform(50, 110, 4), rng.uniform(45, 60, 4)
+    e_w, f_w = rng.uniform(50, 90, 3), rng.uniform(45, 60, 3)
+    s = summarise(_rows("mace_run_train", "fixed 8", e_m, f_m) + _rows("workbench", "fixed-count", e_w, f_w))
+    pa = s["parity"]
+    for q, a, b in (("e", e_m, e_w), ("f", f_m, f_w)):
+        lo, hi = stats.ttest_ind(b, a, equal_var=False).confidence_interval(0.95)
+        assert pa[f"{q}_ci_low"] == pytest.approx(1 + lo / a.mean()) and pa[f"{q}_ci_high"] == pytest.approx(1 + hi / a.mean())
+        assert pa[f"{q}_ci_low"] < pa[f"{q}_ratio"] < pa[f"{q}_ci_high"]
+        n, sd2 = pa[f"{q}_seeds_needed"], (a.var(ddof=1) + b.var(ddof=1)) / 2
+        half = lambda k: 1.959964 * np.sqrt(2 * sd2 / k) / a.mean()  # noqa: E731
+        assert half(n) <= 0.05 < half(n - 1) if n > 1 else half(n) <= 0.05
+    one = ratio_interval({"seeds": 1, "e_mean": 80.0, "e_std": 0.0}, {"seeds": 3, "e_mean": 70.0, "e_std": 5.0}, "e")
+    assert one == {"ci_low": None, "ci_high": None, "seeds_needed": None}

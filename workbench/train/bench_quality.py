@@ -14,7 +14,8 @@ kernels, equal to e3nn within 1e-10 in float64), then evaluates every final mode
 writes JSON, and checks two targets:
 
 * **parity**: the workbench with ``fixed-count`` is within 5% of ``mace_run_train`` in validation
-  energy and force MAE (means over seeds);
+  energy and force MAE (means over seeds), with each ratio's 95% interval over seeds and the
+  seeds per trainer that would resolve ±5% (:func:`ratio_interval`);
 * **packing costs no accuracy**: ``paper`` and ``shuffled-paper`` are no worse than
   ``fixed-count`` by more than the seed-to-seed spread (the larger standard deviation of the two).
 
@@ -163,6 +164,31 @@ def _row(trainer: str, sampler: str, seed: int, steps: int, wall: float, result:
                          for k, v in result["families"].items()}}
 
 
+def ratio_interval(ref: dict, other: dict, q: str, level: float = 0.95, tolerance: float = PARITY_TOLERANCE) -> dict:
+    r"""How well the seeds pin down ``other``'s mean over ``ref``'s for quantity ``q`` (``"e"`` or ``"f"``).
+
+    The ratio's ``level`` confidence interval is :math:`1 + (\bar b - \bar a \pm t\,\mathrm{SE}) / \bar a`
+    with Welch's standard error :math:`\mathrm{SE} = \sqrt{s_a^2/n_a + s_b^2/n_b}` and its
+    Welch-Satterthwaite degrees of freedom (``ref``'s mean taken as exact). ``seeds_needed``:
+    seeds per trainer for that interval to be no wider than ``±tolerance`` at the same standard
+    deviations (normal quantile), so that "within 5%" can be told apart from the seed noise.
+    ``ci_low``/``ci_high`` are None with fewer than two seeds on either side."""
+    from scipy import stats
+
+    a_mean, b_mean = ref[f"{q}_mean"], other[f"{q}_mean"]
+    va, vb = ref[f"{q}_std"] ** 2 / ref["seeds"], other[f"{q}_std"] ** 2 / other["seeds"]
+    if ref["seeds"] < 2 or other["seeds"] < 2 or va + vb == 0:
+        return {"ci_low": None, "ci_high": None, "seeds_needed": None}
+    se = np.sqrt(va + vb)
+    dof = (va + vb) ** 2 / (va ** 2 / (ref["seeds"] - 1) + vb ** 2 / (other["seeds"] - 1))
+    half = float(stats.t.ppf(0.5 + level / 2, dof) * se)
+    z = float(stats.norm.ppf(0.5 + level / 2))
+    pooled = (ref[f"{q}_std"] ** 2 + other[f"{q}_std"] ** 2) / 2
+    needed = int(np.ceil(2 * pooled * (z / (tolerance * a_mean)) ** 2))
+    return {"ci_low": 1 + (b_mean - a_mean - half) / a_mean, "ci_high": 1 + (b_mean - a_mean + half) / a_mean,
+            "seeds_needed": needed}
+
+
 def summarise(rows: list[dict]) -> dict:
     """Mean and standard deviation over seeds per (trainer, sampler), and the two verdicts."""
     groups: dict[str, dict] = {}
@@ -182,6 +208,8 @@ def summarise(rows: list[dict]) -> dict:
                          "e_spread": max(mace["e_std"], fc["e_std"]) / mace["e_mean"],
                          "f_spread": max(mace["f_std"], fc["f_std"]) / mace["f_mean"],
                          "met": bool(abs(ratio_e - 1) <= PARITY_TOLERANCE and abs(ratio_f - 1) <= PARITY_TOLERANCE)}
+        for q in ("e", "f"):
+            out["parity"].update({f"{q}_{k}": v for k, v in ratio_interval(mace, fc, q).items()})
     if fc:
         packing = {}
         for s in ("paper", "shuffled-paper"):
@@ -333,6 +361,11 @@ def format_table(res: dict) -> str:
         lines.append(f"\nparity (workbench fixed-count / mace_run_train): E {pa['e_ratio']:.3f}, F {pa['f_ratio']:.3f} "
                      f"(target within ±{pa['tolerance']:.0%}; seed spread E ±{pa['e_spread']:.0%}, F ±{pa['f_spread']:.0%}): "
                      f"{'met' if pa['met'] else 'NOT met'}")
+        for q, name in (("e", "E"), ("f", "F")):
+            if pa.get(f"{q}_ci_low") is not None:
+                lines.append(f"  {name} ratio, 95% interval over seeds: {pa[f'{q}_ci_low']:.2f} to {pa[f'{q}_ci_high']:.2f}; "
+                             f"telling ±{pa['tolerance']:.0%} from the seed noise takes ~{pa[f'{q}_seeds_needed']} seeds "
+                             f"per trainer")
     for name, v in s.get("packing", {}).items():
         lines.append(f"{name} vs fixed-count: E {v['e_excess']:+.1f} (spread {v['e_spread']:.1f}), F {v['f_excess']:+.1f} "
                      f"(spread {v['f_spread']:.1f}): {'no worse than the seed spread' if v['met'] else 'WORSE than the seed spread'}")
