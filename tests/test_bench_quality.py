@@ -57,8 +57,9 @@ def test_mace_command_parses_with_the_installed_mace(tmp_path):
     args = build_default_arg_parser().parse_args(cmd[1:])
     assert (args.hidden_irreps, args.max_ell, args.correlation, args.num_interactions) == \
         (cfg.hidden_irreps, cfg.max_ell, cfg.correlation, cfg.num_interactions)
-    assert (args.lr, args.ema_decay, args.forces_weight, args.energy_weight, args.clip_grad) == \
-        (cfg.lr, cfg.ema_decay, cfg.forces_weight, cfg.energy_weight, cfg.clip_grad)
+    assert (args.lr, args.ema_decay, args.forces_weight, args.energy_weight, args.clip_grad, args.weight_decay) == \
+        (cfg.lr, cfg.ema_decay, cfg.forces_weight, cfg.energy_weight, cfg.clip_grad, cfg.weight_decay)
+    assert cfg.weight_decay == 5e-7  # mace_run_train's default, on the same parameters (loop.param_groups)
     assert (args.model, args.E0s, args.default_dtype, args.batch_size, args.max_num_epochs) == \
         ("ScaleShiftMACE", "average", "float64", 8, 2)
     assert args.amsgrad and args.ema and args.r_max == cfg.cutoff and args.radial_MLP == "[32,32]"

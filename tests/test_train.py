@@ -169,3 +169,43 @@ def test_numba_backend_trains_like_e3nn(tmp_path):
     model = torch.load(RunDir(tmp_path / "b_numba").model, weights_only=False)
     assert any(isinstance(m, MaceSC) for m in model.modules())
     assert (tmp_path / "b_numba" / "model_numba.model").exists()
+
+
+def test_initial_weights_and_weight_decay_follow_mace_run_train(tmp_path):
+    """The initial weights depend on the seed only (random numbers drawn before, as data loaders
+    draw them, change nothing) and equal a ScaleShiftMACE built right after seeding, as
+    mace_run_train builds it; with weight decay, the decayed parameters are those of mace's own
+    ``get_params_options``."""
+    import argparse
+
+    import torch
+    from mace.tools.scripts_utils import get_params_options
+
+    from workbench.train import loop
+    from workbench.train.model import build_model
+
+    cfg = tiny(tmp_path, "init", weight_decay=5e-7, seed=11)
+    s = loop.set_up(cfg, None, None)
+    loop.build_training(s, None)
+    first = {k: v.clone() for k, v in s.model.state_dict().items()}
+    torch.rand(1000)  # a different global RNG state before the second build
+    loop.build_training(s, None)
+    assert all(torch.equal(first[k], v) for k, v in s.model.state_dict().items())
+    torch.manual_seed(11)
+    ref = build_model(cfg, s.stats)
+    assert all(torch.equal(first[k], v) for k, v in ref.state_dict().items())
+    torch.manual_seed(12)
+    other = build_model(cfg, s.stats)
+    assert not all(torch.equal(first[k], v) for k, v in other.state_dict().items())
+
+    args = argparse.Namespace(lr_params_factors="{}", freeze=0, weight_decay=5e-7, lr=0.01, amsgrad=True, beta=0.9)
+    theirs = {id(p) for g in get_params_options(args, s.model)["params"] if g["weight_decay"] > 0 for p in g["params"]}
+    groups = s.optimizer.param_groups
+    ours = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert ours == theirs and len(ours) > 0
+    assert {g["weight_decay"] for g in groups} == {5e-7, 0.0}
+    assert sum(len(g["params"]) for g in groups) == len(list(s.model.parameters()))
+    assert len(loop.param_groups(s.model, 0.0)) == 1
+    old = {"model": s.model.state_dict(), "optimizer": torch.optim.Adam(s.model.parameters()).state_dict()}
+    with pytest.raises(ValueError, match=r"1 parameter group\(s\), this run has 2.*--fresh"):
+        loop.restore(s, old)  # a checkpoint from before the weight-decay groups

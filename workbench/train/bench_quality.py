@@ -20,9 +20,16 @@ writes JSON, and checks two targets:
   ``fixed-count`` by more than the seed-to-seed spread (the larger standard deviation of the two).
 
 Recipe differences that remain between the two trainers (the rest is identical: mace's
-``ScaleShiftMACE``, E0s by least squares, ``avg_num_neighbors``, scale = RMS force and shift =
+``ScaleShiftMACE`` with the same initial weights for the same seed (both seed torch just before
+building the model), E0s by least squares, ``avg_num_neighbors``, scale = RMS force and shift =
 mean interaction energy per atom from mace's own functions, ``WeightedEnergyForcesLoss``, Adam
-with amsgrad, EMA, gradient clipping, ``ReduceLROnPlateau`` on the validation loss):
+with amsgrad and mace's weight decay (5e-7 on the interactions' linear and skip weights and the
+products), EMA, gradient clipping, ``ReduceLROnPlateau`` on the validation loss):
+
+* **statistics**: mace computes ``avg_num_neighbors``, scale and shift over its shuffled
+  training loader, which drops the last incomplete batch (7 of 1,583 graphs in the standard
+  preset: 34.362 against 34.351 neighbours, shift 0.0589 against 0.0587 eV/atom); the workbench
+  over every training graph.
 
 * **final model**: ``mace_run_train`` keeps the checkpoint of the epoch with the lowest
   validation loss; ``workbench train`` exports the weights (EMA) after the last step.
@@ -83,7 +90,7 @@ def base_config(preset: Preset, workdir: Path, dtype: str = "float64", batch_siz
     return TrainConfig(name="quality", output_dir=str(workdir), seed=seed, max_structures=preset.max_structures,
                        hidden_irreps=preset.hidden_irreps, max_ell=preset.max_ell, correlation=preset.correlation,
                        num_bessel=preset.num_bessel, radial_mlp=list(preset.radial_mlp), num_interactions=2,
-                       dtype=dtype, lr=0.01, amsgrad=True, ema_decay=0.99, energy_weight=1.0, forces_weight=100.0,
+                       dtype=dtype, lr=0.01, weight_decay=5e-7, amsgrad=True, ema_decay=0.99, energy_weight=1.0, forces_weight=100.0,
                        lr_factor=0.8, scheduler_patience=50, clip_grad=10.0, sampler="fixed-count",
                        batch_size=batch_size, progress=False, checkpoint_every=0, export=True)
 
@@ -118,7 +125,7 @@ def mace_command(config: TrainConfig, split: dict, workdir: Path, epochs: int) -
             "--correlation", str(config.correlation), "--num_interactions", str(config.num_interactions),
             "--hidden_irreps", config.hidden_irreps, "--MLP_irreps", config.mlp_irreps, "--radial_MLP", radial,
             "--batch_size", str(config.batch_size), "--valid_batch_size", str(config.batch_size),
-            "--max_num_epochs", str(epochs), "--lr", str(config.lr), "--amsgrad", "--ema", "--ema_decay",
+            "--max_num_epochs", str(epochs), "--lr", str(config.lr), "--weight_decay", str(config.weight_decay), "--amsgrad", "--ema", "--ema_decay",
             str(config.ema_decay), "--energy_weight", str(config.energy_weight), "--forces_weight",
             str(config.forces_weight), "--clip_grad", str(config.clip_grad), "--scheduler", "ReduceLROnPlateau",
             "--lr_factor", str(config.lr_factor), "--scheduler_patience", str(config.scheduler_patience),

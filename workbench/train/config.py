@@ -78,7 +78,7 @@ class TrainConfig:
     dtype: str = "float32"
     # optimisation
     lr: float = 0.005
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # > 0: on the parameters mace-torch decays (loop.param_groups)
     amsgrad: bool = True
     ema_decay: float | None = 0.99  # None disables EMA
     energy_weight: float = 1.0

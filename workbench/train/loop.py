@@ -275,6 +275,19 @@ def set_up(config: TrainConfig, structures: list | None, data: TrainData | None)
     return Session(config, rank, world, device, data, sampler, run)
 
 
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """The optimiser's parameter groups. Without weight decay, one group. With it, mace-torch's
+    split: decay on the interactions' ``linear.weight`` and ``skip_tp_full.weight`` and on the
+    products, none on the embedding, the other interaction weights and the readouts."""
+    if not weight_decay:
+        return [{"params": list(model.parameters()), "weight_decay": 0.0}]
+    decay = [p for n, p in model.interactions.named_parameters() if "linear.weight" in n or "skip_tp_full.weight" in n]
+    decay += list(model.products.parameters())
+    chosen = {id(p) for p in decay}
+    rest = [p for p in model.parameters() if id(p) not in chosen]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+
+
 def build_training(s: Session, ckpt: dict | None) -> None:
     """Model (accelerated when asked), optimiser, scheduler, EMA and loss."""
     from mace.modules.loss import WeightedEnergyForcesLoss
@@ -289,13 +302,15 @@ def build_training(s: Session, ckpt: dict | None) -> None:
         if s.data.stats is None:
             s.data.stats = compute_stats(s.data.train_configs, s.data.train, s.data.z_table)
         s.stats = s.data.stats
+    # the initial weights depend on the seed and the model only, not on what drew random numbers
+    # before (data loaders do): the same as mace_run_train's for the same seed and recipe
+    torch.manual_seed(config.seed)
     s.model = build_model(config, s.stats).to(s.device)
     if config.backend != "e3nn":
         from workbench.kernels import accelerate
 
         s.model = accelerate(s.model, backend=config.backend).to(s.device)
-    s.optimizer = torch.optim.Adam(s.model.parameters(), lr=config.lr, amsgrad=config.amsgrad,
-                                   weight_decay=config.weight_decay)
+    s.optimizer = torch.optim.Adam(param_groups(s.model, config.weight_decay), lr=config.lr, amsgrad=config.amsgrad)
     s.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(s.optimizer, factor=config.lr_factor,
                                                              patience=config.scheduler_patience)
     if config.ema_decay is not None:
@@ -329,6 +344,11 @@ def restore(s: Session, ckpt: dict | None) -> None:
     if not ckpt:
         return
     s.model.load_state_dict(ckpt["model"])
+    saved = len(ckpt["optimizer"]["param_groups"])
+    if saved != len(s.optimizer.param_groups):
+        raise ValueError(f"{s.run.checkpoint}: the optimiser was saved with {saved} parameter group(s), this run has "
+                         f"{len(s.optimizer.param_groups)} (weight decay is now applied to mace-torch's parameter "
+                         "groups; checkpoints with weight_decay > 0 from before cannot resume); start afresh with --fresh")
     s.optimizer.load_state_dict(ckpt["optimizer"])
     s.scheduler.load_state_dict(ckpt["scheduler"])
     if s.ema is not None and ckpt.get("ema") is not None:
