@@ -117,15 +117,10 @@ class CompiledPolynomial(TransientCache):
         return self._cached(("split_terms", size), lambda: self._split_terms(size))
 
     def _split_terms(self, size: int) -> list:
-        runs: list[tuple[int, bool, list]] = []  # (component, first run?, terms)
         per: dict[int, list] = {}
         for key, coef in sorted(self.poly.terms.items()):
             per.setdefault(key[0], []).append((key, coef))
-        for o in sorted(per):
-            terms = per[o]
-            n = -(-len(terms) // -(-len(terms) // size))
-            runs += [(o, i == 0, terms[i:i + n]) for i in range(0, len(terms), n)]
-        return self._pack([terms for _, _, terms in runs], size)
+        return self._pack([run for o in sorted(per) for run in _equal_runs(per[o], size)], size)
 
     def split_operand(self, size: int, operand: int) -> list:
         """Term tables of about ``size`` terms each, holding whole groups of the terms that share
@@ -139,12 +134,8 @@ class CompiledPolynomial(TransientCache):
         groups: dict[tuple, list] = {}
         for key, coef in sorted(self.poly.terms.items()):
             groups.setdefault(tuple(f for f in key[1] if f[0] == operand), []).append((key, coef))
-        runs = []
-        for g in sorted(groups):  # a group larger than a part: equal runs, by output component
-            terms = groups[g]
-            n = -(-len(terms) // -(-len(terms) // size))
-            runs += [terms[i:i + n] for i in range(0, len(terms), n)]
-        return self._pack(runs, size)
+        # a group larger than a part: equal runs, by output component
+        return self._pack([run for g in sorted(groups) for run in _equal_runs(groups[g], size)], size)
 
     def _pack(self, runs: list[list], size: int) -> list:
         """Consecutive runs of ``((o, factors), coefficient)`` packed into parts of up to ``size``
@@ -220,3 +211,10 @@ def _covers(poly: SparsePolynomial) -> bool:
     channels = out.width // out.size if all(cs > 0 for cs in out.cstrides) else 1
     cells = {off + c * cs for off, cs in zip(out.offsets, out.cstrides) for c in range(channels)}
     return cells == set(range(out.width))
+
+
+def _equal_runs(terms: list, size: int) -> list[list]:
+    """``terms`` cut into ``ceil(len / size)`` runs of equal length (the last shorter)."""
+    n = -(-len(terms) // -(-len(terms) // size))
+    return [terms[i:i + n] for i in range(0, len(terms), n)]
+
