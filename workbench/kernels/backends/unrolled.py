@@ -199,11 +199,12 @@ def unrolled_parts(compiled: Any, dtype: str, split: bool = True, scale: float =
     def fits(p: TermTable) -> bool:
         if p.num_terms > size * 5 // 4:  # components too coarse to balance: a part stays too large
             return False
+        accumulators = len(set(p.t_out.tolist()))
         if compiled.edge:  # operands counted as live_slots counts them
-            return use_unrolled(p.num_terms, len(set(p.t_out.tolist())), p.num_slots // 2, itemsize)
+            return use_unrolled(p.num_terms, accumulators, p.num_slots // 2, itemsize)
         if itemsize == 8:
             return p.num_slots <= MAX_PART_SLOTS_F64
-        return use_unrolled(p.num_terms, len(set(p.t_out.tolist())), p.num_slots, itemsize, scale)
+        return use_unrolled(p.num_terms, accumulators, p.num_slots, itemsize, scale)
 
     for k in range(max(2, -(-compiled.num_terms // size)), most + 1):
         parts = compiled.split(k)
@@ -411,7 +412,7 @@ def _sums(table: TermTable, dtype: str, ind: str, consts: _Definitions, decl_ind
 
 
 def _sums_source(table: TermTable, dtype: str, ind: str, consts: "_Definitions", decl_ind: str | None = None,
-          names: Sequence[str] | None = None, tag: str = "") -> tuple[list[str], list[str], dict[int, str]]:
+                 names: Sequence[str] | None = None, tag: str = "") -> tuple[list[str], list[str], dict[int, str]]:
     r"""As :func:`_sums`, but the terms written out as numba source, for the message kernels
     (node, edge, :mod:`~workbench.kernels.backends.edge_pass`): ``(declarations, lines, exprs)``:
     the accumulators' declarations (zeroed; at ``decl_ind``,
@@ -434,7 +435,7 @@ def _sums_source(table: TermTable, dtype: str, ind: str, consts: "_Definitions",
     so a term costs about one fused multiply-add with its coefficient as an immediate, and an
     outer group one more. Written as nested ``cuda.fma`` calls (one typed call per term, where
     ``a * b + c`` is two binary operations for numba to type) with the coefficients as globals
-    (:class:`_Constants`), which halves compile time.
+    (:class:`_Definitions`), which halves compile time.
 
     Accumulators live in a small local array (constant indices: LLVM keeps them in registers)
     so that no Python variable is redefined block after block, and the groups of one

@@ -240,13 +240,26 @@ class _Launch:
     degree: int = 0  # factors per term of a table kernel (its term loop's loads per term)
 
 
+def _output_launches(comp, dtype: str, shape: str, plans: list[tuple]) -> Iterator[_Launch]:
+    """One output's launches, as its backend planned them: the table kernel, or one generated
+    kernel per part (:func:`~workbench.kernels.backends.unrolled.unrolled_parts`), named ``k/n``."""
+    from workbench.kernels.backends.unrolled import unrolled_parts
+
+    parts = unrolled_parts(comp, dtype)
+    for k, plan in enumerate(plans):
+        if parts is None:
+            yield _Launch(comp.output.name, shape, "table", comp.num_terms, comp.num_slots, plan, comp.degree)
+        else:
+            name = comp.output.name if len(parts) == 1 else f"{comp.output.name} {k + 1}/{len(parts)}"
+            yield _Launch(name, shape, "unrolled", parts[k].num_terms, parts[k].num_slots, plan)
+
+
 def _plans(op, dtype: str, channels: int) -> Iterator[_Launch]:
     """Every launch of ``op``, planned on small host arrays of the launch shapes (the kernels'
     types depend only on dtypes, ranks and layouts). A species output is its per-atom partial
     kernels (one per part when split), then the per-species sum."""
     from workbench.kernels.backends import cuda as _cuda
     from workbench.kernels.backends import edge_cuda, segment
-    from workbench.kernels.backends.unrolled import unrolled_parts
 
     rows = 4
     dummy = np.zeros((1, 1), dtype=dtype)
@@ -273,14 +286,8 @@ def _plans(op, dtype: str, channels: int) -> Iterator[_Launch]:
                 continue
             out = np.zeros((rows, comp.output.width), dtype=dtype)
             shape = "node" if comp.node_output else ("edge reduce" if comp.reduce_channels else "edge")
-            parts = unrolled_parts(comp, dtype)
-            plans = edge_cuda.plans(comp, arrays, idx, idx, seg if comp.node_output else None, channels, out, host=True)
-            for k, plan in enumerate(plans):
-                if parts is None:
-                    yield _Launch(comp.output.name, shape, "table", comp.num_terms, comp.num_slots, plan, comp.degree)
-                else:
-                    name = comp.output.name if len(parts) == 1 else f"{comp.output.name} {k + 1}/{len(parts)}"
-                    yield _Launch(name, shape, "unrolled", parts[k].num_terms, parts[k].num_slots, plan)
+            yield from _output_launches(comp, dtype, shape, edge_cuda.plans(
+                comp, arrays, idx, idx, seg if comp.node_output else None, channels, out, host=True))
         return
     from workbench.kernels.backends import atom_pass
     from workbench.kernels.ops import FUSE_ENV
@@ -310,13 +317,7 @@ def _plans(op, dtype: str, channels: int) -> Iterator[_Launch]:
             continue
         out = outs[i]
         shape = "atom partial" if comp.species_output else "atom"
-        parts = unrolled_parts(comp, dtype)
-        for k, plan in enumerate(_cuda.plans(comp, arrays, idx, channels, out, host=True)):
-            if parts is None:
-                yield _Launch(comp.output.name, shape, "table", comp.num_terms, comp.num_slots, plan, comp.degree)
-            else:
-                name = comp.output.name if len(parts) == 1 else f"{comp.output.name} {k + 1}/{len(parts)}"
-                yield _Launch(name, shape, "unrolled", parts[k].num_terms, parts[k].num_slots, plan)
+        yield from _output_launches(comp, dtype, shape, _cuda.plans(comp, arrays, idx, channels, out, host=True))
         if comp.species_output:
             yield _Launch(comp.output.name, "species sum", "segment", 0, 0, segment.plan_segment_sum(out, idx, idx, out[:2]))
 
