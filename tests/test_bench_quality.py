@@ -137,3 +137,33 @@ def test_parity_interval_matches_welch_and_sizes_the_seeds():
         assert half(n) <= 0.05 < half(n - 1) if n > 1 else half(n) <= 0.05
     one = ratio_interval({"seeds": 1, "e_mean": 80.0, "e_std": 0.0}, {"seeds": 3, "e_mean": 70.0, "e_std": 5.0}, "e")
     assert one == {"ci_low": None, "ci_high": None, "seeds_needed": None}
+
+
+def test_paired_parity_is_a_t_interval_on_the_per_seed_ratios():
+    """mace-order runs pair with mace's seed by seed: the verdict rests on the per-seed ratios'
+    Student-t interval (scipy's one-sample interval), not on the spread between seeds."""
+    from scipy import stats
+
+    from workbench.train.bench_quality import format_table
+
+    rng = np.random.default_rng()
+    e_m, f_m = rng.uniform(50, 110, 3), rng.uniform(45, 60, 3)
+    close_e, close_f = 1 + rng.uniform(-0.01, 0.01, 3), 1 + rng.uniform(-0.01, 0.01, 3)
+    rows = _rows("mace_run_train", "fixed 8", e_m, f_m) + _rows("workbench", "mace-order", e_m * close_e, f_m * close_f)
+    pa = summarise(rows)["paired"]
+    for q, r in (("e", close_e), ("f", close_f)):
+        assert pa[f"{q}_ratios"] == pytest.approx(r.tolist())
+        lo, hi = stats.ttest_1samp(r, 1.0).confidence_interval(0.95)
+        assert (pa[f"{q}_ci_low"], pa[f"{q}_ci_high"]) == pytest.approx((lo, hi))
+    assert pa["met"] == (0.95 <= min(pa["e_ci_low"], pa["f_ci_low"]) and max(pa["e_ci_high"], pa["f_ci_high"]) <= 1.05)
+    # the seed spread (here ±30%) does not enter; a consistent 8% gap fails
+    far = summarise(_rows("mace_run_train", "fixed 8", e_m, f_m) + _rows("workbench", "mace-order", e_m * 1.08, f_m))
+    assert not far["paired"]["met"] and far["paired"]["e_mean"] == pytest.approx(1.08)
+    # only seeds both trainers ran are paired
+    part = summarise(rows[:3] + rows[3:5])["paired"]
+    assert part["e_seeds"] == 2
+    for r in rows:
+        r.update(steps=10, families={})
+    res = {"preset": "standard", "dtype": "float64", "split": {"n_train": 10, "n_valid": 2}, "steps": 10,
+           "capacity": 900, "rows": rows, "summary": summarise(rows)}
+    assert "parity, paired seed by seed" in format_table(res)

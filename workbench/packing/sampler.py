@@ -27,7 +27,55 @@ from workbench.packing.api import ALGORITHMS, pack
 from workbench.packing.core import Packing
 
 
-class BinPackingBatchSampler(Sampler[list[int]]):
+class EpochBatchSampler(Sampler[list[int]]):
+    """The resume bookkeeping every batch sampler here shares: the epoch, and how many of its
+    batches ``__iter__`` has yielded (``state_dict`` / ``load_state_dict``).
+
+    A subclass sets ``self.epoch = 0`` and calls :meth:`set_epoch` in ``__init__``, yields through
+    :meth:`_yield_from`, and names in :meth:`_identity` what a saved position is only valid for.
+    """
+
+    epoch: int = 0
+
+    def _identity(self) -> dict:
+        raise NotImplementedError
+
+    def _yield_from(self, n_batches: int, batch_at) -> Iterator[list[int]]:
+        """Batches ``batch_at(k)`` for ``k`` from the resume point to ``n_batches``, counted."""
+        start, self._start = self._start, 0
+        self._yielded = start
+        for k in range(start, n_batches):
+            self._yielded = k + 1
+            yield batch_at(k)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch (as ``DistributedSampler.set_epoch``); resets the resume point."""
+        self.epoch = int(epoch)
+        self._start = 0
+        self._yielded = 0
+
+    def state_dict(self, consumed: int | None = None) -> dict:
+        """Epoch and batches consumed so far on this rank (``consumed`` overrides the count yielded)."""
+        done = self._yielded if consumed is None else int(consumed)
+        return {"epoch": self.epoch, "batches_done": done, **self._identity()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume: the next ``__iter__`` yields the rest of ``state["epoch"]``.
+
+        Refuses a state saved by a sampler over other graphs or another batch sequence (the keys
+        of :meth:`_identity`): its batch position would point into different batches."""
+        for key, value in self._identity().items():
+            if key in state and state[key] != value:
+                raise ValueError(f"sampler state was saved with {key}={state[key]!r}, this sampler has {value!r}; "
+                                 "resume only with the same data and batching settings")
+        self.epoch = int(state["epoch"])
+        if not 0 <= int(state["batches_done"]) <= len(self):
+            raise ValueError(f"sampler state: batches_done={state['batches_done']} is outside 0..{len(self)}")
+        self._start = int(state["batches_done"])
+        self._yielded = self._start
+
+
+class BinPackingBatchSampler(EpochBatchSampler):
     """Yield this rank's batches (lists of dataset indices) of a bin packing.
 
     Parameters
@@ -61,9 +109,7 @@ class BinPackingBatchSampler(Sampler[list[int]]):
         self.seed = int(seed)
         self.algorithm = algorithm
         self.pack_options = pack_options
-        self.epoch = 0
-        self._start = 0  # where the next __iter__ begins (set by load_state_dict)
-        self._yielded = 0  # batches of this epoch yielded so far
+        self.set_epoch(0)
         self._cache: tuple[int, Packing] | None = None
 
     def packing(self, epoch: int | None = None) -> Packing:
@@ -100,46 +146,12 @@ class BinPackingBatchSampler(Sampler[list[int]]):
         # Batches are cut from the packing's CSR arrays one at a time: at a million graphs a
         # list of every batch would cost tens of MB per rank.
         flat, offsets, order = self._rank_slices()
-        start, self._start = self._start, 0
-        self._yielded = start
-        for k in range(start, order.size):
-            b = order[k]
-            self._yielded = k + 1
-            yield flat[offsets[b]:offsets[b + 1]].tolist()
+        return self._yield_from(order.size, lambda k: flat[offsets[order[k]]:offsets[order[k] + 1]].tolist())
 
     def __len__(self) -> int:
         return self.packing().n_steps
 
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch (as ``DistributedSampler.set_epoch``); resets the resume point."""
-        self.epoch = int(epoch)
-        self._start = 0
-        self._yielded = 0
-
-    def state_dict(self, consumed: int | None = None) -> dict:
-        """Epoch and batches consumed so far on this rank (``consumed`` overrides the count yielded)."""
-        done = self._yielded if consumed is None else int(consumed)
-        return {"epoch": self.epoch, "batches_done": done, "seed": self.seed, "algorithm": self.algorithm,
-                "num_replicas": self.num_replicas, "n_graphs": self._n_graphs(), "capacity": float(self.capacity),
+    def _identity(self) -> dict:
+        return {"seed": self.seed, "algorithm": self.algorithm, "num_replicas": self.num_replicas,
+                "n_graphs": int(np.shape(np.asarray(self.costs))[0]), "capacity": float(self.capacity),
                 "rank": self.rank}
-
-    def _n_graphs(self) -> int:
-        return int(np.shape(np.asarray(self.costs))[0])
-
-    def load_state_dict(self, state: dict) -> None:
-        """Resume: the next ``__iter__`` yields the rest of ``state["epoch"]``.
-
-        Refuses a state saved by a sampler over other graphs or with another packing (number of
-        graphs, capacity, algorithm, seed, number of replicas): its batch position would point
-        into a different sequence of batches."""
-        mine = {"seed": self.seed, "algorithm": self.algorithm, "num_replicas": self.num_replicas,
-                "n_graphs": self._n_graphs(), "capacity": float(self.capacity)}
-        for key, value in mine.items():
-            if key in state and state[key] != value:
-                raise ValueError(f"sampler state was saved with {key}={state[key]!r}, this sampler has {value!r}; "
-                                 "resume only with the same data and packing settings")
-        self.epoch = int(state["epoch"])
-        if not 0 <= int(state["batches_done"]) <= len(self):
-            raise ValueError(f"sampler state: batches_done={state['batches_done']} is outside 0..{len(self)}")
-        self._start = int(state["batches_done"])
-        self._yielded = self._start

@@ -130,7 +130,7 @@ def _register_bench_quality(bench_sub) -> None:
     p = bench_sub.add_parser("quality", help="validation errors against mace_run_train (same split, dtype, steps), "
                                              "and fixed-count vs the packers over seeds")
     p.add_argument("--preset", default="small", choices=list(PRESETS),
-                   help="small: ~11 min on 2 cores (noisy); standard: issue 20's 32x0e+32x1o model, 3 epochs (default: %(default)s)")
+                   help="small: ~7 min on 2 cores (noisy); standard: issue 20's 32x0e+32x1o model, 3 epochs (default: %(default)s)")
     p.add_argument("--seeds", default="0,1,2", help="comma list (default: %(default)s)")
     p.add_argument("--samplers", default=",".join(SAMPLERS), help="comma list of %(default)s")
     p.add_argument("--no-mace", action="store_true", help="skip mace_run_train (packers only)")

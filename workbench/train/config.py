@@ -20,9 +20,11 @@ from typing import Any
 import yaml
 
 from workbench.packing.api import ALGORITHMS
+from workbench.train import mace_order
 from workbench.train.values import ConfigError, Interval, coerce, load_yaml
 
-SAMPLERS: tuple[str, ...] = tuple(ALGORITHMS)  # one source: the packing algorithms
+#: The packing algorithms, and mace_run_train's own batch order (workbench.train.mace_order).
+SAMPLERS: tuple[str, ...] = (*ALGORITHMS, mace_order.NAME)
 MODEL_BACKENDS = ("e3nn", "numba", "cueq")  # how the model's hot ops run (workbench.kernels.accelerate)
 DTYPES = ("float32", "float64")
 
@@ -41,6 +43,7 @@ RANGES: dict[str, Interval] = {
 }
 NULLABLE = ("max_structures", "ema_decay", "clip_grad", "max_steps")
 ON_NONFINITE = ("stop", "skip")
+KEEP = ("last", "best")  # which weights the run exports
 #: The fields that define a run: a checkpoint resumes only under the same values (model, data,
 #: split, packing, precision, seed). Others (lr, epochs, max_steps, workers, ...) may change.
 RUN_IDENTITY = ("dataset", "valid_dataset", "families", "energy_key", "forces_key", "max_structures", "valid_fraction", "seed",
@@ -101,6 +104,7 @@ class TrainConfig:
     persistent_workers: bool = True  # keep the workers across epochs
     progress: bool = True
     export: bool = True  # write model.model (MACECalculator) and the per-backend model at the end
+    keep: str = "last"  # export the last weights, or the epoch's with the lowest validation loss (as mace_run_train)
     dist_timeout_s: int = 1800  # a collective stuck this long fails the group (torchrun can then restart it)
     on_nonfinite: str = "stop"  # a NaN/inf loss or gradient: stop (naming the graphs) or skip the step
     deterministic: bool = True  # torch.use_deterministic_algorithms; see README "Reproducibility"
@@ -118,7 +122,7 @@ class TrainConfig:
             return ConfigError(f"TrainConfig.{name}: {why}")
 
         for name, choices in (("sampler", SAMPLERS), ("backend", MODEL_BACKENDS), ("dtype", DTYPES),
-                              ("on_nonfinite", ON_NONFINITE)):
+                              ("on_nonfinite", ON_NONFINITE), ("keep", KEEP)):
             if getattr(self, name) not in choices:
                 raise bad(name, f"{getattr(self, name)!r} is not one of {', '.join(choices)}")
         hints = _hints()
@@ -138,6 +142,8 @@ class TrainConfig:
         for name in ("hidden_irreps", "mlp_irreps"):
             if not re.fullmatch(r"\s*\d+x\d[eo](\s*\+\s*\d+x\d[eo])*\s*", getattr(self, name)):
                 raise bad(name, f"{getattr(self, name)!r} is not an irreps string like '128x0e+128x1o'")
+        if self.keep == "best" and self.valid_fraction == 0 and not self.valid_dataset:
+            raise bad("keep", "'best' picks the epoch by validation loss: set valid_fraction > 0 or valid_dataset")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
             raise bad("name", f"{self.name!r}: use letters, digits, '.', '_' or '-' (it names the run directory)")
 

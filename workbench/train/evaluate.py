@@ -51,25 +51,33 @@ class _Sums:
 
 
 def evaluate(model, data, device: torch.device | str = "cpu", batch_size: int = 16, num_workers: int = 0,
-             families: Sequence[str] | None = None) -> dict:
+             families: Sequence[str] | None = None, loss_fn=None) -> dict:
     """Errors of ``model`` on ``data`` (a list of ``AtomicData`` or a dataset that builds them).
 
     ``families``: the ``config_type`` of each graph of ``data``, in order; the result then has
     a ``families`` entry with the same metrics per family. Returns the overall metrics
-    (:data:`METRICS`, meV/atom and meV/Å, plus ``graphs``).
+    (:data:`METRICS`, meV/atom and meV/Å, plus ``graphs``). With ``loss_fn`` (a mace loss) it
+    also returns ``loss``: the mean of the losses :math:`L_b` of its batches (``batch_size``
+    graphs each, in order). mace_run_train prints :math:`\sum_b L_b / \sum_b n_b` over the same
+    batches, a constant multiple of it on a given set, so both rank epochs alike.
     """
     from mace.tools.torch_geometric import DataLoader
 
     total = _Sums()
     per: dict[str, _Sums] = {}
+    loss_sum, batches = 0.0, 0
+    extra = lambda: {} if loss_fn is None else {"loss": loss_sum / batches if batches else float("nan")}  # noqa: E731
     if not len(data):
-        return {**total.metrics(), "families": {}}
+        return {**total.metrics(), **extra(), "families": {}}
     names = None if families is None else np.asarray(families, dtype=str)
     model.eval()
     at = 0
     for batch in DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=num_workers):
         batch = batch.to(device)
         out = model(batch.to_dict(), training=False, compute_force=True)
+        if loss_fn is not None:
+            loss_sum += float(loss_fn(pred=out, ref=batch).detach())
+            batches += 1
         n = (batch.ptr[1:] - batch.ptr[:-1])
         e_err = ((out["energy"].detach() - batch.energy) / n.to(out["energy"].dtype)).cpu().double().numpy()
         df = (out["forces"].detach() - batch.forces).cpu().double().numpy()
@@ -85,7 +93,7 @@ def evaluate(model, data, device: torch.device | str = "cpu", batch_size: int = 
                 sel = mine == fam
                 per.setdefault(str(fam), _Sums()).add(e_err[sel], f_abs[sel], f_sq[sel], int(counts[sel].sum()))
         at += k
-    return {**total.metrics(), "families": {f: per[f].metrics() for f in sorted(per)}}
+    return {**total.metrics(), **extra(), "families": {f: per[f].metrics() for f in sorted(per)}}
 
 
 def format_table(result: dict) -> str:

@@ -29,7 +29,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from workbench.train import preempt
+from workbench.train import mace_order, preempt
 from workbench.train.checkpoint import (
     load_checkpoint, remove_stale_temporaries, rng_state, save_checkpoint, set_rng_state,
 )
@@ -39,7 +39,8 @@ from workbench.train.evaluate import evaluate
 from workbench.train.rundir import EPOCH_FIELDS, STEP_FIELDS, JsonlLog, RunDir, RunLock, drop_after
 from workbench.train.timing import AllreduceTimer, sync
 
-COUNT_SAMPLERS = ("fixed-count",)  # batches by graph count (TrainConfig.batch_size); the rest pack to capacity
+# batches by graph count (TrainConfig.batch_size); the rest pack to capacity
+COUNT_SAMPLERS = ("fixed-count", mace_order.NAME)
 
 
 @dataclass
@@ -85,8 +86,17 @@ def preflight(config: TrainConfig, device: torch.device) -> None:
             raise ValueError(f"backend 'numba' is unavailable: {exc}") from None
 
 
-def make_sampler(config: TrainConfig, atoms: np.ndarray, edges: np.ndarray, num_replicas: int, rank: int):
+def make_sampler(config: TrainConfig, atoms: np.ndarray, edges: np.ndarray, num_replicas: int, rank: int,
+                 file_order: np.ndarray | None = None):
+    """The training batch sampler of ``config.sampler``. ``file_order``: for ``mace-order``, the
+    dataset index of each training-file position (:func:`workbench.train.mace_order.file_order`)."""
     from workbench.packing import BinPackingBatchSampler
+
+    if config.sampler == mace_order.NAME:
+        if num_replicas != 1:
+            raise ValueError(f"sampler {mace_order.NAME!r} replays mace_run_train's single-process batch order; "
+                             f"it runs on one rank, not {num_replicas} (use 'fixed-count' for several)")
+        return mace_order.MaceOrderSampler(len(atoms), config.batch_size, seed=config.seed, order=file_order, atoms=atoms)
 
     if config.sampler not in COUNT_SAMPLERS:
         big = int(np.argmax(atoms))
@@ -229,6 +239,7 @@ class Session:
     loader: Any = None  # the training DataLoader, kept across epochs (its workers persist)
     recording: Any = None
     last_loss: float = float("nan")
+    best: dict | None = None  # keep="best": {"epoch", "loss", "model": state dict (EMA weights)} of the best epoch
     done: bool = False
     extra: dict = field(default_factory=dict)
 
@@ -259,7 +270,7 @@ def set_up(config: TrainConfig, structures: list | None, data: TrainData | None)
     preflight(config, device)
     if data is None:
         data = prepare_data(config, structures)
-    sampler = make_sampler(config, data.train_atoms, data.train_edges, world, rank)
+    sampler = make_sampler(config, data.train_atoms, data.train_edges, world, rank, mace_order.file_order(data))
     run = RunDir(config.run_dir)
     if rank == 0:
         from workbench.train.record import write_run_record
@@ -298,6 +309,13 @@ def build_training(s: Session, ckpt: dict | None) -> None:
     config = s.config
     if ckpt:
         s.stats = ModelStats(**ckpt["stats"])
+    elif config.sampler == mace_order.NAME:  # mace's statistics passes: particular to this seed and batch size
+        if not s.data.train_configs:
+            raise ValueError(f"sampler {mace_order.NAME!r} needs the structures in memory (an extxyz dataset), "
+                             "not a prepared dataset")
+        rows = mace_order.statistics_rows(len(s.data.train), config.batch_size, config.seed,
+                                          mace_order.file_order(s.data))
+        s.stats = compute_stats(s.data.train_configs, s.data.train, s.data.z_table, *rows)
     else:
         if s.data.stats is None:
             s.data.stats = compute_stats(s.data.train_configs, s.data.train, s.data.z_table)
@@ -353,6 +371,7 @@ def restore(s: Session, ckpt: dict | None) -> None:
     s.scheduler.load_state_dict(ckpt["scheduler"])
     if s.ema is not None and ckpt.get("ema") is not None:
         s.ema.load_state_dict(ckpt["ema"])
+    s.best = ckpt.get("best")
     s.epoch, s.global_step = ckpt["epoch"], ckpt["global_step"]
     saved = ckpt["config"]
     if saved.get("lr") is not None and saved["lr"] != s.config.lr:
@@ -402,7 +421,7 @@ def checkpoint(s: Session, epoch: int, consumed: int) -> None:
             "scheduler": s.scheduler.state_dict(), "ema": s.ema.state_dict() if s.ema is not None else None,
             "epoch": epoch, "global_step": s.global_step, "stats": s.stats.to_dict(),
             "sampler": [g["sampler"] for g in gathered], "rng": [g["rng"] for g in gathered],
-            "config": s.config.to_dict(),
+            "config": s.config.to_dict(), "best": s.best,
         })
     if s.world > 1:
         dist.barrier()
@@ -559,17 +578,19 @@ def train_one_epoch(s: Session, epoch: int, step_log: JsonlLog, bar) -> tuple[St
     return totals, consumed
 
 
-def validate(s: Session) -> dict:
-    """Validation MAEs with the EMA weights (when kept), then the plateau scheduler's step."""
-    run = lambda: evaluate(s.model, s.data.valid, s.device, num_workers=s.config.num_workers,  # noqa: E731
-                           families=s.data.valid_families)
-    if s.ema is not None:
-        with s.ema.average_parameters():
-            valid = run()
-    else:
-        valid = run()
-    if not math.isnan(valid.get("e_mae_mev_atom", float("nan"))):
-        s.scheduler.step(valid["e_mae_mev_atom"] + valid["f_mae_mev_a"])
+def validate(s: Session, epoch: int) -> dict:
+    """Validation errors and loss with the EMA weights (when kept), then the plateau scheduler's
+    step on the loss (as mace_run_train); with ``keep="best"`` the weights of the epoch with the
+    lowest loss so far are kept for the export."""
+    with s.ema.average_parameters() if s.ema is not None else contextlib.nullcontext():
+        valid = evaluate(s.model, s.data.valid, s.device, batch_size=s.config.batch_size,
+                         num_workers=s.config.num_workers, families=s.data.valid_families, loss_fn=s.loss_fn)
+        loss = valid.get("loss", float("nan"))
+        if s.config.keep == "best" and s.rank == 0 and math.isfinite(loss) and (s.best is None or loss < s.best["loss"]):
+            s.best = {"epoch": epoch, "loss": loss,
+                      "model": {k: v.detach().clone() for k, v in s.model.state_dict().items()}}
+    if math.isfinite(loss):
+        s.scheduler.step(loss)
     return valid
 
 
@@ -585,7 +606,7 @@ def log_epoch(s: Session, epoch_log: JsonlLog | None, epoch: int, complete: bool
         "train_f_mae_mev_a": 1000 * totals.f_abs / max(totals.force_atoms, 1),
         "valid_e_mae_mev_atom": valid["e_mae_mev_atom"], "valid_f_mae_mev_a": valid["f_mae_mev_a"],
         "valid_e_rmse_mev_atom": valid["e_rmse_mev_atom"], "valid_f_rmse_mev_a": valid["f_rmse_mev_a"],
-        "valid_families": valid["families"],
+        "valid_families": valid["families"], "valid_loss": valid.get("loss"),
         "compute_share": totals.compute_s / busy, "allreduce_share": totals.allreduce_s / busy,
         "data_share": totals.data_s / busy, "loss": s.last_loss, "lr": s.optimizer.param_groups[0]["lr"],
         "peak_mem_gb": torch.cuda.max_memory_allocated(s.device) / 1e9 if s.device.type == "cuda" else None,
@@ -614,7 +635,12 @@ def _finish(s: Session) -> TrainResult:
     if s.rank == 0 and s.config.export:
         from workbench.train.export import export_models
 
-        model_path = export_models(s.model, s.ema, s.config, s.run.path)
+        if s.best is not None:  # keep="best": the weights of the epoch with the lowest validation loss
+            s.model.load_state_dict(s.best["model"])
+            _say(s, f"export: the weights of epoch {s.best['epoch']} (lowest validation loss, {s.best['loss']:.6g})")
+            model_path = export_models(s.model, None, s.config, s.run.path)
+        else:
+            model_path = export_models(s.model, s.ema, s.config, s.run.path)
     if s.world > 1:
         dist.barrier()
         dist.destroy_process_group()
@@ -648,7 +674,7 @@ def _train_locked(config: TrainConfig, structures: list | None, resume: bool, da
             totals, consumed = train_one_epoch(s, s.epoch, step_log, bar)
             epoch_s = time.perf_counter() - t_epoch
             totals = totals.all_reduce(s.world)
-            valid = validate(s)
+            valid = validate(s, s.epoch)
             complete = not s.done or consumed == len(s.sampler)
             log_epoch(s, epoch_log, s.epoch, complete, epoch_s, totals, valid)
             s.model.train()

@@ -56,18 +56,25 @@ class ModelStats:
                 f"scale (RMS force) {self.scale:.5f} eV/Å")
 
 
-def compute_stats(configs: list, train_data: list, z_table) -> ModelStats:
+def compute_stats(configs: list, train_data: list, z_table, neighbour_rows: np.ndarray | None = None,
+                  energy_rows: np.ndarray | None = None) -> ModelStats:
     """mace's own functions. ``configs``: mace ``Configuration`` list of the training split;
-    ``train_data``: its ``AtomicData``."""
+    ``train_data``: its ``AtomicData``. E0s come from every graph; ``avg_num_neighbors`` from
+    ``neighbour_rows`` and shift and scale from ``energy_rows`` of ``train_data`` when given (the
+    graphs mace's shuffled loader saw: :func:`workbench.train.mace_order.statistics_rows`), else
+    from every graph."""
     from mace.data.utils import compute_average_E0s
     from mace.modules.utils import compute_avg_num_neighbors, compute_mean_rms_energy_forces
     from mace.tools.torch_geometric import DataLoader
 
+    def loader(rows):
+        graphs = train_data if rows is None else [train_data[int(i)] for i in rows]
+        return DataLoader(graphs, batch_size=32, shuffle=False)
+
     e0 = compute_average_E0s(configs, z_table)
     e0s = [float(e0[z]) for z in z_table.zs]
-    loader = DataLoader(train_data, batch_size=32, shuffle=False)
-    avg = float(compute_avg_num_neighbors(loader))
-    mean, rms = compute_mean_rms_energy_forces(loader, np.array(e0s))
+    avg = float(compute_avg_num_neighbors(loader(neighbour_rows)))
+    mean, rms = compute_mean_rms_energy_forces(loader(energy_rows), np.array(e0s))
     return ModelStats(zs=[int(z) for z in z_table.zs], e0s=e0s, avg_num_neighbors=avg,
                       shift=float(np.ravel(mean)[0]), scale=float(np.ravel(rms)[0]))
 
