@@ -31,11 +31,9 @@ class EpochBatchSampler(Sampler[list[int]]):
     """The resume bookkeeping every batch sampler here shares: the epoch, and how many of its
     batches ``__iter__`` has yielded (``state_dict`` / ``load_state_dict``).
 
-    A subclass sets ``self.epoch = 0`` and calls :meth:`set_epoch` in ``__init__``, yields through
-    :meth:`_yield_from`, and names in :meth:`_identity` what a saved position is only valid for.
+    A subclass calls ``set_epoch(0)`` in ``__init__``, yields through :meth:`_yield_from`, and
+    names in :meth:`_identity` what a saved position is only valid for.
     """
-
-    epoch: int = 0
 
     def _identity(self) -> dict:
         raise NotImplementedError

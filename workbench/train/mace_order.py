@@ -1,6 +1,6 @@
 r"""``mace-order``: the batches ``mace_run_train`` draws, so that a run pairs with it step for step.
 
-mace-torch's ``run_train`` (0.3.x, one process) batches its training set with
+mace-torch's ``run_train`` (0.3.16, one process; ``tests/test_mace_order.py`` checks it against the real one) batches
 
 .. code-block:: python
 
