@@ -130,6 +130,10 @@ def test_invalid_requests(tmp_path):
         launch(c)  # the backend is never guessed
     with pytest.raises(ValueError, match="nodes=0: must be a positive integer"):
         launch(c, backend="slurm", nodes=0, dry_run=True)
+    paired = TrainConfig(output_dir=str(tmp_path), device="cpu", sampler="mace-order")
+    with pytest.raises(ValueError, match=r"'mace-order' .* on one rank, not 8 \(nodes=2, gpus_per_node=4\)"):
+        launch(paired, backend="slurm", nodes=2, gpus_per_node=4, dry_run=True)
+    assert "workbench" in launch(paired, backend="local", dry_run=True)  # one rank is fine
     with pytest.raises(TypeError, match=r"unknown SLURM option\(s\) \['partiton'\]"):
         launch(c, backend="slurm", partiton="gpu", dry_run=True)
     with pytest.raises(ValueError, match=r"SLURM option\(s\) \['partition'\] given with backend='local'"):
