@@ -71,8 +71,9 @@ from typing import Sequence
 import numpy as np
 
 from workbench.train.config import TrainConfig
+from workbench.train.mace_order import NAME as MACE_ORDER
 
-SAMPLERS = ("mace-order", "fixed-count", "paper", "shuffled-paper")
+SAMPLERS = (MACE_ORDER, "fixed-count", "paper", "shuffled-paper")
 PARITY_TOLERANCE = 0.05  # relative, on the means over seeds
 
 
@@ -253,7 +254,7 @@ def summarise(rows: list[dict]) -> dict:
                          "met": bool(abs(ratio_e - 1) <= PARITY_TOLERANCE and abs(ratio_f - 1) <= PARITY_TOLERANCE)}
         for q in ("e", "f"):
             out["parity"].update({f"{q}_{k}": v for k, v in ratio_interval(mace, fc, q).items()})
-    paired = [r for r in rows if r["trainer"] == "workbench" and r["sampler"] == "mace-order"]
+    paired = [r for r in rows if r["trainer"] == "workbench" and r["sampler"] == MACE_ORDER]
     maces = [r for r in rows if r["trainer"] == "mace_run_train"]
     if paired and maces:
         got = {q: paired_interval(maces, paired, key) for q, key in (("e", "e_mae_mev_atom"), ("f", "f_mae_mev_a"))}
@@ -338,7 +339,7 @@ def bench_quality(preset: str = "small", seeds: Sequence[int] = (0, 1, 2), sampl
             cfg = replace(base, name=f"{what}-seed{seed}", output_dir=str(workdir), seed=seed, sampler=what,
                           capacity=capacity, dataset=split["train"], valid_dataset=split["valid"], max_structures=None,
                           epochs=10 * p.epochs + 10, max_steps=steps, backend=backend,
-                          keep="best" if what == "mace-order" else "last")
+                          keep="best" if what == MACE_ORDER else "last")
             model, wall = run_workbench(cfg, where, threads)
             trainer, sampler = "workbench", what
         res = evaluate_file(model, split["valid"], energy_key=base.energy_key, forces_key=base.forces_key)
