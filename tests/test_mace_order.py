@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from workbench.data.embedded import EMBEDDED_PATH
-from workbench.train.mace_order import MaceOrderSampler, file_order, statistics_rows
+from workbench.train.mace_order import MaceOrderSampler, file_order
 from train_fixtures import tiny
 
 needs_data = pytest.mark.skipif(not EMBEDDED_PATH.exists(), reason="embedded dataset missing")
@@ -39,7 +39,7 @@ def test_batches_are_the_passes_of_maces_loader_after_its_two_statistics_passes(
         assert list(sampler) == passes[2 + epoch]
     sampler.set_epoch(1)  # going back replays from the seed
     assert list(sampler) == passes[3]
-    neighbours, energies = statistics_rows(n, b, seed)
+    neighbours, energies = sampler.statistics_rows()
     assert neighbours.tolist() == sum(passes[0], []) and energies.tolist() == sum(passes[1], [])
     assert len(set(neighbours.tolist())) == (n // b) * b  # drop_last: n mod b graphs sit each pass out
 
@@ -48,7 +48,7 @@ def test_batches_are_the_passes_of_maces_loader_after_its_two_statistics_passes(
     mapped = MaceOrderSampler(n, b, seed=seed, order=order)
     mapped.set_epoch(0)
     assert list(mapped) == [order[batch].tolist() for batch in passes[2]]
-    assert statistics_rows(n, b, seed, order)[1].tolist() == order[sum(passes[1], [])].tolist()
+    assert mapped.statistics_rows()[1].tolist() == order[sum(passes[1], [])].tolist()
 
 
 def test_resume_mid_epoch_and_refusals():

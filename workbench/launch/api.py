@@ -106,9 +106,8 @@ def launch(config, backend: str, nodes: int = 1, gpus_per_node: int = 1, *, dry_
     gpus_per_node = _positive_int("gpus_per_node", gpus_per_node)
     env = {str(k): str(v) for k, v in (env or {}).items()}
     config = _absolute(_as_config(config))
-    if config.sampler == mace_order.NAME and nodes * gpus_per_node > 1:
-        raise ValueError(f"sampler {mace_order.NAME!r} replays mace_run_train's single-process batches: launch it on "
-                         f"one rank, not {nodes * gpus_per_node} (nodes={nodes}, gpus_per_node={gpus_per_node})")
+    if config.sampler == mace_order.NAME:
+        mace_order.check_ranks(nodes * gpus_per_node, f" (nodes={nodes}, gpus_per_node={gpus_per_node})")
     if backend == "local":
         if slurm_options:
             raise ValueError(f"SLURM option(s) {sorted(slurm_options)} given with backend='local'")

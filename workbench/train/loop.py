@@ -39,8 +39,7 @@ from workbench.train.evaluate import evaluate
 from workbench.train.rundir import EPOCH_FIELDS, STEP_FIELDS, JsonlLog, RunDir, RunLock, drop_after
 from workbench.train.timing import AllreduceTimer, sync
 
-# batches by graph count (TrainConfig.batch_size); the rest pack to capacity
-COUNT_SAMPLERS = ("fixed-count", mace_order.NAME)
+COUNT_SAMPLERS = ("fixed-count",)  # batches by graph count (TrainConfig.batch_size); the rest pack to capacity
 
 
 @dataclass
@@ -93,9 +92,7 @@ def make_sampler(config: TrainConfig, atoms: np.ndarray, edges: np.ndarray, num_
     from workbench.packing import BinPackingBatchSampler
 
     if config.sampler == mace_order.NAME:
-        if num_replicas != 1:
-            raise ValueError(f"sampler {mace_order.NAME!r} replays mace_run_train's single-process batch order; "
-                             f"it runs on one rank, not {num_replicas} (use 'fixed-count' for several)")
+        mace_order.check_ranks(num_replicas)
         return mace_order.MaceOrderSampler(len(atoms), config.batch_size, seed=config.seed, order=file_order, atoms=atoms)
 
     if config.sampler not in COUNT_SAMPLERS:
@@ -313,9 +310,7 @@ def build_training(s: Session, ckpt: dict | None) -> None:
         if not s.data.train_configs:
             raise ValueError(f"sampler {mace_order.NAME!r} needs the structures in memory (an extxyz dataset), "
                              "not a prepared dataset")
-        rows = mace_order.statistics_rows(len(s.data.train), config.batch_size, config.seed,
-                                          mace_order.file_order(s.data))
-        s.stats = compute_stats(s.data.train_configs, s.data.train, s.data.z_table, *rows)
+        s.stats = compute_stats(s.data.train_configs, s.data.train, s.data.z_table, *s.sampler.statistics_rows())
     else:
         if s.data.stats is None:
             s.data.stats = compute_stats(s.data.train_configs, s.data.train, s.data.z_table)

@@ -16,9 +16,10 @@ that pass out.
 The draws depend on :math:`n`, :math:`b` and the seed only, so replaying the same torch loader
 over ``range(n)`` gives mace's indices without touching a graph. With the same split, seed and
 initial weights (:func:`workbench.train.loop.build_training`), a ``mace-order`` run sees the
-same batches in the same order as ``mace_run_train``, and :func:`statistics_rows` gives the
-graphs mace's statistics saw. ``workbench bench quality`` uses this to compare the two
-trainers seed by seed instead of through the seed-to-seed spread.
+same batches in the same order as ``mace_run_train``, and
+:meth:`MaceOrderSampler.statistics_rows` gives the graphs mace's statistics saw.
+``workbench bench quality`` uses this to compare the two trainers seed by seed instead of
+through the seed-to-seed spread.
 """
 
 from __future__ import annotations
@@ -59,6 +60,13 @@ class _Passes:
                 return batches
 
 
+def check_ranks(ranks: int, detail: str = "") -> None:
+    """Refuse more than one rank: mace's distributed runs draw from ``DistributedSampler`` instead."""
+    if ranks != 1:
+        raise ValueError(f"sampler {NAME!r} replays mace_run_train's single-process batch order: it runs on one "
+                         f"rank, not {ranks}{detail}; use 'fixed-count' for several")
+
+
 def file_order(data) -> np.ndarray | None:
     """For each position of the training file (the order mace reads it in), the index of that
     graph in ``data`` (:class:`~workbench.train.data.TrainData`); None when the graphs are in
@@ -68,22 +76,6 @@ def file_order(data) -> np.ndarray | None:
         return None
     order = np.argsort(frames, kind="stable")
     return None if np.array_equal(order, np.arange(order.size)) else order
-
-
-def statistics_rows(n: int, batch_size: int, seed: int, order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(neighbour_rows, energy_rows)``: the training graphs mace's ``avg_num_neighbors`` and
-    its shift and scale are computed over (passes 0 and 1, each in drawing order). ``order``:
-    :func:`file_order`."""
-    _check(n, batch_size)
-    passes = _Passes(n, batch_size, seed)
-    rows = passes.get(0).ravel(), passes.get(1).ravel()
-    return rows if order is None else (order[rows[0]], order[rows[1]])
-
-
-def _check(n: int, batch_size: int) -> None:
-    if n < batch_size:
-        raise ValueError(f"sampler {NAME!r}: {n} training graphs make no full batch of {batch_size} "
-                         "(mace_run_train drops the incomplete last batch); lower TrainConfig.batch_size")
 
 
 class MaceOrderSampler(EpochBatchSampler):
@@ -104,7 +96,9 @@ class MaceOrderSampler(EpochBatchSampler):
 
     def __init__(self, n: int, batch_size: int, seed: int = 0, order: np.ndarray | None = None,
                  atoms: np.ndarray | None = None) -> None:
-        _check(n, batch_size)
+        if n < batch_size:
+            raise ValueError(f"sampler {NAME!r}: {n} training graphs make no full batch of {batch_size} "
+                             "(mace_run_train drops the incomplete last batch); lower TrainConfig.batch_size")
         self.n, self.batch_size, self.seed = int(n), int(batch_size), int(seed)
         if order is not None and sorted(np.asarray(order).tolist()) != list(range(self.n)):
             raise ValueError(f"order must be a permutation of the {self.n} training graphs")
@@ -121,6 +115,12 @@ class MaceOrderSampler(EpochBatchSampler):
             b = self._passes.get(STATISTICS_PASSES + epoch)
             self._cache = (epoch, b if self.order is None else self.order[b])
         return self._cache[1]
+
+    def statistics_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(neighbour_rows, energy_rows)``: the training graphs mace's ``avg_num_neighbors`` and
+        its shift and scale are computed over (passes 0 and 1, each in drawing order)."""
+        rows = self._passes.get(0).ravel(), self._passes.get(1).ravel()
+        return rows if self.order is None else (self.order[rows[0]], self.order[rows[1]])
 
     def packing(self, epoch: int | None = None):
         """The epoch's batches as a :class:`~workbench.packing.Packing` (for ``packing.npz``)."""

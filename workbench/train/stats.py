@@ -60,9 +60,9 @@ def compute_stats(configs: list, train_data: list, z_table, neighbour_rows: np.n
                   energy_rows: np.ndarray | None = None) -> ModelStats:
     """mace's own functions. ``configs``: mace ``Configuration`` list of the training split;
     ``train_data``: its ``AtomicData``. E0s come from every graph; ``avg_num_neighbors`` from
-    ``neighbour_rows`` and shift and scale from ``energy_rows`` of ``train_data`` when given (the
-    graphs mace's shuffled loader saw: :func:`workbench.train.mace_order.statistics_rows`), else
-    from every graph."""
+    ``neighbour_rows`` and shift and scale from ``energy_rows`` of ``train_data`` when given
+    (the graphs mace's shuffled loader saw:
+    :meth:`workbench.train.mace_order.MaceOrderSampler.statistics_rows`), else from every graph."""
     from mace.data.utils import compute_average_E0s
     from mace.modules.utils import compute_avg_num_neighbors, compute_mean_rms_energy_forces
     from mace.tools.torch_geometric import DataLoader

@@ -217,4 +217,3 @@ def _equal_runs(terms: list, size: int) -> list[list]:
     """``terms`` cut into ``ceil(len / size)`` runs of equal length (the last shorter)."""
     n = -(-len(terms) // -(-len(terms) // size))
     return [terms[i:i + n] for i in range(0, len(terms), n)]
-
