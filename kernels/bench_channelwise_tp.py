@@ -27,12 +27,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import os
 import platform
-import statistics
 import sys
-import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,10 +40,10 @@ import workbench  # noqa: E402,F401  (env fix for e3nn before torch/e3nn imports
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from workbench.kernels.tools.bench import (add_common_arguments, compare_with_e3nn, use_backend_kernels,  # noqa: E402
-                                          random_scaleshift_mace, record_outputs, run_versions, with_backend)
+from workbench.kernels.tools.bench import (add_common_arguments, compare_with_e3nn, measure_pass,  # noqa: E402
+                                          backend_model, random_scaleshift_mace, run_versions)
 
-from bench_symmetric_contraction import measured_bandwidth, timer  # noqa: E402  (Kernels I helpers)
+from bench_symmetric_contraction import _save, measured_bandwidth  # noqa: E402  (Kernels I helpers)
 
 PASSES = ("forward", "forward_backward", "double_backward")
 #: DESIGN.md, H100, paper config, 3072 atoms, float32, interactions[1], ms (e3nn, cueq)
@@ -206,6 +203,8 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
         "measured_bandwidth_GBps": measured_bandwidth(device), "runs": [],
     }
     print(f"graph: {N} atoms, {E} edges ({E / max(N, 1):.1f} per atom), device {dev_name}", flush=True)
+    out = Path(args.out) if args.out else ROOT / "kernels" / "results" / (
+        f"channelwise_tp_{'gpu' if on_gpu else 'cpu'}{'_smoke' if args.smoke else ''}_{stamp}.json")
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         bdt = {k: (v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device)) for k, v in batch.items()
@@ -214,54 +213,42 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
         results.setdefault("descriptor", {})[dtype_name] = descriptor_costs(base.interactions[1], N, E, torch.finfo(dtype).bits // 8)
         snaps = {}  # (backend, pass) -> the pass's outputs, for parity against e3nn
         for backend in args.backends:
-            use_backend_kernels(backend)
             try:
-                model = with_backend(base, backend)
+                model = backend_model(base, backend, ("interactions.",), results, dtype_name)
                 kwargs = capture_block_inputs(model, bdt)
             except Exception as exc:  # noqa: BLE001 (record why a backend is missing, keep going)
                 results["runs"].append({"backend": backend, "dtype": dtype_name, "skipped": f"{type(exc).__name__}: {exc}"})
                 print(f"{dtype_name:8s} {backend:12s} skipped: {type(exc).__name__}: {exc}", flush=True)
                 continue
-            block = model.interactions[1]
-            params = [p for p in block.parameters() if p.requires_grad]
-            for kind in args.passes:
-                entry = {"backend": backend, "dtype": dtype_name, "pass": kind,
-                         "fused": hasattr(block, "conv_fusion"), "block_class": type(block).__name__}
-                try:
-                    fn = pass_fn(kind, block, kwargs, params)
-                    if on_gpu:
-                        torch.cuda.synchronize()
-                        torch.cuda.reset_peak_memory_stats()
-                        base_mem = torch.cuda.memory_allocated()
-                    ts = timer(device, fn, args.warmup, args.repeats)
-                    entry.update(median_ms=statistics.median(ts), min_ms=min(ts), times_ms=ts)
-                    snaps[(backend, kind)] = (entry, record_outputs(entry, fn))
-                    if on_gpu:
-                        entry["peak_mem_MB"] = (torch.cuda.max_memory_allocated() - base_mem) / 2**20
-                    d = results["descriptor"][dtype_name]
-                    sec = entry["median_ms"] * 1e-3
-                    entry["message_op_min_bytes_GBps"] = d["min_bytes"][kind] / sec / 1e9
-                    if dtype_name == "float32":
-                        a_e3nn, a_cueq = ANCHORS_MS[kind]
-                        entry["ratio_to_anchor_e3nn"] = entry["median_ms"] / a_e3nn
-                        entry["ratio_to_anchor_cueq"] = entry["median_ms"] / a_cueq
-                except Exception as exc:  # noqa: BLE001
-                    entry["error"] = f"{type(exc).__name__}: {exc}"
-                    entry["traceback"] = traceback.format_exc()[-2000:]
-                results["runs"].append(entry)
-                print(f"{dtype_name:8s} {backend:12s} {kind:17s} "
-                      + (f"{entry['median_ms']:10.3f} ms" + (f"  peak {entry['peak_mem_MB']:.0f} MB" if "peak_mem_MB" in entry else "")
-                         if "median_ms" in entry else entry.get("error", "")), flush=True)
+            _time_passes(args, model.interactions[1], kwargs, backend, dtype_name, results, snaps, out)
         for (backend, kind), entry in compare_with_e3nn(snaps):
             print(f"{dtype_name:8s} {backend:12s} {kind:17s} max rel err vs e3nn {entry['parity_vs_e3nn']['max_rel_err']:.2e}, "
                   f"bitwise repeatable {entry['bitwise_repeatable']}", flush=True)
+        _save(results, out)
     print_table(results)
-    out = Path(args.out) if args.out else ROOT / "kernels" / "results" / (
-        f"channelwise_tp_{'gpu' if on_gpu else 'cpu'}{'_smoke' if args.smoke else ''}_{stamp}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
     print(f"wrote {out}")
     return 0
+
+
+def _time_passes(args, block, kwargs: dict, backend: str, dtype_name: str, results: dict, snaps: dict, out: Path) -> None:
+    """Every pass of ``block`` for one backend: a row each in ``results``, outputs in ``snaps``."""
+    params = [p for p in block.parameters() if p.requires_grad]
+    for kind in args.passes:
+        entry = {"backend": backend, "dtype": dtype_name, "pass": kind,
+                 "fused": hasattr(block, "conv_fusion"), "block_class": type(block).__name__}
+        outputs = measure_pass(lambda: pass_fn(kind, block, kwargs, params), args.device, args.warmup, args.repeats, entry)
+        if outputs is not None:
+            snaps[(backend, kind)] = (entry, outputs)
+            entry["message_op_min_bytes_GBps"] = results["descriptor"][dtype_name]["min_bytes"][kind] / (entry["median_ms"] * 1e-3) / 1e9
+            if dtype_name == "float32":
+                a_e3nn, a_cueq = ANCHORS_MS[kind]
+                entry["ratio_to_anchor_e3nn"] = entry["median_ms"] / a_e3nn
+                entry["ratio_to_anchor_cueq"] = entry["median_ms"] / a_cueq
+        results["runs"].append(entry)
+        _save(results, out)  # every row: a step stopped at its time limit keeps what it measured
+        print(f"{dtype_name:8s} {backend:12s} {kind:17s} "
+              + (f"{entry['median_ms']:10.3f} ms" + (f"  peak {entry['peak_mem_MB']:.0f} MB" if "peak_mem_MB" in entry else "")
+                 if "median_ms" in entry else entry.get("error", "")), flush=True)
 
 
 def print_table(results: dict) -> None:

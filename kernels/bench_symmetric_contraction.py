@@ -28,8 +28,6 @@ import os
 import platform
 import statistics
 import sys
-import time
-import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,32 +36,10 @@ sys.path.insert(0, str(ROOT))
 import workbench  # noqa: E402,F401  (env fix for e3nn before torch/e3nn imports)
 import torch  # noqa: E402
 
-from workbench.kernels.tools.bench import (add_common_arguments, compare_with_e3nn, use_backend_kernels,  # noqa: E402
-                                          random_scaleshift_mace, record_outputs, run_versions, with_backend)
+from workbench.kernels.tools.bench import (add_common_arguments, compare_with_e3nn, measure_pass,  # noqa: E402
+                                          backend_model, random_scaleshift_mace, run_versions, timer)
 
 PASSES = ("forward", "forward_backward", "double_backward")
-
-
-def timer(device: str, fn, warmup: int, repeats: int) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(repeats):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-        return times
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(1e3 * (time.perf_counter() - t0))
-    return times
 
 
 def _cotangent(out: torch.Tensor) -> torch.Tensor:
@@ -166,67 +142,91 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
     }
     if device == "cpu":
         results["cpu_threads"] = torch.get_num_threads()
+    out = Path(args.out) if args.out else ROOT / "kernels" / "results" / f"symmetric_contraction_{'gpu' if device.startswith('cuda') else 'cpu'}_{stamp}.json"
     for dtype_name in args.dtypes:
-        dtype = getattr(torch, dtype_name)
-        base = random_scaleshift_mace(args.hidden, args.max_ell, args.correlation, range(1, args.elements + 1), 40.0,
-                                      dtype, device)
-        block0 = base.products[0]
-        C = block0.symmetric_contractions.contractions[0].num_features
-        I = block0.symmetric_contractions.irreps_in.dim // C
-        g = torch.Generator(device="cpu").manual_seed(0)
-        x0 = torch.randn(args.atoms, C, I, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
-        species = torch.randint(0, args.elements, (args.atoms,), generator=g)
-        y = torch.nn.functional.one_hot(species, args.elements).to(device=device, dtype=dtype)
-        sc_in = torch.randn(args.atoms, block0.linear.irreps_out.dim, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
-        results.setdefault("descriptor", {})[dtype_name] = descriptor_costs(block0.symmetric_contractions, args.atoms, x0.element_size())
-        snaps = {}  # (backend, target, pass) -> the pass's outputs, for parity against e3nn
-        for backend in args.backends:
-            use_backend_kernels(backend)
-            try:
-                model = with_backend(base, backend)
-            except Exception as exc:  # noqa: BLE001 (record why a backend is missing, keep going)
-                results["runs"].append({"backend": backend, "dtype": dtype_name, "skipped": f"{type(exc).__name__}: {exc}"})
-                continue
-            block = model.products[0]
-            is_cueq = backend == "cueq"
-            idx = species.to(device=device, dtype=torch.int32)
-            for target in args.targets:
-                if target == "contraction":
-                    mod = block.symmetric_contractions
-                    call = (lambda x, mod=mod: mod(x.flatten(1), idx)) if is_cueq else (lambda x, mod=mod: mod(x, y))
-                else:
-                    call = lambda x, block=block: block(node_feats=x, sc=sc_in, node_attrs=y)  # noqa: E731
-                    mod = block
-                params = [p for p in mod.parameters() if p.requires_grad]
-                for kind in args.passes:
-                    x = x0.clone().requires_grad_(kind != "forward")
-                    entry = {"backend": backend, "dtype": dtype_name, "target": target, "pass": kind}
-                    try:
-                        fn = pass_fn(kind, call, x, params)
-                        ts = timer(device, fn, args.warmup, args.repeats)
-                        entry.update(median_ms=statistics.median(ts), min_ms=min(ts), times_ms=ts)
-                        snaps[(backend, target, kind)] = (entry, record_outputs(entry, fn))
-                        if target == "contraction":
-                            d = results["descriptor"][dtype_name]
-                            sec = entry["median_ms"] * 1e-3
-                            entry["achieved_GBps_min_bytes"] = d["min_bytes"][kind] / sec / 1e9
-                            entry["achieved_GFLOPs_sparse"] = d["flops"][kind] / sec / 1e9
-                            if results["measured_bandwidth_GBps"]:
-                                entry["pct_of_measured_bandwidth"] = 100 * entry["achieved_GBps_min_bytes"] / results["measured_bandwidth_GBps"]
-                    except Exception as exc:  # noqa: BLE001
-                        entry["error"] = f"{type(exc).__name__}: {exc}"
-                        entry["traceback"] = traceback.format_exc()[-2000:]
-                    results["runs"].append(entry)
-                    print(f"{dtype_name:8s} {backend:12s} {target:12s} {kind:17s} "
-                          + (f"{entry['median_ms']:9.3f} ms" if "median_ms" in entry else entry.get("error", "")), flush=True)
+        snaps = _run_dtype(args, dtype_name, results, out)
         for (backend, target, kind), entry in compare_with_e3nn(snaps):
             print(f"{dtype_name:8s} {backend:12s} {target:12s} {kind:17s} max rel err vs e3nn "
                   f"{entry['parity_vs_e3nn']['max_rel_err']:.2e}, bitwise repeatable {entry['bitwise_repeatable']}", flush=True)
-    out = Path(args.out) if args.out else ROOT / "kernels" / "results" / f"symmetric_contraction_{'gpu' if device.startswith('cuda') else 'cpu'}_{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+        _save(results, out)
     print(f"wrote {out}")
     return 0
+
+
+def _inputs(args, block0, dtype, device: str) -> dict:
+    """The same random inputs for every backend: node features, species (one-hot), the
+    self-connection input of products[0]."""
+    C = block0.symmetric_contractions.contractions[0].num_features
+    I = block0.symmetric_contractions.irreps_in.dim // C
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x0 = torch.randn(args.atoms, C, I, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+    species = torch.randint(0, args.elements, (args.atoms,), generator=g)
+    y = torch.nn.functional.one_hot(species, args.elements).to(device=device, dtype=dtype)
+    sc_in = torch.randn(args.atoms, block0.linear.irreps_out.dim, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+    return {"x0": x0, "species": species, "y": y, "sc_in": sc_in}
+
+
+def _call(block, target: str, backend: str, inp: dict, device: str):
+    """``(call(x), module)`` for one target: the contraction alone, or the whole products[0] block."""
+    if target != "contraction":
+        return (lambda x: block(node_feats=x, sc=inp["sc_in"], node_attrs=inp["y"])), block
+    mod = block.symmetric_contractions
+    if backend == "cueq":  # cueq's contraction takes flat features and integer species
+        idx = inp["species"].to(device=device, dtype=torch.int32)
+        return (lambda x: mod(x.flatten(1), idx)), mod
+    return (lambda x: mod(x, inp["y"])), mod
+
+
+def _measure(kind: str, call, x0, params, args, entry: dict) -> list | None:
+    """Time one pass into ``entry``; its outputs (None after an error)."""
+    return measure_pass(lambda: pass_fn(kind, call, x0.clone().requires_grad_(kind != "forward"), params),
+                        args.device, args.warmup, args.repeats, entry)
+
+
+def _roofline(entry: dict, d: dict, kind: str, bandwidth: float | None) -> None:
+    sec = entry["median_ms"] * 1e-3
+    entry["achieved_GBps_min_bytes"] = d["min_bytes"][kind] / sec / 1e9
+    entry["achieved_GFLOPs_sparse"] = d["flops"][kind] / sec / 1e9
+    if bandwidth:
+        entry["pct_of_measured_bandwidth"] = 100 * entry["achieved_GBps_min_bytes"] / bandwidth
+
+
+def _run_dtype(args, dtype_name: str, results: dict, out: Path) -> dict:
+    """Every backend, target and pass in one dtype; returns the outputs for the parity check."""
+    dtype = getattr(torch, dtype_name)
+    base = random_scaleshift_mace(args.hidden, args.max_ell, args.correlation, range(1, args.elements + 1), 40.0,
+                                  dtype, args.device)
+    inp = _inputs(args, base.products[0], dtype, args.device)
+    d = results.setdefault("descriptor", {})[dtype_name] = descriptor_costs(
+        base.products[0].symmetric_contractions, args.atoms, inp["x0"].element_size())
+    snaps = {}  # (backend, target, pass) -> the pass's outputs, for parity against e3nn
+    for backend in args.backends:
+        try:
+            model = backend_model(base, backend, ("products.0.",), results, dtype_name)
+        except Exception as exc:  # noqa: BLE001 (record why a backend is missing, keep going)
+            results["runs"].append({"backend": backend, "dtype": dtype_name, "skipped": f"{type(exc).__name__}: {exc}"})
+            continue
+        for target in args.targets:
+            call, mod = _call(model.products[0], target, backend, inp, args.device)
+            params = [p for p in mod.parameters() if p.requires_grad]
+            for kind in args.passes:
+                entry = {"backend": backend, "dtype": dtype_name, "target": target, "pass": kind}
+                outputs = _measure(kind, call, inp["x0"], params, args, entry)
+                if outputs is not None:
+                    snaps[(backend, target, kind)] = (entry, outputs)
+                    if target == "contraction":
+                        _roofline(entry, d, kind, results["measured_bandwidth_GBps"])
+                results["runs"].append(entry)
+                _save(results, out)  # every row: a step stopped at its time limit keeps what it measured
+                print(f"{dtype_name:8s} {backend:12s} {target:12s} {kind:17s} "
+                      + (f"{entry['median_ms']:9.3f} ms" + (f"  peak {entry['peak_mem_MB']:.0f} MB" if "peak_mem_MB" in entry else "")
+                         if "median_ms" in entry else entry.get("error", "")), flush=True)
+    return snaps
+
+
+def _save(results: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

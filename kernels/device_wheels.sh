@@ -1,19 +1,38 @@
 #!/usr/bin/env bash
-# Download the wheels kernels/device_run.sh installs on the GPU machine (whose image has torch,
-# numba and numba-cuda but not mace-torch and its dependencies) into .whl/ (git-ignored through
-# .git/info/exclude); carry `.whl` in the device call. About 8 MB; cuequivariance's two wheels
-# (73 MB) exceed the 64 MiB a device call may carry, so cueq is left out.
+# Download the wheels kernels/device_run.sh installs on the GPU machine, whose image has torch,
+# numba, numba-cuda and e3nn but not mace-torch or cuEquivariance. One device call carries at most
+# 64 MiB (the tracked tree, ~11 MB, included), and cuEquivariance's two ops wheels are 73 MB, so
+# the wheels travel in two calls made back to back on a warm machine:
+#   .whl-a/  mace-torch and its small dependencies, cuequivariance(-torch), cuequivariance-ops-cu13,
+#            and OpenEquivariance 0.7's source (it ships no wheel; its kernels compile at run time)
+#   .whl-b/  cuequivariance-ops-torch-cu13, and numba-cuda for an image whose own is older
+# Both folders are git-ignored. Prints each payload and fails if one would not fit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mkdir -p .git/info .whl/numba_cuda
-grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
+CUEQ=0.13.0
+rm -rf .whl-a .whl-b
+mkdir -p .whl-a .whl-b/numba_cuda
 platforms=()
 for p in manylinux_2_35 manylinux_2_34 manylinux_2_31 manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux1; do
   platforms+=(--platform "${p}_x86_64")
 done
 get() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" -d "$@"; }
-get .whl mace-torch==0.3.16 e3nn==0.4.4 ase==3.29.0 matscipy==1.3.1 prettytable==3.18.0 configargparse==1.9.0 \
-  torch-ema==0.3 lmdb==3.0.0 orjson==3.13.0 vesin extxyz pyleri submitit==1.5.4 wcwidth
+get .whl-a mace-torch==0.3.16 e3nn==0.4.4 ase==3.29.0 matscipy==1.3.1 prettytable==3.18.0 configargparse==1.9.0 \
+  torch-ema==0.3 lmdb==3.0.0 orjson==3.13.0 vesin extxyz pyleri submitit==1.5.4 wcwidth platformdirs \
+  cuequivariance==$CUEQ cuequivariance-torch==$CUEQ cuequivariance-ops-cu13==$CUEQ
+python3 -m pip download -q --no-deps --no-binary=:all: -d .whl-a openequivariance==0.7.0
+get .whl-b cuequivariance-ops-torch-cu13==$CUEQ
 # installed only where the image's numba-cuda is older than the one the kernels were checked with
-get .whl/numba_cuda numba-cuda==0.30.4
-du -sh .whl
+get .whl-b/numba_cuda numba-cuda==0.30.4
+tree_bytes=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s}')
+untracked=$(git ls-files -z --others --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
+limit=$((64 * 1024 * 1024))
+status=0
+for d in .whl-a .whl-b; do
+  w=$(du -sb "$d" | cut -f1)
+  total=$((w + tree_bytes + untracked))
+  awk -v d="$d" -v w="$w" -v t="$((tree_bytes + untracked))" -v l="$limit" 'BEGIN {
+    printf "%s: %5.1f MB of wheels + %4.1f MB of tree = %5.1f MB of the %5.1f MB a call may carry\n", d, w/1e6, t/1e6, (w+t)/1e6, l/1e6 }'
+  if [ "$total" -gt "$limit" ]; then echo "  $d does not fit in one device call" >&2; status=1; fi
+done
+exit $status

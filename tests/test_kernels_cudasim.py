@@ -62,3 +62,45 @@ def test_cuda_kernels_under_simulator(variant):
     for key, (e, f, g) in errs.items():
         tol = 0 if key.startswith("repeat") else (1e-10 if "float64" in key else 1e-5)
         assert max(e, f, g) <= tol, (key, e, f, g)
+
+
+SEGMENT_SCRIPT = r"""
+import json, numpy as np
+from workbench.kernels.backends import segment
+rng = np.random.default_rng(3)
+errs = {}
+for dtype, tol in (("float64", 1e-12), ("float32", 1e-5)):
+    species = rng.integers(0, 5, 70)
+    species[species == 3] = 4  # an empty segment
+    perm = np.argsort(species, kind="stable")
+    ptr = np.searchsorted(species[perm], np.arange(6))
+    partial = rng.standard_normal((70, 37)).astype(dtype)  # 37 columns: a partial tile of 32
+    outs = []
+    for _ in range(2):
+        out = np.full((5, 37), np.nan, dtype=dtype)
+        kernel, blocks, threads, args = segment.plan_segment_sum(partial, ptr, perm, out)
+        kernel[blocks, threads](*args)
+        outs.append(out)
+    want = np.stack([partial[species == z].astype("float64").sum(0) for z in range(5)])
+    errs[dtype] = [float(np.abs(outs[0] - want).max() / np.abs(want).max()), bool(np.array_equal(outs[0], outs[1])),
+                   float(np.abs(outs[0][3]).max()), threads]
+print("SEGMENT " + json.dumps(errs))
+"""
+
+
+def test_species_sums_use_row_lanes_and_keep_their_bits():
+    """The per-species sum of the weight-gradient partials: 8 row lanes per column (the GPU's
+    configuration), a segment with no atoms, a partial column tile; exact to rounding, the same
+    bits on every run."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", WORKBENCH_KERNELS_CUDASIM="1", WORKBENCH_SEGMENT_LANES="8")
+    res = subprocess.run([sys.executable, "-c", SEGMENT_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    errs = json.loads([ln for ln in res.stdout.splitlines() if ln.startswith("SEGMENT ")][-1][8:])
+    for dtype, tol in (("float64", 1e-12), ("float32", 1e-5)):
+        rel, repeat, empty, threads = errs[dtype]
+        assert rel <= tol and repeat and empty == 0.0 and threads == 256, (dtype, errs[dtype])

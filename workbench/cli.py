@@ -30,6 +30,7 @@ _COMMAND_MODULES = (
     "workbench.kernels.tools.cli",
     "workbench.train.cli",
     "workbench.train.md",
+    "workbench.train.cold_start",
     "workbench.launch.cli",
     "workbench.viz.cli",
     "workbench.demo",

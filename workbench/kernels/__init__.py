@@ -18,6 +18,9 @@ Layers (imports run one way, top to bottom):
 * :mod:`~workbench.kernels.descriptor` - polynomials, term tables, kernel layout;
 * :mod:`~workbench.kernels.backends` - numba CPU, table-driven and unrolled CUDA kernels;
 * :mod:`~workbench.kernels.ops` - :class:`PolyOp`, its autograd function and the dispatch;
+  :mod:`~workbench.kernels.launches` (the kernels a force-training step launches, planned without
+  running) and :mod:`~workbench.kernels.precompile` (those kernels compiled ahead, in parallel,
+  once per node, into a cache folder that can be shared);
 * :mod:`~workbench.kernels.mace` - the MACE ops and :func:`accelerate`;
 * :mod:`~workbench.kernels.tools` - resource report, CLI, benchmark fixtures.
 """

@@ -41,7 +41,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["MODELS", "PARTS", "PRESETS", "bench_cpu", "format_table", "hot_op_timer", "peak_gflops", "system_batch"]
+__all__ = ["MODELS", "PARTS", "PRESETS", "bench_cpu", "format_table", "hot_op_timer", "mace_batch", "peak_gflops", "system_batch",
+           "water_box"]
 
 #: name -> (hidden irreps, max_ell, correlation)
 MODELS: dict[str, tuple[str, int, int]] = {"paper": ("128x0e+128x1o", 3, 3), "small": ("32x0e+32x1o", 2, 2)}
@@ -64,23 +65,61 @@ MIXED_CAPACITY = 768
 TARGETS = {("md", "float32"): 4.0, ("train", "float32"): 3.0, ("md", "float64"): 3.0, ("train", "float64"): 3.0}
 
 
-def system_batch(name: str, dtype: str, cutoff: float = CUTOFF, seed: int = 0) -> tuple[dict, list[int], dict]:
-    """A mace batch for ``name`` (``water-<atoms>``: a periodic liquid-water box; ``mixed``: a batch
-    of the embedded data as a packer fills it, random graphs while they fit in
-    :data:`MIXED_CAPACITY` atoms), its atomic numbers and ``{atoms, edges, graphs, families}``."""
+def mace_batch(structures: Sequence, dtype: str, cutoff: float = CUTOFF, z_table=None) -> tuple[dict, list[int]]:
+    """One mace batch dict of ``structures`` (tensors in ``dtype``, mace's own ``AtomicData`` and
+    collation) and the atomic numbers of its ``z_table`` (default: the elements present)."""
     import torch
     from mace.tools import torch_geometric
 
     from workbench.data.atomic_data import to_atomic_data, z_table_for
 
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, dtype))
+    try:
+        z_table = z_table_for(structures) if z_table is None else z_table
+        data = to_atomic_data(structures, cutoff=cutoff, z_table=z_table)
+        batch = torch_geometric.batch.Batch.from_data_list(data).to_dict()
+    finally:
+        torch.set_default_dtype(old)
+    return batch, [int(z) for z in z_table.zs]
+
+
+#: atoms of the largest liquid-water box :func:`~workbench.data.generators.build_liquid_water`
+#: fills (343 grid sites); larger boxes repeat a :data:`WATER_TILE`-atom box periodically
+WATER_MAX_ATOMS = 1029
+WATER_TILE = 768
+
+
+def water_box(n: int, rng: np.random.Generator):
+    """A periodic liquid-water box of ``n`` atoms: generated directly up to
+    :data:`WATER_MAX_ATOMS`, else a :data:`WATER_TILE`-atom box repeated (``n / WATER_TILE`` a
+    product of the three repeat counts, as cubic as possible)."""
+    from workbench.data.generators import build_liquid_water
+
+    if n % 3 or n < 3:
+        raise ValueError(f"system water-{n}: a water box needs a multiple of 3 atoms")
+    if n <= WATER_MAX_ATOMS:
+        return build_liquid_water(n, rng)
+    if n % WATER_TILE:
+        raise ValueError(f"system water-{n}: boxes above {WATER_MAX_ATOMS} atoms repeat a {WATER_TILE}-atom box; "
+                         f"use a multiple of {WATER_TILE}")
+    k, reps, f = n // WATER_TILE, [1, 1, 1], 2
+    while k > 1:  # prime factors, smallest first, each onto the shortest side
+        while k % f == 0:
+            k //= f
+            reps[reps.index(min(reps))] *= f
+        f += 1
+    return build_liquid_water(WATER_TILE, rng).repeat(tuple(reps))
+
+
+def system_batch(name: str, dtype: str, cutoff: float = CUTOFF, seed: int = 0) -> tuple[dict, list[int], dict]:
+    """A mace batch for ``name`` (``water-<atoms>``: a periodic liquid-water box, see
+    :func:`water_box`; ``mixed``: a batch of the embedded data as a packer fills it, random graphs
+    while they fit in :data:`MIXED_CAPACITY` atoms), its atomic numbers and ``{atoms, edges,
+    graphs, families}``."""
     rng = np.random.default_rng(seed)
     if name.startswith("water-"):
-        from workbench.data.generators import build_liquid_water
-
-        n = int(name.split("-", 1)[1])
-        if n % 3 or n < 3:
-            raise ValueError(f"system {name!r}: a water box needs a multiple of 3 atoms")
-        structures = [build_liquid_water(n, rng)]
+        structures = [water_box(int(name.split("-", 1)[1]), rng)]
     elif name == "mixed":
         from workbench.data.embedded import load_embedded
 
@@ -92,17 +131,10 @@ def system_batch(name: str, dtype: str, cutoff: float = CUTOFF, seed: int = 0) -
                 room -= len(frames[k])
     else:
         raise ValueError(f"unknown system {name!r}: use water-<atoms> (a multiple of 3) or mixed")
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(getattr(torch, dtype))
-    try:
-        z_table = z_table_for(structures)
-        data = to_atomic_data(structures, cutoff=cutoff, z_table=z_table)
-        batch = torch_geometric.batch.Batch.from_data_list(data).to_dict()
-    finally:
-        torch.set_default_dtype(old)
+    batch, zs = mace_batch(structures, dtype, cutoff)
     info = {"atoms": int(batch["positions"].shape[0]), "edges": int(batch["edge_index"].shape[1]), "graphs": len(structures),
             "families": sorted({a.info.get("config_type", "?") for a in structures})}
-    return batch, [int(z) for z in z_table.zs], info
+    return batch, zs, info
 
 
 def _models(model: str, zs: list[int], info: dict, dtype: str) -> dict[str, Any]:

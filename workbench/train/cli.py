@@ -76,6 +76,7 @@ def register_bench(bench_sub) -> None:
     _register_bench_data(bench_sub)
     _register_bench_quality(bench_sub)
     _register_bench_cpu(bench_sub)
+    _register_bench_step(bench_sub)
     p = bench_sub.add_parser("train", help="one epoch per variant: fixed-count+e3nn vs packer+e3nn/numba/cueq")
     _add_config_args(p, " for the model and capacity")
     p.add_argument("--structures", type=int, default=5000, help="mixture size (embedded data tiled; default 5000)")
@@ -178,3 +179,47 @@ def _register_bench_cpu(bench_sub) -> None:
     p.add_argument("--workdir", default="runs/bench/cpu", help="trajectory runs (default: %(default)s)")
     p.add_argument("--out", default="runs/bench/cpu.json", help="JSON; the trajectory figure goes beside it as .html")
     p.set_defaults(func=_bench_cpu)
+
+
+def _bench_step(args: argparse.Namespace) -> int:
+    import shlex
+    import sys
+
+    from workbench.train.bench_step import bench_step, format_table
+
+    res = bench_step(preset=args.preset, parts=args.parts, model=args.model, dtypes=args.dtypes, workloads=args.workloads,
+                     backends=args.backends, warmup=args.warmup, repeats=args.repeats, device=args.device, out=args.out,
+                     budget_s=args.budget_s, profile_workload=args.profile_workload,
+                     command="workbench " + shlex.join(sys.argv[1:]))
+    print(format_table(res))
+    print(f"wrote {res['meta']['out']}")
+    return 0
+
+
+def _register_bench_step(bench_sub) -> None:
+    from workbench.train.bench_step import BACKENDS, PARTS, PRESETS
+
+    options = {  # flag -> argparse keywords
+        "--preset": {"default": "gpu", "choices": list(PRESETS),
+                     "help": "gpu: paper model, water 768-6144 atoms + the packed mixture at 3072, float32, 3 warm-up + 10 "
+                             "timed steps; smoke: small model, water-24/48 and a mixture at 96 atoms, 1 + 2 steps (a CPU "
+                             "test) (default: %(default)s)"},
+        "--parts": {"nargs": "+", "default": list(PARTS), "choices": list(PARTS)},
+        "--model": {"choices": ["paper", "small"], "help": "default: the preset's"},
+        "--dtypes": {"nargs": "+", "choices": ["float32", "float64"], "help": "default: the preset's"},
+        "--workloads": {"nargs": "+", "help": "water-<atoms> and mixture-<capacity> (default: the preset's)"},
+        "--backends": {"nargs": "+", "default": list(BACKENDS), "choices": list(BACKENDS)},
+        "--warmup": {"type": int, "help": "untimed steps per backend first (default: the preset's)"},
+        "--repeats": {"type": int, "help": "timed steps per backend (default: the preset's)"},
+        "--device": {"help": "cuda, cuda:1, cpu (default: cuda when available)"},
+        "--profile-workload": {"help": "the profile part's workload (default: the preset's, water-3072 / water-48)"},
+        "--budget-s": {"type": float, "help": "seconds per part after which no new row starts; the rest are recorded "
+                                              "as skipped (default: no limit)"},
+        "--out": {"help": "JSON, rewritten after every row (default: kernels/results/train_step_gpu_<gpu>.json on "
+                          "CUDA, runs/bench/train_step_cpu.json on a CPU)"},
+    }
+    p = bench_sub.add_parser("step", help="the whole MACE train step on one device: numba vs cueq vs e3nn (same weights "
+                                          "and batches), peak memory, and a profile of the numba step")
+    for flag, kwargs in options.items():
+        p.add_argument(flag, **kwargs)
+    p.set_defaults(func=_bench_step)

@@ -95,6 +95,7 @@ class TrainConfig:
     batch_size: int = 8  # graphs per batch for fixed-count
     # kernels
     backend: str = "e3nn"
+    kernel_cache: str = ""  # compiled-kernel folder ("" = $WORKBENCH_KERNEL_CACHE or ~/.cache/cfm-workbench/kernels); may be shared
     # length and checkpoints
     epochs: int = 1
     max_steps: int | None = None  # stop after this many optimiser steps in total
@@ -144,6 +145,8 @@ class TrainConfig:
                 raise bad(name, f"{getattr(self, name)!r} is not an irreps string like '128x0e+128x1o'")
         if self.keep == "best" and self.valid_fraction == 0 and not self.valid_dataset:
             raise bad("keep", "'best' picks the epoch by validation loss: set valid_fraction > 0 or valid_dataset")
+        if any(c in self.kernel_cache for c in "\n\r\0"):
+            raise bad("kernel_cache", f"{self.kernel_cache!r}: a folder path on one line")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
             raise bad("name", f"{self.name!r}: use letters, digits, '.', '_' or '-' (it names the run directory)")
 

@@ -52,7 +52,7 @@ class _Sums:
 
 def evaluate(model, data, device: torch.device | str = "cpu", batch_size: int = 16, num_workers: int = 0,
              families: Sequence[str] | None = None, loss_fn=None) -> dict:
-    """Errors of ``model`` on ``data`` (a list of ``AtomicData`` or a dataset that builds them).
+    r"""Errors of ``model`` on ``data`` (a list of ``AtomicData`` or a dataset that builds them).
 
     ``families``: the ``config_type`` of each graph of ``data``, in order; the result then has
     a ``families`` entry with the same metrics per family. Returns the overall metrics

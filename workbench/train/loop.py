@@ -322,6 +322,12 @@ def build_training(s: Session, ckpt: dict | None) -> None:
     if config.backend != "e3nn":
         from workbench.kernels import accelerate
 
+        if config.kernel_cache:  # the precompile workers and numba's cache read it from the environment
+            from workbench.kernels.backends.generated import KERNEL_CACHE_ENV
+
+            os.environ[KERNEL_CACHE_ENV] = str(Path(config.kernel_cache).expanduser().resolve())
+        # on a GPU, numba's kernels compile here, in parallel, once per node (rank 0 of a node
+        # compiles under a file lock, the others wait and load the cache)
         s.model = accelerate(s.model, backend=config.backend).to(s.device)
     s.optimizer = torch.optim.Adam(param_groups(s.model, config.weight_decay), lr=config.lr, amsgrad=config.amsgrad)
     s.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(s.optimizer, factor=config.lr_factor,

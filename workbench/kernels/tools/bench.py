@@ -6,16 +6,17 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["add_common_arguments", "compare_with_e3nn", "kernel_variant", "use_backend_kernels", "parity", "random_scaleshift_mace",
-           "record_outputs", "run_versions", "snapshot", "with_backend"]
+__all__ = ["add_common_arguments", "compare_with_e3nn", "kernel_variant", "use_backend_kernels", "backend_model", "measure_pass", "parity", "peak_memory", "precompile_for_bench",
+           "random_scaleshift_mace", "record_outputs", "run_versions", "snapshot", "timer", "with_backend"]
 
 #: packages whose versions a benchmark result records (besides torch and python)
-RECORDED_PACKAGES = ("mace", "e3nn", "numba", "cuequivariance_torch")
+RECORDED_PACKAGES = ("mace", "e3nn", "numba", "cuequivariance_torch", "openequivariance")
 
 
 def random_scaleshift_mace(hidden: str, max_ell: int, correlation: int, atomic_numbers: Sequence[int],
@@ -69,14 +70,53 @@ def use_backend_kernels(backend: str) -> None:
 
 
 def with_backend(model: torch.nn.Module, backend: str) -> torch.nn.Module:
-    """A copy of ``model`` with ``backend`` (``"e3nn"``: the original modules; ``"numba-table"``
-    and ``"numba-unrolled"`` are ``"numba"``, see :func:`kernel_variant`)."""
+    """A copy of ``model`` with ``backend`` (kernels not compiled ahead: see
+    :func:`precompile_for_bench`; ``"e3nn"``: the original modules; ``"numba-table"``
+    and ``"numba-unrolled"`` are ``"numba"``, see :func:`kernel_variant`; ``"oeq"``:
+    OpenEquivariance's fused message op through mace-torch's converter, the contraction stays e3nn's)."""
     from workbench.kernels.mace.accelerate import accelerate
 
     m = copy.deepcopy(model)
     if backend.startswith("numba-"):
         backend = "numba"
-    return m if backend == "e3nn" else accelerate(m, backend=backend)
+    if backend == "oeq":
+        try:
+            import openequivariance  # noqa: F401
+        except Exception as exc:  # ImportError, or its extension failing to build
+            raise ImportError(f"backend 'oeq' needs openequivariance ({type(exc).__name__}: {exc})") from exc
+        from mace.cli.convert_e3nn_oeq import run as run_e3nn_to_oeq
+
+        return run_e3nn_to_oeq(m, device=next(m.parameters()).device.type, return_model=True)
+    return m if backend == "e3nn" else accelerate(m, backend=backend, precompile=False)
+
+
+def precompile_for_bench(model: torch.nn.Module, backend: str, modules: Sequence[str] | None = None) -> dict | None:
+    """For a numba backend on a CUDA device: compile the kernels force training of ``modules``
+    (name prefixes; all when None) launches, in parallel, before the benchmark's warm-up, so
+    that no timed pass (nor the warm-up) compiles one after another. The report as a dict."""
+    from workbench.kernels.backends.device import cuda_available
+    from workbench.kernels.mace.accelerate import precompile_model
+
+    p = next(model.parameters())
+    if not backend.startswith("numba") or p.device.type != "cuda" or not cuda_available():
+        return None
+    return precompile_model(model, modules=modules).as_dict()
+
+
+@contextmanager
+def peak_memory(device: str) -> Iterator[dict]:
+    """On a CUDA ``device``, ``rec["peak_mem_MB"]``: the most memory allocated above what was
+    allocated on entry, while the block ran (nothing on a CPU)."""
+    rec: dict = {}
+    on_gpu = str(device).startswith("cuda")
+    if on_gpu:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    yield rec
+    if on_gpu:
+        torch.cuda.synchronize()
+        rec["peak_mem_MB"] = (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
 def run_versions() -> dict[str, str]:
@@ -152,3 +192,59 @@ def compare_with_e3nn(snaps: dict) -> list[tuple[tuple, dict]]:
             entry["parity_vs_e3nn"] = parity(out, ref[1])
             done.append(((backend, *case), entry))
     return done
+
+
+def timer(device: str, fn, warmup: int, repeats: int) -> list[float]:
+    """Milliseconds of ``repeats`` calls of ``fn`` after ``warmup``: CUDA events on a GPU,
+    ``perf_counter`` on a CPU."""
+    import time
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+        for _ in range(repeats):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e))
+        return times
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(1e3 * (time.perf_counter() - t0))
+    return times
+
+
+def measure_pass(make_fn, device: str, warmup: int, repeats: int, entry: dict) -> list | None:
+    """Build one pass (``make_fn()``), time it into ``entry`` (median, min, every repeat, peak
+    memory, ``bitwise_repeatable``) and return its outputs (:func:`snapshot`); an exception
+    becomes ``entry["error"]`` and ``None``, so the benchmark goes on with the next pass."""
+    import statistics
+    import traceback
+
+    try:
+        fn = make_fn()
+        with peak_memory(device) as mem:
+            ts = timer(device, fn, warmup, repeats)
+        entry.update(median_ms=statistics.median(ts), min_ms=min(ts), times_ms=ts, **mem)
+        return record_outputs(entry, fn)
+    except Exception as exc:  # noqa: BLE001 (an error row; the other passes go on)
+        entry["error"] = f"{type(exc).__name__}: {exc}"
+        entry["traceback"] = traceback.format_exc()[-2000:]
+        return None
+
+
+def backend_model(base: torch.nn.Module, backend: str, modules: Sequence[str], results: dict, dtype: str) -> torch.nn.Module:
+    """``base`` on ``backend`` for a benchmark: the kernel switches its name asks for, a copy
+    (:func:`with_backend`), and for numba on a GPU its kernels of ``modules`` compiled ahead
+    (the report goes to ``results["precompile"]``)."""
+    use_backend_kernels(backend)
+    model = with_backend(base, backend)
+    pre = precompile_for_bench(model, backend, modules)
+    if pre:
+        results.setdefault("precompile", {})[f"{backend} {dtype}"] = pre
+    return model

@@ -1,5 +1,6 @@
 """``workbench bench symmetric-contraction`` and ``workbench bench channelwise-tp``: run the
-kernel lab's benchmark scripts (``kernels/bench_*.py``).
+kernel lab's benchmark scripts (``kernels/bench_*.py``); ``workbench kernels resources`` and
+``workbench kernels precompile``.
 
 The benchmark scripts live in the repository's kernel lab (``kernels/``), not in the installed
 package, so these commands work from a source checkout; each takes its script's options.
@@ -57,6 +58,12 @@ def register_bench(bench_subparsers) -> None:
 
 
 def register(subparsers) -> None:
+    from workbench.kernels.tools.precompile_cli import register as register_precompile
     from workbench.kernels.tools.resources import register as register_resources
 
-    register_resources(subparsers)
+    p = subparsers.add_parser("kernels", help="kernel tools: static resource report (PTX + ptxas, no GPU needed), "
+                                              "compile a configuration's kernels into the cache")
+    ks = p.add_subparsers(dest="kernels_cmd", metavar="CMD")
+    register_resources(ks)
+    register_precompile(ks)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])

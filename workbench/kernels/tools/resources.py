@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-import numpy as np
+from workbench.kernels.backends.toolkit import find_nvdisasm, find_ptxas
+from workbench.kernels.launches import launches, training_ops
 
 __all__ = ["KernelResources", "training_ops", "kernel_resources", "find_nvdisasm", "find_ptxas", "occupancy", "paper_ops",
            "format_table", "launches_per_pass", "sass_counts", "term_loop_sass"]
@@ -75,47 +75,6 @@ class KernelResources:
         # straight-line code: its size over its terms; a table kernel: its term loop (term_loop_sass)
         if self.sass_instructions is not None and self.terms and self.variant == "unrolled":
             self.sass_per_term = round(self.sass_instructions / self.terms, 2)
-
-
-def training_ops(op) -> list[tuple[str, object]]:
-    """``(label, op)`` for the forward op and the derivative ops force training launches.
-
-    First derivative: to every operand, with the forward output's cotangent. Second: the
-    derivative of that op to every one of its operands, with cotangents on the first
-    derivative's outputs that the loss reaches; for the symmetric contraction (operands
-    ``x, W``) the weight-gradient output of the force computation is never used, so its
-    cotangent is absent, as autograd gives it."""
-    n = len(op.operands)
-    d1 = op.derivative((True,) * n, (True,) * len(op.outputs))
-    weights_unused = [o.output.batch == "species" for o in d1.outputs]
-    present = tuple(not w for w in weights_unused)
-    d2 = d1.derivative((True,) * len(d1.operands), present)
-    return [("forward", op), ("backward", d1), ("double backward", d2)]
-
-
-def _find_cuda_tool(tool: str, env: str, wheel_dir: str) -> str | None:
-    """``$env``, then the wheel's copy (``nvidia/cu*/bin`` or ``nvidia/<wheel_dir>/bin``), then
-    PATH, then /usr/local/cuda*."""
-    if os.environ.get(env):
-        return os.environ[env]
-    candidates = []
-    for base in map(Path, sys.path):
-        candidates += sorted(base.glob(f"nvidia/cu*/bin/{tool}")) + sorted(base.glob(f"nvidia/{wheel_dir}/bin/{tool}"))
-    if shutil.which(tool):
-        candidates.append(Path(shutil.which(tool)))
-    candidates += sorted(Path("/usr/local").glob(f"cuda*/bin/{tool}"), reverse=True)
-    return str(candidates[0]) if candidates else None
-
-
-def find_ptxas() -> str | None:
-    """``ptxas``: ``$PTXAS``, then the ``nvidia-cuda-nvcc`` wheel (same release as the NVVM that
-    writes the PTX), then PATH, then /usr/local/cuda*."""
-    return _find_cuda_tool("ptxas", "PTXAS", "cuda_nvcc")
-
-
-def find_nvdisasm() -> str | None:
-    """``nvdisasm``: ``$NVDISASM``, then the ``nvidia-cuda-nvdisasm`` wheel, then PATH, then /usr/local/cuda*."""
-    return _find_cuda_tool("nvdisasm", "NVDISASM", "cuda_nvdisasm")
 
 
 #: one SASS instruction line of nvdisasm: ``/*0080*/  @!P0 FFMA R4, R5, R6, R7 ;``
@@ -229,99 +188,6 @@ def _kernel_variant(variant: str) -> Iterator[None]:
             os.environ["WORKBENCH_CUDA_KERNELS"] = old
 
 
-@dataclass
-class _Launch:
-    output: str
-    kernel: str  # launch shape
-    variant: str  # unrolled, table or segment
-    terms: int
-    slots: int
-    plan: tuple | None
-    degree: int = 0  # factors per term of a table kernel (its term loop's loads per term)
-
-
-def _output_launches(comp, dtype: str, shape: str, plans: list[tuple]) -> Iterator[_Launch]:
-    """One output's launches, as its backend planned them: the table kernel, or one generated
-    kernel per part (:func:`~workbench.kernels.backends.unrolled.unrolled_parts`), named ``k/n``."""
-    from workbench.kernels.backends.unrolled import unrolled_parts
-
-    parts = unrolled_parts(comp, dtype)
-    for k, plan in enumerate(plans):
-        if parts is None:
-            yield _Launch(comp.output.name, shape, "table", comp.num_terms, comp.num_slots, plan, comp.degree)
-        else:
-            name = comp.output.name if len(parts) == 1 else f"{comp.output.name} {k + 1}/{len(parts)}"
-            yield _Launch(name, shape, "unrolled", parts[k].num_terms, parts[k].num_slots, plan)
-
-
-def _plans(op, dtype: str, channels: int) -> Iterator[_Launch]:
-    """Every launch of ``op``, planned on small host arrays of the launch shapes (the kernels'
-    types depend only on dtypes, ranks and layouts). A species output is its per-atom partial
-    kernels (one per part when split), then the per-species sum."""
-    from workbench.kernels.backends import cuda as _cuda
-    from workbench.kernels.backends import edge_cuda, segment
-
-    rows = 4
-    dummy = np.zeros((1, 1), dtype=dtype)
-    idx = np.arange(rows, dtype=np.int64)
-    if op.edge:
-        from workbench.kernels.backends import edge_pass
-        from workbench.kernels.ops import FUSE_ENV
-
-        arrays = [np.zeros((rows, o.width), dtype=dtype) for o in op.operands]
-        arrays += [dummy] * (8 - len(arrays))
-        seg = (np.arange(rows + 1, dtype=np.int64), idx)
-        outs = [np.zeros((rows, comp.output.width), dtype=dtype) for comp in op.compiled]
-        fused = None if os.environ.get(FUSE_ENV, "1") == "0" else \
-            edge_pass.plan(op.compiled, arrays, idx, idx, lambda _: seg, channels, outs)
-        done: tuple[int, ...] = ()
-        if fused is not None:  # one launch for these outputs of the pass
-            done = fused[4]
-            live = [op.compiled[k] for k in done]
-            slots = len({k for c in live for k in edge_pass._slot_keys(c.table)})
-            yield _Launch(", ".join(c.output.name for c in live), "pass", "unrolled",
-                          sum(c.num_terms for c in live), slots, fused[:4])
-        for k, comp in enumerate(op.compiled):
-            if k in done:
-                continue
-            out = np.zeros((rows, comp.output.width), dtype=dtype)
-            shape = "node" if comp.node_output else ("edge reduce" if comp.reduce_channels else "edge")
-            yield from _output_launches(comp, dtype, shape, edge_cuda.plans(
-                comp, arrays, idx, idx, seg if comp.node_output else None, channels, out, host=True))
-        return
-    from workbench.kernels.backends import atom_pass
-    from workbench.kernels.ops import FUSE_ENV
-
-    arrays = [dummy] * 10
-    for aid, o in zip(op.array_ids, op.operands):
-        arrays[aid] = np.zeros((rows, o.width), dtype=dtype)
-    outs = [np.zeros((rows, comp.output.width), dtype=dtype) for comp in op.compiled]
-    pk = None if os.environ.get(FUSE_ENV, "1") == "0" else atom_pass.pass_kernels(op.compiled, dtype)
-    fused = None if pk is None else atom_pass.plan(op.compiled, arrays, idx, channels, outs, pk)
-    done: tuple[int, ...] = ()
-    if fused is not None:  # one launch for these outputs (all their parts) per kernel, then the species sums
-        launches, done = fused
-        kernels = pk[1]
-        for j, (parts, plan) in enumerate(zip(kernels, launches)):
-            names = ", ".join(dict.fromkeys(op.compiled[k].output.name for k, _ in parts))
-            if len(kernels) > 1:
-                names += f" {j + 1}/{len(kernels)}"
-            yield _Launch(names, "atom pass", "unrolled", sum(t.num_terms for _, t in parts),
-                          max(t.num_slots for _, t in parts), plan)
-        for k in done:
-            if op.compiled[k].species_output:
-                yield _Launch(op.compiled[k].output.name, "species sum", "segment", 0, 0,
-                              segment.plan_segment_sum(outs[k], idx, idx, outs[k][:2]))
-    for i, comp in enumerate(op.compiled):
-        if i in done:
-            continue
-        out = outs[i]
-        shape = "atom partial" if comp.species_output else "atom"
-        yield from _output_launches(comp, dtype, shape, _cuda.plans(comp, arrays, idx, channels, out, host=True))
-        if comp.species_output:
-            yield _Launch(comp.output.name, "species sum", "segment", 0, 0, segment.plan_segment_sum(out, idx, idx, out[:2]))
-
-
 def kernel_resources(ops: Sequence[tuple[str, object]], dtype: str, variant: str = "auto",
                      cc: tuple[int, int] = (9, 0), ptxas: str | None = "auto", channels: int = 128,
                      progress: bool = False, family: str = "") -> list[KernelResources]:
@@ -339,7 +205,7 @@ def kernel_resources(ops: Sequence[tuple[str, object]], dtype: str, variant: str
     rows: list[KernelResources] = []
     with _kernel_variant(variant):
         for label, op in ops:
-            for launch in _plans(op, dtype, channels):
+            for launch in launches(op, dtype, channels):
                 if launch.plan is None:
                     continue
                 kernel, _, tpb, args = launch.plan
@@ -401,11 +267,11 @@ def format_table(rows: Sequence[KernelResources]) -> str:
                      f"{opt(r.sass_instructions):>6s} {opt(r.sass_fp):>6s} {opt(r.sass_per_term, '{:.1f}'):>6s} "
                      f"{opt(r.registers):>5s} {spill:>8s} {opt(r.shared_bytes):>7s} {opt(r.occupancy, '{:.2f}'):>5s} "
                      f"{r.compile_s:7.1f}s")
-    launches = launches_per_pass(rows)
-    if launches:
+    per_pass = launches_per_pass(rows)
+    if per_pass:
         lines += ["", "launches per pass (one op instance; a training step runs forward, backward and double backward):"]
         lines += [f"  {fam} [{variant}, {dtype}]: " + ", ".join(f"{p} {n}" for p, n in passes.items())
-                  for (fam, variant, dtype), passes in launches.items()]
+                  for (fam, variant, dtype), passes in per_pass.items()]
     return "\n".join(lines)
 
 
@@ -418,9 +284,8 @@ def launches_per_pass(rows: Sequence[KernelResources]) -> dict[tuple[str, str, s
     return out
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser("kernels", help="kernel tools: static resource report (PTX + ptxas, no GPU needed)")
-    ks = p.add_subparsers(dest="kernels_cmd", metavar="CMD")
+def register(ks) -> None:
+    """``workbench kernels resources`` (``ks``: the ``kernels`` command's subparsers)."""
     r = ks.add_parser("resources", help="compile the paper config's kernels to PTX; registers, spills, occupancy")
     r.add_argument("--cc", default="9.0", help="compute capability (default 9.0, H100)")
     r.add_argument("--variant", choices=("auto", "unrolled", "table", "both"), default="both",
@@ -433,7 +298,6 @@ def register(subparsers) -> None:
     r.add_argument("--correlation", type=int, default=3, help="body order of the contraction (default %(default)s)")
     r.add_argument("--json", default="kernels/results/kernel_resources_sm{cc}.json", help="output JSON ('' for none)")
     r.set_defaults(func=_main)
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
 def _main(args) -> int:

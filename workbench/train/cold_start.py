@@ -1,0 +1,226 @@
+"""``workbench bench cold-start``: from ``accelerate()`` on a node with an empty kernel cache to the
+first optimizer step.
+
+A fresh process per measurement, each with the kernel cache it is given:
+
+* ``cold``: an empty cache folder. On a GPU the clock runs from ``accelerate(model)`` (which
+  compiles every kernel of a force-training step in parallel processes,
+  :mod:`workbench.kernels.precompile`) through the first step (energy + force loss, backward,
+  Adam step, synchronised). Without a GPU the same kernels are compiled to PTX and assembled by
+  ``ptxas`` for sm_90 in the same worker processes (what a GPU node pays for the compile), and
+  the clock stops there.
+* ``warm``: the same cache again, as the next job on a shared filesystem finds it.
+* ``serial`` (``--serial``): an empty cache, one worker: what compiling kernel after kernel costs.
+
+Model: the paper configuration (128x0e+128x1o, max_ell 3, correlation 3, two layers) on a
+periodic water box (3072 atoms by default). JSON (``kernels/results/cold_start_<machine>.json``):
+``{"machines": {"<name>": {"seconds": <cold>, "runs": {...}}}}``, merged with what is there.
+
+    workbench bench cold-start                       # here: PTX + ptxas, 2 cores
+    workbench bench cold-start --serial --workers 16 # on a GPU node
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["cold_start", "format_table", "measure"]
+
+#: the issue's target, seconds from accelerate() to the first optimizer step (paper config, float32)
+TARGET_S = 60.0
+DEFAULT_OUT = "kernels/results/cold_start_{machine}.json"
+
+
+def _machine_name() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+    else:
+        name = f"cpu-{_usable_cores()}-cores"
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _generated_kernel_stats() -> dict[str, int]:
+    """How the generated kernels loaded so far got their machine code: ``compiled`` in this
+    process, or ``loaded`` from numba's cache."""
+    from workbench.kernels.precompile import GENERATED_PREFIX
+
+    hits = misses = 0
+    for name, mod in list(sys.modules.items()):
+        kernel = getattr(mod, "kernel", None) if name.startswith(GENERATED_PREFIX) else None
+        if kernel is not None and hasattr(kernel, "_cache_hits"):
+            hits += sum(kernel._cache_hits.values())
+            misses += sum(kernel._cache_misses.values())
+    return {"compiled_in_process": misses, "loaded_from_cache": hits}
+
+
+def _step(model, batch: dict, optimizer) -> float:
+    optimizer.zero_grad(set_to_none=True)
+    out = model(dict(batch), training=True, compute_force=True)
+    loss = out["energy"].pow(2).mean() + out["forces"].pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    return float(loss.detach())
+
+
+def measure(hidden: str, max_ell: int, correlation: int, atoms: int, dtype: str, target: str,
+            workers: int | None) -> dict[str, Any]:
+    """One measurement in this process (the kernel cache is whatever ``$WORKBENCH_KERNEL_CACHE`` says)."""
+    t_import = time.perf_counter()
+    import torch
+
+    from workbench.kernels import accelerate
+    from workbench.kernels.mace.accelerate import precompile_model
+    from workbench.kernels.tools.bench import random_scaleshift_mace
+    from workbench.train.bench_cpu import system_batch
+
+    device = "cuda" if target == "device" else "cpu"
+    batch, zs, info = system_batch(f"water-{atoms}", dtype)
+    batch = {k: v.to(device) for k, v in batch.items()}
+    model = random_scaleshift_mace(hidden, max_ell, correlation, zs, info["edges"] / info["atoms"],
+                                   getattr(torch, dtype), device)
+    res: dict[str, Any] = {"setup_s": round(time.perf_counter() - t_import, 2), "atoms": info["atoms"],
+                           "edges": info["edges"], "target": target}
+    t0 = time.perf_counter()
+    model = accelerate(model, backend="numba", precompile=False)
+    report = precompile_model(model, target=target, workers=workers)
+    res["precompile"] = report.as_dict()
+    res["precompile_s"] = round(time.perf_counter() - t0, 2)
+    if target == "device":
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        t1 = time.perf_counter()
+        res["loss"] = _step(model, batch, optimizer)
+        torch.cuda.synchronize()
+        res["first_step_s"] = round(time.perf_counter() - t1, 2)
+        t2 = time.perf_counter()
+        _step(model, batch, optimizer)
+        torch.cuda.synchronize()
+        res["second_step_s"] = round(time.perf_counter() - t2, 3)
+        res["seconds"] = round(t2 - t0, 2)
+        res.update(_generated_kernel_stats())
+    else:
+        res["seconds"] = res["precompile_s"]
+    return res
+
+
+def _run_child(args: dict, cache: Path) -> dict:
+    """:func:`measure` in a fresh interpreter with ``cache`` as its kernel cache."""
+    env = {**os.environ, "WORKBENCH_KERNEL_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "workbench.train.cold_start", "--child", json.dumps(args)],
+                          stdout=subprocess.PIPE, stderr=None, text=True, env=env, timeout=3600)
+    if proc.returncode != 0:
+        return {"error": f"child exited {proc.returncode}", "wall_s": round(time.perf_counter() - t0, 1)}
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res["process_wall_s"] = round(time.perf_counter() - t0, 2)
+    return res
+
+
+def cold_start(hidden: str = "128x0e+128x1o", max_ell: int = 3, correlation: int = 3, atoms: int = 3072,
+               dtype: str = "float32", target: str = "auto", workers: int | None = None, serial: bool = False,
+               cache: str | None = None) -> dict[str, Any]:
+    """Measure ``cold`` (and ``warm``, and with ``serial`` one worker from empty) in fresh processes.
+    ``target``: ``"device"`` (a GPU), ``"ptx"`` (no GPU needed) or ``"auto"``. ``cache``: the
+    folder for the cold run (must be empty or absent; default a new temporary folder)."""
+    import torch
+
+    if target == "auto":
+        target = "device" if torch.cuda.is_available() else "ptx"
+    args = dict(hidden=hidden, max_ell=max_ell, correlation=correlation, atoms=atoms, dtype=dtype, target=target,
+                workers=workers)
+    runs: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="wb-kernel-cache-") as tmp:
+        folder = Path(cache) if cache else Path(tmp) / "cold"
+        if folder.exists() and any(folder.iterdir()):
+            raise ValueError(f"cold start: {folder} is not empty; a cold start needs an empty kernel cache")
+        print(f"cold start: {target}, kernel cache {folder} (empty)", file=sys.stderr, flush=True)
+        runs["cold"] = _run_child(args, folder)
+        print("warm start: the same cache again", file=sys.stderr, flush=True)
+        runs["warm"] = _run_child(args, folder)
+        if serial:
+            print("serial: one worker, empty cache", file=sys.stderr, flush=True)
+            runs["serial"] = _run_child({**args, "workers": 1}, Path(tmp) / "serial")
+    cold = runs["cold"]
+    return {"seconds": cold.get("seconds"), "target_s": TARGET_S, "what": _what(target), "config": args,
+            "cores": _usable_cores(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "machine": platform.node(), "runs": runs}
+
+
+def _what(target: str) -> str:
+    if target == "device":
+        return "accelerate() with an empty kernel cache to the end of the first optimizer step (synchronised)"
+    return ("accelerate() with an empty kernel cache to every kernel of a force-training step compiled to PTX and "
+            "assembled by ptxas for sm_90 (no GPU here: the first step itself is not run)")
+
+
+def format_table(name: str, res: dict) -> str:
+    lines = [f"cold start on {name} ({res['cores']} cores, {res['what']}):"]
+    for run, r in res["runs"].items():
+        if "error" in r:
+            lines.append(f"  {run:7s} error: {r['error']}")
+            continue
+        p = r["precompile"]
+        extra = f", first step {r['first_step_s']} s" if "first_step_s" in r else ""
+        extra += f", {r['compiled_in_process']} kernels compiled in process" if "compiled_in_process" in r else ""
+        lines.append(f"  {run:7s} {r['seconds']:7.1f} s  ({p['compiled']} compiled / {p['cached']} cached on "
+                     f"{p['workers']} workers in {r['precompile_s']} s{extra})")
+    ok = res["seconds"] is not None and res["seconds"] <= TARGET_S
+    lines.append(f"  target <= {TARGET_S:.0f} s: {'met' if ok else 'NOT met'}")
+    return "\n".join(lines)
+
+
+def _main(args) -> int:
+    res = cold_start(args.hidden, args.max_ell, args.correlation, args.atoms, args.dtype, args.target,
+                     args.workers, args.serial, args.cache)
+    name = args.name or _machine_name()
+    print(format_table(name, res))
+    if args.out:
+        path = Path(args.out.format(machine=name))
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data.setdefault("machines", {})[name] = res
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=1))
+        print(f"wrote {path}")
+    return 0
+
+
+def register_bench(bench_subparsers) -> None:
+    p = bench_subparsers.add_parser("cold-start", help="accelerate() with an empty kernel cache to the first optimizer step")
+    p.add_argument("--hidden", default="128x0e+128x1o")
+    p.add_argument("--max-ell", type=int, default=3)
+    p.add_argument("--correlation", type=int, default=3)
+    p.add_argument("--atoms", type=int, default=3072, help="periodic water box size (a multiple of 3)")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--target", choices=("auto", "device", "ptx"), default="auto",
+                   help="device: a GPU, to the first step; ptx: PTX + ptxas for sm_90, no GPU needed")
+    p.add_argument("--workers", type=int, default=None, help="compile processes (default: the usable cores)")
+    p.add_argument("--serial", action="store_true", help="also time one worker from an empty cache")
+    p.add_argument("--cache", default=None,
+                   help="kernel cache folder for the cold and warm runs (empty or absent; default: a temporary folder)")
+    p.add_argument("--name", default=None, help="machine name in the JSON (default: the GPU's, else cpu-<cores>-cores)")
+    p.add_argument("--out", default=DEFAULT_OUT, help="JSON ('' for none; {machine} is replaced)")
+    p.set_defaults(func=_main)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        print(json.dumps(measure(**json.loads(sys.argv[2]))), flush=True)
+        sys.exit(0)
+    sys.exit(f"usage: {sys.argv[0]} is run by `workbench bench cold-start`")
