@@ -248,6 +248,146 @@ def test_kernel_app_without_gpu_disables_the_button():
     assert "timings from" in app.children[1].value
 
 
+# ---------------------------------------------------------------- measured GPU rows: numba / cueq / e3nn
+RESULTS = ROOT / "kernels" / "results"
+H100_FILES = ("symmetric_contraction_gpu_h100_paper.json", "symmetric_contraction_gpu_h100_128x2e.json",
+              "channelwise_tp_gpu_h100_paper.json", "channelwise_tp_gpu_h100_128x2e.json", "train_step_gpu_h100.json")
+
+
+def _panel(fig, title: str) -> tuple[list, list]:
+    """Traces and annotations of the subplot whose title starts with ``title``."""
+    titles = [a.text for a in fig.layout.annotations if a.xref == "paper" and a.yref == "paper"]
+    i = next(k for k, t in enumerate(titles) if t.startswith(title))
+    axis = "x" if i == 0 else f"x{i + 1}"
+    return ([t for t in fig.data if t.xaxis == axis], [a for a in fig.layout.annotations if a.xref == axis])
+
+
+@pytest.fixture(scope="module")
+def h100_pass_figure():
+    return viz.gpu_pass_figure(RESULTS)
+
+
+def test_gpu_pass_figure_has_every_backend_for_the_paper_config(h100_pass_figure):
+    fig = h100_pass_figure
+    assert "NVIDIA H100 80GB HBM3" in fig.layout.title.text
+    for op in ("symmetric contraction", "channelwise TP"):
+        traces, notes = _panel(fig, f"{op} · paper (128x0e+128x1o) · float32")
+        bars = {t.name: t for t in traces if t.type == "bar"}
+        assert set(bars) == {"numba", "cueq", "e3nn"}
+        assert all(bars[b].x == ("forward", "forward + backward", "double backward") for b in bars)
+        ratios = [a.text for a in notes if a.text.startswith("numba/cueq")]
+        assert len(ratios) == 3
+    rows = json.loads((RESULTS / "symmetric_contraction_gpu_h100_paper.json").read_text())["runs"]
+    ms = {r["backend"]: r["median_ms"] for r in rows if (r.get("dtype"), r.get("target"), r.get("pass"))
+          == ("float32", "contraction", "double_backward")}
+    traces, notes = _panel(fig, "symmetric contraction · paper (128x0e+128x1o) · float32")
+    numba = next(t for t in traces if t.name == "numba")
+    assert numba.y[2] == pytest.approx(ms["numba"])
+    assert any(f"{ms['numba'] / ms['cueq']:.2f}" in a.text for a in notes)
+
+
+def test_gpu_pass_figure_marks_missing_rows(h100_pass_figure):
+    fig = h100_pass_figure
+    traces, _ = _panel(fig, "symmetric contraction · 128x2e (128x0e+128x1o+128x2e) · float32")
+    stub = next(t for t in traces if t.name == "cueq (not measured)")
+    assert stub.x == ("double backward",) and stub.text == ("not measured",)
+    assert "never finished" in stub.hovertext[0].replace("<br>", " ")
+    logged = next(t for t in traces if t.name == "numba")
+    assert set(logged.marker.pattern.shape) == {"/"}  # recovered from the run's log: hatched
+    cueq = next(t for t in traces if t.name == "cueq")
+    assert "2 rows in the file" in cueq.hovertext[0]  # two runs wrote cueq's forward: the first is shown
+    texts = [a.text for a in fig.layout.annotations]
+    assert any(t.startswith("not measured<br>") and "cueq" in t for t in texts)  # 128x2e float64: nothing measured
+    assert any("no result file" in t and "symmetric contraction 256x0e+256x1o" in t
+               and "channelwise TP 256x0e+256x1o" in t for t in texts)
+
+
+def test_gpu_missing_rows_on_the_h100_files():
+    missing = viz.gpu_missing_rows(RESULTS)
+    for line in ("symmetric_contraction 256x0e+256x1o float32: no result file",
+                 "channelwise_tp 256x0e+256x1o float64: no result file",
+                 "train step water-768 float32 numba, cueq, e3nn: not measured (time budget)",
+                 "train step mixture-3072 float32 e3nn: not measured (time budget)"):
+        assert line in missing
+    db = [m for m in missing if m.startswith("symmetric_contraction 128x0e+128x1o+128x2e float32 cueq double_backward")]
+    assert len(db) == 1 and "never finished" in db[0]
+    assert any(m.startswith("channelwise_tp 128x0e+128x1o+128x2e float32 cueq: not measured") for m in missing)
+    assert not any(m.startswith(("channelwise_tp 128x0e+128x1o float", "train step water-3072")) for m in missing)
+    sources = viz.gpu_sources(RESULTS)
+    assert sources[0].startswith("symmetric_contraction paper: symmetric_contraction_gpu_h100_paper.json (NVIDIA H100")
+    assert sources[-1].startswith("train step: train_step_gpu_h100.json")
+
+
+def test_gpu_step_figure_marks_skipped_workloads():
+    fig = viz.gpu_step_figure(RESULTS)
+    assert "NVIDIA H100 80GB HBM3" in fig.layout.title.text
+    steps = json.loads((RESULTS / "train_step_gpu_h100.json").read_text())["steps"]
+    traces, notes = _panel(fig, "median step time · float32")
+    bars = {t.name: t for t in traces if t.type == "bar"}
+    assert {"numba", "cueq", "e3nn"} <= set(bars)
+    i = bars["numba"].x.index("water-3072")
+    assert bars["numba"].y[i] == pytest.approx(steps["float32"]["water-3072"]["backends"]["numba"]["step_ms_median"])
+    assert bars["e3nn (not measured)"].x == ("mixture-3072",)
+    assert bars["e3nn (not measured)"].text == ("not measured: time budget",)
+    gone = next(t for t in traces if t.type == "scatter")
+    assert set(gone.x) == {"water-768", "water-1536", "water-6144"}
+    assert all(t == "not measured:<br>time budget" for t in gone.text)
+    assert len([a for a in notes if a.text.startswith("numba/cueq")]) == 2
+    memory, _ = _panel(fig, "peak memory · float32")
+    e3nn = next(t for t in memory if t.name == "e3nn")
+    assert e3nn.y[0] == pytest.approx(steps["float32"]["water-3072"]["backends"]["e3nn"]["peak_mem_gb"])
+    assert any("float64: mixture-3072, water-768" in a.text and "not run at float64" in a.text
+               for a in fig.layout.annotations)
+
+
+def test_gpu_profile_figure_and_table():
+    saved = json.loads((RESULTS / "train_step_gpu_h100.json").read_text())
+    prof = saved["profile"]
+    fig = viz.gpu_profile_figure(RESULTS)
+    bar = fig.data[0]
+    assert len(bar.y) == len(prof["categories"]) and bar.y[0] == prof["top5"][0][0]
+    coloured = [name for name, c in zip(bar.y, bar.marker.color) if c != "#bbb"]
+    assert set(coloured) == {name for name, _ in prof["top5"]}
+    assert sum(bar.x) == pytest.approx(100, abs=0.5)
+    table = viz.gpu_results_table(RESULTS)
+    sc = next(r for r in table if (r["what"], r["dtype"], r["pass"]) ==
+              ("symmetric_contraction paper", "float32", "double_backward"))
+    assert sc["numba/cueq"] == pytest.approx(sc["numba ms"] / sc["cueq ms"]) and sc["numba/cueq"] < 1
+    step = next(r for r in table if r["what"] == "train step water-3072" and r["dtype"] == "float32")
+    assert step["numba/e3nn"] == pytest.approx(saved["steps"]["float32"]["water-3072"]["ratios"]["numba/e3nn"])
+    assert not any(r["what"].startswith("train step water-768") for r in table)  # not measured: not a row
+    text = viz.format_gpu_table(table)
+    assert "train step water-3072" in text and "from log: numba, e3nn" in text
+
+
+def test_gpu_rows_in_a_synthetic_directory(tmp_path):
+    d = tmp_path / "results"
+    d.mkdir()
+    for name in H100_FILES:
+        shutil.copy(RESULTS / name, d)
+    (d / "channelwise_tp_gpu_h100_paper.json").unlink()
+    older = json.loads((RESULTS / "symmetric_contraction_gpu_h100_paper.json").read_text())
+    older.update(device_name="<b>Old</b> GPU", timestamp="20200101T000000Z")
+    older["runs"] = [{"backend": "cueq", "dtype": "float32", "skipped": "ImportError: <no cueq>"}]
+    (d / "symmetric_contraction_gpu_old.json").write_text(json.dumps(older))
+    missing = viz.gpu_missing_rows(d)
+    assert "channelwise_tp 128x0e+128x1o float32: no result file" in missing
+    assert "channelwise_tp 128x0e+128x1o float64: no result file" in missing
+    assert not any(m.startswith("symmetric_contraction 128x0e+128x1o float32") for m in missing)  # newest file won
+    fig = viz.gpu_pass_figure(d)
+    assert any("channelwise TP 128x0e+128x1o" in a.text and "no result file" in a.text for a in fig.layout.annotations)
+    # The older file alone: its skipped cueq row says why, and its strings are escaped.
+    old = viz.gpu_missing_rows(d, gpu="old")
+    assert "symmetric_contraction 128x0e+128x1o float32 cueq: not measured (skipped: ImportError: <no cueq>)" in old
+    assert "train step: no result file (train_step_gpu_*.json)" in old
+    fig = viz.gpu_pass_figure(d, gpu="old")
+    assert "&lt;b&gt;Old&lt;/b&gt; GPU" in fig.layout.title.text and "<b>Old" not in fig.layout.title.text
+    assert any("&lt;no cueq&gt;" in a.text for a in fig.layout.annotations)
+    assert "no result file" in viz.gpu_step_figure(d, gpu="old").layout.annotations[0].text
+    assert "not measured" in viz.gpu_profile_figure(d, gpu="old").layout.annotations[0].text
+    assert viz.gpu_results_table(d, gpu="old") == [] and viz.format_gpu_table([]) == "no measured GPU rows"
+
+
 # ---------------------------------------------------------------- scaling projection
 def test_allreduce_model():
     ar = viz.AllReduceModel()

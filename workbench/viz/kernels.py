@@ -45,14 +45,44 @@ def _lookup(d: dict | None, *keys):
     return d
 
 
-def read_kernel_results(directory: str | Path | None = None, files: Iterable[str | Path] | None = None
-                        ) -> tuple[list[dict], list[str]]:
+def _run_record(common: dict, data: dict, run: dict) -> dict:
+    """One timed run as a record (see :func:`read_kernel_results`), with its FLOP/byte counts where known."""
+    dtype, kind = run.get("dtype"), run.get("pass")
+    sec = float(run["median_ms"]) * 1e-3
+    # The descriptor counts the kernel alone; whole-block targets (products0, ...) also run
+    # linear layers, so they get no FLOP/byte counts and stay off the roofline.
+    counted = not str(run.get("target") or "").startswith(BLOCK_TARGETS)
+    flops = run.get("flops") or (_lookup(data, "descriptor", dtype, "flops", kind) if counted else None)
+    nbytes = run.get("bytes") or run.get("min_bytes") or \
+        (_lookup(data, "descriptor", dtype, "min_bytes", kind) if counted else None)
+    rec = dict(common, backend=run.get("backend", "?"), dtype=dtype, target=run.get("target", common["bench"]),
+               **{"pass": kind}, median_ms=float(run["median_ms"]), min_ms=run.get("min_ms"),
+               flops=float(flops) if flops else None, bytes=float(nbytes) if nbytes else None,
+               peak_mem_mb=run.get("peak_mem_MB"), source=run.get("source"))
+    rec["gflops"] = rec["flops"] / sec / 1e9 if rec["flops"] and sec > 0 else None
+    rec["gbps"] = rec["bytes"] / sec / 1e9 if rec["bytes"] and sec > 0 else None
+    rec["intensity"] = rec["flops"] / rec["bytes"] if rec["flops"] and rec["bytes"] else None
+    return rec
+
+
+def _file_common(path: Path, data: dict) -> dict:
+    device = str(data.get("device", "unknown"))
+    return {"file": path.name, "bench": _bench_name(path, data), "label": data.get("label", ""),
+            "device": device, "device_name": data.get("device_name", device),
+            "gpu": device.startswith("cuda") or "gpu" in path.stem.lower(),
+            "timestamp": data.get("timestamp"), "config": data.get("config", {}), "stopped": data.get("stopped")}
+
+
+def read_kernel_results(directory: str | Path | None = None, files: Iterable[str | Path] | None = None,
+                        include_skipped: bool = False) -> tuple[list[dict], list[str]]:
     """Flatten result files into records; returns ``(records, notes)``.
 
     Each record: ``file, bench, label, device, device_name, gpu (bool), timestamp,
-    backend, dtype, target, pass, median_ms, min_ms, flops, bytes,
-    gflops (achieved), gbps (achieved), intensity (FLOP/byte)``; fields a file
-    does not have are ``None``. Skipped or failed runs become notes.
+    config, stopped, backend, dtype, target, pass, median_ms, min_ms, flops, bytes,
+    peak_mem_mb, source, gflops (achieved), gbps (achieved), intensity (FLOP/byte)``;
+    fields a file does not have are ``None``. Skipped or failed runs become notes,
+    and with ``include_skipped`` also records with ``median_ms=None`` and their
+    ``skipped`` or ``error`` text (so a view can say why a row is missing).
     """
     directory = Path(directory) if directory is not None else RESULTS_DIR
     paths = sorted(Path(f) for f in files) if files is not None else sorted(directory.glob("*.json"))
@@ -68,37 +98,21 @@ def read_kernel_results(directory: str | Path | None = None, files: Iterable[str
         if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
             notes.append(f"{path.name}: no 'runs' list, skipped")
             continue
-        device = str(data.get("device", "unknown"))
-        common = {"file": path.name, "bench": _bench_name(path, data), "label": data.get("label", ""),
-                  "device": device, "device_name": data.get("device_name", device),
-                  "gpu": device.startswith("cuda") or "gpu" in path.stem.lower(),
-                  "timestamp": data.get("timestamp"), "config": data.get("config", {})}
+        common = _file_common(path, data)
         for run in data["runs"]:
             if not isinstance(run, dict):
                 continue
             if "skipped" in run or "error" in run:
-                why = run.get("skipped") or run.get("error")
+                why = str(run.get("skipped") or run.get("error")).splitlines()[0][:160]
                 notes.append(f"{path.name}: {run.get('backend', '?')} {run.get('dtype', '')} "
-                             f"{run.get('target', '')} {run.get('pass', '')} — {str(why).splitlines()[0][:160]}")
+                             f"{run.get('target', '')} {run.get('pass', '')} — {why}")
+                if include_skipped:
+                    records.append(dict(common, backend=run.get("backend", "?"), dtype=run.get("dtype"),
+                                        target=run.get("target"), median_ms=None, **{"pass": run.get("pass")},
+                                        **{k: why for k in ("skipped", "error") if k in run}))
                 continue
-            median = run.get("median_ms")
-            if median is None:
-                continue
-            dtype, kind = run.get("dtype"), run.get("pass")
-            sec = float(median) * 1e-3
-            # The descriptor counts the kernel alone; whole-block targets (products0, ...) also run
-            # linear layers, so they get no FLOP/byte counts and stay off the roofline.
-            counted = not str(run.get("target") or "").startswith(BLOCK_TARGETS)
-            flops = run.get("flops") or (_lookup(data, "descriptor", dtype, "flops", kind) if counted else None)
-            nbytes = run.get("bytes") or run.get("min_bytes") or \
-                (_lookup(data, "descriptor", dtype, "min_bytes", kind) if counted else None)
-            rec = dict(common, backend=run.get("backend", "?"), dtype=dtype, target=run.get("target", common["bench"]),
-                       **{"pass": kind}, median_ms=float(median), min_ms=run.get("min_ms"),
-                       flops=float(flops) if flops else None, bytes=float(nbytes) if nbytes else None)
-            rec["gflops"] = rec["flops"] / sec / 1e9 if rec["flops"] and sec > 0 else None
-            rec["gbps"] = rec["bytes"] / sec / 1e9 if rec["bytes"] and sec > 0 else None
-            rec["intensity"] = rec["flops"] / rec["bytes"] if rec["flops"] and rec["bytes"] else None
-            records.append(rec)
+            if run.get("median_ms") is not None:
+                records.append(_run_record(common, data, run))
     if not paths:
         notes.append(f"{directory}: no result files yet")
     return records, notes
