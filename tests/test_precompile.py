@@ -201,3 +201,13 @@ def test_cold_start_bench_times_the_compile_from_an_empty_cache(tmp_path):
     assert (warm["precompile"]["compiled"], warm["precompile"]["cached"]) == (0, 12)
     assert warm["seconds"] < cold["seconds"]
     assert "target <= 60 s" in res.stdout
+
+
+def test_workers_of_a_rank_compile_on_its_own_gpu(monkeypatch):
+    from workbench.kernels.precompile import _visible_device
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert _visible_device(3) == "3" and _visible_device(None) is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert _visible_device(1) == "5"
+    assert _visible_device(6) is None  # an index the mask does not hold: leave the environment alone

@@ -208,11 +208,23 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _start_worker(target: str, cc: tuple[int, int] | None) -> subprocess.Popen:
+def _visible_device(index: int | None) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` for a worker compiling for this process's device ``index``, so
+    that the workers of rank 3 make their contexts on GPU 3, not all on GPU 0."""
+    if index is None:
+        return None
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return visible[index] if index < len(visible) else (None if visible else str(index))
+
+
+def _start_worker(target: str, cc: tuple[int, int] | None, device_index: int | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "workbench.kernels.precompile", "--worker", "--target", target]
     if cc is not None:
         cmd += ["--cc", f"{cc[0]}.{cc[1]}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    visible = _visible_device(device_index) if target == "device" else None
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
     return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True, bufsize=1, env=env)
 
@@ -239,14 +251,14 @@ def _serve(proc: subprocess.Popen, todo: "queue.Queue[KernelJob]", done: "queue.
 
 
 def _compile_all(todo: list[KernelJob], workers: int, target: str, cc, folder: Path, tid: str,
-                 report: PrecompileReport, progress: bool) -> None:
+                 report: PrecompileReport, progress: bool, device_index: int | None = None) -> None:
     from workbench.progress import bar
 
     jobs: "queue.Queue[KernelJob]" = queue.Queue()
     for job in todo:
         jobs.put(job)
     done: "queue.Queue[tuple]" = queue.Queue()
-    threads = [threading.Thread(target=_serve, args=(_start_worker(target, cc), jobs, done), daemon=True)
+    threads = [threading.Thread(target=_serve, args=(_start_worker(target, cc, device_index), jobs, done), daemon=True)
                for _ in range(workers)]
     for t in threads:
         t.start()
@@ -301,7 +313,8 @@ def precompile(ops: Sequence[OpSite], dtype: str, *, device: Any = None, target:
         report.cached = len(jobs) - len(todo)
         if todo:
             report.workers = max(1, min(len(todo), workers or int(os.environ.get(WORKERS_ENV) or 0) or _usable_cores()))
-            _compile_all(todo, report.workers, target, cc, folder, tid, report, progress)
+            index = getattr(device, "index", None) if target == "device" else None
+            _compile_all(todo, report.workers, target, cc, folder, tid, report, progress, index)
     report.seconds = round(time.perf_counter() - t0, 3)
     return report
 
