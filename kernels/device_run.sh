@@ -36,7 +36,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
   CONFIGS="4x0e+4x1o"
 else
   F64_WORKLOAD=water-3072; DEV=cuda; SC_ARGS=${SC_ARGS:-"--warmup 2 --repeats 10"}; TP_ARGS=${TP_ARGS:-"--warmup 2 --repeats 10"}
-  STEP_ARGS="--preset gpu --warmup 5 --repeats 8"  # 5: TorchScript optimises mace's graphs at the 3rd and 4th call
+  STEP_ARGS="--preset gpu --repeats 8"
   COLD_ARGS=""; CONFIGS=${CONFIGS:-"128x0e+128x1o 128x0e+128x1o+128x2e 256x0e+256x1o"}
 fi
 

@@ -33,7 +33,6 @@ import os
 import queue
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -41,17 +40,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from workbench.kernels.backends.unrolled import GENERATED_PREFIX
 from workbench.kernels.launches import OpSite
 
 __all__ = ["PRECOMPILE_ENV", "WORKERS_ENV", "KernelJob", "PrecompileReport", "kernel_jobs", "node_lock",
-           "precompile", "target_id"]
+           "precompile", "target_id", "usable_cores"]
 
 #: ``0`` turns ahead-of-time compilation off (kernels then compile at their first launch)
 PRECOMPILE_ENV = "WORKBENCH_PRECOMPILE"
 #: worker processes (default: the cores this process may use)
 WORKERS_ENV = "WORKBENCH_PRECOMPILE_WORKERS"
-#: prefix of the generated kernel modules (:func:`~workbench.kernels.backends.unrolled._compile`)
-GENERATED_PREFIX = "workbench_unrolled"
 
 
 @dataclass(frozen=True)
@@ -201,7 +199,8 @@ def _marker(folder: Path, target: str, job: KernelJob) -> Path:
 
 
 # ----------------------------------------------------------------------------- workers
-def _usable_cores() -> int:
+def usable_cores() -> int:
+    """The cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -312,7 +311,7 @@ def precompile(ops: Sequence[OpSite], dtype: str, *, device: Any = None, target:
         todo = [j for j in jobs if not _marker(folder, tid, j).exists()]
         report.cached = len(jobs) - len(todo)
         if todo:
-            report.workers = max(1, min(len(todo), workers or int(os.environ.get(WORKERS_ENV) or 0) or _usable_cores()))
+            report.workers = max(1, min(len(todo), workers or int(os.environ.get(WORKERS_ENV) or 0) or usable_cores()))
             index = getattr(device, "index", None) if target == "device" else None
             _compile_all(todo, report.workers, target, cc, folder, tid, report, progress, index)
     report.seconds = round(time.perf_counter() - t0, 3)
@@ -334,13 +333,10 @@ def _compile_job(path: str, signature: Sequence, target: str, cc: tuple[int, int
 
     ptx, _ = cuda.compile_ptx(kernel.py_func, types, cc=cc)
     if ptxas:
-        with tempfile.TemporaryDirectory() as d:
-            src = Path(d) / "k.ptx"
-            src.write_text(ptx)
-            res = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-o", str(Path(d) / "k.cubin"), str(src)],
-                                 capture_output=True, text=True, timeout=900)
-            if res.returncode != 0:
-                raise RuntimeError(f"ptxas failed: {res.stderr.strip()[-2000:]}")
+        from workbench.kernels.backends.toolkit import assembled
+
+        with assembled(ptx, cc, ptxas, timeout=900):
+            pass
     return time.perf_counter() - t0
 
 

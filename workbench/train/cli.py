@@ -201,7 +201,7 @@ def _register_bench_step(bench_sub) -> None:
 
     options = {  # flag -> argparse keywords
         "--preset": {"default": "gpu", "choices": list(PRESETS),
-                     "help": "gpu: paper model, water 768-6144 atoms + the packed mixture at 3072, float32, 3 warm-up + 10 "
+                     "help": "gpu: paper model, water 768-6144 atoms + the packed mixture at 3072, float32, 5 warm-up + 10 "
                              "timed steps; smoke: small model, water-24/48 and a mixture at 96 atoms, 1 + 2 steps (a CPU "
                              "test) (default: %(default)s)"},
         "--parts": {"nargs": "+", "default": list(PARTS), "choices": list(PARTS)},

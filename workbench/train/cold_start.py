@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workbench.kernels.precompile import usable_cores
+
 __all__ = ["cold_start", "format_table", "measure"]
 
 #: the issue's target, seconds from accelerate() to the first optimizer step (paper config, float32)
@@ -46,15 +48,8 @@ def _machine_name() -> str:
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)
     else:
-        name = f"cpu-{_usable_cores()}-cores"
+        name = f"cpu-{usable_cores()}-cores"
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def _generated_kernel_stats() -> dict[str, int]:
@@ -71,15 +66,6 @@ def _generated_kernel_stats() -> dict[str, int]:
     return {"compiled_in_process": misses, "loaded_from_cache": hits}
 
 
-def _step(model, batch: dict, optimizer) -> float:
-    optimizer.zero_grad(set_to_none=True)
-    out = model(dict(batch), training=True, compute_force=True)
-    loss = out["energy"].pow(2).mean() + out["forces"].pow(2).mean()
-    loss.backward()
-    optimizer.step()
-    return float(loss.detach())
-
-
 def measure(hidden: str, max_ell: int, correlation: int, atoms: int, dtype: str, target: str,
             workers: int | None) -> dict[str, Any]:
     """One measurement in this process (the kernel cache is whatever ``$WORKBENCH_KERNEL_CACHE`` says)."""
@@ -90,6 +76,7 @@ def measure(hidden: str, max_ell: int, correlation: int, atoms: int, dtype: str,
     from workbench.kernels.mace.accelerate import precompile_model
     from workbench.kernels.tools.bench import random_scaleshift_mace
     from workbench.train.bench_cpu import system_batch
+    from workbench.train.bench_step import train_step
 
     device = "cuda" if target == "device" else "cpu"
     batch, zs, info = system_batch(f"water-{atoms}", dtype)
@@ -106,11 +93,11 @@ def measure(hidden: str, max_ell: int, correlation: int, atoms: int, dtype: str,
     if target == "device":
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
         t1 = time.perf_counter()
-        res["loss"] = _step(model, batch, optimizer)
+        res["loss"] = float(train_step(model, optimizer, batch))
         torch.cuda.synchronize()
         res["first_step_s"] = round(time.perf_counter() - t1, 2)
         t2 = time.perf_counter()
-        _step(model, batch, optimizer)
+        train_step(model, optimizer, batch)
         torch.cuda.synchronize()
         res["second_step_s"] = round(time.perf_counter() - t2, 3)
         res["seconds"] = round(t2 - t0, 2)
@@ -159,7 +146,7 @@ def cold_start(hidden: str = "128x0e+128x1o", max_ell: int = 3, correlation: int
             runs["serial"] = _run_child({**args, "workers": 1}, Path(tmp) / "serial")
     cold = runs["cold"]
     return {"seconds": cold.get("seconds"), "target_s": TARGET_S, "what": _what(target), "config": args,
-            "cores": _usable_cores(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "cores": usable_cores(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "machine": platform.node(), "runs": runs}
 
 

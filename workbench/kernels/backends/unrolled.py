@@ -688,6 +688,10 @@ u64 = numba.uint64
 """
 
 
+#: module name prefix of the generated kernels (precompile recognises them by it)
+GENERATED_PREFIX = "workbench_unrolled"
+
+
 @lru_cache(maxsize=None)
 def _compile(source: str) -> Any:
     """The kernel of ``source``, written once to a module file so that numba can cache its
@@ -697,13 +701,13 @@ def _compile(source: str) -> Any:
     from numba import cuda
 
     digest = hashlib.sha1(source.encode()).hexdigest()[:20]
-    name = f"workbench_unrolled_{digest}"
+    name = f"{GENERATED_PREFIX}_{digest}"
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or cudasim_enabled() or os.environ.get("WORKBENCH_CACHE") == "0":
         namespace: dict = {}
         exec(compile(_HEADER + source, f"<{name}>", "exec"), namespace)  # noqa: S102 (generated above)
         return cuda.jit(namespace["kernel"])
     text = _HEADER + source.replace("\ndef kernel(", "\n@cuda.jit(cache=True)\ndef kernel(", 1)
-    return load_module(text, "workbench_unrolled").kernel
+    return load_module(text, GENERATED_PREFIX).kernel
 
 
 @lru_cache(maxsize=None)

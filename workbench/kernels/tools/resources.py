@@ -25,14 +25,13 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from workbench.kernels.backends.toolkit import find_nvdisasm, find_ptxas
+from workbench.kernels.backends.toolkit import assembled, find_nvdisasm, find_ptxas
 from workbench.kernels.launches import launches, training_ops
 
 __all__ = ["KernelResources", "training_ops", "kernel_resources", "find_nvdisasm", "find_ptxas", "occupancy", "paper_ops",
@@ -131,13 +130,7 @@ _STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) b
 
 
 def _ptxas(ptx: str, cc: tuple[int, int], ptxas: str, nvdisasm: str | None = None, degree: int = 0) -> dict:
-    with tempfile.TemporaryDirectory() as d:
-        src, cubin = Path(d) / "k.ptx", Path(d) / "k.cubin"
-        src.write_text(ptx)
-        res = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-v", "-o", str(cubin), str(src)],
-                             capture_output=True, text=True, timeout=600)
-        if res.returncode != 0:
-            raise RuntimeError(f"ptxas failed ({ptxas}): {res.stderr.strip()[-2000:]}")
+    with assembled(ptx, cc, ptxas, verbose=True) as (cubin, log):
         sass = loop = None
         if nvdisasm:
             dis = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, timeout=600)
@@ -145,7 +138,6 @@ def _ptxas(ptx: str, cc: tuple[int, int], ptxas: str, nvdisasm: str | None = Non
                 raise RuntimeError(f"nvdisasm failed ({nvdisasm}): {dis.stderr.strip()[-2000:]}")
             sass = sass_counts(dis.stdout)
             loop = term_loop_sass(dis.stdout, degree) if degree else None
-    log = res.stdout + res.stderr
     reg, smem, stack = _REG.search(log), _SMEM.search(log), _STACK.search(log)
     out = {
         "registers": int(reg.group(1)) if reg else 0,
