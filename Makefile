@@ -14,7 +14,7 @@ LOCK   ?= requirements.lock
 INSTALL_FLAGS := $(if $(LOCK),-c $(LOCK),--upgrade --upgrade-strategy eager)
 STAMP  := $(VENV)/.installed$(if $(LOCK),-locked,-latest)
 
-.PHONY: demo test lab venv lock bench-packing clean-venv system-deps
+.PHONY: demo test lint lab venv lock bench-packing clean-venv system-deps
 
 $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,15 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/workbench demo
+
+# ruff lint + format check (settings in pyproject.toml); `make format` rewrites in place.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 # Tests start a real single-node SLURM (slurm-wlm + munge) and drive JupyterLab in Debian chromium.
 SYSTEM_PKGS := slurm-wlm munge chromium

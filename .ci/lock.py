@@ -39,15 +39,18 @@ def _canonical(name: str) -> str:
 
 def freeze(python: str) -> dict[str, str]:
     """Pinned versions of everything installed for ``python``, the editable project excluded."""
-    out = subprocess.run([python, "-m", "pip", "freeze", "--exclude-editable"], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [python, "-m", "pip", "freeze", "--exclude-editable"], check=True, capture_output=True, text=True
+    ).stdout
     pins = {}
     for line in out.splitlines():
         m = _PIN.match(line.strip())
         if m:
             name, version = m.groups()
             pins[name] = version.split("+")[0]  # torch 2.13.0+cpu: the local label is the wheel's, not a release
-    pip = subprocess.run([python, "-m", "pip", "--version"], check=True, capture_output=True, text=True).stdout.split()[1]
+    pip = subprocess.run([python, "-m", "pip", "--version"], check=True, capture_output=True, text=True).stdout.split()[
+        1
+    ]
     pins["pip"] = pip
     return dict(sorted(pins.items(), key=lambda kv: _canonical(kv[0])))
 
@@ -75,8 +78,16 @@ def read_environment_pins(path: Path = ENVIRONMENT) -> dict[str, str]:
 
 def write(pins: dict[str, str]) -> None:
     LOCK.write_text(LOCK_HEADER + "".join(f"{k}=={v}\n" for k, v in pins.items()))
-    lines = [ENV_HEADER, "name: cfm-workbench\n", "channels:\n", "  - conda-forge\n", "dependencies:\n",
-             f"  - python={PYTHON_SERIES}\n", f"  - pip={pins['pip']}\n", "  - pip:\n"]
+    lines = [
+        ENV_HEADER,
+        "name: cfm-workbench\n",
+        "channels:\n",
+        "  - conda-forge\n",
+        "dependencies:\n",
+        f"  - python={PYTHON_SERIES}\n",
+        f"  - pip={pins['pip']}\n",
+        "  - pip:\n",
+    ]
     lines += [f"      - {k}=={v}\n" for k, v in pins.items() if k != "pip"]
     lines.append("      - -e .[dev,lab]\n")
     ENVIRONMENT.write_text("".join(lines))

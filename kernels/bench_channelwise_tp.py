@@ -36,14 +36,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "kernels"))
 
-import workbench  # noqa: E402,F401  (env fix for e3nn before torch/e3nn imports)
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
+from bench_symmetric_contraction import _save, measured_bandwidth
 
-from workbench.kernels.tools.bench import (add_common_arguments, compare_with_e3nn, measure_pass,  # noqa: E402
-                                          backend_model, random_scaleshift_mace, run_versions)
-
-from bench_symmetric_contraction import _save, measured_bandwidth  # noqa: E402  (Kernels I helpers)
+import workbench  # noqa: F401  (env fix for e3nn before torch/e3nn imports)
+from workbench.kernels.tools.bench import (
+    add_common_arguments,
+    backend_model,
+    compare_with_e3nn,
+    measure_pass,
+    random_scaleshift_mace,
+    run_versions,
+)
 
 PASSES = ("forward", "forward_backward", "double_backward")
 #: DESIGN.md, H100, paper config, 3072 atoms, float32, interactions[1], ms (e3nn, cueq)
@@ -128,7 +133,7 @@ def descriptor_costs(block, num_nodes: int, num_edges: int, itemsize: int) -> di
     tp = block.conv_tp
     op, st = channelwise_tp_op(tp)
     C = op.channels
-    poly = op.outputs[0]
+    op.outputs[0]
     d1 = op.derivative((True, True, True))
     d2 = d1.derivative((True, True, True, True), (True, True, True))  # cotangents on grad_x, grad_Y, grad_W
 
@@ -157,10 +162,18 @@ def descriptor_costs(block, num_nodes: int, num_edges: int, itemsize: int) -> di
         mlp_flops += 2 * num_edges * shp[0] * shp[1]
     return {
         "channels": C,
-        "sparsity": {"dense": st.dense, "nonzero": st.nonzero, "terms": st.terms, "nonzero_fraction": st.nonzero_fraction,
-                     "per_instruction_l1_l2_l3_dense_nonzero": st.per_instruction},
-        "terms": {"forward": [c.num_terms for c in op.compiled], "backward": [c.num_terms for c in d1.compiled],
-                  "double_backward": [c.num_terms for c in d2.compiled]},
+        "sparsity": {
+            "dense": st.dense,
+            "nonzero": st.nonzero,
+            "terms": st.terms,
+            "nonzero_fraction": st.nonzero_fraction,
+            "per_instruction_l1_l2_l3_dense_nonzero": st.per_instruction,
+        },
+        "terms": {
+            "forward": [c.num_terms for c in op.compiled],
+            "backward": [c.num_terms for c in d1.compiled],
+            "double_backward": [c.num_terms for c in d2.compiled],
+        },
         "flops": {"forward": f_fwd, "forward_backward": f_bwd, "double_backward": f_dbl},
         "min_bytes": {"forward": b_fwd, "forward_backward": b_bwd, "double_backward": b_dbl},
         "radial_mlp": {"forward_flops": mlp_flops, "weights_bytes": itemsize * w_b, "layers": [list(s) for s in dims]},
@@ -168,15 +181,22 @@ def descriptor_costs(block, num_nodes: int, num_edges: int, itemsize: int) -> di
 
 
 def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, add_help=add_help)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, add_help=add_help
+    )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--boxes", type=int, default=4)
     ap.add_argument("--atoms-per-box", type=int, default=768)
     ap.add_argument("--cutoff", type=float, default=4.5)
     add_common_arguments(ap, PASSES)
-    ap.add_argument("--smoke", action="store_true",
-                    help="tiny CPU run (1 box of 24 atoms, 4x0e+4x1o, 2 repeats) to check the script end to end")
-    ap.add_argument("--out", default=None, help="JSON path (default kernels/results/channelwise_tp_<device>_<time>.json)")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny CPU run (1 box of 24 atoms, 4x0e+4x1o, 2 repeats) to check the script end to end",
+    )
+    ap.add_argument(
+        "--out", default=None, help="JSON path (default kernels/results/channelwise_tp_<device>_<time>.json)"
+    )
     return ap
 
 
@@ -193,69 +213,124 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
     batch, zs = water_batch(args.boxes, args.atoms_per_box, args.cutoff)
     N, E = int(batch["positions"].shape[0]), int(batch["edge_index"].shape[1])
     results = {
-        "label": ("GPU" if on_gpu else "CPU (not the GPU benchmark; correctness/smoke timing only)") + (" SMOKE" if args.smoke else ""),
-        "device": device, "device_name": dev_name, "timestamp": stamp,
-        "config": {k: getattr(args, k) for k in ("boxes", "atoms_per_box", "cutoff", "hidden", "max_ell", "correlation",
-                                                 "warmup", "repeats", "smoke")},
+        "label": ("GPU" if on_gpu else "CPU (not the GPU benchmark; correctness/smoke timing only)")
+        + (" SMOKE" if args.smoke else ""),
+        "device": device,
+        "device_name": dev_name,
+        "timestamp": stamp,
+        "config": {
+            k: getattr(args, k)
+            for k in (
+                "boxes",
+                "atoms_per_box",
+                "cutoff",
+                "hidden",
+                "max_ell",
+                "correlation",
+                "warmup",
+                "repeats",
+                "smoke",
+            )
+        },
         "graph": {"atoms": N, "edges": E, "edges_per_atom": E / max(N, 1)},
         "anchors_ms_float32": {k: {"e3nn": v[0], "cueq": v[1]} for k, v in ANCHORS_MS.items()},
         "versions": run_versions(),
-        "measured_bandwidth_GBps": measured_bandwidth(device), "runs": [],
+        "measured_bandwidth_GBps": measured_bandwidth(device),
+        "runs": [],
     }
     print(f"graph: {N} atoms, {E} edges ({E / max(N, 1):.1f} per atom), device {dev_name}", flush=True)
-    out = Path(args.out) if args.out else ROOT / "kernels" / "results" / (
-        f"channelwise_tp_{'gpu' if on_gpu else 'cpu'}{'_smoke' if args.smoke else ''}_{stamp}.json")
+    out = (
+        Path(args.out)
+        if args.out
+        else ROOT
+        / "kernels"
+        / "results"
+        / (f"channelwise_tp_{'gpu' if on_gpu else 'cpu'}{'_smoke' if args.smoke else ''}_{stamp}.json")
+    )
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
-        bdt = {k: (v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device)) for k, v in batch.items()
-               if torch.is_tensor(v)}
+        bdt = {
+            k: (v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device))
+            for k, v in batch.items()
+            if torch.is_tensor(v)
+        }
         base = random_scaleshift_mace(args.hidden, args.max_ell, args.correlation, zs, E / max(N, 1), dtype, device)
-        results.setdefault("descriptor", {})[dtype_name] = descriptor_costs(base.interactions[1], N, E, torch.finfo(dtype).bits // 8)
+        results.setdefault("descriptor", {})[dtype_name] = descriptor_costs(
+            base.interactions[1], N, E, torch.finfo(dtype).bits // 8
+        )
         snaps = {}  # (backend, pass) -> the pass's outputs, for parity against e3nn
         for backend in args.backends:
             try:
                 model = backend_model(base, backend, ("interactions.",), results, dtype_name)
                 kwargs = capture_block_inputs(model, bdt)
-            except Exception as exc:  # noqa: BLE001 (record why a backend is missing, keep going)
-                results["runs"].append({"backend": backend, "dtype": dtype_name, "skipped": f"{type(exc).__name__}: {exc}"})
+            except Exception as exc:
+                results["runs"].append(
+                    {"backend": backend, "dtype": dtype_name, "skipped": f"{type(exc).__name__}: {exc}"}
+                )
                 print(f"{dtype_name:8s} {backend:12s} skipped: {type(exc).__name__}: {exc}", flush=True)
                 continue
             _time_passes(args, model.interactions[1], kwargs, backend, dtype_name, results, snaps, out)
         for (backend, kind), entry in compare_with_e3nn(snaps):
-            print(f"{dtype_name:8s} {backend:12s} {kind:17s} max rel err vs e3nn {entry['parity_vs_e3nn']['max_rel_err']:.2e}, "
-                  f"bitwise repeatable {entry['bitwise_repeatable']}", flush=True)
+            print(
+                f"{dtype_name:8s} {backend:12s} {kind:17s} max rel err vs e3nn {entry['parity_vs_e3nn']['max_rel_err']:.2e}, "
+                f"bitwise repeatable {entry['bitwise_repeatable']}",
+                flush=True,
+            )
         _save(results, out)
     print_table(results)
     print(f"wrote {out}")
     return 0
 
 
-def _time_passes(args, block, kwargs: dict, backend: str, dtype_name: str, results: dict, snaps: dict, out: Path) -> None:
+def _time_passes(
+    args, block, kwargs: dict, backend: str, dtype_name: str, results: dict, snaps: dict, out: Path
+) -> None:
     """Every pass of ``block`` for one backend: a row each in ``results``, outputs in ``snaps``."""
     params = [p for p in block.parameters() if p.requires_grad]
     for kind in args.passes:
-        entry = {"backend": backend, "dtype": dtype_name, "pass": kind,
-                 "fused": hasattr(block, "conv_fusion"), "block_class": type(block).__name__}
-        outputs = measure_pass(lambda: pass_fn(kind, block, kwargs, params), args.device, args.warmup, args.repeats, entry)
+        entry = {
+            "backend": backend,
+            "dtype": dtype_name,
+            "pass": kind,
+            "fused": hasattr(block, "conv_fusion"),
+            "block_class": type(block).__name__,
+        }
+        outputs = measure_pass(
+            lambda: pass_fn(kind, block, kwargs, params), args.device, args.warmup, args.repeats, entry
+        )
         if outputs is not None:
             snaps[(backend, kind)] = (entry, outputs)
-            entry["message_op_min_bytes_GBps"] = results["descriptor"][dtype_name]["min_bytes"][kind] / (entry["median_ms"] * 1e-3) / 1e9
+            entry["message_op_min_bytes_GBps"] = (
+                results["descriptor"][dtype_name]["min_bytes"][kind] / (entry["median_ms"] * 1e-3) / 1e9
+            )
             if dtype_name == "float32":
                 a_e3nn, a_cueq = ANCHORS_MS[kind]
                 entry["ratio_to_anchor_e3nn"] = entry["median_ms"] / a_e3nn
                 entry["ratio_to_anchor_cueq"] = entry["median_ms"] / a_cueq
         results["runs"].append(entry)
         _save(results, out)  # every row: a step stopped at its time limit keeps what it measured
-        print(f"{dtype_name:8s} {backend:12s} {kind:17s} "
-              + (f"{entry['median_ms']:10.3f} ms" + (f"  peak {entry['peak_mem_MB']:.0f} MB" if "peak_mem_MB" in entry else "")
-                 if "median_ms" in entry else entry.get("error", "")), flush=True)
+        print(
+            f"{dtype_name:8s} {backend:12s} {kind:17s} "
+            + (
+                f"{entry['median_ms']:10.3f} ms"
+                + (f"  peak {entry['peak_mem_MB']:.0f} MB" if "peak_mem_MB" in entry else "")
+                if "median_ms" in entry
+                else entry.get("error", "")
+            ),
+            flush=True,
+        )
 
 
 def print_table(results: dict) -> None:
     """Median ms per (dtype, pass) and backend; numba's ratio to measured e3nn / cueq and to the anchors."""
     runs = [r for r in results["runs"] if "median_ms" in r]
-    backends = sorted({r["backend"] for r in runs}, key=lambda b: ("numba", "e3nn", "cueq").index(b) if b in ("numba", "e3nn", "cueq") else 9)
-    print(f"\ninteractions[1], {results['graph']['atoms']} atoms, {results['graph']['edges']} edges, {results['device_name']}")
+    backends = sorted(
+        {r["backend"] for r in runs},
+        key=lambda b: ("numba", "e3nn", "cueq").index(b) if b in ("numba", "e3nn", "cueq") else 9,
+    )
+    print(
+        f"\ninteractions[1], {results['graph']['atoms']} atoms, {results['graph']['edges']} edges, {results['device_name']}"
+    )
     head = f"{'dtype':8s} {'pass':17s} " + " ".join(f"{b + ' ms':>11s}" for b in backends)
     head += f" {'numba/e3nn':>11s} {'numba/cueq':>11s} {'/anchor e3nn':>13s} {'/anchor cueq':>13s}"
     print(head)
@@ -264,7 +339,9 @@ def print_table(results: dict) -> None:
             row = {r["backend"]: r for r in runs if r["dtype"] == dt and r["pass"] == kind}
             if not row:
                 continue
-            line = f"{dt:8s} {kind:17s} " + " ".join(f"{row[b]['median_ms']:11.3f}" if b in row else f"{'-':>11s}" for b in backends)
+            line = f"{dt:8s} {kind:17s} " + " ".join(
+                f"{row[b]['median_ms']:11.3f}" if b in row else f"{'-':>11s}" for b in backends
+            )
             nb = row.get("numba")
 
             def ratio(b):

@@ -33,11 +33,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import workbench  # noqa: E402,F401  (env fix for e3nn before torch/e3nn imports)
-import torch  # noqa: E402
+import torch
 
-from workbench.kernels.tools.bench import (add_common_arguments, compare_with_e3nn, measure_pass,  # noqa: E402
-                                          backend_model, random_scaleshift_mace, run_versions, timer)
+import workbench  # noqa: F401  (env fix for e3nn before torch/e3nn imports)
+from workbench.kernels.tools.bench import (
+    add_common_arguments,
+    backend_model,
+    compare_with_e3nn,
+    measure_pass,
+    random_scaleshift_mace,
+    run_versions,
+    timer,
+)
 
 PASSES = ("forward", "forward_backward", "double_backward")
 
@@ -107,23 +114,35 @@ def descriptor_costs(block_sc, atoms: int, itemsize: int) -> dict:
     b_bwd = b_fwd + itemsize * (atoms * (out_n + x_n + x_n) + 2 * Z * w_n)
     b_dbl = b_bwd + itemsize * (atoms * (x_n + x_n + out_n + x_n + out_n) + 2 * Z * w_n)
     return {
-        "sparsity": {"dense": st.dense, "nonzero": st.nonzero, "terms": st.terms,
-                     "nonzero_fraction": st.nonzero_fraction, "terms_fraction": st.terms_fraction},
-        "terms": {"forward": [c.num_terms for c in op.compiled], "backward": [c.num_terms for c in d1.compiled],
-                  "double_backward": [c.num_terms for c in d2.compiled]},
+        "sparsity": {
+            "dense": st.dense,
+            "nonzero": st.nonzero,
+            "terms": st.terms,
+            "nonzero_fraction": st.nonzero_fraction,
+            "terms_fraction": st.terms_fraction,
+        },
+        "terms": {
+            "forward": [c.num_terms for c in op.compiled],
+            "backward": [c.num_terms for c in d1.compiled],
+            "double_backward": [c.num_terms for c in d2.compiled],
+        },
         "flops": {"forward": f_fwd, "forward_backward": f_bwd, "double_backward": f_dbl},
         "min_bytes": {"forward": b_fwd, "forward_backward": b_bwd, "double_backward": b_dbl},
     }
 
 
 def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, add_help=add_help)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, add_help=add_help
+    )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--atoms", type=int, default=3072)
     add_common_arguments(ap, PASSES)
     ap.add_argument("--elements", type=int, default=10)
     ap.add_argument("--targets", nargs="+", default=["contraction", "products0"])
-    ap.add_argument("--out", default=None, help="JSON path (default kernels/results/symmetric_contraction_<device>_<time>.json)")
+    ap.add_argument(
+        "--out", default=None, help="JSON path (default kernels/results/symmetric_contraction_<device>_<time>.json)"
+    )
     return ap
 
 
@@ -132,22 +151,39 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
         args = build_parser().parse_args(argv)
     device = args.device
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    dev_name = torch.cuda.get_device_name(0) if device.startswith("cuda") else platform.processor() or platform.machine()
+    dev_name = (
+        torch.cuda.get_device_name(0) if device.startswith("cuda") else platform.processor() or platform.machine()
+    )
     results = {
         "label": "GPU" if device.startswith("cuda") else "CPU (not the GPU benchmark; correctness/smoke timing only)",
-        "device": device, "device_name": dev_name, "timestamp": stamp,
-        "config": {k: getattr(args, k) for k in ("atoms", "hidden", "max_ell", "correlation", "elements", "warmup", "repeats")},
+        "device": device,
+        "device_name": dev_name,
+        "timestamp": stamp,
+        "config": {
+            k: getattr(args, k) for k in ("atoms", "hidden", "max_ell", "correlation", "elements", "warmup", "repeats")
+        },
         "versions": run_versions(),
-        "measured_bandwidth_GBps": measured_bandwidth(device), "runs": [],
+        "measured_bandwidth_GBps": measured_bandwidth(device),
+        "runs": [],
     }
     if device == "cpu":
         results["cpu_threads"] = torch.get_num_threads()
-    out = Path(args.out) if args.out else ROOT / "kernels" / "results" / f"symmetric_contraction_{'gpu' if device.startswith('cuda') else 'cpu'}_{stamp}.json"
+    out = (
+        Path(args.out)
+        if args.out
+        else ROOT
+        / "kernels"
+        / "results"
+        / f"symmetric_contraction_{'gpu' if device.startswith('cuda') else 'cpu'}_{stamp}.json"
+    )
     for dtype_name in args.dtypes:
         snaps = _run_dtype(args, dtype_name, results, out)
         for (backend, target, kind), entry in compare_with_e3nn(snaps):
-            print(f"{dtype_name:8s} {backend:12s} {target:12s} {kind:17s} max rel err vs e3nn "
-                  f"{entry['parity_vs_e3nn']['max_rel_err']:.2e}, bitwise repeatable {entry['bitwise_repeatable']}", flush=True)
+            print(
+                f"{dtype_name:8s} {backend:12s} {target:12s} {kind:17s} max rel err vs e3nn "
+                f"{entry['parity_vs_e3nn']['max_rel_err']:.2e}, bitwise repeatable {entry['bitwise_repeatable']}",
+                flush=True,
+            )
         _save(results, out)
     print(f"wrote {out}")
     return 0
@@ -162,7 +198,9 @@ def _inputs(args, block0, dtype, device: str) -> dict:
     x0 = torch.randn(args.atoms, C, I, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
     species = torch.randint(0, args.elements, (args.atoms,), generator=g)
     y = torch.nn.functional.one_hot(species, args.elements).to(device=device, dtype=dtype)
-    sc_in = torch.randn(args.atoms, block0.linear.irreps_out.dim, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+    sc_in = torch.randn(args.atoms, block0.linear.irreps_out.dim, generator=g, dtype=torch.float64).to(
+        device=device, dtype=dtype
+    )
     return {"x0": x0, "species": species, "y": y, "sc_in": sc_in}
 
 
@@ -179,8 +217,13 @@ def _call(block, target: str, backend: str, inp: dict, device: str):
 
 def _measure(kind: str, call, x0, params, args, entry: dict) -> list | None:
     """Time one pass into ``entry``; its outputs (None after an error)."""
-    return measure_pass(lambda: pass_fn(kind, call, x0.clone().requires_grad_(kind != "forward"), params),
-                        args.device, args.warmup, args.repeats, entry)
+    return measure_pass(
+        lambda: pass_fn(kind, call, x0.clone().requires_grad_(kind != "forward"), params),
+        args.device,
+        args.warmup,
+        args.repeats,
+        entry,
+    )
 
 
 def _roofline(entry: dict, d: dict, kind: str, bandwidth: float | None) -> None:
@@ -194,16 +237,18 @@ def _roofline(entry: dict, d: dict, kind: str, bandwidth: float | None) -> None:
 def _run_dtype(args, dtype_name: str, results: dict, out: Path) -> dict:
     """Every backend, target and pass in one dtype; returns the outputs for the parity check."""
     dtype = getattr(torch, dtype_name)
-    base = random_scaleshift_mace(args.hidden, args.max_ell, args.correlation, range(1, args.elements + 1), 40.0,
-                                  dtype, args.device)
+    base = random_scaleshift_mace(
+        args.hidden, args.max_ell, args.correlation, range(1, args.elements + 1), 40.0, dtype, args.device
+    )
     inp = _inputs(args, base.products[0], dtype, args.device)
     d = results.setdefault("descriptor", {})[dtype_name] = descriptor_costs(
-        base.products[0].symmetric_contractions, args.atoms, inp["x0"].element_size())
+        base.products[0].symmetric_contractions, args.atoms, inp["x0"].element_size()
+    )
     snaps = {}  # (backend, target, pass) -> the pass's outputs, for parity against e3nn
     for backend in args.backends:
         try:
             model = backend_model(base, backend, ("products.0.",), results, dtype_name)
-        except Exception as exc:  # noqa: BLE001 (record why a backend is missing, keep going)
+        except Exception as exc:
             results["runs"].append({"backend": backend, "dtype": dtype_name, "skipped": f"{type(exc).__name__}: {exc}"})
             continue
         for target in args.targets:
@@ -218,9 +263,16 @@ def _run_dtype(args, dtype_name: str, results: dict, out: Path) -> dict:
                         _roofline(entry, d, kind, results["measured_bandwidth_GBps"])
                 results["runs"].append(entry)
                 _save(results, out)  # every row: a step stopped at its time limit keeps what it measured
-                print(f"{dtype_name:8s} {backend:12s} {target:12s} {kind:17s} "
-                      + (f"{entry['median_ms']:9.3f} ms" + (f"  peak {entry['peak_mem_MB']:.0f} MB" if "peak_mem_MB" in entry else "")
-                         if "median_ms" in entry else entry.get("error", "")), flush=True)
+                print(
+                    f"{dtype_name:8s} {backend:12s} {target:12s} {kind:17s} "
+                    + (
+                        f"{entry['median_ms']:9.3f} ms"
+                        + (f"  peak {entry['peak_mem_MB']:.0f} MB" if "peak_mem_MB" in entry else "")
+                        if "median_ms" in entry
+                        else entry.get("error", "")
+                    ),
+                    flush=True,
+                )
     return snaps
 
 

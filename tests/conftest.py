@@ -7,7 +7,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("WORKBENCH_KERNELS_POISON", "1")
 
 
-import pytest  # noqa: E402
+import pytest
 
 # Under pytest-xdist ``make test`` runs ``-n 2 --dist loadfile``: a module runs whole on one
 # worker, so its module fixtures (a JupyterLab, compiled kernels, a prepared store) start once.
@@ -31,11 +31,12 @@ def slurm_cluster():
 
     missing = missing_daemons()
     if missing:
-        pytest.skip(f"SLURM is not installed here ({', '.join(missing)} missing); "
-                    "`make system-deps` or apt-get install slurm-wlm munge")
+        pytest.skip(
+            f"SLURM is not installed here ({', '.join(missing)} missing); "
+            "`make system-deps` or apt-get install slurm-wlm munge"
+        )
     cluster = LocalSlurm().start()
     try:
         yield cluster
     finally:
         cluster.stop()
-

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-import workbench  # noqa: F401  (sets TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD before e3nn)
-
 import numpy as np
 import torch
 from e3nn import o3
 
+import workbench  # noqa: F401  (sets TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD before e3nn)
 
-def build_model(cls_name: str, hidden: str, max_ell: int, correlation: int, n_elements: int,
-                dtype: torch.dtype = torch.float64, seed: int = 0,
-                interaction: str = "RealAgnosticResidualInteractionBlock") -> torch.nn.Module:
+
+def build_model(
+    cls_name: str,
+    hidden: str,
+    max_ell: int,
+    correlation: int,
+    n_elements: int,
+    dtype: torch.dtype = torch.float64,
+    seed: int = 0,
+    interaction: str = "RealAgnosticResidualInteractionBlock",
+) -> torch.nn.Module:
     """A real ``mace.modules.MACE`` / ``ScaleShiftMACE`` with random (non-zero) weights."""
     from mace import modules
 
@@ -136,14 +143,26 @@ def run_under_simulator(script: str, variant: str, **extra_env: str) -> dict:
     import sys
 
     tests = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", WORKBENCH_KERNELS_CUDASIM="1", WORKBENCH_CUDA_TPB="8",
-               WORKBENCH_CUDA_KERNELS=variant, **extra_env)
-    res = subprocess.run([sys.executable, "-c", script.format(tests=tests) + SIMULATOR_REPORT], capture_output=True,
-                         text=True, env=env, timeout=900, cwd=tests)
+    env = dict(
+        os.environ,
+        NUMBA_ENABLE_CUDASIM="1",
+        WORKBENCH_KERNELS_CUDASIM="1",
+        WORKBENCH_CUDA_TPB="8",
+        WORKBENCH_CUDA_KERNELS=variant,
+        **extra_env,
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", script.format(tests=tests) + SIMULATOR_REPORT],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=tests,
+    )
     assert res.returncode == 0, res.stderr[-4000:]
 
     def last(tag: str):
-        return json.loads([ln for ln in res.stdout.splitlines() if ln.startswith(tag + " ")][-1][len(tag) + 1:])
+        return json.loads([ln for ln in res.stdout.splitlines() if ln.startswith(tag + " ")][-1][len(tag) + 1 :])
 
     kernels = last("KERNELS")
     other = "table" if variant == "unrolled" else "unrolled"

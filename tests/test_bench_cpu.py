@@ -5,10 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import workbench  # noqa: F401
-
 import pytest
 
+import workbench  # noqa: F401
 from workbench.train.bench_cpu import bench_cpu, format_table, hot_op_timer, system_batch
 
 BIN = Path(sys.executable).parent
@@ -16,12 +15,30 @@ BIN = Path(sys.executable).parent
 
 def test_smoke_preset_writes_table_json_and_trajectory_figure(tmp_path):
     out = tmp_path / "cpu.json"
-    res = subprocess.run([str(BIN / "workbench"), "bench", "cpu", "--preset", "smoke", "--trajectory-steps", "4",
-                          "--out", str(out), "--workdir", str(tmp_path / "runs")], capture_output=True, text=True, timeout=900)
+    res = subprocess.run(
+        [
+            str(BIN / "workbench"),
+            "bench",
+            "cpu",
+            "--preset",
+            "smoke",
+            "--trajectory-steps",
+            "4",
+            "--out",
+            str(out),
+            "--workdir",
+            str(tmp_path / "runs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads(out.read_text())
-    assert [(c["model"], c["system"], c["dtype"]) for c in data["cases"]] == [("small", "water-24", "float32"),
-                                                                             ("small", "water-24", "float64")]
+    assert [(c["model"], c["system"], c["dtype"]) for c in data["cases"]] == [
+        ("small", "water-24", "float32"),
+        ("small", "water-24", "float64"),
+    ]
     for case in data["cases"]:
         assert case["atoms"] == 24 and case["edges"] > 0
         for key in ("e3nn_md", "numba_md", "e3nn_train", "numba_train"):
@@ -30,7 +47,9 @@ def test_smoke_preset_writes_table_json_and_trajectory_figure(tmp_path):
         for step in ("md", "train"):
             ops = case["ops"][step]
             assert set(ops) == {"step_ms", "symmetric_contraction", "channelwise_tp"}
-            assert all(0 < ops[k]["share"] < 1 and ops[k]["gflops"] > 0 for k in ("symmetric_contraction", "channelwise_tp"))
+            assert all(
+                0 < ops[k]["share"] < 1 and ops[k]["gflops"] > 0 for k in ("symmetric_contraction", "channelwise_tp")
+            )
     assert data["peak_gflops"]["float32"] > 0
     prof = data["profile"]
     assert abs(sum(v for k, v in prof["numba_train"].items() if k != "total_ms") - 1) < 1e-9
@@ -39,7 +58,9 @@ def test_smoke_preset_writes_table_json_and_trajectory_figure(tmp_path):
     assert len(traj["losses"]["numba-float64"]) == 4 and traj["float64"]["ok"] and traj["float32"]["ok"]
     html = Path(traj["figure"]).read_text()
     assert "numba-float32" in html and "e3nn-float64" in html
-    assert "speed-up" not in res.stdout and "small  water-24" in res.stdout and "trajectory 4 steps, float64" in res.stdout
+    assert (
+        "speed-up" not in res.stdout and "small  water-24" in res.stdout and "trajectory 4 steps, float64" in res.stdout
+    )
 
 
 def test_mixed_batch_is_packed_from_several_families():

@@ -6,10 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import workbench  # noqa: F401
-
 import pytest
 
+import workbench  # noqa: F401
 from workbench.train import bench_step as bs
 from workbench.train.bench_step_profile import GAPS, OPTIMIZER, WORKBENCH, category, gpu_breakdown, union_length
 
@@ -49,7 +48,11 @@ def test_smoke_layout_agreement_and_timings(smoke):
             assert list(rec["backends"]) == list(bs.BACKENDS)
             numba, e3nn = rec["backends"]["numba"], rec["backends"]["e3nn"]
             for row in (numba, e3nn):
-                assert row["step_ms_median"] > 0 and len(row["step_ms"]) == 2 and row["step_ms_min"] <= row["step_ms_median"]
+                assert (
+                    row["step_ms_median"] > 0
+                    and len(row["step_ms"]) == 2
+                    and row["step_ms_min"] <= row["step_ms_median"]
+                )
                 assert row["peak_mem_gb"] is None and row["loss_first"] > 0
             rel = abs(numba["loss_first"] - e3nn["loss_first"]) / e3nn["loss_first"]
             assert rel <= RTOL[dtype], (dtype, name, rel)
@@ -66,7 +69,9 @@ def test_smoke_mixture_batches_hold_at_most_capacity(smoke):
     assert mix["capacity"] == 96 and mix["batches"] == 3 == len(mix["atoms_per_batch"])  # 1 warm-up + 2 timed
     assert max(mix["atoms_per_batch"]) <= 96 and mix["atoms_max"] <= 96
     assert mix["atoms"] == pytest.approx(sum(mix["atoms_per_batch"]) / 3) and mix["graphs"] > 1
-    assert len(set(zip(mix["atoms_per_batch"], mix["edges_per_batch"], strict=True))) > 1  # the steps walk distinct batches
+    assert (
+        len(set(zip(mix["atoms_per_batch"], mix["edges_per_batch"], strict=True))) > 1
+    )  # the steps walk distinct batches
     assert len(mix["families"]) >= 2
 
 
@@ -96,14 +101,33 @@ def test_smoke_profile_shares(smoke):
 
 def test_budget_zero_skips_every_row_through_the_cli(tmp_path):
     out = tmp_path / "b.json"
-    r = subprocess.run([str(BIN / "workbench"), "bench", "step", "--preset", "smoke", "--budget-s", "0", "--device", "cpu",
-                        "--out", str(out)], check=False, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            str(BIN / "workbench"),
+            "bench",
+            "step",
+            "--preset",
+            "smoke",
+            "--budget-s",
+            "0",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["meta"]["command"].startswith("workbench bench step --preset smoke --budget-s 0")
     for name in ("water-24", "water-48", "mixture-96"):
         rec = res["steps"]["float32"][name]
-        assert rec["skipped"] == "time budget" and rec["backends"] == {b: {"skipped": "time budget"} for b in bs.BACKENDS}
+        assert rec["skipped"] == "time budget" and rec["backends"] == {
+            b: {"skipped": "time budget"} for b in bs.BACKENDS
+        }
     assert res["profile"] == {"skipped": "time budget"}
     assert "water-24" in r.stdout and f"wrote {out}" in r.stdout
 
@@ -118,10 +142,19 @@ def test_a_failing_row_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(bs, "time_steps", flaky)
-    res = bs.bench_step(preset="smoke", parts=["steps"], workloads=["water-24"], backends=["numba", "e3nn"], device="cpu",
-                        out=tmp_path / "e.json")
+    res = bs.bench_step(
+        preset="smoke",
+        parts=["steps"],
+        workloads=["water-24"],
+        backends=["numba", "e3nn"],
+        device="cpu",
+        out=tmp_path / "e.json",
+    )
     rows = res["steps"]["float32"]["water-24"]["backends"]
-    assert rows["numba"]["error"] == "RuntimeError: CUDA out of memory (simulated)" and "flaky" in rows["numba"]["traceback"]
+    assert (
+        rows["numba"]["error"] == "RuntimeError: CUDA out of memory (simulated)"
+        and "flaky" in rows["numba"]["traceback"]
+    )
     assert rows["e3nn"]["step_ms_median"] > 0 and res["steps"]["float32"]["water-24"]["ratios"] == {}
     assert "profile" not in res and json.loads((tmp_path / "e.json").read_text()) == json.loads(json.dumps(res))
 
@@ -135,15 +168,22 @@ def test_bad_arguments_are_named(tmp_path):
 
 
 def _x(name, cat, ts, dur, corr=None, **args):
-    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": ({"correlation": corr} if corr else {}) | args}
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "ts": ts,
+        "dur": dur,
+        "args": ({"correlation": corr} if corr else {}) | args,
+    }
 
 
 def test_gpu_breakdown_of_a_synthetic_trace():
     events = [
         _x("optimizer", "user_annotation", 900, 100),
         _x("_SparsePolyFunction", "cpu_op", 0, 50),
-        _x("cuLaunchKernel", "cuda_driver", 10, 1, corr=1),   # numba launch, mangled name
-        _x("cuLaunchKernel", "cuda_driver", 20, 1, corr=2),   # numba launch, unknown name: by where it was launched
+        _x("cuLaunchKernel", "cuda_driver", 10, 1, corr=1),  # numba launch, mangled name
+        _x("cuLaunchKernel", "cuda_driver", 20, 1, corr=2),  # numba launch, unknown name: by where it was launched
         _x("cudaLaunchKernel", "cuda_runtime", 60, 1, corr=3),
         _x("cudaLaunchKernel", "cuda_runtime", 950, 1, corr=4),
         _x("cudaMemcpyAsync", "cuda_runtime", 70, 1, corr=5),
@@ -158,23 +198,37 @@ def test_gpu_breakdown_of_a_synthetic_trace():
     assert cats[WORKBENCH] == pytest.approx(0.15) and cats[OPTIMIZER] == pytest.approx(0.02)
     assert cats["matmul (linears, radial MLP)"] == pytest.approx(0.075) and cats["copies/fills"] == pytest.approx(0.05)
     busy = union_length([(100, 300), (300, 400), (350, 500), (960, 1000), (600, 700)])
-    assert busy == 540 and res["gpu_busy_ms"] == pytest.approx(0.27) and cats[GAPS] == pytest.approx((2000 - 540) / 1e3 / 2)
+    assert (
+        busy == 540
+        and res["gpu_busy_ms"] == pytest.approx(0.27)
+        and cats[GAPS] == pytest.approx((2000 - 540) / 1e3 / 2)
+    )
     assert sum(c["share"] for c in res["categories"].values()) <= 1 + 1e-9
     assert res["ranges"] == {"optimizer": {"cpu_ms": pytest.approx(0.05)}} and res["step_ms"] == 1.0
     assert res["top_kernels"][0][0].startswith("_ZN6cudapy") and res["top_kernels"][0][2] == 0.5
 
 
-@pytest.mark.parametrize("name, cat", [
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "copies/fills"),
-    ("void at::native::elementwise_kernel<128, 2, direct_copy_kernel_cuda>", "copies/fills"),
-    ("void at::native::_scatter_gather_elementwise_kernel<128, 4>", "scatter/index/gather"),
-    ("void at::native::index_elementwise_kernel<128, 4>", "scatter/index/gather"),
-    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>", "reductions"),
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, MulFunctor<float>>>", "elementwise"),
-    ("nvjet_tst_128x64_64x8_2x1_v_bz_coopA_TNN", "matmul (linears, radial MLP)"),
-    ("aten::mul", "elementwise"), ("aten::mm", "matmul (linears, radial MLP)"), ("aten::index_select", "scatter/index/gather"),
-    ("aten::_foreach_addcdiv_", OPTIMIZER), ("_SparsePolyFunctionBackward", WORKBENCH), ("aten::empty", "other"),
-])
+@pytest.mark.parametrize(
+    "name, cat",
+    [
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "copies/fills"),
+        ("void at::native::elementwise_kernel<128, 2, direct_copy_kernel_cuda>", "copies/fills"),
+        ("void at::native::_scatter_gather_elementwise_kernel<128, 4>", "scatter/index/gather"),
+        ("void at::native::index_elementwise_kernel<128, 4>", "scatter/index/gather"),
+        ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>", "reductions"),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, MulFunctor<float>>>",
+            "elementwise",
+        ),
+        ("nvjet_tst_128x64_64x8_2x1_v_bz_coopA_TNN", "matmul (linears, radial MLP)"),
+        ("aten::mul", "elementwise"),
+        ("aten::mm", "matmul (linears, radial MLP)"),
+        ("aten::index_select", "scatter/index/gather"),
+        ("aten::_foreach_addcdiv_", OPTIMIZER),
+        ("_SparsePolyFunctionBackward", WORKBENCH),
+        ("aten::empty", "other"),
+    ],
+)
 def test_category_names(name, cat):
     assert category(name) == cat
 

@@ -10,6 +10,7 @@ notebooks 01, 02 and 05 with "Run All Cells", checks what is on screen, saves sc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -26,21 +27,31 @@ from workbench.launch.testing import WaitError, free_port, http_ok, stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 ARTIFACTS = Path(os.environ.get("WORKBENCH_ARTIFACTS", ROOT / "runs" / "test-artifacts"))
 RUN_TIMEOUT_MS = 180_000  # a whole notebook, on a busy 2-core CI machine
 
 pytestmark = [
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium not installed (make system-deps)"),
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium not installed (make system-deps)")
 ]
 
 
 def _settings(d: Path) -> None:
     """User settings: no news popup, no notebook windowing (every cell stays in the DOM)."""
     files = {
-        "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
-                                                                            "checkForUpdates": False},
+        "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
+            "fetchNews": "false",
+            "checkForUpdates": False,
+        },
         "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
     }
     for rel, value in files.items():
@@ -60,24 +71,48 @@ def lab(tmp_path_factory):
         (tmp / sub).mkdir()
     _settings(tmp / "settings")
     port, token = free_port(), secrets.token_hex(16)
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
-               JUPYTER_DATA_DIR=str(tmp / "data"), IPYTHONDIR=str(tmp / "ipython"), WORKBENCH_RUNS=str(tmp / "runs"),
-               JUPYTER_PLATFORM_DIRS="1")
-    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-           f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-           f"--ServerApp.root_dir={nbdir}", f"--LabApp.user_settings_dir={tmp / 'settings'}",
-           f"--LabApp.workspaces_dir={tmp / 'workspaces'}", "--LabApp.news_url=", "--ServerApp.open_browser=False",
-           "--LabApp.extension_manager=readonly",  # no PyPI queries from the test
-           "--LabApp.expose_app_in_browser=True"]  # window.jupyterapp: run commands, read kernel status  # no PyPI queries from the test
+    env = dict(
+        os.environ,
+        JUPYTER_CONFIG_DIR=str(tmp / "config"),
+        JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
+        JUPYTER_DATA_DIR=str(tmp / "data"),
+        IPYTHONDIR=str(tmp / "ipython"),
+        WORKBENCH_RUNS=str(tmp / "runs"),
+        JUPYTER_PLATFORM_DIRS="1",
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyter",
+        "lab",
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={nbdir}",
+        f"--LabApp.user_settings_dir={tmp / 'settings'}",
+        f"--LabApp.workspaces_dir={tmp / 'workspaces'}",
+        "--LabApp.news_url=",
+        "--ServerApp.open_browser=False",
+        "--LabApp.extension_manager=readonly",  # no PyPI queries from the test
+        "--LabApp.expose_app_in_browser=True",
+    ]  # window.jupyterapp: run commands, read kernel status  # no PyPI queries from the test
     if hasattr(os, "geteuid") and os.geteuid() == 0:  # CI containers run as root
         cmd.append("--allow-root")
     log = open(tmp / "jupyter.log", "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                            cwd=nbdir, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=nbdir, start_new_session=True
+    )
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: http_ok(f"{base}/api/status?token={token}"), "JupyterLab to answer /api/status", 120,
-                 {"jupyter lab": proc}, interval_s=0.5)
+        wait_for(
+            lambda: http_ok(f"{base}/api/status?token={token}"),
+            "JupyterLab to answer /api/status",
+            120,
+            {"jupyter lab": proc},
+            interval_s=0.5,
+        )
     except WaitError as exc:
         proc.kill()
         pytest.fail(f"JupyterLab did not start ({exc}): {(tmp / 'jupyter.log').read_text()[-3000:]}")
@@ -86,10 +121,8 @@ def lab(tmp_path_factory):
     finally:
         # Stop our server by its PID; it shuts down its kernels. Then its process group, in case.
         stop_process(proc, 30, kill_timeout_s=10)
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
         log.close()
 
 
@@ -99,8 +132,9 @@ def browser(lab, tmp_path_factory):
 
     profile = tmp_path_factory.mktemp("chromium-profile")
     with sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM, headless=True, args=FLAGS,
-                                                   viewport={"width": 1440, "height": 1800})
+        ctx = p.chromium.launch_persistent_context(
+            str(profile), executable_path=CHROMIUM, headless=True, args=FLAGS, viewport={"width": 1440, "height": 1800}
+        )
         try:
             yield ctx
         finally:
@@ -114,11 +148,14 @@ def _open_and_run(ctx, lab, name: str):
     page.on("console", lambda m: _console.append(f"{name} [{m.type}] {m.text}") if m.type == "error" else None)
     page.goto(f"{lab['base']}/lab/tree/{name}?token={lab['token']}&reset", wait_until="domcontentloaded")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-    page.wait_for_function(f"""() => {{
+    page.wait_for_function(
+        f"""() => {{
         const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
         const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
         return w && w.context && w.context.path.endsWith({json.dumps(name)}) && k && k.status === 'idle';
-    }}""", timeout=120_000)
+    }}""",
+        timeout=120_000,
+    )
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
     return page
 
@@ -136,7 +173,7 @@ def _last_screen(request):
         try:
             page.screenshot(path=str(ARTIFACTS / f"last_screen_{request.node.name}.png"))
             page.close()
-        except Exception:  # noqa: BLE001 - a dead page must not hide the real failure
+        except Exception:
             pass
         _pages.pop(name, None)
     if _console:
@@ -145,10 +182,13 @@ def _last_screen(request):
 
 def _wait_finished(page, timeout_ms: int = RUN_TIMEOUT_MS) -> None:
     """All code cells executed: no cell prompt shows [*], every code cell has a number."""
-    page.wait_for_function("""() => {
+    page.wait_for_function(
+        """() => {
         const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')].map(e => e.textContent);
         return prompts.length > 0 && prompts.every(t => /\\[\\d+\\]/.test(t));
-    }""", timeout=timeout_ms)
+    }""",
+        timeout=timeout_ms,
+    )
 
 
 def _assert_no_errors(page, name: str) -> None:
@@ -180,8 +220,11 @@ def test_01_nglview_renders(lab, browser):
     gallery.wait_for(timeout=60_000)
     # nglview draws into a WebGL canvas inside each viewer (software GL in headless chromium).
     page.wait_for_function("() => document.querySelectorAll('.wb-gallery canvas').length >= 8", timeout=90_000)
-    page.wait_for_function("""() => [...document.querySelectorAll('.wb-gallery canvas')]
-                              .every(c => c.width > 50 && c.height > 50)""", timeout=60_000)
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('.wb-gallery canvas')]
+                              .every(c => c.width > 50 && c.height > 50)""",
+        timeout=60_000,
+    )
     _assert_no_errors(page, "01")
     page.wait_for_timeout(1500)  # let the viewers finish their first frame before the screenshot
     _shot(page, gallery, "01_gallery.png")
@@ -225,10 +268,13 @@ def test_02_capacity_slider_updates_layout_and_padding(lab, browser):
         for _ in range(presses):
             handle.focus()
             page.keyboard.press("ArrowRight")
-        page.wait_for_function(f"() => document.querySelector('.wb-capacity-metrics').dataset.capacity === '{capacity}'",
-                               timeout=30_000)
-        page.wait_for_function(f"() => /capacity {capacity:,}/.test(document.querySelector('.wb-capacity-layout .gtitle').textContent)",
-                               timeout=30_000)
+        page.wait_for_function(
+            f"() => document.querySelector('.wb-capacity-metrics').dataset.capacity === '{capacity}'", timeout=30_000
+        )
+        page.wait_for_function(
+            f"() => /capacity {capacity:,}/.test(document.querySelector('.wb-capacity-layout .gtitle').textContent)",
+            timeout=30_000,
+        )
         return time.perf_counter() - t0
 
     seconds_one = move_and_settle(1, 3328)  # 3072 -> 3328 on the grid
@@ -241,16 +287,24 @@ def test_02_capacity_slider_updates_layout_and_padding(lab, browser):
     final = _cards(page)
     assert final["capacity"] == "3840" and "capacity 3,840" in final["title"] and final["bins"] != after["bins"]
     _shot(page, app, "02_capacity_app_after.png")
-    (ARTIFACTS / "02_capacity_interaction.json").write_text(json.dumps(
-        {"before": before, "after": after, "final": final, "browser_seconds_one_move": round(seconds_one, 3),
-         "browser_seconds_two_moves": round(seconds, 3)}, indent=1))
+    (ARTIFACTS / "02_capacity_interaction.json").write_text(
+        json.dumps(
+            {
+                "before": before,
+                "after": after,
+                "final": final,
+                "browser_seconds_one_move": round(seconds_one, 3),
+                "browser_seconds_two_moves": round(seconds, 3),
+            },
+            indent=1,
+        )
+    )
 
 
 def test_05_scaling_figures_render(lab, browser):
     page = _open_and_run(browser, lab, "05_scaling_projection.ipynb")
     _wait_finished(page)
-    page.wait_for_function("() => document.querySelectorAll('.jp-RenderedPlotly').length >= 2",
-                           timeout=60_000)
+    page.wait_for_function("() => document.querySelectorAll('.jp-RenderedPlotly').length >= 2", timeout=60_000)
     _assert_no_errors(page, "05")
     titles = page.locator(".jp-RenderedPlotly .gtitle").all_text_contents()
     assert any("strong scaling" in t for t in titles) and any("weak scaling" in t for t in titles), titles

@@ -26,9 +26,11 @@ def labelled(atoms: ase.Atoms, seed: int) -> ase.Atoms:
 
 @pytest.fixture
 def frames():
-    return [labelled(bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2), 1),
-            labelled(bulk("Ni", "fcc", a=3.52).repeat((2, 2, 1)), 2),
-            labelled(molecule("CO2"), 3)]
+    return [
+        labelled(bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2), 1),
+        labelled(bulk("Ni", "fcc", a=3.52).repeat((2, 2, 1)), 2),
+        labelled(molecule("CO2"), 3),
+    ]
 
 
 def test_roundtrip_gz_and_plain(tmp_path, frames):
@@ -181,6 +183,7 @@ def test_cache_is_keyed_by_suffix_and_never_trusted(tmp_path, frames, monkeypatc
 
 # -- adversarial inputs: each names the file and the right frame ------------------------------
 
+
 def _many(frames, n=6):
     out = []
     for k in range(n):
@@ -258,20 +261,21 @@ def test_zero_volume_cell_unknown_species_duplicate_key(tmp_path, frames):
 
 PARITY_FRAMES = [
     '2\nLattice="4.0 0.0 0.0 0.0 4.0 0.0 0.0 0.0 4.0" Properties=species:S:1:pos:R:3 REF_energy=-1.5 note="a b" flag=T\n'
-    'Cu 0.0 0.0 0.0\nNi 2.0 2.0 2.0\n',
+    "Cu 0.0 0.0 0.0\nNi 2.0 2.0 2.0\n",
     '3\nProperties=species:S:1:pos:R:3:tag:I:1:REF_forces:R:3 REF_energy=2 vec="1.0 2.0 3.0" pbc="F F F"\n'
-    'O 0.0 0.0 0.0 1 0.1 0.2 0.3\nH 0.96 0.0 0.0 2 -0.1 0.0 0.0\nh 0.0 0.96 0.0 3 0.0 -0.2 -0.3\n',
+    "O 0.0 0.0 0.0 1 0.1 0.2 0.3\nH 0.96 0.0 0.0 2 -0.1 0.0 0.0\nh 0.0 0.96 0.0 3 0.0 -0.2 -0.3\n",
     '1\nLattice="3.0 0.1 0.0 0.0 3.0 0.0 0.2 0.0 3.0" pbc="T T F" Properties=species:S:1:pos:R:3:mask:L:1 count=7\n'
-    'Au 0.5 0.5 0.5 T\n',
-    '2\nenergy=-3.0 Properties=species:S:1:pos:R:3:forces:R:3\nH 0 0 0 0 0 1\nH 0 0 0.74 0 0 -1\n',  # ASE: a calculator
+    "Au 0.5 0.5 0.5 T\n",
+    "2\nenergy=-3.0 Properties=species:S:1:pos:R:3:forces:R:3\nH 0 0 0 0 0 1\nH 0 0 0.74 0 0 -1\n",  # ASE: a calculator
 ]
 
 
 def _same(x, y) -> bool:
     ok = np.array_equal(x.numbers, y.numbers) and np.array_equal(x.positions, y.positions)
     ok &= np.array_equal(x.cell.array, y.cell.array) and np.array_equal(x.pbc, y.pbc)
-    ok &= set(x.arrays) == set(y.arrays) and all(np.array_equal(x.arrays[k], y.arrays[k])
-                                                 and x.arrays[k].dtype == y.arrays[k].dtype for k in x.arrays)
+    ok &= set(x.arrays) == set(y.arrays) and all(
+        np.array_equal(x.arrays[k], y.arrays[k]) and x.arrays[k].dtype == y.arrays[k].dtype for k in x.arrays
+    )
     ok &= x.info.keys() == y.info.keys() and all(np.all(x.info[k] == y.info[k]) for k in x.info)
     return bool(ok and (x.calc is None) == (y.calc is None))
 

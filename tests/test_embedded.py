@@ -9,8 +9,15 @@ import sys
 import pytest
 
 from workbench.data import FAMILY_NAMES, family_counts, read_structures
-from workbench.data.embedded import (ENERGY_RTOL, EMBEDDED_N, EMBEDDED_PATH, EMBEDDED_SEED, FORCE_ATOL,
-                                     GEOMETRY_ATOL, compare_structures)
+from workbench.data.embedded import (
+    EMBEDDED_N,
+    EMBEDDED_PATH,
+    EMBEDDED_SEED,
+    ENERGY_RTOL,
+    FORCE_ATOL,
+    GEOMETRY_ATOL,
+    compare_structures,
+)
 from workbench.data.generators import generate
 from workbench.data.mixture import mixture_tasks
 

@@ -4,10 +4,10 @@ import importlib.metadata as md
 import importlib.util
 import os
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("lock", ROOT / ".ci" / "lock.py")
@@ -31,8 +31,20 @@ def test_lock_pins_every_dependency_exactly():
     pins = {_canonical(k): v for k, v in lock.read_lock().items()}
     missing = _requirement_names() - set(pins)
     assert not missing, f"pyproject dependencies not pinned in requirements.lock: {sorted(missing)}"
-    for name in ("torch", "mace-torch", "e3nn", "numba", "numba-cuda", "numpy", "ase", "vesin", "tblite",
-                 "jupyterlab", "plotly", "pip"):
+    for name in (
+        "torch",
+        "mace-torch",
+        "e3nn",
+        "numba",
+        "numba-cuda",
+        "numpy",
+        "ase",
+        "vesin",
+        "tblite",
+        "jupyterlab",
+        "plotly",
+        "pip",
+    ):
         assert re.fullmatch(r"\d+(\.\d+)*(\.post\d+)?", pins[name]), (name, pins[name])
     assert pins["torch"] == "2.13.0"  # the CPU wheel on disk; no local label in the lock
 

@@ -28,8 +28,12 @@ def small():
     for fam in ("water_clusters", "hea", "mptrj"):
         chosen += [a for a in frames if a.info["config_type"] == fam][:3]
     z = z_table_for(chosen)
-    cfg = TrainConfig(hidden_irreps="8x0e+8x1o", max_ell=1, correlation=2, num_bessel=4, radial_mlp=[16], dtype="float64")
-    stats = ModelStats(zs=list(z.zs), e0s=[-0.1 * k for k in range(len(z.zs))], avg_num_neighbors=10.0, shift=0.0, scale=1.0)
+    cfg = TrainConfig(
+        hidden_irreps="8x0e+8x1o", max_ell=1, correlation=2, num_bessel=4, radial_mlp=[16], dtype="float64"
+    )
+    stats = ModelStats(
+        zs=list(z.zs), e0s=[-0.1 * k for k in range(len(z.zs))], avg_num_neighbors=10.0, shift=0.0, scale=1.0
+    )
     torch.manual_seed(4)
     model = build_model(cfg, stats)
     previous = torch.get_default_dtype()
@@ -58,7 +62,7 @@ def test_per_family_errors_by_hand(small):
             r = by.setdefault(key, {"e": [], "fa": [], "fs": [], "n": 0})
             r["e"].append(e)
             r["fa"].append(np.abs(df).mean(axis=1).sum())
-            r["fs"].append((df ** 2).sum())
+            r["fs"].append((df**2).sum())
             r["n"] += len(a)
     for key, r in by.items():
         m = got if key == "all" else got["families"][key]
@@ -78,11 +82,17 @@ def test_workbench_eval_prints_the_table(small, tmp_path):
     torch.save(model, tmp_path / "m.model")
     path = write_structures(tmp_path / "set.extxyz", chosen)
     want = evaluate_file(tmp_path / "m.model", path)
-    res = subprocess.run([str(BIN / "workbench"), "eval", str(tmp_path / "m.model"), str(path), "--json",
-                          str(tmp_path / "e.json")], capture_output=True, text=True)
+    res = subprocess.run(
+        [str(BIN / "workbench"), "eval", str(tmp_path / "m.model"), str(path), "--json", str(tmp_path / "e.json")],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
-    rows = {line.split()[0]: line.split() for line in res.stdout.splitlines() if line and line.split()[0] in
-            ("hea", "mptrj", "water_clusters", "all")}
+    rows = {
+        line.split()[0]: line.split()
+        for line in res.stdout.splitlines()
+        if line and line.split()[0] in ("hea", "mptrj", "water_clusters", "all")
+    }
     assert set(rows) == {"hea", "mptrj", "water_clusters", "all"}
     assert float(rows["hea"][2]) == pytest.approx(want["families"]["hea"]["e_mae_mev_atom"], abs=0.051)
     assert json.loads((tmp_path / "e.json").read_text())["graphs"] == 9

@@ -10,7 +10,7 @@ import pytest
 from ase.io import write
 from ase.neighborlist import neighbor_list
 
-from workbench.data.families import FAMILY_NAMES, BY_NAME, family_counts, sample_natoms
+from workbench.data.families import BY_NAME, FAMILY_NAMES, family_counts, sample_natoms
 from workbench.data.generators import generate, structure_rng
 from workbench.data.labels import CALCULATOR, label
 from workbench.data.mixture import make_mixture, mixture_tasks
@@ -86,7 +86,7 @@ def test_water_cluster_oxygen_spacing():
     o = atoms.positions[atoms.numbers == 8]
     d = np.linalg.norm(o[:, None] - o[None], axis=-1) + 1e3 * np.eye(len(o))
     nearest = d.min(1)
-    assert 2.5 <= nearest.min() and nearest.max() <= 3.1
+    assert nearest.min() >= 2.5 and nearest.max() <= 3.1
     assert list(atoms.get_chemical_symbols()[:3]) == ["O", "H", "H"]  # TIP3P order
 
 
@@ -106,7 +106,9 @@ def test_tmd_gfn1_xtb_one_structure():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("WORKBENCH_XTB_SLOW"), reason="281-atom GFN1-xTB takes 2-3 min; set WORKBENCH_XTB_SLOW=1")
+@pytest.mark.skipif(
+    not os.environ.get("WORKBENCH_XTB_SLOW"), reason="281-atom GFN1-xTB takes 2-3 min; set WORKBENCH_XTB_SLOW=1"
+)
 def test_al_hcl_labels():
     assert "al_hcl" in XTB
     atoms = generate("al_hcl", 0, seed=0)

@@ -1,11 +1,10 @@
 """gradcheck / gradgradcheck of the fused symmetric contraction and agreement with mace's op."""
 
-import workbench  # noqa: F401
-
 import pytest
 import torch
 from e3nn import o3
 
+import workbench  # noqa: F401
 from workbench.kernels import SymmetricContraction, apply_poly_op
 
 
@@ -106,8 +105,10 @@ def test_a_cuda_tensor_without_a_numba_cuda_target_is_an_error_naming_why(monkey
     monkeypatch.setattr(cuda, "is_available", broken)
     device.cuda_status.cache_clear()
     try:
-        assert device.cuda_status() == (False, "numba.cuda.is_available() failed (OSError: libcuda.so: cannot open "
-                                               "shared object file)")
+        assert device.cuda_status() == (
+            False,
+            "numba.cuda.is_available() failed (OSError: libcuda.so: cannot open shared object file)",
+        )
         monkeypatch.delenv(ops.HOST_FALLBACK_ENV, raising=False)
         with pytest.raises(RuntimeError, match=r"cuda:0 tensors, but numba\.cuda\.is_available\(\) failed .*libcuda"):
             ops._no_cuda_target(torch.device("cuda:0"))
@@ -129,7 +130,7 @@ def test_row_groups_from_a_stable_sort_and_a_binary_search():
     ptr, perm = SpeciesIndex(species, 5).csr()
     assert ptr.tolist()[0] == 0 and ptr.tolist()[-1] == int((species < 5).sum())
     for z in range(5):
-        members = perm[ptr[z]:ptr[z + 1]].tolist()
+        members = perm[ptr[z] : ptr[z + 1]].tolist()
         assert members == torch.nonzero(species == z).flatten().tolist()  # ascending atom order
     ei = torch.randint(0, 9, (2, 300), generator=g)
     graph = EdgeGraph(ei, 9)
@@ -137,4 +138,4 @@ def test_row_groups_from_a_stable_sort_and_a_binary_search():
         ptr, perm = graph.csr(rows)
         assert torch.equal(ptr[1:] - ptr[:-1], torch.bincount(idx, minlength=9))
         for n in range(9):
-            assert perm[ptr[n]:ptr[n + 1]].tolist() == torch.nonzero(idx == n).flatten().tolist()
+            assert perm[ptr[n] : ptr[n + 1]].tolist() == torch.nonzero(idx == n).flatten().tolist()

@@ -26,8 +26,22 @@ def test_channelwise_tp_bench_records_parity_with_e3nn_and_repeatability(tmp_pat
     from workbench.cli import main
 
     out = tmp_path / "tp.json"
-    assert main(["bench", "channelwise-tp", "--smoke", "--device", "cpu", "--backends", "numba", "e3nn",
-                 "--dtypes", "float64", "--out", str(out)]) in (0, None)
+    assert main(
+        [
+            "bench",
+            "channelwise-tp",
+            "--smoke",
+            "--device",
+            "cpu",
+            "--backends",
+            "numba",
+            "e3nn",
+            "--dtypes",
+            "float64",
+            "--out",
+            str(out),
+        ]
+    ) in (0, None)
     runs = json.loads(out.read_text())["runs"]
     numba = [r for r in runs if r["backend"] == "numba"]
     assert {r["pass"] for r in numba} == {"forward", "forward_backward", "double_backward"}

@@ -11,7 +11,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from kernel_fixtures import build_model, energy_force_grads, rel_err
 
 from workbench.kernels import AVAILABLE_OPS, SymmetricContraction, accelerate
@@ -308,12 +307,12 @@ def test_saved_accelerated_model_loads_without_cuda(tmp_path):
     torch.save(model, path)
     torch.save(data, dpath)
     code = (
-        "import sys, torch; sys.path.insert(0, %r)\n"
+        f"import sys, torch; sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})\n"
         "import workbench\n"
-        "m = torch.load(%r, weights_only=False); d = torch.load(%r, weights_only=False)\n"
+        f"m = torch.load({str(path)!r}, weights_only=False); d = torch.load({str(dpath)!r}, weights_only=False)\n"
         "out = m(d, training=False, compute_force=True)\n"
         "print('ok', type(m.interactions[1].conv_tp).__name__, float(out['energy'].sum()))\n"
-    ) % (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), str(path), str(dpath))
+    )
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -322,8 +321,14 @@ def test_saved_accelerated_model_loads_without_cuda(tmp_path):
     assert abs(float(line.split()[2]) - float(ref[0].sum())) <= 1e-10 * abs(float(ref[0].sum()))
 
 
-@pytest.mark.parametrize("icls", [c for c in SUPPORTED_INTERACTION_BLOCKS
-                                  if c not in ("RealAgnosticInteractionBlock", "RealAgnosticResidualInteractionBlock")])
+@pytest.mark.parametrize(
+    "icls",
+    [
+        c
+        for c in SUPPORTED_INTERACTION_BLOCKS
+        if c not in ("RealAgnosticInteractionBlock", "RealAgnosticResidualInteractionBlock")
+    ],
+)
 def test_other_supported_blocks_match_e3nn_float64(icls):
     """Every block class on the supported list is checked, not only the two the paper's model uses."""
     cfg = ("MACE", "3x0e+3x1o", 2, 2, 2, icls)

@@ -7,9 +7,7 @@ mace's e3nn path; a second evaluation must give the same bits.
 in a fresh interpreter; ``WORKBENCH_KERNELS_CUDASIM=1`` routes CPU tensors through the kernels.
 """
 
-
 import pytest
-
 from kernel_fixtures import run_under_simulator
 
 SCRIPT = r"""
@@ -88,8 +86,15 @@ errs["fused"] = sorted(set(fused))
 def test_channelwise_kernels_under_simulator(variant):
     errs = run_under_simulator(SCRIPT, variant)
     print(errs)
-    assert set(errs) == {"op-torch.float64", "op-torch.float32", "op-wide-torch.float64", "model-torch.float64",
-                         "model-torch.float32", "repeat", "fused"}
+    assert set(errs) == {
+        "op-torch.float64",
+        "op-torch.float32",
+        "op-wide-torch.float64",
+        "model-torch.float64",
+        "model-torch.float32",
+        "repeat",
+        "fused",
+    }
     assert errs.pop("repeat") == 0
     # unrolled: the forward has one output; the backward's 3 outputs are one launch, the double
     # backward's 4 (float64: 3, its receiver output apart); table kernels are never fused

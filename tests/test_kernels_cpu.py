@@ -1,18 +1,18 @@
 """The vectorised CPU path: vector programs against their polynomials, the numba row passes
 against a reference evaluation, determinism across runs and thread counts."""
 
+import itertools
 import os
 import subprocess
 import sys
 import textwrap
 
-import workbench  # noqa: F401
-
 import numpy as np
 import pytest
 import torch
-
 from kernel_fixtures import build_model
+
+import workbench  # noqa: F401
 from workbench.kernels import Operand, SparsePolynomial
 from workbench.kernels.backends import cpu
 from workbench.kernels.descriptor.program import INSTRUCTIONS, vector_program
@@ -60,8 +60,10 @@ def test_vector_program_equals_its_polynomials(name, order):
     prog = vector_program([c.poly for c in op.compiled])
     rng = np.random.default_rng(order)
     C = 3
-    values = [rng.standard_normal(o.size) if all(cs == 0 for cs in o.cstrides) else rng.standard_normal((o.size, C))
-              for o in op.operands]
+    values = [
+        rng.standard_normal(o.size) if all(cs == 0 for cs in o.cstrides) else rng.standard_normal((o.size, C))
+        for o in op.operands
+    ]
     got = prog.evaluate_numpy(values)
     for p, g in zip([c.poly for c in op.compiled], got):
         ref = _reference(p, values)
@@ -109,7 +111,9 @@ def test_atom_passes_match_reference(dtype, order):
             C = p.output.width // p.output.size
             row = np.zeros(p.output.width)
             for c in range(C):
-                y = p.evaluate_numpy([v[np.array(o.offsets) + c * np.array(o.cstrides)] for o, v in zip(op.operands, vals)])
+                y = p.evaluate_numpy(
+                    [v[np.array(o.offsets) + c * np.array(o.cstrides)] for o, v in zip(op.operands, vals)]
+                )
                 row[np.array(p.output.offsets) + c * np.array(p.output.cstrides)] = y
             ref[b if p.output.rows == "atom" else z] += row
         tol = 1e-12 if dtype == torch.float64 else 2e-5
@@ -139,7 +143,9 @@ def test_edge_passes_match_scatter_reference(order):
             rv = [v[pick[o.rows]] for o, v in zip(op.operands, vals)]
             C = 8
             for c in range(C):
-                y = p.evaluate_numpy([v[np.array(o.offsets) + c * np.array(o.cstrides)] for o, v in zip(op.operands, rv)])
+                y = p.evaluate_numpy(
+                    [v[np.array(o.offsets) + c * np.array(o.cstrides)] for o, v in zip(op.operands, rv)]
+                )
                 np.add.at(ref[pick[p.output.rows]], np.array(p.output.offsets) + c * np.array(p.output.cstrides), y)
         np.testing.assert_allclose(got.numpy(), ref, rtol=1e-12, atol=1e-12 * np.abs(ref).max())
         if p.output.rows in ("sender", "receiver"):
@@ -151,8 +157,8 @@ def test_species_pieces_are_fixed_by_the_species_alone():
     ptr, perm, piece_ptr = cpu.species_pieces(species, 4, size=4)
     assert list(piece_ptr) == [0, 5, 5, 12, 12]  # 18 atoms of 0 -> 5 pieces, none of 1, 27 of 2 -> 7
     assert np.all(np.diff(ptr) <= 4) and ptr[-1] == 45
-    for z, (a, b) in enumerate(zip(piece_ptr[:-1], piece_ptr[1:])):
-        members = perm[ptr[a]:ptr[b]]
+    for z, (a, b) in enumerate(itertools.pairwise(piece_ptr)):
+        members = perm[ptr[a] : ptr[b]]
         assert np.all(species[members] == z) and np.all(np.diff(members) > 0)
     with pytest.raises(ValueError, match="species index outside"):
         cpu.species_pieces(np.array([0, 5]), 3)
@@ -183,8 +189,13 @@ def test_bits_identical_across_runs_and_thread_counts():
     same bits on 1 and 2 threads and run to run (no atomics, fixed summation order)."""
     digests = []
     for threads in ("2", "1", "2"):
-        res = subprocess.run([sys.executable, "-c", _DETERMINISM, threads], capture_output=True, text=True,
-                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=600)
+        res = subprocess.run(
+            [sys.executable, "-c", _DETERMINISM, threads],
+            capture_output=True,
+            text=True,
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            timeout=600,
+        )
         assert res.returncode == 0, res.stderr[-3000:]
         digests.append(res.stdout.split("DIGEST")[-1].strip())
     assert len(set(digests)) == 1, digests

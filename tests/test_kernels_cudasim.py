@@ -9,7 +9,6 @@ fully write start as NaN under the simulator, so an element a kernel misses fail
 """
 
 import pytest
-
 from kernel_fixtures import run_under_simulator
 
 SCRIPT = r"""
@@ -49,9 +48,11 @@ def test_cuda_kernels_under_simulator(variant):
     # unrolled-terms: every contraction polynomial in runs of 5 terms, later runs of a component
     # adding to what its first run stored (launched in order); unrolled-weights: the contraction's
     # terms in groups by weight component (parts of about 5 terms across output components)
-    extra = {"unrolled-split": {"WORKBENCH_UNROLL_PARTS": "2"},
-             "unrolled-terms": {"WORKBENCH_UNROLL_TERMS": "5"},
-             "unrolled-weights": {"WORKBENCH_UNROLL_WEIGHT_GROUPS": "5"}}.get(variant, {})
+    extra = {
+        "unrolled-split": {"WORKBENCH_UNROLL_PARTS": "2"},
+        "unrolled-terms": {"WORKBENCH_UNROLL_TERMS": "5"},
+        "unrolled-weights": {"WORKBENCH_UNROLL_WEIGHT_GROUPS": "5"},
+    }.get(variant, {})
     errs = run_under_simulator(SCRIPT, variant.split("-")[0], **extra)
     print(errs)
     # one launch per pass for the contraction: the backward's d(x) and d(W), the double

@@ -1,13 +1,11 @@
 """The sparse-polynomial descriptor: canonical form, derivatives, MACE sparsity."""
 
-import workbench  # noqa: F401
-
-
 import numpy as np
 import pytest
 import torch
 from e3nn import o3
 
+import workbench  # noqa: F401
 from workbench.kernels import Operand, SparsePolynomial, symmetric_contraction_polynomial
 
 
@@ -26,7 +24,9 @@ def _random_poly(rng, n_x=4, n_w=3, n_terms=30):
 def test_canonical_form_merges_permuted_monomials():
     x = Operand.channel_major("x", 3, 1)
     y = Operand.channel_major("y", 1, 1)
-    p = SparsePolynomial.from_terms((x,), y, [(0, [(0, 2), (0, 1)], 1.5), (0, [(0, 1), (0, 2)], 0.5), (0, [(0, 0)], 1.0), (0, [(0, 0)], -1.0)])
+    p = SparsePolynomial.from_terms(
+        (x,), y, [(0, [(0, 2), (0, 1)], 1.5), (0, [(0, 1), (0, 2)], 0.5), (0, [(0, 0)], 1.0), (0, [(0, 0)], -1.0)]
+    )
     assert p.num_terms == 1  # x1 x2 merged, x0 - x0 cancelled
     assert p.terms[(0, ((0, 1), (0, 2)))] == pytest.approx(2.0)
 
@@ -66,8 +66,12 @@ def _mace_U(ell: int, correlation: int, out: str):
     irreps_in = o3.Irreps("+".join(f"{l}{'e' if l % 2 == 0 else 'o'}" for l in range(ell + 1)))
     U_list, dims = [], []
     for _, ir in o3.Irreps(out):
-        U_list.append([U_matrix_real(irreps_in, o3.Irreps(str(ir)), nu, dtype=torch.float64, use_cueq_cg=False)[-1].numpy()
-                       for nu in range(1, correlation + 1)])
+        U_list.append(
+            [
+                U_matrix_real(irreps_in, o3.Irreps(str(ir)), nu, dtype=torch.float64, use_cueq_cg=False)[-1].numpy()
+                for nu in range(1, correlation + 1)
+            ]
+        )
         dims.append(ir.dim)
     return U_list, dims
 
@@ -88,7 +92,7 @@ def test_mace_sparsity_under_20_percent(ell, correlation, out):
     for j, (Us, d) in enumerate(zip(U_list, dims)):
         acc = np.zeros(d)
         for nu, U in enumerate(Us, start=1):
-            U = U.reshape((d,) + U.shape[-nu - 1:])
+            U = U.reshape((d,) + U.shape[-nu - 1 :])
             T = U
             for _ in range(nu):
                 T = np.einsum("mi...,i->m...", T, x)

@@ -8,17 +8,12 @@ import sys
 
 import pytest
 import torch
-
 from kernel_fixtures import build_model, energy_force_grads, random_batch, rel_err
 
 from workbench.kernels import SymmetricContraction, accelerate
 
 # (class, hidden irreps, max_ell, correlation, elements)
-CONFIGS = [
-    ("MACE", "8x0e+8x1o", 3, 3, 3),
-    ("ScaleShiftMACE", "8x0e", 1, 1, 2),
-    ("MACE", "4x0e+4x1o", 2, 2, 4),
-]
+CONFIGS = [("MACE", "8x0e+8x1o", 3, 3, 3), ("ScaleShiftMACE", "8x0e", 1, 1, 2), ("MACE", "4x0e+4x1o", 2, 2, 4)]
 
 
 def _compare(ref, acc, tol):
@@ -103,7 +98,9 @@ def test_accelerate_arguments():
             accelerate(model, backend="cueq")
     assert accelerate(model, ops=("symmetric_contraction",)) is model
     assert accelerate(model) is model  # again: already on the workbench kernels, nothing to say
-    with pytest.raises(ValueError, match="nothing to swap for symmetric_contraction, channelwise_tp in this Sequential"):
+    with pytest.raises(
+        ValueError, match="nothing to swap for symmetric_contraction, channelwise_tp in this Sequential"
+    ):
         accelerate(torch.nn.Sequential(torch.nn.Linear(3, 3)))
 
 
@@ -114,12 +111,12 @@ def test_saved_model_loads_in_a_process_without_cuda(tmp_path):
     path = tmp_path / "model.pt"
     torch.save(model, path)
     code = (
-        "import sys, torch; sys.path.insert(0, %r)\n"
+        f"import sys, torch; sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
         "from kernel_fixtures import random_batch\n"
-        "m = torch.load(%r, weights_only=False)\n"
-        "out = m(random_batch(%d), training=False, compute_force=True)\n"
+        f"m = torch.load({str(path)!r}, weights_only=False)\n"
+        f"out = m(random_batch({cfg[4]}), training=False, compute_force=True)\n"
         "assert torch.isfinite(out['forces']).all(); print('ok', type(m.products[0].symmetric_contractions).__name__)\n"
-    ) % (os.path.dirname(__file__), str(path), cfg[4])
+    )
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -16,13 +16,20 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from kernel_fixtures import build_model
+
 from workbench.kernels import accelerate
 from workbench.kernels.backends import unrolled
 from workbench.kernels.mace.channelwise_tp import channelwise_tp_op
-from workbench.kernels.tools.resources import (find_nvdisasm, find_ptxas, kernel_resources, occupancy, sass_counts,
-                                              term_loop_sass, training_ops)
+from workbench.kernels.tools.resources import (
+    find_nvdisasm,
+    find_ptxas,
+    kernel_resources,
+    occupancy,
+    sass_counts,
+    term_loop_sass,
+    training_ops,
+)
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +116,12 @@ def test_training_kernels_compile_for_sm90(small_ops, variant, dtype, monkeypatc
             # no float64 arithmetic or conversion: a bare Python float in a kernel would promote
             assert not re.search(r"\.f64\b", ptx), (r.family, r.op, r.output, re.findall(r".*\.f64.*", ptx)[:3])
         # deterministic: no kernel a training step launches adds with atomics
-        assert not re.search(r"\b(atom|red)\.", ptx), (r.family, r.op, r.output, re.findall(r".*\b(?:atom|red)\..*", ptx)[:3])
+        assert not re.search(r"\b(atom|red)\.", ptx), (
+            r.family,
+            r.op,
+            r.output,
+            re.findall(r".*\b(?:atom|red)\..*", ptx)[:3],
+        )
         assert r.registers is not None and 0 < r.registers <= 255
         assert r.spill_stores == 0 and r.spill_loads == 0, r
         assert 0 < r.occupancy <= 1
@@ -174,7 +186,7 @@ def test_split_parts_partition_the_terms(small_ops, monkeypatch):
         assert len(parts) == k
         assert sorted(m for t in parts for m in terms(t)) == whole
         outs = [set(t.t_out.tolist()) for t in parts]
-        assert all(not (a & b) for i, a in enumerate(outs) for b in outs[i + 1:])  # disjoint components
+        assert all(not (a & b) for i, a in enumerate(outs) for b in outs[i + 1 :])  # disjoint components
         sizes = [t.num_terms for t in parts]
         assert max(sizes) <= 2 * comp.num_terms / k  # balanced by terms
     monkeypatch.setenv("WORKBENCH_CUDA_KERNELS", "table")  # the table kind is never split
@@ -254,8 +266,12 @@ def test_generated_source_is_straight_line(small_ops):
             assert "t_coef" not in body and "t_fac" not in body
             if shape != "atom":
                 defs = dict(re.findall(r"^(K\d+) = f32\((.+)\)$", consts, flags=re.M))
-                assert len(defs) + len(offsets) == len(consts.strip().splitlines())  # coefficients float32, offsets uint64
-                assert sorted(float(v) for v in defs.values()) == sorted({float(np.float64(c)) for c in comp.table.coef64})
+                assert len(defs) + len(offsets) == len(
+                    consts.strip().splitlines()
+                )  # coefficients float32, offsets uint64
+                assert sorted(float(v) for v in defs.values()) == sorted(
+                    {float(np.float64(c)) for c in comp.table.coef64}
+                )
                 assert len(re.findall(r"\bK\d+\b", body)) == comp.num_terms and "cuda.fma(" in body
                 if shape == "node":
                     assert "for p in range(seg_ptr[n], seg_ptr[n + 1]):" in body and "cuda.shared" not in body
@@ -301,7 +317,7 @@ def test_fused_pass_source_loads_each_component_once(small_ops, monkeypatch):
         assert role1.count("cuda.syncthreads()") == 3 and "atomic" not in src
         assert "red = cuda.shared.array((128, 9), f32)" in src  # 32 nodes of 4 channels, 9 components of Y
         if other:
-            keys2 = {k for k in edge_pass._slot_keys(comp[3].table)}
+            keys2 = set(edge_pass._slot_keys(comp[3].table))
             assert len(re.findall(r"^ +w\d+ = x\d\[", role2, flags=re.M)) == len(keys2)
         else:
             assert not role2
@@ -316,9 +332,26 @@ def test_fused_pass_source_loads_each_component_once(small_ops, monkeypatch):
 
 def test_cli_writes_report(tmp_path):
     out = tmp_path / "res.json"
-    res = subprocess.run([sys.executable, "-m", "workbench.cli", "kernels", "resources", "--ops", "channelwise_tp",
-                          "--variant", "table", "--dtype", "float32", "--json", str(out)],
-                         capture_output=True, text=True, timeout=900)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workbench.cli",
+            "kernels",
+            "resources",
+            "--ops",
+            "channelwise_tp",
+            "--variant",
+            "table",
+            "--dtype",
+            "float32",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads(out.read_text())
     rows = report["kernels"]
@@ -391,8 +424,10 @@ def test_training_kernels_leave_the_table_path(config, monkeypatch):
     channels = o3.Irreps(hidden)[0].mul
     fam = paper_ops(hidden=hidden, max_ell=max_ell, correlation=correlation)
     sc, tp = dict(fam["symmetric_contraction"]), dict(fam["channelwise_tp"])
-    parts = {dt: {(label, c.output.name): unrolled.unrolled_parts(c, dt) for label, op in sc.items() for c in op.compiled}
-             for dt in ("float32", "float64")}
+    parts = {
+        dt: {(label, c.output.name): unrolled.unrolled_parts(c, dt) for label, op in sc.items() for c in op.compiled}
+        for dt in ("float32", "float64")
+    }
     f32 = {k: len(v) for k, v in parts["float32"].items()}  # a None would raise: no float32 table kernel
     for k, v in parts["float32"].items():
         assert len(v) == 1 or max(p.num_terms for p in v) <= unrolled.SPLIT_PART_TERMS * 5 // 4, k
@@ -400,13 +435,23 @@ def test_training_kernels_leave_the_table_path(config, monkeypatch):
         op = tp[label]
         lay = edge_pass.fused_layout(op.compiled, "float32", channels)
         assert sorted(edge_pass._role1(lay) + lay.other) == list(range(len(op.compiled))), label
-    tp64 = {(label, c.output.name): unrolled.unrolled_parts(c, "float64") for label, op in tp.items() for c in op.compiled}
+    tp64 = {
+        (label, c.output.name): unrolled.unrolled_parts(c, "float64") for label, op in tp.items() for c in op.compiled
+    }
     assert all(v is not None for v in tp64.values())
     tp64 = {k: len(v) for k, v in tp64.items() if len(v) > 1}
     table64 = {k for k, v in parts["float64"].items() if v is None}
-    assert all(p.num_slots <= unrolled.MAX_PART_SLOTS_F64 for v in parts["float64"].values() if v and len(v) > 1 for p in v)
-    order = [("forward", "out"), ("backward", "d(x)"), ("backward", "d(W)"), ("double backward", "d(x)"),
-             ("double backward", "d(W)"), ("double backward", "d(d(out))")]
+    assert all(
+        p.num_slots <= unrolled.MAX_PART_SLOTS_F64 for v in parts["float64"].values() if v and len(v) > 1 for p in v
+    )
+    order = [
+        ("forward", "out"),
+        ("backward", "d(x)"),
+        ("backward", "d(W)"),
+        ("double backward", "d(x)"),
+        ("double backward", "d(W)"),
+        ("double backward", "d(d(out))"),
+    ]
     if config in ("paper", "256"):  # the same polynomials: the channel count is not in them
         assert [f32[k] for k in order] == [1, 1, 1, 5, 3, 1]
         assert [len(parts["float64"][k]) for k in order] == [4, 8, 3, 16, 8, 10]

@@ -18,8 +18,8 @@ from workbench.data.embedded import EMBEDDED_PATH
 from workbench.launch import LaunchError, RunFailed, attach, launch
 from workbench.launch.slurm import parse_time
 from workbench.launch.testing import LocalSlurm, missing_daemons, small_dataset, tiny_config
-from workbench.train.rundir import RunDir
 from workbench.train import TrainConfig
+from workbench.train.rundir import RunDir
 
 pytestmark = pytest.mark.skipif(not EMBEDDED_PATH.exists(), reason="embedded dataset missing")
 
@@ -71,24 +71,56 @@ def cfg(tmp: Path, name: str, dataset: Path, **kw) -> TrainConfig:
 def test_dry_run_slurm_185_nodes(tmp_path):
     script = launch(TrainConfig(output_dir=str(tmp_path)), backend="slurm", nodes=185, gpus_per_node=4, dry_run=True)
     lines = script.splitlines()
-    for expected in ("#SBATCH --nodes=185", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
-                     "#SBATCH --requeue", "#SBATCH --signal=USR2@120", "#SBATCH --time=60", "#SBATCH --job-name=mace",
-                     "#SBATCH --open-mode=append", "export SUBMITIT_EXECUTOR=slurm"):
+    for expected in (
+        "#SBATCH --nodes=185",
+        "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --requeue",
+        "#SBATCH --signal=USR2@120",
+        "#SBATCH --time=60",
+        "#SBATCH --job-name=mace",
+        "#SBATCH --open-mode=append",
+        "export SUBMITIT_EXECUTOR=slurm",
+    ):
         assert expected in lines, expected
     srun = next(x for x in lines if x.startswith("srun "))
     assert "--kill-on-bad-exit=1" in srun and "-m submitit.core._submit" in srun
     assert str(tmp_path / "mace" / "slurm") in srun
     assert not (tmp_path / "mace").exists()  # a dry run writes nothing
 
-    script = launch(TrainConfig(output_dir=str(tmp_path), device="cpu"), backend="slurm", nodes=2, gpus_per_node=2,
-                    dry_run=True, account="chem", partition="gpu", qos="high", time="1-02:03:04", constraint="a100",
-                    cpus_per_task=8, mem="64G", sbatch_lines=["#SBATCH --exclusive", "--reservation=big"],
-                    setup=["module load cuda"], env={"NCCL_DEBUG": "INFO"}, signal_delay_s=300)
+    script = launch(
+        TrainConfig(output_dir=str(tmp_path), device="cpu"),
+        backend="slurm",
+        nodes=2,
+        gpus_per_node=2,
+        dry_run=True,
+        account="chem",
+        partition="gpu",
+        qos="high",
+        time="1-02:03:04",
+        constraint="a100",
+        cpus_per_task=8,
+        mem="64G",
+        sbatch_lines=["#SBATCH --exclusive", "--reservation=big"],
+        setup=["module load cuda"],
+        env={"NCCL_DEBUG": "INFO"},
+        signal_delay_s=300,
+    )
     lines = script.splitlines()
-    for expected in ("#SBATCH --account=chem", "#SBATCH --partition=gpu", "#SBATCH --qos=high",
-                     "#SBATCH --time=1564", "#SBATCH --constraint=a100", "#SBATCH --cpus-per-task=8",
-                     "#SBATCH --mem=64G", "#SBATCH --exclusive", "#SBATCH --reservation=big",
-                     "#SBATCH --signal=USR2@300", "module load cuda", "export NCCL_DEBUG=INFO"):
+    for expected in (
+        "#SBATCH --account=chem",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --qos=high",
+        "#SBATCH --time=1564",
+        "#SBATCH --constraint=a100",
+        "#SBATCH --cpus-per-task=8",
+        "#SBATCH --mem=64G",
+        "#SBATCH --exclusive",
+        "#SBATCH --reservation=big",
+        "#SBATCH --signal=USR2@300",
+        "module load cuda",
+        "export NCCL_DEBUG=INFO",
+    ):
         assert expected in lines, expected
     assert not any("--gpus-per-node" in x for x in lines)  # device="cpu": ranks are CPU tasks
 
@@ -101,18 +133,49 @@ def test_dry_run_local_and_cli(tmp_path, capsys):
     assert text.endswith(f"-m workbench.launch.worker {RunDir(tmp_path / 'mace').launch_config}")
     path = tmp_path / "c.yaml"
     TrainConfig(name="cli", output_dir=str(tmp_path)).to_yaml(path)
-    assert main(["launch", "--config", str(path), "--backend", "slurm", "--nodes", "3", "--gpus-per-node", "4",
-                 "--dry-run", "--set", "name=viacli", "--time", "02:00:00", "--partition", "gpu"]) == 0
+    assert (
+        main(
+            [
+                "launch",
+                "--config",
+                str(path),
+                "--backend",
+                "slurm",
+                "--nodes",
+                "3",
+                "--gpus-per-node",
+                "4",
+                "--dry-run",
+                "--set",
+                "name=viacli",
+                "--time",
+                "02:00:00",
+                "--partition",
+                "gpu",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "#SBATCH --nodes=3" in out and "#SBATCH --job-name=viacli" in out and "#SBATCH --time=120" in out
     assert "#SBATCH --partition=gpu" in out
-    assert main(["launch", "--backend", "local", "--dry-run", "--partition", "x"]) == 2  # a user error: one line, exit 2
+    assert (
+        main(["launch", "--backend", "local", "--dry-run", "--partition", "x"]) == 2
+    )  # a user error: one line, exit 2
     assert "--partition is a SLURM option" in capsys.readouterr().err
 
 
 def test_parse_time():
-    assert [parse_time(x) for x in ("30", "5:30", "01:00:00", "2-0", "1-02:30", "0-00:00:59", 90, 0.5)] == \
-        [30, 6, 60, 2880, 1590, 1, 90, 1]
+    assert [parse_time(x) for x in ("30", "5:30", "01:00:00", "2-0", "1-02:30", "0-00:00:59", 90, 0.5)] == [
+        30,
+        6,
+        60,
+        2880,
+        1590,
+        1,
+        90,
+        1,
+    ]
     for bad in ("abc", "1:2:3:4", "01:60:00", "1-25:00", "0:00", "-5", "", True, 0):
         with pytest.raises(ValueError, match="time="):
             parse_time(bad)
@@ -385,6 +448,5 @@ def test_preempt_guard_records_signals_and_restores_handlers(monkeypatch):
         assert preempt.requested(1, "cpu") == "TERM"
     assert signal.getsignal(signal.SIGUSR2) is before and preempt.requested(1, "cpu") is None
     monkeypatch.setenv(preempt.ENV_VAR, "TERM,NOPE")
-    with pytest.raises(ValueError, match="'NOPE' is not a signal name"):
-        with preempt.guard_from_env():
-            pass
+    with pytest.raises(ValueError, match="'NOPE' is not a signal name"), preempt.guard_from_env():
+        pass

@@ -1,17 +1,19 @@
 """``mace-order``: mace_run_train's batches replayed, its statistics and its choice of final model,
 so that a workbench run pairs with a mace_run_train run step for step; ``keep="best"``."""
 
+import functools
 import json
+import operator
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from train_fixtures import tiny
 
 from workbench.data.embedded import EMBEDDED_PATH
 from workbench.train.mace_order import MaceOrderSampler, file_order
-from train_fixtures import tiny
 
 needs_data = pytest.mark.skipif(not EMBEDDED_PATH.exists(), reason="embedded dataset missing")
 
@@ -23,8 +25,9 @@ def _mace_loader_passes(n: int, batch_size: int, seed: int, passes: int) -> list
     from mace.tools.torch_geometric.data import Data
 
     graphs = [Data(x=torch.zeros(1, 1), energy=torch.tensor([float(i)]), num_nodes=1) for i in range(n)]
-    loader = DataLoader(graphs, batch_size=batch_size, shuffle=True, drop_last=True,
-                        generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        graphs, batch_size=batch_size, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(seed)
+    )
     return [[b.energy.long().tolist() for b in loader] for _ in range(passes)]
 
 
@@ -40,7 +43,9 @@ def test_batches_are_the_passes_of_maces_loader_after_its_two_statistics_passes(
     sampler.set_epoch(1)  # going back replays from the seed
     assert list(sampler) == passes[3]
     neighbours, energies = sampler.statistics_rows()
-    assert neighbours.tolist() == sum(passes[0], []) and energies.tolist() == sum(passes[1], [])
+    assert neighbours.tolist() == functools.reduce(
+        operator.iadd, passes[0], []
+    ) and energies.tolist() == functools.reduce(operator.iadd, passes[1], [])
     assert len(set(neighbours.tolist())) == (n // b) * b  # drop_last: n mod b graphs sit each pass out
 
     # file positions -> dataset indices
@@ -48,7 +53,7 @@ def test_batches_are_the_passes_of_maces_loader_after_its_two_statistics_passes(
     mapped = MaceOrderSampler(n, b, seed=seed, order=order)
     mapped.set_epoch(0)
     assert list(mapped) == [order[batch].tolist() for batch in passes[2]]
-    assert mapped.statistics_rows()[1].tolist() == order[sum(passes[1], [])].tolist()
+    assert mapped.statistics_rows()[1].tolist() == order[functools.reduce(operator.iadd, passes[1], [])].tolist()
 
 
 def test_resume_mid_epoch_and_refusals():
@@ -100,18 +105,26 @@ def test_keep_best_exports_the_epoch_with_the_lowest_validation_loss(tmp_path):
     came before a resume (it is kept in the checkpoint) and later epochs were worse."""
     from mace.modules.loss import WeightedEnergyForcesLoss
 
+    from workbench.train import TrainConfig
+    from workbench.train.data import prepare_data
     from workbench.train.evaluate import evaluate
     from workbench.train.loop import train
-    from workbench.train.data import prepare_data
-
-    from workbench.train import TrainConfig
 
     with pytest.raises(ValueError, match="TrainConfig.keep: 'best' picks the epoch by validation loss"):
         TrainConfig(keep="best", valid_fraction=0)
     with pytest.raises(ValueError, match="TrainConfig.keep: 'worst' is not one of last, best"):
         TrainConfig(keep="worst")
-    cfg = tiny(tmp_path, "best", sampler="fixed-count", batch_size=4, keep="best", epochs=2, max_steps=None,
-               checkpoint_every=0, ema_decay=None)
+    cfg = tiny(
+        tmp_path,
+        "best",
+        sampler="fixed-count",
+        batch_size=4,
+        keep="best",
+        epochs=2,
+        max_steps=None,
+        checkpoint_every=0,
+        ema_decay=None,
+    )
     train(cfg, resume=False)
     res = train(replace(cfg, epochs=4, lr=0.5), resume=True)  # a learning rate that ruins the model
     epochs = [json.loads(line) for line in Path(res.run_dir, "metrics.jsonl").read_text().splitlines()]
@@ -126,8 +139,10 @@ def test_keep_best_exports_the_epoch_with_the_lowest_validation_loss(tmp_path):
     # the loss by hand: the mean over batches of 4 graphs, in order
     from mace.tools.torch_geometric import DataLoader
 
-    by_hand = [float(loss_fn(pred=model(b.to_dict(), training=False, compute_force=True), ref=b).detach())
-               for b in DataLoader(data.valid, batch_size=4, shuffle=False)]
+    by_hand = [
+        float(loss_fn(pred=model(b.to_dict(), training=False, compute_force=True), ref=b).detach())
+        for b in DataLoader(data.valid, batch_size=4, shuffle=False)
+    ]
     assert got["loss"] == pytest.approx(np.mean(by_hand), rel=1e-12)
 
 
@@ -139,13 +154,23 @@ def test_a_mace_order_run_pairs_with_mace_run_train_step_for_step(tmp_path):
     from workbench.train.bench_quality import PRESETS, base_config, run_mace, run_workbench, write_split
     from workbench.train.evaluate import evaluate_file
 
-    cfg = replace(base_config(PRESETS["small"], tmp_path, seed=5), max_structures=70,
-                  families=["water_clusters", "cuni"])
+    cfg = replace(
+        base_config(PRESETS["small"], tmp_path, seed=5), max_structures=70, families=["water_clusters", "cuni"]
+    )
     split = write_split(cfg, tmp_path / "split")
     epochs = 3
     mace_model, _ = run_mace(cfg, split, tmp_path / "mace", epochs, threads=1)
-    ours = replace(cfg, name="ours", sampler="mace-order", keep="best", dataset=split["train"],
-                   valid_dataset=split["valid"], max_structures=None, families=None, epochs=epochs)
+    ours = replace(
+        cfg,
+        name="ours",
+        sampler="mace-order",
+        keep="best",
+        dataset=split["train"],
+        valid_dataset=split["valid"],
+        max_structures=None,
+        families=None,
+        epochs=epochs,
+    )
     our_model, _ = run_workbench(ours, tmp_path / "ours", threads=1)
 
     results = next((tmp_path / "mace" / "results").glob("*_train.txt")).read_text().splitlines()

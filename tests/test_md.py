@@ -5,14 +5,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import workbench  # noqa: F401
-
 import ase.io
 import numpy as np
 import pytest
 import torch
-
 from kernel_fixtures import build_model
+
+import workbench  # noqa: F401
 from workbench.train.md import energy_drift, run_md
 
 BIN = Path(sys.executable).parent
@@ -43,7 +42,9 @@ def test_energy_drift_is_the_least_squares_slope_per_atom():
 
 def test_nve_20_steps_numba_matches_e3nn(tiny_model):
     model, structure = tiny_model
-    runs = {b: run_md(model, structure, steps=20, backend=b, timestep_fs=0.25, progress=False) for b in ("numba", "e3nn")}
+    runs = {
+        b: run_md(model, structure, steps=20, backend=b, timestep_fs=0.25, progress=False) for b in ("numba", "e3nn")
+    }
     a, b = runs["numba"], runs["e3nn"]
     assert a.steps == 20 and len(a.total_energy) == 21 and a.atoms == 48
     # float64 model, same velocities: the two trajectories agree to rounding
@@ -56,9 +57,28 @@ def test_nve_20_steps_numba_matches_e3nn(tiny_model):
 def test_cli_writes_trajectory_and_reports_drift(tiny_model, tmp_path):
     model, structure = tiny_model
     traj, out = tmp_path / "md.xyz", tmp_path / "md.json"
-    res = subprocess.run([str(BIN / "workbench"), "md", str(model), "--structure", str(structure), "--steps", "20",
-                          "--ensemble", "nvt", "--trajectory", str(traj), "--write-every", "5", "--json", str(out)],
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [
+            str(BIN / "workbench"),
+            "md",
+            str(model),
+            "--structure",
+            str(structure),
+            "--steps",
+            "20",
+            "--ensemble",
+            "nvt",
+            "--trajectory",
+            str(traj),
+            "--write-every",
+            "5",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert "NVT 20 steps" in res.stdout and "eV/atom/ps" in res.stdout and "ns/day" in res.stdout
     assert len(ase.io.read(traj, index=":")) == 5  # steps 0, 5, 10, 15, 20
@@ -66,10 +86,13 @@ def test_cli_writes_trajectory_and_reports_drift(tiny_model, tmp_path):
     assert data["ensemble"] == "nvt" and len(data["temperature_k"]) == 21
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--structure", "missing.xyz"], "missing.xyz: no such structure file"),
-    (["--structure", "{structure}", "--ensemble", "npt"], "invalid choice: 'npt'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--structure", "missing.xyz"], "missing.xyz: no such structure file"),
+        (["--structure", "{structure}", "--ensemble", "npt"], "invalid choice: 'npt'"),
+    ],
+)
 def test_cli_errors_name_the_problem(tiny_model, args, message):
     model, structure = tiny_model
     args = [a.format(structure=structure) for a in args]

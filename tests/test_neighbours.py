@@ -12,15 +12,24 @@ from workbench.data.neighbours import neighbour_stats
 def _vesin(positions, cell, pbc, cutoff, min_distance):
     pbc = np.asarray(pbc, dtype=bool)
     nl = NeighborList(cutoff=max(cutoff, min_distance), full_list=True)
-    i, j, d = nl.compute(points=positions, box=cell if pbc.any() else np.zeros((3, 3)),
-                         periodic=[bool(p) for p in pbc] if pbc.any() else False, quantities="ijd")
+    i, j, d = nl.compute(
+        points=positions,
+        box=cell if pbc.any() else np.zeros((3, 3)),
+        periodic=[bool(p) for p in pbc] if pbc.any() else False,
+        quantities="ijd",
+    )
     keep = d < cutoff
     close = d < min_distance
     closest = None
     if close.any():
         k = int(np.argmin(np.where(close, d, np.inf)))
         closest = (int(i[k]), int(j[k]), float(d[k]))
-    return int(keep.sum()), int(np.count_nonzero(np.bincount(i[keep], minlength=len(positions)))), int(close.sum()) // 2, closest
+    return (
+        int(keep.sum()),
+        int(np.count_nonzero(np.bincount(i[keep], minlength=len(positions)))),
+        int(close.sum()) // 2,
+        closest,
+    )
 
 
 def _same(ours, ref):
@@ -39,8 +48,10 @@ def test_every_embedded_structure_matches_vesin():
     structures = load_embedded()
     for cutoff in (4.5, 6.0):
         for a in structures[:: 1 if cutoff == 4.5 else 10]:
-            _same(neighbour_stats(a.positions, a.cell.array, a.pbc, cutoff, 1.0),
-                  _vesin(a.positions, a.cell.array, a.pbc, cutoff, 1.0))
+            _same(
+                neighbour_stats(a.positions, a.cell.array, a.pbc, cutoff, 1.0),
+                _vesin(a.positions, a.cell.array, a.pbc, cutoff, 1.0),
+            )
 
 
 def test_random_cells_skewed_small_and_mixed_periodic():

@@ -17,8 +17,13 @@ import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 ALL = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-EXPECTED = ["01_explore_dataset.ipynb", "02_bin_capacity_study.ipynb", "03_kernel_timings.ipynb",
-            "04_train_and_launch.ipynb", "05_scaling_projection.ipynb"]
+EXPECTED = [
+    "01_explore_dataset.ipynb",
+    "02_bin_capacity_study.ipynb",
+    "03_kernel_timings.ipynb",
+    "04_train_and_launch.ipynb",
+    "05_scaling_projection.ipynb",
+]
 BUDGET_S = 120  # each notebook must run on the CPU with the embedded data in under 2 minutes
 ARTIFACTS = Path(os.environ.get("WORKBENCH_ARTIFACTS", NOTEBOOKS.parent / "runs" / "test-artifacts"))
 
@@ -35,8 +40,9 @@ def test_committed_without_outputs(name):
         if cell.cell_type == "code":
             assert cell.outputs == [], f"{name}: a code cell has outputs; clear them before committing"
             assert cell.execution_count is None, f"{name}: a code cell has an execution count"
-    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# "), \
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# "), (
         f"{name}: should open with a markdown title"
+    )
     assert "widgets" not in nb.metadata, f"{name}: saved widget state in metadata"
 
 
@@ -71,8 +77,9 @@ def execute(name: str, env: dict[str, str] | None = None, timeout: int = BUDGET_
     old = {k: os.environ.get(k) for k in (env or {})}
     os.environ.update(env or {})
     try:
-        client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                                resources={"metadata": {"path": str(NOTEBOOKS)}})
+        client = NotebookClient(
+            nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+        )
         t0 = time.perf_counter()
         client.execute()
         seconds = time.perf_counter() - t0
@@ -155,7 +162,7 @@ def test_notebook_04_slurm(runs, request):
         request.addfinalizer(cluster.stop)
     env = dict(getattr(cluster, "env", {}) or {"SLURM_CONF": str(cluster.conf_path)})
     env["WORKBENCH_NOTEBOOK_SLURM"] = "1"
-    nb, seconds = execute("04_train_and_launch.ipynb", env=env, timeout=300)
+    _nb, _seconds = execute("04_train_and_launch.ipynb", env=env, timeout=300)
     from workbench.train.metrics import read_steps
 
     steps = read_steps(runs / "nb04-slurm")

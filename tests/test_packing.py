@@ -66,7 +66,7 @@ def test_pack_properties(algorithm, problem):
 @SETTINGS
 @given(problem=problems())
 def test_paper_quality_and_metrics(problem):
-    costs, capacity, replicas, seed = problem
+    costs, capacity, replicas, _seed = problem
     p = pack(costs, capacity, replicas, algorithm="paper")
     m = p.metrics(randomness=False)
     lb = lower_bound_bins(costs, capacity, replicas)
@@ -182,10 +182,17 @@ def test_save_load_roundtrip(tmp_path):
 
 
 def test_pair_repeat_fraction_counts_pairs():
-    a = Packing(flat=np.arange(4), offsets=np.array([0, 2, 4]), costs=np.ones(4), capacity=2, num_replicas=1,
-                algorithm="x")
-    b = Packing(flat=np.array([0, 1, 2, 3]), offsets=np.array([0, 3, 4]), costs=np.ones(4), capacity=3,
-                num_replicas=1, algorithm="x")
+    a = Packing(
+        flat=np.arange(4), offsets=np.array([0, 2, 4]), costs=np.ones(4), capacity=2, num_replicas=1, algorithm="x"
+    )
+    b = Packing(
+        flat=np.array([0, 1, 2, 3]),
+        offsets=np.array([0, 3, 4]),
+        costs=np.ones(4),
+        capacity=3,
+        num_replicas=1,
+        algorithm="x",
+    )
     # pairs in a: (0,1), (2,3); in b, (0,1) is together again, (2,3) is not.
     assert pair_repeat_fraction(a, b) == pytest.approx(0.5)
 
@@ -205,7 +212,7 @@ def test_bad_inputs():
 @SETTINGS
 @given(problem=problems(), order=st.sampled_from(["fuller-first", "emptier-first"]), level=st.booleans())
 def test_paper_variants_keep_the_invariants(problem, order, level):
-    costs, capacity, replicas, seed = problem
+    costs, capacity, replicas, _seed = problem
     p = pack(costs, capacity, replicas, algorithm="paper", order=order, level_steps=level)
     _check(p, costs.shape[0], capacity, replicas, True)
 

@@ -35,8 +35,25 @@ def test_pack_cli_writes_npz_and_summary(sizes_file, tmp_path, capsys):
 
 def test_pack_cli_cost_choices_and_errors(sizes_file, tmp_path, capsys):
     out = str(tmp_path / "p.npz")
-    assert main(["pack", str(sizes_file), "--cost", "edges", "--capacity", "100000", "--replicas", "2",
-                 "--algorithm", "shuffled-paper", "-o", out]) == 0
+    assert (
+        main(
+            [
+                "pack",
+                str(sizes_file),
+                "--cost",
+                "edges",
+                "--capacity",
+                "100000",
+                "--replicas",
+                "2",
+                "--algorithm",
+                "shuffled-paper",
+                "-o",
+                out,
+            ]
+        )
+        == 0
+    )
     assert main(["pack", str(sizes_file), "--cost", "model", "--capacity", "0.3", "--no-randomness", "-o", out]) == 0
     assert main(["pack", str(sizes_file), "--capacity", "100", "-o", out]) == 2  # oversize graphs: clear error, exit 2
     assert "exceed capacity" in capsys.readouterr().err
@@ -56,11 +73,37 @@ def test_load_sizes_formats(tmp_path):
 
 def test_bench_cli_small(tmp_path, sizes_file, capsys):
     out = tmp_path / "bench.json"
-    assert main(["bench", "packing", "--n", "3000", "--replicas", "8", "--pyg-n", "500", "--repeats", "1",
-                 "--no-sweep", "--real", str(sizes_file), "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "packing",
+                "--n",
+                "3000",
+                "--replicas",
+                "8",
+                "--pyg-n",
+                "500",
+                "--repeats",
+                "1",
+                "--no-sweep",
+                "--real",
+                str(sizes_file),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
-    assert {r["algorithm"] for r in result["synthetic"]} >= {"paper", "shuffled-paper", "fixed-count", "dynamic",
-                                                            "ffd", "lpt"}
+    assert {r["algorithm"] for r in result["synthetic"]} >= {
+        "paper",
+        "shuffled-paper",
+        "fixed-count",
+        "dynamic",
+        "ffd",
+        "lpt",
+    }
     assert result["pyg_dynamic_batch_sampler"].get("identical_batches", True)
     assert len(result["real"]["rows"]) == len(result["synthetic"])
     assert "| paper |" in capsys.readouterr().out

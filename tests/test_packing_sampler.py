@@ -23,12 +23,21 @@ def sizes(n: int, seed: int) -> np.ndarray:
 def setups(draw):
     replicas = draw(st.integers(1, 6))
     n = draw(st.integers(replicas, 300))
-    return sizes(n, draw(st.integers(0, 9999))), replicas, draw(st.integers(0, 99)), draw(st.sampled_from(sorted(ALGORITHMS)))
+    return (
+        sizes(n, draw(st.integers(0, 9999))),
+        replicas,
+        draw(st.integers(0, 99)),
+        draw(st.sampled_from(sorted(ALGORITHMS))),
+    )
 
 
 def ranks(costs, replicas, seed, algorithm, **kw):
-    return [BinPackingBatchSampler(costs, capacity=1024, num_replicas=replicas, rank=r, seed=seed,
-                                   algorithm=algorithm, **kw) for r in range(replicas)]
+    return [
+        BinPackingBatchSampler(
+            costs, capacity=1024, num_replicas=replicas, rank=r, seed=seed, algorithm=algorithm, **kw
+        )
+        for r in range(replicas)
+    ]
 
 
 @SETTINGS
@@ -139,6 +148,6 @@ class _Graphs(Dataset):
 def test_works_as_dataloader_batch_sampler():
     costs = sizes(200, 3)
     s = BinPackingBatchSampler(costs, 1024, num_replicas=2, rank=0, seed=0)
-    loader = DataLoader(_Graphs(200), batch_sampler=s, collate_fn=lambda items: torch.cat(items))
+    loader = DataLoader(_Graphs(200), batch_sampler=s, collate_fn=torch.cat)
     got = [b.tolist() for b in loader]
     assert got == list(s) and len(loader) == len(s)

@@ -13,8 +13,15 @@ def _random_program(rng, inputs: int, acc: int, ops: int) -> Program:
     for _ in range(ops):
         kind = rng.integers(4)
         a, b, c = (vals[int(i)] for i in rng.integers(len(vals), size=3))
-        v = (p.const(rng.choice([0.5, -1.25, 0.2041241452, 3.0])) if kind == 0 else
-             p.mul(a, b) if kind == 1 else p.add(a, b) if kind == 2 else p.fma(a, b, c))
+        v = (
+            p.const(rng.choice([0.5, -1.25, 0.2041241452, 3.0]))
+            if kind == 0
+            else p.mul(a, b)
+            if kind == 1
+            else p.add(a, b)
+            if kind == 2
+            else p.fma(a, b, c)
+        )
         vals.append(v)
     p.outputs = [vals[-1 - k] for k in range(acc)]
     return p
@@ -30,8 +37,8 @@ def test_encode_decode_round_trip():
 
 def test_evaluate_follows_the_program():
     p = Program(3, 2)
-    x = p.mul(p.v(0), p.v(1))                       # v0 v1
-    y = p.fma(x, p.const(2.0), p.acc(0))            # acc0 + 2 v0 v1
+    x = p.mul(p.v(0), p.v(1))  # v0 v1
+    y = p.fma(x, p.const(2.0), p.acc(0))  # acc0 + 2 v0 v1
     z = p.add(p.mul(p.v(2), p.const(-0.5)), p.acc(1))
     p.outputs = [y, z]
     assert p.evaluate([1.0, 10.0], [3.0, 4.0, 8.0]) == (1.0 + 24.0, 10.0 - 4.0)
@@ -50,7 +57,7 @@ def test_llvm_lowering_matches_python(dtype):
     names = [f"v[{i}]" for i in range(p.num_inputs)]
     src = f"def run(acc, v):\n    return {call_source('poly', 'acc', names)}\n"
     ns = {"poly": poly}
-    exec(compile(src, "<test>", "exec"), ns)  # noqa: S102
+    exec(compile(src, "<test>", "exec"), ns)
     run = numba.njit(ns["run"])
     v = rng.uniform(0.5, 1.5, p.num_inputs).astype(dtype)
     acc = rng.standard_normal(3).astype(dtype)

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from kernel_fixtures import build_model
+
 from workbench.kernels import accelerate
 from workbench.kernels.backends import generated
+from workbench.kernels.backends.toolkit import find_ptxas
 from workbench.kernels.launches import launches, training_ops
 from workbench.kernels.mace.accelerate import model_ops, precompile_model
 from workbench.kernels.precompile import decode_types, encode_types, kernel_jobs, precompile, target_id
-from workbench.kernels.backends.toolkit import find_ptxas
 
 pytestmark = pytest.mark.skipif(find_ptxas() is None, reason="ptxas (nvidia-cuda-nvcc wheel) not installed")
 
@@ -36,8 +36,12 @@ def small_model():
 
 def test_model_ops_names_every_accelerated_module(small_model):
     sites = model_ops(small_model)
-    assert [s.label for s in sites] == ["interactions.0.conv_tp", "interactions.1.conv_tp",
-                                        "products.0.symmetric_contractions", "products.1.symmetric_contractions"]
+    assert [s.label for s in sites] == [
+        "interactions.0.conv_tp",
+        "interactions.1.conv_tp",
+        "products.0.symmetric_contractions",
+        "products.1.symmetric_contractions",
+    ]
     assert all(s.channels == 4 for s in sites)
     # the first interaction's node features are the species embedding: forces never differentiate through them
     assert [s.position_free for s in sites] == [("x",), (), (), ()]
@@ -91,8 +95,13 @@ print(json.dumps({"launched": sorted(launched), "planned": sorted(planned)}))
 def test_precompile_plans_exactly_the_kernels_a_training_step_launches():
     """A real force-training step (the CUDA kernels in numba's simulator) asks for the same generated
     kernels as precompile plans: none compiles at the first step, none is compiled for nothing."""
-    res = subprocess.run([sys.executable, "-c", _TRACE], capture_output=True, text=True, timeout=600,
-                         cwd=Path(__file__).resolve().parents[1])
+    res = subprocess.run(
+        [sys.executable, "-c", _TRACE],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert len(got["launched"]) == 12
@@ -127,11 +136,34 @@ def test_markers_name_the_target_and_the_compiler():
 
 
 def _precompile_cli(cache: Path, out: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "workbench.cli", "kernels", "precompile", "--hidden", "4x0e+4x1o", "--max-ell", "2",
-           "--correlation", "2", "--elements", "3", "--target", "ptx", "--modules", "products.0.", "--workers", "2",
-           "--cache", str(cache), "--json", str(out)]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "workbench.cli",
+        "kernels",
+        "precompile",
+        "--hidden",
+        "4x0e+4x1o",
+        "--max-ell",
+        "2",
+        "--correlation",
+        "2",
+        "--elements",
+        "3",
+        "--target",
+        "ptx",
+        "--modules",
+        "products.0.",
+        "--workers",
+        "2",
+        "--cache",
+        str(cache),
+        "--json",
+        str(out),
+    ]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
 
 
 def test_processes_of_a_node_compile_each_kernel_once(tmp_path):
@@ -190,9 +222,34 @@ def test_cold_start_bench_times_the_compile_from_an_empty_cache(tmp_path):
     """``workbench bench cold-start`` without a GPU: PTX + ptxas of every kernel from an empty cache,
     then the same cache again (nothing left to compile), each in a fresh process; JSON per machine."""
     out = tmp_path / "cold_start.json"
-    res = subprocess.run([sys.executable, "-m", "workbench.cli", "bench", "cold-start", "--hidden", "4x0e+4x1o",
-                          "--max-ell", "2", "--correlation", "2", "--atoms", "48", "--target", "ptx", "--workers", "2",
-                          "--name", "ci", "--out", str(out)], capture_output=True, text=True, timeout=900)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workbench.cli",
+            "bench",
+            "cold-start",
+            "--hidden",
+            "4x0e+4x1o",
+            "--max-ell",
+            "2",
+            "--correlation",
+            "2",
+            "--atoms",
+            "48",
+            "--target",
+            "ptx",
+            "--workers",
+            "2",
+            "--name",
+            "ci",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     entry = json.loads(out.read_text())["machines"]["ci"]
     cold, warm = entry["runs"]["cold"], entry["runs"]["warm"]

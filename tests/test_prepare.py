@@ -138,8 +138,11 @@ def test_on_error_fail_names_file_and_frame_skip_lists_every_frame(embedded_fram
     assert [(s["frame"], s["source"]) for s in skipped] == [(3, str(bad)), (7, str(bad))]
     assert "non-finite" in skipped[0]["reason"] and "missing energy label info['REF_energy']" in skipped[1]["reason"]
     # the CLI: one line naming file and frame, exit 1
-    res = subprocess.run([str(BIN / "workbench"), "data", "prepare", str(bad), "--out", str(tmp_path / "cli")],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [str(BIN / "workbench"), "data", "prepare", str(bad), "--out", str(tmp_path / "cli")],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 2 and "bad.extxyz, frame 3" in res.stderr and "Traceback" not in res.stderr
 
 
@@ -151,8 +154,11 @@ def test_fail_names_the_first_bad_chunk_whichever_worker_finishes_first():
     from workbench.data.prepare import _collect
 
     class Bar:
-        def update(self, n): pass
-        def set_postfix(self, **kw): pass
+        def update(self, n):
+            pass
+
+        def set_postfix(self, **kw):
+            pass
 
     def failed(msg):
         f = Future()
@@ -201,8 +207,12 @@ def test_malformed_inputs_name_the_frame(embedded_frames, tmp_path):
 def test_killed_prepare_resumes_to_the_same_index(embedded_store, tmp_path):
     ref = embedded_store  # the same settings, uninterrupted (2 workers; the index does not depend on them)
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-c", "import sys; from workbench.data.prepare import prepare; "
-           f"prepare([{str(EMBEDDED_PATH)!r}], {str(out)!r}, workers=1, shard_size=100, progress=False)"]
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from workbench.data.prepare import prepare; "
+        f"prepare([{str(EMBEDDED_PATH)!r}], {str(out)!r}, workers=1, shard_size=100, progress=False)",
+    ]
     proc = subprocess.Popen(cmd, start_new_session=True)
     deadline = time.time() + 120
     while time.time() < deadline and len(list((out / "shards").glob("*.part.npz"))) < 4:
@@ -247,18 +257,47 @@ def _run_train(cfg: TrainConfig, tmp_path: Path, env_extra: dict | None = None, 
     path = tmp_path / f"{cfg.name}.yaml"
     cfg.to_yaml(path)
     env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           f"--max-restarts={restarts}", "--no-python", str(BIN / "workbench"), "train", "--config", str(path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        f"--max-restarts={restarts}",
+        "--no-python",
+        str(BIN / "workbench"),
+        "train",
+        "--config",
+        str(path),
+    ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
 
 
 def test_prepare_train_resume_under_torchrun(embedded_store, tmp_path):
     from workbench.train.rundir import RunDir, read_steps
 
-    base = dict(output_dir=str(tmp_path), dataset=str(embedded_store.path), hidden_irreps="8x0e+8x1o", max_ell=1,
-                correlation=2, num_bessel=4, radial_mlp=[16, 16], families=["water_clusters", "hea", "mptrj"],
-                max_structures=200, valid_fraction=0.1, capacity=250, epochs=5, max_steps=9, checkpoint_every=3,
-                lr=0.01, progress=False, seed=3, dist_timeout_s=120, num_workers=2, dtype="float64")
+    base = dict(
+        output_dir=str(tmp_path),
+        dataset=str(embedded_store.path),
+        hidden_irreps="8x0e+8x1o",
+        max_ell=1,
+        correlation=2,
+        num_bessel=4,
+        radial_mlp=[16, 16],
+        families=["water_clusters", "hea", "mptrj"],
+        max_structures=200,
+        valid_fraction=0.1,
+        capacity=250,
+        epochs=5,
+        max_steps=9,
+        checkpoint_every=3,
+        lr=0.01,
+        progress=False,
+        seed=3,
+        dist_timeout_s=120,
+        num_workers=2,
+        dtype="float64",
+    )
     ref = TrainConfig(name="ref", **base)
     out = _run_train(ref, tmp_path)
     assert out.returncode == 0, out.stderr[-4000:]
@@ -307,8 +346,12 @@ def test_bench_prepare_rows_and_anchors(tmp_path):
 
     res = bench_prepare(tmp_path, frames=2000, workers=(1, 2))
     rows = res["rows"]
-    assert res["frames"] == 2000 and set(rows) == {"ase.io.iread (parse only)", "prepare --workers 1",
-                                                   "ase.io.iread x2 processes", "prepare --workers 2"}
+    assert res["frames"] == 2000 and set(rows) == {
+        "ase.io.iread (parse only)",
+        "prepare --workers 1",
+        "ase.io.iread x2 processes",
+        "prepare --workers 2",
+    }
     one, two = rows["prepare --workers 1"], rows["prepare --workers 2"]
     parse, parallel = rows["ase.io.iread (parse only)"], rows["ase.io.iread x2 processes"]
     assert one["vs_parallel_parse"] == pytest.approx(parse["seconds"] / one["seconds"])

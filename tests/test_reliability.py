@@ -15,6 +15,7 @@ BIN = Path(sys.executable).parent
 
 # -- config: numbers as a user means them, every field checked by name --------------------------
 
+
 def test_numbers_are_parsed_the_way_users_write_them(tmp_path):
     c = TrainConfig().with_overrides(["lr=1e-3", "correlation='3'", "families=mptrj", "seed=7", "clip_grad=null"])
     assert (c.lr, c.correlation, c.families, c.seed, c.clip_grad) == (0.001, 3, ["mptrj"], 7, None)
@@ -25,22 +26,25 @@ def test_numbers_are_parsed_the_way_users_write_them(tmp_path):
     assert (c.lr, c.weight_decay, c.families, c.max_structures) == (0.001, 5e-7, ["mptrj", "hea"], 100)
 
 
-@pytest.mark.parametrize("item, message", [
-    ("lr=inf", r"TrainConfig.lr: must be a finite number > 0, got inf"),
-    ("lr=0", r"TrainConfig.lr: must be a finite number > 0"),
-    ("forces_weight=-100", r"TrainConfig.forces_weight: must be a finite number >= 0, got -100"),
-    ("clip_grad=-1", r"TrainConfig.clip_grad: must be a finite number > 0 or null, got -1"),
-    ("max_structures=-5", r"TrainConfig.max_structures: must be an integer >= 1 or null, got -5"),
-    ("cutoff=1000", r"TrainConfig.cutoff: must be a finite number in \(0, 15\], got 1000"),
-    ("seed=abc", r"TrainConfig.seed: expected an integer, got 'abc'"),
-    ("seed=-1", r"TrainConfig.seed: must be an integer >= 0, got -1"),
-    ("radial_mlp=64", r"TrainConfig.radial_mlp: expected a list like \[64, 64\], got 64"),
-    ("device=tpu", r"TrainConfig.device: 'tpu' is not one of auto, cpu, cuda, cuda:N"),
-    ("capacity=abc", r"TrainConfig.capacity: expected an integer, got 'abc'"),
-    ("capacity=.nan", r"TrainConfig.capacity: expected an integer, got nan"),
-    ("correlation=x", r"TrainConfig.correlation: expected an integer, got 'x'"),
-    ("lr=[1", r"--set lr, line 1: not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        ("lr=inf", r"TrainConfig.lr: must be a finite number > 0, got inf"),
+        ("lr=0", r"TrainConfig.lr: must be a finite number > 0"),
+        ("forces_weight=-100", r"TrainConfig.forces_weight: must be a finite number >= 0, got -100"),
+        ("clip_grad=-1", r"TrainConfig.clip_grad: must be a finite number > 0 or null, got -1"),
+        ("max_structures=-5", r"TrainConfig.max_structures: must be an integer >= 1 or null, got -5"),
+        ("cutoff=1000", r"TrainConfig.cutoff: must be a finite number in \(0, 15\], got 1000"),
+        ("seed=abc", r"TrainConfig.seed: expected an integer, got 'abc'"),
+        ("seed=-1", r"TrainConfig.seed: must be an integer >= 0, got -1"),
+        ("radial_mlp=64", r"TrainConfig.radial_mlp: expected a list like \[64, 64\], got 64"),
+        ("device=tpu", r"TrainConfig.device: 'tpu' is not one of auto, cpu, cuda, cuda:N"),
+        ("capacity=abc", r"TrainConfig.capacity: expected an integer, got 'abc'"),
+        ("capacity=.nan", r"TrainConfig.capacity: expected an integer, got nan"),
+        ("correlation=x", r"TrainConfig.correlation: expected an integer, got 'x'"),
+        ("lr=[1", r"--set lr, line 1: not valid YAML"),
+    ],
+)
 def test_bad_values_name_the_field(item, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig().with_overrides([item])
@@ -68,7 +72,9 @@ def test_cli_error_convention(tmp_path):
     res = subprocess.run([str(BIN / "workbench"), "train", "--set", "lr=abc"], capture_output=True, text=True)
     assert res.returncode == 2
     assert res.stderr.strip() == "workbench: error: TrainConfig.lr: expected a number, got 'abc'"
-    res = subprocess.run([str(BIN / "workbench"), "--debug", "train", "--set", "lr=abc"], capture_output=True, text=True)
+    res = subprocess.run(
+        [str(BIN / "workbench"), "--debug", "train", "--set", "lr=abc"], capture_output=True, text=True
+    )
     assert res.returncode != 0 and "Traceback" in res.stderr and "ConfigError" in res.stderr
 
 
@@ -84,6 +90,7 @@ def test_absurd_cutoff_is_refused_before_building_graphs():
 
 
 # -- packing ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("algorithm", ["paper", "shuffled-paper", "ffd"])
 def test_non_finite_capacity_and_huge_costs(algorithm):
@@ -107,11 +114,12 @@ def test_sampler_state_from_other_data_or_packing_is_refused():
     next(it), next(it)
     state = s.state_dict()
     assert state["n_graphs"] == 400 and state["capacity"] == 512
-    for other, what in ((BinPackingBatchSampler(costs[:300], capacity=512, num_replicas=2, rank=0), "n_graphs=400"),
-                        (BinPackingBatchSampler(costs, capacity=256, num_replicas=2, rank=0), "capacity=512"),
-                        (BinPackingBatchSampler(costs, capacity=512, num_replicas=2, rank=0, seed=1), "seed=0"),
-                        (BinPackingBatchSampler(costs, capacity=512, num_replicas=2, rank=0, algorithm="ffd"),
-                         "algorithm='paper'")):
+    for other, what in (
+        (BinPackingBatchSampler(costs[:300], capacity=512, num_replicas=2, rank=0), "n_graphs=400"),
+        (BinPackingBatchSampler(costs, capacity=256, num_replicas=2, rank=0), "capacity=512"),
+        (BinPackingBatchSampler(costs, capacity=512, num_replicas=2, rank=0, seed=1), "seed=0"),
+        (BinPackingBatchSampler(costs, capacity=512, num_replicas=2, rank=0, algorithm="ffd"), "algorithm='paper'"),
+    ):
         with pytest.raises(ValueError, match=rf"sampler state was saved with {what}"):
             other.load_state_dict(state)
     same = BinPackingBatchSampler(costs, capacity=512, num_replicas=2, rank=0)
@@ -121,10 +129,26 @@ def test_sampler_state_from_other_data_or_packing_is_refused():
 
 # -- training: safe resume, one run per directory, non-finite steps ------------------------------
 
+
 def _tiny(tmp_path, name="run", **kw) -> TrainConfig:
-    base = dict(name=name, output_dir=str(tmp_path), hidden_irreps="8x0e", max_ell=1, correlation=1, num_bessel=4,
-                radial_mlp=[8], families=["hea"], valid_fraction=0.2, capacity=200, epochs=20, max_steps=4,
-                checkpoint_every=2, progress=False, export=False, seed=1)
+    base = dict(
+        name=name,
+        output_dir=str(tmp_path),
+        hidden_irreps="8x0e",
+        max_ell=1,
+        correlation=1,
+        num_bessel=4,
+        radial_mlp=[8],
+        families=["hea"],
+        valid_fraction=0.2,
+        capacity=200,
+        epochs=20,
+        max_steps=4,
+        checkpoint_every=2,
+        progress=False,
+        export=False,
+        seed=1,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -136,9 +160,14 @@ def test_resume_refuses_another_run_and_applies_a_new_lr(tmp_path, capfd):
     from workbench.train.rundir import RunDir, read_jsonl
 
     train(_tiny(tmp_path))
-    for change, text in (({"capacity": 300}, "capacity: 200 -> 300"), ({"dtype": "float64"}, "dtype: 'float32' -> 'float64'"),
-                         ({"hidden_irreps": "16x0e"}, "hidden_irreps: '8x0e' -> '16x0e'")):
-        with pytest.raises(ValueError, match=rf"checkpoint.pt: the checkpoint belongs to a run with other settings \({text}"):
+    for change, text in (
+        ({"capacity": 300}, "capacity: 200 -> 300"),
+        ({"dtype": "float64"}, "dtype: 'float32' -> 'float64'"),
+        ({"hidden_irreps": "16x0e"}, "hidden_irreps: '8x0e' -> '16x0e'"),
+    ):
+        with pytest.raises(
+            ValueError, match=rf"checkpoint.pt: the checkpoint belongs to a run with other settings \({text}"
+        ):
             train(_tiny(tmp_path, max_steps=6, **change))
     capfd.readouterr()
     train(_tiny(tmp_path, max_steps=6, lr=0.002))
@@ -159,13 +188,23 @@ def test_damaged_checkpoint_falls_back_then_names_the_file(tmp_path):
     stale = run.path / "checkpoint.pt.tmp4242"
     stale.write_bytes(b"half a checkpoint")
     good = run.checkpoint.read_bytes()
-    for damage in (good[: len(good) // 2], b"", np.random.default_rng(0).bytes(4096),
-                   good[:100] + bytes([good[100] ^ 0xFF]) + good[101:]):
+    for damage in (
+        good[: len(good) // 2],
+        b"",
+        np.random.default_rng(0).bytes(4096),
+        good[:100] + bytes([good[100] ^ 0xFF]) + good[101:],
+    ):
         run.checkpoint.write_bytes(damage)
-        with pytest.warns(UserWarning, match=r"checkpoint.pt: not a .*resuming from the previous checkpoint checkpoint.prev.pt \(step 3\)"):
+        with pytest.warns(
+            UserWarning,
+            match=r"checkpoint.pt: not a .*resuming from the previous checkpoint checkpoint.prev.pt \(step 3\)",
+        ):
             assert load_checkpoint(run.checkpoint)["global_step"] == 3
     previous_path(run.checkpoint).write_bytes(b"")
-    with pytest.raises(CheckpointError, match=r"checkpoint.pt: not a readable checkpoint .*No usable earlier checkpoint: start afresh with --fresh"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"checkpoint.pt: not a readable checkpoint .*No usable earlier checkpoint: start afresh with --fresh",
+    ):
         load_checkpoint(run.checkpoint)
     run.checkpoint.write_bytes(good)
     train(_tiny(tmp_path, max_steps=6))  # resumes from the good one and cleans the writer's leftovers
@@ -180,10 +219,18 @@ def test_one_run_per_directory(tmp_path):
     from workbench.train import train
     from workbench.train.rundir import RunDirBusy
 
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from workbench.train.rundir import RunDir, RunLock\n"
-        f"with RunLock(RunDir({str(tmp_path / 'run')!r})):\n    print('held', flush=True); time.sleep(600)")],
-        stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time; from workbench.train.rundir import RunDir, RunLock\n"
+                f"with RunLock(RunDir({str(tmp_path / 'run')!r})):\n    print('held', flush=True); time.sleep(600)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RunDirBusy, match=rf"another run is training here \(host .*, pid {holder.pid}, since "):
@@ -221,9 +268,12 @@ def test_non_finite_step_names_the_graphs(tmp_path, mode):
     cfg = _tiny(tmp_path, lr=1e9, clip_grad=None, max_steps=4, checkpoint_every=1, on_nonfinite=mode)
     run = RunDir(cfg.run_dir)
     if mode == "stop":
-        with pytest.raises(NonFiniteStep, match=r"step 2 \(epoch 0\), rank 0: non-finite loss nan / gradient norm nan; "
-                                                r"graphs with a non-finite error: \S*mixture\.extxyz\.gz, frame \d+.*"
-                                                r"Stopped; the last checkpoint is kept"):
+        with pytest.raises(
+            NonFiniteStep,
+            match=r"step 2 \(epoch 0\), rank 0: non-finite loss nan / gradient norm nan; "
+            r"graphs with a non-finite error: \S*mixture\.extxyz\.gz, frame \d+.*"
+            r"Stopped; the last checkpoint is kept",
+        ):
             train(cfg)
         assert torch.load(run.checkpoint, weights_only=False)["global_step"] == 1
         return
@@ -246,8 +296,15 @@ def test_uninterrupted_runs_are_bit_identical_with_two_threads(tmp_path):
     try:
         weights = []
         for k in range(2):
-            cfg = _tiny(tmp_path, name=f"r{k}", hidden_irreps="8x0e+8x1o", correlation=2, radial_mlp=[16, 16],
-                        families=["water_clusters", "hea"], max_steps=8)
+            cfg = _tiny(
+                tmp_path,
+                name=f"r{k}",
+                hidden_irreps="8x0e+8x1o",
+                correlation=2,
+                radial_mlp=[16, 16],
+                families=["water_clusters", "hea"],
+                max_steps=8,
+            )
             train(cfg)
             weights.append(torch.load(RunDir(cfg.run_dir).checkpoint, weights_only=False)["model"])
     finally:
@@ -267,8 +324,12 @@ def test_preempted_run_exits_75_after_its_checkpoint(tmp_path):
     cfg = _tiny(tmp_path, max_steps=500, checkpoint_every=0)
     path = tmp_path / "run.yaml"
     cfg.to_yaml(path)
-    proc = subprocess.Popen([str(BIN / "workbench"), "train", "--config", str(path)], stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, WORKBENCH_PREEMPT_SIGNALS="TERM"))
+    proc = subprocess.Popen(
+        [str(BIN / "workbench"), "train", "--config", str(path)],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, WORKBENCH_PREEMPT_SIGNALS="TERM"),
+    )
     log = RunDir(cfg.run_dir).step_log(0)
     deadline = time.time() + 120
     while time.time() < deadline and len(read_jsonl(log)) < 3:
@@ -282,8 +343,13 @@ def test_preempted_run_exits_75_after_its_checkpoint(tmp_path):
 
 
 def test_unwritable_output_directory_is_one_line():
-    res = subprocess.run([str(BIN / "workbench"), "train", "--set", "output_dir=/sys/workbench-probe",
-                          "--set", "max_steps=1"], capture_output=True, text=True)
+    res = subprocess.run(
+        [str(BIN / "workbench"), "train", "--set", "output_dir=/sys/workbench-probe", "--set", "max_steps=1"],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 2
-    assert res.stderr.strip() == ("workbench: error: /sys/workbench-probe/mace: cannot write the run directory "
-                                  "(Operation not permitted); choose a writable output_dir")
+    assert res.stderr.strip() == (
+        "workbench: error: /sys/workbench-probe/mace: cannot write the run directory "
+        "(Operation not permitted); choose a writable output_dir"
+    )

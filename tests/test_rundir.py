@@ -5,11 +5,20 @@ import json
 import pytest
 
 from workbench.launch import read_metrics
-from workbench.train.rundir import EPOCH_FIELDS, STEP_FIELDS, JsonlLog, RunDir, latest_run, read_epochs, read_jsonl, read_steps
+from workbench.train.rundir import (
+    EPOCH_FIELDS,
+    STEP_FIELDS,
+    JsonlLog,
+    RunDir,
+    latest_run,
+    read_epochs,
+    read_jsonl,
+    read_steps,
+)
 
 
 def _step(rank, global_step, loss=1.0):
-    rec = {k: 0 for k in STEP_FIELDS}
+    rec = dict.fromkeys(STEP_FIELDS, 0)
     rec.update(type="step", rank=rank, global_step=global_step, loss=loss)
     return rec
 
@@ -25,7 +34,7 @@ def test_half_written_last_line_is_skipped_until_complete(tmp_path):
     assert [r["global_step"] for r in read_steps(run.path)] == [1, 2]
     assert read_metrics(run.path).global_step == 2  # the launcher's view agrees
     with open(run.step_log(0), "a") as fh:
-        fh.write(line[len(line) // 2:] + "\n")
+        fh.write(line[len(line) // 2 :] + "\n")
     assert [r["global_step"] for r in read_steps(run.path)] == [1, 2, 3]
 
 
@@ -46,9 +55,8 @@ def test_replayed_steps_keep_the_last_record_per_rank_and_step(tmp_path):
     recs = read_steps(run.path)
     assert [(r["global_step"], r["rank"]) for r in recs] == [(s, r) for s in (1, 2, 3, 4) for r in (0, 1)]
     assert [r["global_step"] for r in read_steps(run.path, rank=1)] == [1, 2, 3, 4]
-    with pytest.raises(KeyError, match="lacks"):
-        with JsonlLog(run.epoch_log, EPOCH_FIELDS) as log:
-            log.write({"type": "epoch", "epoch": 0})
+    with pytest.raises(KeyError, match="lacks"), JsonlLog(run.epoch_log, EPOCH_FIELDS) as log:
+        log.write({"type": "epoch", "epoch": 0})
     assert read_epochs(run.path) == []
 
 

@@ -14,8 +14,13 @@ from workbench.data.families import FAMILIES, FAMILY_NAMES, PAPER_TOTAL, family_
 def _structures():
     rng = np.random.default_rng(5)
     out = []
-    for a in (bulk("Cu", "fcc", a=3.6), bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2), molecule("CH3CH2OH"),
-              bulk("NaCl", "rocksalt", a=5.6).repeat((1, 2, 3)), molecule("H2O")):
+    for a in (
+        bulk("Cu", "fcc", a=3.6),
+        bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2),
+        molecule("CH3CH2OH"),
+        bulk("NaCl", "rocksalt", a=5.6).repeat((1, 2, 3)),
+        molecule("H2O"),
+    ):
         a = a.copy()
         a.positions += rng.normal(0, 0.05, a.positions.shape)
         a.info["config_type"] = "mptrj"
@@ -43,7 +48,10 @@ def test_family_counts_sum_and_proportions():
         assert sum(c.values()) == n
         if n >= 2000:
             for f in FAMILIES:
-                assert abs(c[f.name] / n - f.paper_count / PAPER_TOTAL) <= 0.01 * max(f.paper_count / PAPER_TOTAL, 1 / n) + 1 / n
+                assert (
+                    abs(c[f.name] / n - f.paper_count / PAPER_TOTAL)
+                    <= 0.01 * max(f.paper_count / PAPER_TOTAL, 1 / n) + 1 / n
+                )
     assert family_counts(10, ["cuni", "hea"]) == {"cuni": 7, "hea": 3}
     assert family_counts(0, {"cuni": 5}) == {"cuni": 5}
     with pytest.raises(KeyError, match="unknown family 'gold'.*mptrj"):
@@ -60,9 +68,11 @@ def test_sample_natoms_in_range():
 
 def test_e3nn_imports_without_user_setup():
     """The e3nn 0.4.4 / torch >= 2.6 import failure is handled inside the package."""
-    code = ("import os; os.environ.pop('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', None)\n"
-            "import workbench, e3nn.o3 as o3, mace.modules\n"
-            "print(o3.wigner_3j(1, 1, 0).shape)")
+    code = (
+        "import os; os.environ.pop('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', None)\n"
+        "import workbench, e3nn.o3 as o3, mace.modules\n"
+        "print(o3.wigner_3j(1, 1, 0).shape)"
+    )
     env = {k: v for k, v in __import__("os").environ.items() if k != "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr

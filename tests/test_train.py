@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from train_fixtures import run_cli, tiny
 
 from workbench.data.embedded import EMBEDDED_PATH
-from workbench.train.rundir import RunDir, read_steps
 from workbench.train import TrainConfig
-from train_fixtures import run_cli, tiny
+from workbench.train.rundir import RunDir, read_steps
 
 pytestmark = pytest.mark.skipif(not EMBEDDED_PATH.exists(), reason="embedded dataset missing")
 
@@ -31,8 +31,15 @@ def test_config_yaml_roundtrip_and_errors(tmp_path):
     cfg.to_yaml(path)
     assert TrainConfig.from_yaml(path) == cfg
     defaults = TrainConfig()
-    assert (defaults.hidden_irreps, defaults.max_ell, defaults.correlation, defaults.num_bessel,
-            defaults.cutoff, defaults.lr, defaults.num_interactions) == ("128x0e+128x1o", 3, 3, 8, 4.5, 0.005, 2)
+    assert (
+        defaults.hidden_irreps,
+        defaults.max_ell,
+        defaults.correlation,
+        defaults.num_bessel,
+        defaults.cutoff,
+        defaults.lr,
+        defaults.num_interactions,
+    ) == ("128x0e+128x1o", 3, 3, 8, 4.5, 0.005, 2)
     with pytest.raises(ValueError, match="TrainConfig.sampler: 'greedy'"):
         TrainConfig(sampler="greedy")
     with pytest.raises(ValueError, match="unknown TrainConfig field"):
@@ -86,15 +93,18 @@ def test_torchrun_two_ranks_gloo_loss_decreases(ddp_run):
 def test_rank_failure_restarts_group_from_checkpoint(ddp_run, tmp_path):
     ref_cfg, _ = ddp_run
     cfg = tiny(tmp_path, "ddp")  # same run, other directory
-    out = run_cli(cfg, tmp_path, nproc=2, restarts=3,
-                  env_extra={"WORKBENCH_FAIL_AT_STEP": "10", "WORKBENCH_FAIL_RANK": "1"})
+    out = run_cli(
+        cfg, tmp_path, nproc=2, restarts=3, env_extra={"WORKBENCH_FAIL_AT_STEP": "10", "WORKBENCH_FAIL_RANK": "1"}
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     raw = [json.loads(x) for x in RunDir(cfg.run_dir).step_log(1).read_text().splitlines()]
     # Steps 9-10 ran twice (the group restarted from the step-8 checkpoint) but are logged once.
     assert [r["global_step"] for r in raw] == list(range(1, cfg.max_steps + 1))
     assert re.search(r"resume: from step 8; [12] step\(s\) logged after it will run again", out.stderr)
     for rank in (0, 1):
-        assert [s["batch_hash"] for s in steps(cfg.run_dir, rank)] == [s["batch_hash"] for s in steps(ref_cfg.run_dir, rank)]
+        assert [s["batch_hash"] for s in steps(cfg.run_dir, rank)] == [
+            s["batch_hash"] for s in steps(ref_cfg.run_dir, rank)
+        ]
     ref, got = final_weights(ref_cfg.run_dir), final_weights(cfg.run_dir)
     assert all(torch.equal(ref[k], got[k]) for k in ref)
 
@@ -144,8 +154,10 @@ def test_cost_model_fit_from_logs(ddp_run):
     assert len(recs) == 2 * cfg.max_steps
     model = fit_cost_model(cfg.run_dir)
     measured = np.array([r["compute_s"] for r in recs if r["global_step"] > 2])
-    predicted = model.batch_seconds(np.array([r["atoms"] for r in recs if r["global_step"] > 2]),
-                                    np.array([r["edges"] for r in recs if r["global_step"] > 2]))
+    predicted = model.batch_seconds(
+        np.array([r["atoms"] for r in recs if r["global_step"] > 2]),
+        np.array([r["edges"] for r in recs if r["global_step"] > 2]),
+    )
     # The least-squares fit is unbiased on its own data, and the per-edge cost is positive.
     assert abs(predicted.mean() - measured.mean()) < 1e-6 + 1e-3 * measured.mean()
     assert model.b * 200 + model.c * 4000 > 0

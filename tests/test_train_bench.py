@@ -39,12 +39,22 @@ def test_bench_train_smoke(tmp_path, monkeypatch):
 
     prepared = _counting(monkeypatch, workbench.train.data, "prepare_data")
     stats = _counting(monkeypatch, workbench.train.stats, "compute_stats")
-    cfg = TrainConfig(output_dir=str(tmp_path), hidden_irreps="8x0e+8x1o", max_ell=1, correlation=2, num_bessel=4,
-                      radial_mlp=[16, 16], capacity=300, families=["water_clusters", "mptrj"], valid_fraction=0.1,
-                      progress=False)
+    cfg = TrainConfig(
+        output_dir=str(tmp_path),
+        hidden_irreps="8x0e+8x1o",
+        max_ell=1,
+        correlation=2,
+        num_bessel=4,
+        radial_mlp=[16, 16],
+        capacity=300,
+        families=["water_clusters", "mptrj"],
+        valid_fraction=0.1,
+        progress=False,
+    )
     out = tmp_path / "train.json"
-    res = bench_train(cfg, structures=40, batch_size=4, variants=("baseline", "packer-numba", "packer-cueq"),
-                      warmup_steps=1, out=out)
+    res = bench_train(
+        cfg, structures=40, batch_size=4, variants=("baseline", "packer-numba", "packer-cueq"), warmup_steps=1, out=out
+    )
     assert json.loads(out.read_text()) == json.loads(json.dumps(res))
     # Four runs (warm-up and timed, two variants) share one data preparation and one set of statistics.
     assert len(prepared) == 1 and len(stats) == 1

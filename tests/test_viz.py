@@ -19,9 +19,11 @@ from workbench.train.rundir import RunDir
 pytest.importorskip("plotly")
 pytest.importorskip("ipywidgets")
 
-from workbench import viz  # noqa: E402
-from workbench.viz import capacity as cap  # noqa: E402
-from workbench.viz.style import FAMILY_COLORS, family_label  # noqa: E402
+import itertools
+
+from workbench import viz
+from workbench.viz import capacity as cap
+from workbench.viz.style import FAMILY_COLORS, family_label
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,15 +34,14 @@ def small():
 
 
 # ---------------------------------------------------------------- bin layout (Figure 12)
-@pytest.mark.parametrize("algorithm,opts", [("paper", {}), ("fixed-count", {"graphs_per_batch": 4}),
-                                            ("dynamic", {})])
+@pytest.mark.parametrize("algorithm,opts", [("paper", {}), ("fixed-count", {"graphs_per_batch": 4}), ("dynamic", {})])
 def test_rectangles_sum_to_each_rank_load(small, algorithm, opts):
     p = pack(small, 3072, 8, algorithm, seed=0, **opts)
     loads = p.loads()
     seen = []
     for s in range(p.n_steps):
         rects = viz.layout_rectangles(p, s, small)
-        np.testing.assert_allclose(rects.rank_loads(), loads[s * 8:(s + 1) * 8])
+        np.testing.assert_allclose(rects.rank_loads(), loads[s * 8 : (s + 1) * 8])
         for r in range(8):  # rectangles of a rank are laid end to end from 0
             mine = rects.rank == r
             ends = rects.x0[mine] + rects.length[mine]
@@ -79,7 +80,7 @@ def test_bin_layout_figure_draws_every_graph_in_family_colours(small):
 
 def test_bin_layout_app_steps_and_repacks(small):
     app = viz.bin_layout_app(small, capacity=3072, num_replicas=8)
-    (cap_w, algo_w), (step_w, _play) = app.children[0].children, app.children[1].children
+    (cap_w, _algo_w), (step_w, _play) = app.children[0].children, app.children[1].children
     info, fig = app.children[2], app.children[3]
     assert "steps per epoch" in info.value
     title0 = fig.layout.title.text
@@ -128,8 +129,14 @@ def test_capacity_grid_is_exact_for_the_paper_sizes():
 
 
 def test_capacity_grid_roundtrip_and_live_mode(small, tmp_path):
-    path = cap.precompute_grid(small, tmp_path / "g.npz", capacities=(1024, 3072), gpus=(1, 8),
-                               algorithms=("paper", "fixed-count"), echo=lambda *a: None)
+    path = cap.precompute_grid(
+        small,
+        tmp_path / "g.npz",
+        capacities=(1024, 3072),
+        gpus=(1, 8),
+        algorithms=("paper", "fixed-count"),
+        echo=lambda *a: None,
+    )
     grid, live = viz.CapacityStudy(small, grid=path), viz.CapacityStudy(small, grid=None)
     assert grid.source == "grid" and live.source == "live"
     assert "Precomputed grid" in grid.describe() and "Live" in live.describe()
@@ -137,8 +144,9 @@ def test_capacity_grid_roundtrip_and_live_mode(small, tmp_path):
         for r in (1, 8):
             for a in ("paper", "fixed-count"):
                 g, lv = grid.query(c, r, a), live.query(c, r, a)
-                assert {k: v for k, v in g["metrics"].items() if k != "pack_seconds"} == \
-                       {k: v for k, v in lv["metrics"].items() if k != "pack_seconds"}
+                assert {k: v for k, v in g["metrics"].items() if k != "pack_seconds"} == {
+                    k: v for k, v in lv["metrics"].items() if k != "pack_seconds"
+                }
     assert live.query(1024, 8, "paper")["source"] == "cache"
     other = synthetic_sizes(4000, seed=4)  # different sizes: the grid must not be used
     assert viz.CapacityStudy(other, grid=path).source == "live"
@@ -186,13 +194,30 @@ def _gpu_result(bench: str, target: str) -> dict:
     runs = []
     for backend, ms in (("e3nn", 10.0), ("numba", 2.5)):
         for kind in ("forward", "double_backward"):
-            runs.append({"backend": backend, "dtype": "float32", "target": target, "pass": kind,
-                         "median_ms": ms * (3 if kind == "double_backward" else 1), "min_ms": ms})
+            runs.append(
+                {
+                    "backend": backend,
+                    "dtype": "float32",
+                    "target": target,
+                    "pass": kind,
+                    "median_ms": ms * (3 if kind == "double_backward" else 1),
+                    "min_ms": ms,
+                }
+            )
     runs.append({"backend": "cueq", "dtype": "float32", "skipped": "ImportError: no cuequivariance"})
     runs.append({"backend": "numba", "dtype": "float64", "target": target, "pass": "forward", "error": "boom\ntb"})
-    return {"label": "GPU", "device": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "runs": runs,
-            "descriptor": {"float32": {"flops": {"forward": 2e9, "double_backward": 2e10},
-                                       "min_bytes": {"forward": 1e8, "double_backward": 5e8}}}}
+    return {
+        "label": "GPU",
+        "device": "cuda",
+        "device_name": "NVIDIA H100 80GB HBM3",
+        "runs": runs,
+        "descriptor": {
+            "float32": {
+                "flops": {"forward": 2e9, "double_backward": 2e10},
+                "min_bytes": {"forward": 1e8, "double_backward": 5e8},
+            }
+        },
+    }
 
 
 def test_kernel_reader_is_tolerant(tmp_path):
@@ -209,8 +234,11 @@ def test_kernel_reader_is_tolerant(tmp_path):
     (d / "other.json").write_text(json.dumps({"hello": 1}))
     records, notes = viz.read_kernel_results(d)
     files = {r["file"] for r in records}
-    assert files == {"symmetric_contraction_cpu_paper_config.json", "symmetric_contraction_gpu_20261201T000000Z.json",
-                     "channelwise_tp_gpu_x.json"}
+    assert files == {
+        "symmetric_contraction_cpu_paper_config.json",
+        "symmetric_contraction_gpu_20261201T000000Z.json",
+        "channelwise_tp_gpu_x.json",
+    }
     assert any("broken.json" in n and "unreadable" in n for n in notes)
     assert any("other.json" in n for n in notes)
     assert any("cueq" in n and "skipped" not in n.split("—")[0] for n in notes)
@@ -250,8 +278,13 @@ def test_kernel_app_without_gpu_disables_the_button():
 
 # ---------------------------------------------------------------- measured GPU rows: numba / cueq / e3nn
 RESULTS = ROOT / "kernels" / "results"
-H100_FILES = ("symmetric_contraction_gpu_h100_paper.json", "symmetric_contraction_gpu_h100_128x2e.json",
-              "channelwise_tp_gpu_h100_paper.json", "channelwise_tp_gpu_h100_128x2e.json", "train_step_gpu_h100.json")
+H100_FILES = (
+    "symmetric_contraction_gpu_h100_paper.json",
+    "symmetric_contraction_gpu_h100_128x2e.json",
+    "channelwise_tp_gpu_h100_paper.json",
+    "channelwise_tp_gpu_h100_128x2e.json",
+    "train_step_gpu_h100.json",
+)
 
 
 def _panel(fig, title: str) -> tuple[list, list]:
@@ -278,8 +311,11 @@ def test_gpu_pass_figure_has_every_backend_for_the_paper_config(h100_pass_figure
         ratios = [a.text for a in notes if a.text.startswith("numba/cueq")]
         assert len(ratios) == 3
     rows = json.loads((RESULTS / "symmetric_contraction_gpu_h100_paper.json").read_text())["runs"]
-    ms = {r["backend"]: r["median_ms"] for r in rows if (r.get("dtype"), r.get("target"), r.get("pass"))
-          == ("float32", "contraction", "double_backward")}
+    ms = {
+        r["backend"]: r["median_ms"]
+        for r in rows
+        if (r.get("dtype"), r.get("target"), r.get("pass")) == ("float32", "contraction", "double_backward")
+    }
     traces, notes = _panel(fig, "symmetric contraction · paper (128x0e+128x1o) · float32")
     numba = next(t for t in traces if t.name == "numba")
     assert numba.y[2] == pytest.approx(ms["numba"])
@@ -298,16 +334,20 @@ def test_gpu_pass_figure_marks_missing_rows(h100_pass_figure):
     assert "2 rows in the file" in cueq.hovertext[0]  # two runs wrote cueq's forward: the first is shown
     texts = [a.text for a in fig.layout.annotations]
     assert any(t.startswith("not measured<br>") and "cueq" in t for t in texts)  # 128x2e float64: nothing measured
-    assert any("no result file" in t and "symmetric contraction 256x0e+256x1o" in t
-               and "channelwise TP 256x0e+256x1o" in t for t in texts)
+    assert any(
+        "no result file" in t and "symmetric contraction 256x0e+256x1o" in t and "channelwise TP 256x0e+256x1o" in t
+        for t in texts
+    )
 
 
 def test_gpu_missing_rows_on_the_h100_files():
     missing = viz.gpu_missing_rows(RESULTS)
-    for line in ("symmetric_contraction 256x0e+256x1o float32: no result file",
-                 "channelwise_tp 256x0e+256x1o float64: no result file",
-                 "train step water-768 float32 numba, cueq, e3nn: not measured (time budget)",
-                 "train step mixture-3072 float32 e3nn: not measured (time budget)"):
+    for line in (
+        "symmetric_contraction 256x0e+256x1o float32: no result file",
+        "channelwise_tp 256x0e+256x1o float64: no result file",
+        "train step water-768 float32 numba, cueq, e3nn: not measured (time budget)",
+        "train step mixture-3072 float32 e3nn: not measured (time budget)",
+    ):
         assert line in missing
     db = [m for m in missing if m.startswith("symmetric_contraction 128x0e+128x1o+128x2e float32 cueq double_backward")]
     assert len(db) == 1 and "never finished" in db[0]
@@ -336,8 +376,9 @@ def test_gpu_step_figure_marks_skipped_workloads():
     memory, _ = _panel(fig, "peak memory · float32")
     e3nn = next(t for t in memory if t.name == "e3nn")
     assert e3nn.y[0] == pytest.approx(steps["float32"]["water-3072"]["backends"]["e3nn"]["peak_mem_gb"])
-    assert any("float64: mixture-3072, water-768" in a.text and "not run at float64" in a.text
-               for a in fig.layout.annotations)
+    assert any(
+        "float64: mixture-3072, water-768" in a.text and "not run at float64" in a.text for a in fig.layout.annotations
+    )
 
 
 def test_gpu_profile_figure_and_table():
@@ -350,8 +391,11 @@ def test_gpu_profile_figure_and_table():
     assert set(coloured) == {name for name, _ in prof["top5"]}
     assert sum(bar.x) == pytest.approx(100, abs=0.5)
     table = viz.gpu_results_table(RESULTS)
-    sc = next(r for r in table if (r["what"], r["dtype"], r["pass"]) ==
-              ("symmetric_contraction paper", "float32", "double_backward"))
+    sc = next(
+        r
+        for r in table
+        if (r["what"], r["dtype"], r["pass"]) == ("symmetric_contraction paper", "float32", "double_backward")
+    )
     assert sc["numba/cueq"] == pytest.approx(sc["numba ms"] / sc["cueq ms"]) and sc["numba/cueq"] < 1
     step = next(r for r in table if r["what"] == "train step water-3072" and r["dtype"] == "float32")
     assert step["numba/e3nn"] == pytest.approx(saved["steps"]["float32"]["water-3072"]["ratios"]["numba/e3nn"])
@@ -394,7 +438,7 @@ def test_allreduce_model():
     assert ar.seconds(1) == 0.0
     t = [ar.seconds(r) for r in (2, 4, 8, 64, 740)]
     assert t[2] > t[1]  # leaving the node: NIC bandwidth
-    assert all(b >= a for a, b in zip(t[2:], t[3:]))
+    assert all(b >= a for a, b in itertools.pairwise(t))
     assert ar.seconds(740) == pytest.approx(2 * 739 / 740 * ar.grad_bytes / 25e9 + 2 * 10 * 10e-6)
 
 
@@ -445,14 +489,44 @@ def _fake_run(tmp_path: Path, a=0.02, b=1e-4, c=3e-6, ranks=2, steps=12, name="f
             atoms = int(rng.integers(200, 3000))
             edges = int(atoms * rng.uniform(10, 60))
             comp = a + b * atoms + c * edges
-            lines.append(json.dumps({"type": "step", "rank": r, "epoch": (s - 1) // 4, "step": (s - 1) % 4,
-                                     "global_step": s, "data_s": 0.01, "compute_s": comp, "allreduce_s": 0.05 * r,
-                                     "step_s": comp + 0.01 + 0.05 * r, "atoms": atoms, "edges": edges,
-                                     "graphs": 10, "loss": 10.0 / s + r, "lr": 0.01, "time": float(s)}))
+            lines.append(
+                json.dumps(
+                    {
+                        "type": "step",
+                        "rank": r,
+                        "epoch": (s - 1) // 4,
+                        "step": (s - 1) % 4,
+                        "global_step": s,
+                        "data_s": 0.01,
+                        "compute_s": comp,
+                        "allreduce_s": 0.05 * r,
+                        "step_s": comp + 0.01 + 0.05 * r,
+                        "atoms": atoms,
+                        "edges": edges,
+                        "graphs": 10,
+                        "loss": 10.0 / s + r,
+                        "lr": 0.01,
+                        "time": float(s),
+                    }
+                )
+            )
         paths.step_log(r).write_text("\n".join(lines) + "\n")
-    paths.epoch_log.write_text("\n".join(json.dumps(
-        {"type": "epoch", "epoch": e, "train_e_mae_mev_atom": 50.0 - e, "valid_e_mae_mev_atom": 55.0 - e,
-         "train_f_mae_mev_a": 300.0 - e, "valid_f_mae_mev_a": 310.0 - e}) for e in range(3)) + "\n")
+    paths.epoch_log.write_text(
+        "\n".join(
+            json.dumps(
+                {
+                    "type": "epoch",
+                    "epoch": e,
+                    "train_e_mae_mev_atom": 50.0 - e,
+                    "valid_e_mae_mev_atom": 55.0 - e,
+                    "train_f_mae_mev_a": 300.0 - e,
+                    "valid_f_mae_mev_a": 310.0 - e,
+                }
+            )
+            for e in range(3)
+        )
+        + "\n"
+    )
     return run
 
 
@@ -511,7 +585,7 @@ def test_run_monitor_refresh_is_safe_while_polling(tmp_path):
         try:
             for _ in range(12):
                 mon.refresh()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=hammer) for _ in range(3)]
@@ -544,16 +618,17 @@ def test_nglview_frontend_fix_matches_the_shipped_extension():
     # Before the import (the notebooks' path): nglview sees the shipped version from the start.
     assert _python(f"import workbench.viz, nglview; {probe}") == f"{shipped} {shipped}"
     # The bug itself (so the fix is not dead code), then the fix applied after nglview was imported.
-    assert _python(f"import nglview; {probe}; import workbench.viz; {probe}").split("\n") == \
-        ["4.0 4.0", f"{shipped} {shipped}"]
+    assert _python(f"import nglview; {probe}; import workbench.viz; {probe}").split("\n") == [
+        "4.0 4.0",
+        f"{shipped} {shipped}",
+    ]
 
 
 def test_periodic_images_and_molecule_view():
     import ase
 
     cell = np.eye(3) * 5.0
-    crystal = ase.Atoms("Cu2", positions=[[0, 0, 0], [2.5, 2.5, 0]], cell=cell, pbc=True,
-                        info={"config_type": "cuni"})
+    crystal = ase.Atoms("Cu2", positions=[[0, 0, 0], [2.5, 2.5, 0]], cell=cell, pbc=True, info={"config_type": "cuni"})
     offs = viz.molecules.image_offsets(crystal)
     assert len(offs) == 26 and not (offs == 0).all(axis=1).any()
     imgs = viz.molecules.periodic_images(crystal)
@@ -563,8 +638,9 @@ def test_periodic_images_and_molecule_view():
     assert len(viz.molecules.image_offsets(big)) == 7
     slab = ase.Atoms("Mo", positions=[[0, 0, 0]], cell=cell, pbc=[True, True, False])
     assert len(viz.molecules.image_offsets(slab)) == 8
-    molecule = ase.Atoms("H2O", positions=[[0, 0, 0], [0.96, 0, 0], [-0.24, 0.93, 0]],
-                         info={"config_type": "water_clusters"})
+    molecule = ase.Atoms(
+        "H2O", positions=[[0, 0, 0], [0.96, 0, 0], [-0.24, 0.93, 0]], info={"config_type": "water_clusters"}
+    )
     assert viz.molecules.periodic_images(molecule) is None
     view = viz.molecule_view(crystal)
     assert len(view._ngl_component_ids) == 2  # the structure (with its cell) and its images

@@ -42,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="workbench",
         description="cfm-workbench: data, packing, kernels, training and launch for MACE.",
         epilog=f"Exit codes: 0 done; {USER_ERROR_EXIT} a usage or input error (one line on stderr; --debug for the "
-               f"traceback); {PREEMPTED_EXIT} stopped by a scheduler signal after a checkpoint (relaunch to resume); "
-               "anything else is a bug and prints its traceback.",
+        f"traceback); {PREEMPTED_EXIT} stopped by a scheduler signal after a checkpoint (relaunch to resume); "
+        "anything else is a bug and prints its traceback.",
     )
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -12,14 +12,27 @@ import time
 
 import numpy as np
 
+DEMO_TRAIN = dict(
+    name="demo",
+    output_dir="runs",
+    hidden_irreps="16x0e+16x1o",
+    max_ell=1,
+    correlation=2,
+    num_bessel=6,
+    radial_mlp=[32, 32],
+    capacity=1024,
+    max_structures=600,
+    epochs=100,
+    max_steps=60,
+    checkpoint_every=20,
+    lr=0.01,
+    seed=0,
+)
 
-DEMO_TRAIN = dict(name="demo", output_dir="runs", hidden_irreps="16x0e+16x1o", max_ell=1, correlation=2,
-                  num_bessel=6, radial_mlp=[32, 32], capacity=1024, max_structures=600, epochs=100,
-                  max_steps=60, checkpoint_every=20, lr=0.01, seed=0)
 
-
-def run_demo(path: str | None = None, cutoff: float = 4.5, num_replicas: int = 2, capacity: int = 3072,
-             train: bool = True) -> dict:
+def run_demo(
+    path: str | None = None, cutoff: float = 4.5, num_replicas: int = 2, capacity: int = 3072, train: bool = True
+) -> dict:
     from workbench.data.embedded import EMBEDDED_N, EMBEDDED_PATH, EMBEDDED_SEED, load_embedded
     from workbench.data.sizes import graph_sizes
     from workbench.data.summary import format_table, summarize
@@ -50,8 +63,10 @@ def run_demo(path: str | None = None, cutoff: float = 4.5, num_replicas: int = 2
     for algo in ("fixed-count", "dynamic", "ffd", "paper", "shuffled-paper"):
         p = pack(sizes, capacity=capacity, num_replicas=num_replicas, algorithm=algo, seed=0)
         m = p.metrics()
-        print(f"{algo:<14} {m['n_bins']:>8} {m['n_bins'] / m['lower_bound_bins']:>8.3f} {m['padding_fraction']:>8.1%} "
-              f"{m['step_imbalance_max']:>8.2f} {m['step_imbalance_mean']:>9.3f}")
+        print(
+            f"{algo:<14} {m['n_bins']:>8} {m['n_bins'] / m['lower_bound_bins']:>8.3f} {m['padding_fraction']:>8.1%} "
+            f"{m['step_imbalance_max']:>8.2f} {m['step_imbalance_mean']:>9.3f}"
+        )
         result[algo] = m
         if algo == "paper":
             result["packing"] = p
@@ -78,11 +93,24 @@ def _train_and_report(path: str | None, num_replicas: int) -> str:
         old.unlink(missing_ok=True)
     cfg_path = cfg.run_dir / "demo.yaml"
     cfg.to_yaml(cfg_path)
-    print(f"\nTraining {cfg.hidden_irreps} MACE (max_ell {cfg.max_ell}, correlation {cfg.correlation}) "
-          f"for {cfg.max_steps} steps on {num_replicas} ranks with torchrun (gloo, CPU) ...", flush=True)
+    print(
+        f"\nTraining {cfg.hidden_irreps} MACE (max_ell {cfg.max_ell}, correlation {cfg.correlation}) "
+        f"for {cfg.max_steps} steps on {num_replicas} ranks with torchrun (gloo, CPU) ...",
+        flush=True,
+    )
     workbench = str(Path(sys.executable).parent / "workbench")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={num_replicas}",
-           "--no-python", workbench, "train", "--config", str(cfg_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={num_replicas}",
+        "--no-python",
+        workbench,
+        "train",
+        "--config",
+        str(cfg_path),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     t0 = time.perf_counter()
     subprocess.run(cmd, env=env, check=True)
@@ -91,9 +119,11 @@ def _train_and_report(path: str | None, num_replicas: int) -> str:
     steps = read_steps(cfg.run_dir)
     epochs = read_epochs(cfg.run_dir)
     first = np.mean([s["loss"] for s in steps[: 2 * num_replicas * 5]])
-    last = np.mean([s["loss"] for s in steps[-2 * num_replicas * 5:]])
-    print(f"trained {len(steps) // num_replicas} steps in {time.perf_counter() - t0:.0f} s; "
-          f"loss {first:.3g} -> {last:.3g}; validation force MAE {epochs[-1]['valid_f_mae_mev_a']:.0f} meV/Å")
+    last = np.mean([s["loss"] for s in steps[-2 * num_replicas * 5 :]])
+    print(
+        f"trained {len(steps) // num_replicas} steps in {time.perf_counter() - t0:.0f} s; "
+        f"loss {first:.3g} -> {last:.3g}; validation force MAE {epochs[-1]['valid_f_mae_mev_a']:.0f} meV/Å"
+    )
     report = write_report(cfg.run_dir)
     print(f"report: {report}")
     return str(cfg.run_dir)
@@ -105,5 +135,6 @@ def register(sub) -> None:
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--capacity", type=int, default=3072)
     p.add_argument("--no-train", action="store_true", help="stop after the packing comparison")
-    p.set_defaults(func=lambda a: (run_demo(a.path, num_replicas=a.replicas, capacity=a.capacity,
-                                            train=not a.no_train), 0)[1])
+    p.set_defaults(
+        func=lambda a: (run_demo(a.path, num_replicas=a.replicas, capacity=a.capacity, train=not a.no_train), 0)[1]
+    )

@@ -30,8 +30,9 @@ def interactive() -> bool:
 class LineProgress:
     """The tqdm calls the workbench uses (``update``, ``set_postfix``, ``close``), as a few lines."""
 
-    def __init__(self, total: float | None, desc: str, unit: str, initial: float = 0, unit_scale: bool = False,
-                 quarters: int = 4) -> None:
+    def __init__(
+        self, total: float | None, desc: str, unit: str, initial: float = 0, unit_scale: bool = False, quarters: int = 4
+    ) -> None:
         self.total, self.desc, self.unit, self.n = total, desc, unit, initial
         self.unit_scale = unit_scale
         self.quarters = quarters
@@ -55,8 +56,11 @@ class LineProgress:
         rate = f", {self._fmt(self.n / elapsed)} {self.unit}/s" if elapsed > 0 else ""
         post = f" [{self._postfix}]" if self._postfix else ""
         done = " done" if final else ""
-        print(f"{self.desc}: {share}{self._fmt(self.n)}{of} {self.unit} in {elapsed:.1f} s{rate}{post}{done}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{self.desc}: {share}{self._fmt(self.n)}{of} {self.unit} in {elapsed:.1f} s{rate}{post}{done}",
+            file=sys.stderr,
+            flush=True,
+        )
         self._last = time.monotonic()
 
     def update(self, n: float = 1) -> None:
@@ -68,7 +72,7 @@ class LineProgress:
         elif time.monotonic() - self._last > 60:
             self._line()
 
-    def set_postfix(self, refresh: bool = False, **values: Any) -> None:  # noqa: ARG002 - tqdm's signature
+    def set_postfix(self, refresh: bool = False, **values: Any) -> None:
         self._postfix = ", ".join(f"{k}={v}" for k, v in values.items())
 
     def close(self) -> None:
@@ -76,15 +80,21 @@ class LineProgress:
             self._line(final=True)
             self.desc = None
 
-    def __enter__(self) -> "LineProgress":
+    def __enter__(self) -> LineProgress:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
 
-def bar(total: float | None = None, desc: str = "", unit: str = "it", disable: bool = False, initial: float = 0,
-        unit_scale: bool = False):
+def bar(
+    total: float | None = None,
+    desc: str = "",
+    unit: str = "it",
+    disable: bool = False,
+    initial: float = 0,
+    unit_scale: bool = False,
+):
     """A tqdm bar on a terminal or in Jupyter, else a :class:`LineProgress`; nothing when ``disable``."""
     from tqdm.auto import tqdm
 

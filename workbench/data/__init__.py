@@ -13,9 +13,23 @@ from workbench.data.io import StructureError, read_structures, validate_structur
 from workbench.data.mixture import make_mixture
 from workbench.data.sizes import SIZES_DTYPE, count_edges, graph_sizes, synthetic_sizes
 
-
 __all__ = [
-    "EMBEDDED_PATH", "FAMILIES", "FAMILY_NAMES", "SIZES_DTYPE", "StructureError", "count_edges",
-    "family_counts", "graph_sizes", "load_embedded", "make_mixture", "proportions", "read_structures",
-    "sample_natoms", "synthetic_sizes", "to_atomic_data", "validate_structure", "write_structures", "z_table_for",
+    "EMBEDDED_PATH",
+    "FAMILIES",
+    "FAMILY_NAMES",
+    "SIZES_DTYPE",
+    "StructureError",
+    "count_edges",
+    "family_counts",
+    "graph_sizes",
+    "load_embedded",
+    "make_mixture",
+    "proportions",
+    "read_structures",
+    "sample_natoms",
+    "synthetic_sizes",
+    "to_atomic_data",
+    "validate_structure",
+    "write_structures",
+    "z_table_for",
 ]

@@ -7,7 +7,7 @@ mace-torch's own training would build from the same extxyz.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import ase
 import numpy as np
@@ -49,7 +49,7 @@ def to_atomic_data(
     if isinstance(structures, ase.Atoms):
         structures = [structures]
     z_table = z_table_for(structures) if z_table is None else z_table
-    missing = sorted({int(z) for a in structures for z in a.numbers} - set(int(z) for z in z_table.zs))
+    missing = sorted({int(z) for a in structures for z in a.numbers} - {int(z) for z in z_table.zs})
     if missing:
         raise ValueError(f"elements with atomic numbers {missing} are not in the model's z_table {list(z_table.zs)}")
     spec = key_specification(energy_key, forces_key)

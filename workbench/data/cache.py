@@ -55,11 +55,15 @@ def save(cache: Path, frames: list) -> bool:
             return False
         info = json.dumps([{k: _jsonable(v) for k, v in a.info.items()} for a in frames])
         keys = sorted({k for a in frames for k in a.arrays} - {"numbers", "positions"})
-        arrays = {"natoms": np.array([len(a) for a in frames], dtype=np.int64),
-                  "numbers": np.concatenate([a.numbers for a in frames]).astype(np.int64),
-                  "positions": np.concatenate([a.positions for a in frames]),
-                  "cell": np.array([a.cell.array for a in frames]), "pbc": np.array([a.pbc for a in frames]),
-                  "info": np.array(info), "keys": np.array(keys, dtype=str)}
+        arrays = {
+            "natoms": np.array([len(a) for a in frames], dtype=np.int64),
+            "numbers": np.concatenate([a.numbers for a in frames]).astype(np.int64),
+            "positions": np.concatenate([a.positions for a in frames]),
+            "cell": np.array([a.cell.array for a in frames]),
+            "pbc": np.array([a.pbc for a in frames]),
+            "info": np.array(info),
+            "keys": np.array(keys, dtype=str),
+        }
         for k, key in enumerate(keys):
             has = np.array([key in a.arrays for a in frames])
             values = np.concatenate([a.arrays[key] for a in frames if key in a.arrays])
@@ -88,18 +92,20 @@ def load(cache: Path) -> list | None:
             infos = json.loads(str(z["info"]))
             keys = [str(k) for k in z["keys"]]
             extra = [(key, z[f"has{k}"], z[f"arr{k}"]) for k, key in enumerate(keys)]
-    except Exception:  # noqa: BLE001 - truncated, foreign or stale: read the file again
+    except Exception:
         return None
     if len(infos) != natoms.size or ptr[-1] != numbers.size:
         return None
     frames = []
     offsets = {key: 0 for key, _, _ in extra}
     for g in range(natoms.size):
-        a = ase.Atoms(numbers=numbers[ptr[g]:ptr[g + 1]], positions=positions[ptr[g]:ptr[g + 1]], cell=cell[g], pbc=pbc[g])
+        a = ase.Atoms(
+            numbers=numbers[ptr[g] : ptr[g + 1]], positions=positions[ptr[g] : ptr[g + 1]], cell=cell[g], pbc=pbc[g]
+        )
         a.info.update({k: _from_json(v) for k, v in infos[g].items()})
         for key, has, values in extra:
             if has[g]:
-                a.arrays[key] = values[offsets[key]:offsets[key] + natoms[g]].copy()
+                a.arrays[key] = values[offsets[key] : offsets[key] + natoms[g]].copy()
                 offsets[key] += natoms[g]
         frames.append(a)
     return frames

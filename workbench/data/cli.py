@@ -25,15 +25,22 @@ def _make(args: argparse.Namespace) -> int:
     from workbench.data.summary import format_table, summarize
 
     t0 = time.perf_counter()
-    structures = make_mixture(n=args.n, seed=args.seed, families=_families(args.families), progress=True,
-                              **({"workers": args.workers} if args.workers else {}))
+    structures = make_mixture(
+        n=args.n,
+        seed=args.seed,
+        families=_families(args.families),
+        progress=True,
+        **({"workers": args.workers} if args.workers else {}),
+    )
     gen_s = time.perf_counter() - t0
     path = write_structures(args.out, structures)
     sizes = graph_sizes(structures, cutoff=args.cutoff)
     labelled = np.array([bool(a.info.get("labelled", True)) for a in structures])
     print(format_table(summarize(sizes, labelled)))
-    print(f"\nwrote {len(structures)} structures to {path} ({path.stat().st_size / 1e6:.2f} MB) "
-          f"in {gen_s:.1f} s of generation")
+    print(
+        f"\nwrote {len(structures)} structures to {path} ({path.stat().st_size / 1e6:.2f} MB) "
+        f"in {gen_s:.1f} s of generation"
+    )
     return 0
 
 
@@ -45,8 +52,10 @@ def _verify(args: argparse.Namespace) -> int:
     for line in problems:
         print(line)
     verdict = "differ" if problems else "regenerate"
-    print(f"{n} frames checked: {len(problems)} difference(s); frames {verdict} within geometry {GEOMETRY_ATOL:g} Å, "
-          f"energy {ENERGY_RTOL:g} relative, forces {FORCE_ATOL:g} eV/Å")
+    print(
+        f"{n} frames checked: {len(problems)} difference(s); frames {verdict} within geometry {GEOMETRY_ATOL:g} Å, "
+        f"energy {ENERGY_RTOL:g} relative, forces {FORCE_ATOL:g} eV/Å"
+    )
     return 1 if problems else 0
 
 
@@ -61,8 +70,10 @@ def _load_sizes(path: str | None, cutoff: float):
 
         store = GraphStore(path)
         if abs(store.cutoff - cutoff) > 1e-12:
-            raise ValueError(f"{path}: prepared at cutoff {store.cutoff} Å; pass --cutoff {store.cutoff} "
-                             "(or prepare again at the cutoff you want)")
+            raise ValueError(
+                f"{path}: prepared at cutoff {store.cutoff} Å; pass --cutoff {store.cutoff} "
+                "(or prepare again at the cutoff you want)"
+            )
         return path, store.sizes(), np.asarray(store.index["labelled"])
     structures = read_structures(path, require_labels=False)
     sizes = graph_sizes(structures, cutoff=cutoff, progress=True)
@@ -87,8 +98,10 @@ def _stats(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(__file__).with_name("edge_stats.json")
     out.write_text(json.dumps(stats, indent=1) + "\n")
     for name, s in stats["families"].items():
-        print(f"{name:<15} {s['n_graphs']:>6} graphs  edges/atom mean {s['edges_per_atom_mean']:6.1f} "
-              f"[{s['edges_per_atom_min']:.1f}, {s['edges_per_atom_max']:.1f}]")
+        print(
+            f"{name:<15} {s['n_graphs']:>6} graphs  edges/atom mean {s['edges_per_atom_mean']:6.1f} "
+            f"[{s['edges_per_atom_min']:.1f}, {s['edges_per_atom_max']:.1f}]"
+        )
     print(f"wrote {out}")
     return 0
 
@@ -111,15 +124,25 @@ def _prepare(args: argparse.Namespace) -> int:
     from workbench.data.summary import format_table
 
     t0 = time.perf_counter()
-    store = prepare(args.sources, args.out, cutoff=args.cutoff, workers=args.workers, energy_key=args.energy_key,
-                    forces_key=args.forces_key, on_error=args.on_error, shard_size=args.shard_size)
+    store = prepare(
+        args.sources,
+        args.out,
+        cutoff=args.cutoff,
+        workers=args.workers,
+        energy_key=args.energy_key,
+        forces_key=args.forces_key,
+        on_error=args.on_error,
+        shard_size=args.shard_size,
+    )
     seconds = time.perf_counter() - t0
     print(format_table(store.summary()))
     m = store.manifest
     atoms = int(store.index["atoms"].sum())
-    print(f"\n{store.path}: {len(store)} graphs ({atoms} atoms) in {len(store.shards)} shards, cutoff {store.cutoff} Å; "
-          f"prepared in {m['seconds']:.1f} s ({len(store) / max(m['seconds'], 1e-9):.0f} graphs/s)"
-          + ("" if seconds > 0.5 * m["seconds"] else "; already prepared, nothing to do"))
+    print(
+        f"\n{store.path}: {len(store)} graphs ({atoms} atoms) in {len(store.shards)} shards, cutoff {store.cutoff} Å; "
+        f"prepared in {m['seconds']:.1f} s ({len(store) / max(m['seconds'], 1e-9):.0f} graphs/s)"
+        + ("" if seconds > 0.5 * m["seconds"] else "; already prepared, nothing to do")
+    )
     if m["n_skipped"]:
         print(f"{m['n_skipped']} frame(s) skipped, each with its reason, in {store.path / 'skipped.jsonl'}")
     print(f"train on it with: workbench train --set dataset={store.path}")
@@ -136,22 +159,32 @@ def register(sub) -> None:
     m = dsub.add_parser("make", help="generate the labelled Table-3 mixture and write extxyz(.gz)")
     m.add_argument("--n", type=int, default=EMBEDDED_N, help="number of structures (default: %(default)s)")
     m.add_argument("--seed", type=int, default=EMBEDDED_SEED)
-    m.add_argument("--families", help="comma list (mptrj,cuni) or counts (mptrj=100,cuni=5); default all, Table-3 shares")
+    m.add_argument(
+        "--families", help="comma list (mptrj,cuni) or counts (mptrj=100,cuni=5); default all, Table-3 shares"
+    )
     m.add_argument("--out", default=str(EMBEDDED_PATH), help="output file (default: %(default)s)")
     m.add_argument("--workers", type=int, default=0, help="processes for labelling (default: all cores)")
     m.add_argument("--cutoff", type=float, default=4.5)
     m.set_defaults(func=_make)
 
-    v = dsub.add_parser("verify", help="rebuild frames of a mixture file from their seeds and compare (tolerances in the dataset card)")
+    v = dsub.add_parser(
+        "verify", help="rebuild frames of a mixture file from their seeds and compare (tolerances in the dataset card)"
+    )
     v.add_argument("path", nargs="?", help="mixture file (default: the embedded dataset)")
     v.add_argument("--per-family", type=int, default=2, help="frames per family to rebuild (default: %(default)s)")
-    v.add_argument("--skip", default="al_hcl", help="comma list of families to skip (default: %(default)s, ~2 min of xTB)")
+    v.add_argument(
+        "--skip", default="al_hcl", help="comma list of families to skip (default: %(default)s, ~2 min of xTB)"
+    )
     v.set_defaults(func=_verify)
 
-    for name, fn, text in (("info", _info, "per-family summary of a structure file"),
-                           ("stats", _stats, "measure edges per atom per family (feeds synthetic_sizes)")):
+    for name, fn, text in (
+        ("info", _info, "per-family summary of a structure file"),
+        ("stats", _stats, "measure edges per atom per family (feeds synthetic_sizes)"),
+    ):
         q = dsub.add_parser(name, help=text)
-        q.add_argument("path", nargs="?", help="structure file or prepared dataset directory (default: the embedded dataset)")
+        q.add_argument(
+            "path", nargs="?", help="structure file or prepared dataset directory (default: the embedded dataset)"
+        )
         q.add_argument("--cutoff", type=float, default=4.5)
         if name == "stats":
             q.add_argument("--out", help="JSON path (default: workbench/data/edge_stats.json)")
@@ -160,18 +193,33 @@ def register(sub) -> None:
     from workbench.data.io import ENERGY_KEY, FORCES_KEY
     from workbench.data.prepare import DEFAULT_SHARD_SIZE, ON_ERROR
 
-    pr = dsub.add_parser("prepare", help="extxyz(.gz) files or mace HDF5 shards -> a sharded dataset that trains "
-                                          "at any scale (index + streamed graphs)")
-    pr.add_argument("sources", nargs="+", metavar="SRC",
-                    help="extxyz files (.gz too), or a folder of mace preprocess_data .h5 shards")
+    pr = dsub.add_parser(
+        "prepare",
+        help="extxyz(.gz) files or mace HDF5 shards -> a sharded dataset that trains "
+        "at any scale (index + streamed graphs)",
+    )
+    pr.add_argument(
+        "sources",
+        nargs="+",
+        metavar="SRC",
+        help="extxyz files (.gz too), or a folder of mace preprocess_data .h5 shards",
+    )
     pr.add_argument("--out", required=True, metavar="DIR", help="output directory (the same command resumes it)")
-    pr.add_argument("--cutoff", type=float, default=4.5, help="neighbour cutoff in Å for edge counts (default: %(default)s)")
+    pr.add_argument(
+        "--cutoff", type=float, default=4.5, help="neighbour cutoff in Å for edge counts (default: %(default)s)"
+    )
     pr.add_argument("--workers", type=int, default=0, help="parsing processes (default: all cores)")
     pr.add_argument("--energy-key", default=ENERGY_KEY, help="extxyz info key of the energy (default: %(default)s)")
     pr.add_argument("--forces-key", default=FORCES_KEY, help="extxyz per-atom key of the forces (default: %(default)s)")
-    pr.add_argument("--on-error", choices=ON_ERROR, default="fail",
-                    help="a bad frame stops the prepare (fail), or is left out and listed in DIR/skipped.jsonl (skip)")
-    pr.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_SIZE, help="graphs per shard (default: %(default)s)")
+    pr.add_argument(
+        "--on-error",
+        choices=ON_ERROR,
+        default="fail",
+        help="a bad frame stops the prepare (fail), or is left out and listed in DIR/skipped.jsonl (skip)",
+    )
+    pr.add_argument(
+        "--shard-size", type=int, default=DEFAULT_SHARD_SIZE, help="graphs per shard (default: %(default)s)"
+    )
     pr.set_defaults(func=_prepare)
 
     s = dsub.add_parser("sizes", help="write a sizes .npy (atoms, edges, family) from a file or synthetic")

@@ -21,8 +21,8 @@ On the machine that wrote it, the same code also reproduces the file's bytes
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 EMBEDDED_N = 2000
 EMBEDDED_SEED = 0
@@ -88,13 +88,17 @@ def compare_structures(expected, actual, where: str = "") -> list[str]:
         out.append(f"{tag}cell differs by {dcell:.3g} Å (> {GEOMETRY_ATOL:g})")
     dpos = np.abs(actual.positions - expected.positions).max(1)
     if len(dpos) and dpos.max() > GEOMETRY_ATOL:
-        out.append(f"{tag}positions differ by {dpos.max():.3g} Å from atom {int(np.argmax(dpos > GEOMETRY_ATOL))} "
-                   f"(> {GEOMETRY_ATOL:g})")
+        out.append(
+            f"{tag}positions differ by {dpos.max():.3g} Å from atom {int(np.argmax(dpos > GEOMETRY_ATOL))} "
+            f"(> {GEOMETRY_ATOL:g})"
+        )
     if "REF_energy" in expected.info and "REF_energy" in actual.info:
         e0, e1 = float(expected.info["REF_energy"]), float(actual.info["REF_energy"])
         if abs(e1 - e0) > ENERGY_ATOL + ENERGY_RTOL * abs(e0):
-            out.append(f"{tag}REF_energy {e1!r}, expected {e0!r} (relative {abs(e1 - e0) / max(abs(e0), 1e-300):.2g} "
-                       f"> {ENERGY_RTOL:g})")
+            out.append(
+                f"{tag}REF_energy {e1!r}, expected {e0!r} (relative {abs(e1 - e0) / max(abs(e0), 1e-300):.2g} "
+                f"> {ENERGY_RTOL:g})"
+            )
     if "REF_forces" in expected.arrays and "REF_forces" in actual.arrays:
         df = np.abs(actual.arrays["REF_forces"] - expected.arrays["REF_forces"]).max(1)
         if df.max() > FORCE_ATOL:
@@ -118,8 +122,9 @@ def regeneration_frames(structures: Sequence, per_family: int = 2, skip: Sequenc
     return picks
 
 
-def check_regeneration(path: str | os.PathLike | None = None, per_family: int = 2,
-                       skip: Sequence[str] = ("al_hcl",)) -> tuple[int, list[str]]:
+def check_regeneration(
+    path: str | os.PathLike | None = None, per_family: int = 2, skip: Sequence[str] = ("al_hcl",)
+) -> tuple[int, list[str]]:
     """Rebuild frames of the shipped file from their seeds and compare within the tolerances.
 
     Returns ``(frames checked, problems)``; an empty problem list means the file regenerates.
@@ -132,7 +137,8 @@ def check_regeneration(path: str | os.PathLike | None = None, per_family: int = 
     problems = []
     for k in picks:
         a = structures[k]
-        again = generate(a.info["config_type"], a.info["family_index"], a.info["seed"],
-                         labelled=bool(a.info.get("labelled", True)))
+        again = generate(
+            a.info["config_type"], a.info["family_index"], a.info["seed"], labelled=bool(a.info.get("labelled", True))
+        )
         problems += compare_structures(a, again, where=f"{path.name}, frame {k} ({a.info['config_type']})")
     return len(picks), problems

@@ -19,10 +19,10 @@ import os
 import re
 import tempfile
 import zlib
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
-from pathlib import Path
-from typing import Iterator
 
 from workbench.data.errors import StructureError
 
@@ -70,14 +70,22 @@ def iter_frames(path: str | os.PathLike) -> Iterator[tuple[int, bytes, int]]:
                 n = _atom_count(path, frame, head, n)
                 body = list(itertools.islice(f, n + 1))
             except _STREAM_ERRORS as exc:
-                raise StructureError(path, frame, f"compressed stream is corrupt or truncated ({type(exc).__name__}: {exc})") from None
+                raise StructureError(
+                    path, frame, f"compressed stream is corrupt or truncated ({type(exc).__name__}: {exc})"
+                ) from None
             if len(body) < n + 1:
-                raise StructureError(path, frame, f"file ends inside the frame: {max(len(body) - 1, 0)} of {n} atom lines present")
+                raise StructureError(
+                    path, frame, f"file ends inside the frame: {max(len(body) - 1, 0)} of {n} atom lines present"
+                )
             for k, line in enumerate(body[1:]):
                 # An atom line has >= 4 columns; a short line of digits is the next frame's count.
                 if len(line) < 24 and len(line.split(maxsplit=1)) == 1 and line.strip().isdigit():
-                    raise StructureError(path, frame, f"the atom count says {n} atoms, but the frame has {k}: "
-                                                      f"its line {k + 3} ({line.strip()[:20]!r}) starts the next frame")
+                    raise StructureError(
+                        path,
+                        frame,
+                        f"the atom count says {n} atoms, but the frame has {k}: "
+                        f"its line {k + 3} ({line.strip()[:20]!r}) starts the next frame",
+                    )
             yield frame, head + b"".join(body), raw.tell()
             frame += 1
     finally:
@@ -95,8 +103,12 @@ def _atom_count(path: Path, frame: int, head: bytes, previous: int) -> int:
     except ValueError:
         pass
     if frame > 0 and len(words) >= 4:  # an atom line: the previous frame claimed too few atoms
-        raise StructureError(path, frame - 1, f"the atom count says {previous} atoms, but more atom lines follow "
-                                              f"({head.strip()[:40]!r} where the next frame should start)")
+        raise StructureError(
+            path,
+            frame - 1,
+            f"the atom count says {previous} atoms, but more atom lines follow "
+            f"({head.strip()[:40]!r} where the next frame should start)",
+        )
     raise StructureError(path, frame, f"first line of a frame should be the atom count, got {head[:60]!r}")
 
 
@@ -106,8 +118,11 @@ def _check_comment(path: Path, frame: int, text: str) -> None:
     seen = set()
     for key in keys:
         if key.lower() in seen:  # ASE's parser is case-insensitive for its own keys, and keeps the last
-            raise StructureError(path, frame, f"key {key!r} appears more than once in the comment line; "
-                                              "which value is meant is ambiguous")
+            raise StructureError(
+                path,
+                frame,
+                f"key {key!r} appears more than once in the comment line; which value is meant is ambiguous",
+            )
         seen.add(key.lower())
 
 
@@ -124,7 +139,7 @@ def _c_frames(texts: list[str]) -> list | None:
         with os.fdopen(fd, "w") as fh:  # the C reader takes a path only
             fh.write("".join(texts))
         frames = extxyz.read_dicts(name)
-    except Exception:  # noqa: BLE001 - ASE then parses frame by frame and names the bad one
+    except Exception:
         return None
     finally:
         os.unlink(name)
@@ -137,7 +152,7 @@ def _c_frames(texts: list[str]) -> list | None:
 def _atoms_or_none(frame):
     try:
         return _atoms(frame)
-    except Exception:  # noqa: BLE001 - an unknown symbol, a bad shape: ASE's path explains it
+    except Exception:
         return None
 
 
@@ -153,13 +168,14 @@ def _atoms(frame):
     if any(k in per_config_properties for k in info) or any(k in all_properties or k == "move_mask" for k in arrays):
         return None  # ASE would make a calculator or constraints of these
     numbers, symbols = arrays.pop("numbers", None), arrays.pop("symbols", None)
-    if numbers is None and symbols is None or "positions" not in arrays:
+    if (numbers is None and symbols is None) or "positions" not in arrays:
         return None
     if numbers is None:  # each distinct symbol looked up once (ASE capitalises them)
         names, inverse = np.unique(symbols, return_inverse=True)
         numbers = np.array([atomic_numbers[str(x).capitalize()] for x in names], dtype=np.int64)[inverse]
-    atoms = ase.Atoms(numbers=numbers, positions=arrays.pop("positions"),
-                      cell=np.asarray(frame.cell).T, pbc=frame.pbc, info=info)  # ASE transposes Lattice
+    atoms = ase.Atoms(
+        numbers=numbers, positions=arrays.pop("positions"), cell=np.asarray(frame.cell).T, pbc=frame.pbc, info=info
+    )  # ASE transposes Lattice
     for name, value in arrays.items():
         atoms.new_array(name, value)
     return atoms
@@ -193,7 +209,7 @@ def parse_frames(path: str | os.PathLike, first: int, frames: list[bytes]) -> li
         elif atoms is None:
             try:
                 atoms = ase.io.read(io.StringIO(text), format="extxyz")
-            except Exception as exc:  # noqa: BLE001 - ASE raises many types for malformed frames
+            except Exception as exc:
                 atoms = StructureError(path, first + k, f"cannot parse ({type(exc).__name__}: {exc})")
         out.append((first + k, atoms))
     return out

@@ -37,11 +37,13 @@ METALS = tuple(FCC_A)
 
 # Rigid TIP3P water: O–H 0.9572 Å, H–O–H 104.52 degrees, in the molecule frame.
 _R_OH, _THETA = 0.9572, np.deg2rad(104.52)
-_WATER = np.array([
-    [0.0, 0.0, 0.0],
-    [_R_OH * np.sin(_THETA / 2), 0.0, _R_OH * np.cos(_THETA / 2)],
-    [-_R_OH * np.sin(_THETA / 2), 0.0, _R_OH * np.cos(_THETA / 2)],
-])
+_WATER = np.array(
+    [
+        [0.0, 0.0, 0.0],
+        [_R_OH * np.sin(_THETA / 2), 0.0, _R_OH * np.cos(_THETA / 2)],
+        [-_R_OH * np.sin(_THETA / 2), 0.0, _R_OH * np.cos(_THETA / 2)],
+    ]
+)
 _MASS_H2O = 18.015  # g/mol
 _AVOGADRO = 6.02214076e23
 
@@ -59,11 +61,13 @@ def _random_rotation(rng: np.random.Generator) -> np.ndarray:
     """Uniform random rotation matrix (3, 3) from a unit quaternion."""
     q = rng.normal(size=4)
     w, x, y, z = q / np.linalg.norm(q)
-    return np.array([
-        [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
-        [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
-        [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
-    ])
+    return np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+            [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+            [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
+        ]
+    )
 
 
 def _strain(atoms: Atoms, rng: np.random.Generator, shear: float = 0.02, vol: tuple = (0.98, 1.03)) -> None:
@@ -111,10 +115,15 @@ def _prototypes(rng: np.random.Generator) -> tuple[list[tuple[str, Atoms]], list
     anti = Atoms(  # anti-perovskite A3BX (e.g. Ni3AlC, Cu3PdN): perovskite-like, X in the octahedron
         [m[1], m[0], m[0], m[0], x],
         scaled_positions=[(0, 0, 0), (0.5, 0.5, 0), (0.5, 0, 0.5), (0, 0.5, 0.5), (0.5, 0.5, 0.5)],
-        cell=np.eye(3) * 1.04 * ab, pbc=True)
+        cell=np.eye(3) * 1.04 * ab,
+        pbc=True,
+    )
     l10 = Atoms(  # CuAu-type tetragonal AB layers
-        [m[0], m[1]], scaled_positions=[(0, 0, 0), (0.5, 0.5, 0.5)],
-        cell=np.diag([ab / np.sqrt(2), ab / np.sqrt(2), 0.96 * ab]), pbc=True)
+        [m[0], m[1]],
+        scaled_positions=[(0, 0, 0), (0.5, 0.5, 0.5)],
+        cell=np.diag([ab / np.sqrt(2), ab / np.sqrt(2), 0.96 * ab]),
+        pbc=True,
+    )
     return [
         ("fcc", bulk(m[0], "fcc", a=a)),
         ("fcc-cubic", bulk(m[0], "fcc", a=a, cubic=True)),
@@ -138,7 +147,7 @@ def build_mptrj(n: int, rng: np.random.Generator) -> Atoms:
         lengths = cell.cell.lengths()
         tl = _tilings(n, len(cell), lengths)
         if tl:
-            vac, aspect, rep = tl[0]
+            vac, _aspect, rep = tl[0]
             options.append((name, cell, rep, vac))
     # EMT's H/C/N/O parameters are rough (E up to ~5 eV/atom, forces ~10 eV/Å in these
     # lattices), so interstitial compounds are only ~4 % of mptrj
@@ -191,7 +200,7 @@ def build_hea(n: int, rng: np.random.Generator) -> Atoms:
     if not tl or tl[0][0] > 4 or rng.random() < 0.5:  # else the rhombohedral 1-atom cell
         cell = bulk("Cu", "fcc", a=a)
         tl = _tilings(n, 1, cell.cell.lengths())
-    vac, aspect, rep = tl[0]
+    vac, _aspect, rep = tl[0]
     atoms = cell.repeat(rep)
     _remove_random(atoms, vac, rng)
     atoms.set_chemical_symbols(list(sym))
@@ -248,8 +257,15 @@ def build_tmd(n: int, rng: np.random.Generator) -> Atoms:
 
 
 # ----------------------------------------------------------------------------- water
-def _place_waters(centres: np.ndarray, rng: np.random.Generator, others: np.ndarray, cell=None,
-                  min_dist: float = 1.6, donate_to=None, tries: int = 60) -> np.ndarray:
+def _place_waters(
+    centres: np.ndarray,
+    rng: np.random.Generator,
+    others: np.ndarray,
+    cell=None,
+    min_dist: float = 1.6,
+    donate_to=None,
+    tries: int = 60,
+) -> np.ndarray:
     """Orient rigid waters at O positions ``centres`` (m, 3) -> (3m, 3) O,H,H positions.
 
     Each orientation is redrawn until H atoms keep ``min_dist`` from every other atom
@@ -262,7 +278,9 @@ def _place_waters(centres: np.ndarray, rng: np.random.Generator, others: np.ndar
     L = None if cell is None else np.diag(cell)
     for i, o in enumerate(centres):
         prev = np.concatenate(placed) if placed else np.empty((0, 3))
-        prev = prev[_snap(np.linalg.norm(prev - o if L is None else (prev - o) - L * np.round((prev - o) / L), axis=1)) < 4.0]
+        prev = prev[
+            _snap(np.linalg.norm(prev - o if L is None else (prev - o) - L * np.round((prev - o) / L), axis=1)) < 4.0
+        ]
         best, best_d = None, -1.0
         for t in range(tries):
             rot = _random_rotation(rng)
@@ -290,7 +308,7 @@ def _place_waters(centres: np.ndarray, rng: np.random.Generator, others: np.ndar
                 best, best_d = mol, dmin
             if dmin >= min_dist:
                 break
-        out[3 * i: 3 * i + 3] = best
+        out[3 * i : 3 * i + 3] = best
         placed.append(best)
     return out
 
@@ -313,8 +331,9 @@ def build_water_cluster(n: int, rng: np.random.Generator) -> Atoms:
     return atoms
 
 
-def _water_box_sites(n_sites_side: int, length: float, count: int, rng: np.random.Generator,
-                     jitter: float = 0.15) -> np.ndarray:
+def _water_box_sites(
+    n_sites_side: int, length: float, count: int, rng: np.random.Generator, jitter: float = 0.15
+) -> np.ndarray:
     """``count`` distinct sites of a cubic grid filling a box, jittered: liquid-like packing."""
     g = (np.arange(n_sites_side) + 0.5) * length / n_sites_side
     grid = np.stack(np.meshgrid(g, g, g, indexing="ij"), -1).reshape(-1, 3)
@@ -353,7 +372,7 @@ def build_al_hcl(n: int, rng: np.random.Generator) -> Atoms:
     free = np.setdiff1d(np.arange(len(grid)), shell_idx + [len(grid) // 2])
     chosen = grid[rng.choice(free, size=k + h + (w - 6), replace=False)]
     chosen += rng.uniform(-0.15, 0.15, size=chosen.shape)
-    cl, h3o, bulkw = chosen[:k], chosen[k:k + h], chosen[k + h:]
+    cl, h3o, bulkw = chosen[:k], chosen[k : k + h], chosen[k + h :]
     # first shell: O at 1.90 Å from Al, H pointing away (lone pairs towards the cation)
     shell = []
     for ax in axes:
@@ -504,8 +523,9 @@ def structure_rng(family_name: str, index: int, seed: int) -> np.random.Generato
     return np.random.default_rng(np.random.SeedSequence([int(seed), FAMILY_NAMES.index(family_name), int(index)]))
 
 
-def generate(family_name: str, index: int, seed: int, labelled: bool = True,
-             calculator: str | None = "default") -> Atoms:
+def generate(
+    family_name: str, index: int, seed: int, labelled: bool = True, calculator: str | None = "default"
+) -> Atoms:
     """Build (and label) structure number ``index`` of a Table-3 family.
 
     Args:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import gzip
 import io
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import ase
 import ase.io
@@ -26,8 +26,15 @@ MIN_DISTANCE = 0.5  # Å; closer atoms are a corrupted frame, not chemistry
 MAX_ENERGY_PER_ATOM = 1.0e7  # eV; all-electron total energies of the heaviest atoms are ~1e6
 MAX_FORCE = 1.0e6  # eV/Å
 
-__all__ = ["StructureError", "close_pair_error", "check_geometry", "check_labels", "read_structures", "validate_structure",
-           "write_structures"]
+__all__ = [
+    "StructureError",
+    "check_geometry",
+    "check_labels",
+    "close_pair_error",
+    "read_structures",
+    "validate_structure",
+    "write_structures",
+]
 
 
 def _is_labelled(atoms: ase.Atoms) -> bool:
@@ -64,11 +71,20 @@ def validate_structure(
         check_labels(atoms, path=path, frame=frame, energy_key=energy_key, forces_key=forces_key)
 
 
-def close_pair_error(i: int, j: int, d: float, pairs: int, min_distance: float, *,
-                     path: str | os.PathLike | None = None, frame: int | None = None) -> StructureError:
+def close_pair_error(
+    i: int,
+    j: int,
+    d: float,
+    pairs: int,
+    min_distance: float,
+    *,
+    path: str | os.PathLike | None = None,
+    frame: int | None = None,
+) -> StructureError:
     """The error for overlapping atoms: the closest pair ``(i, j, d)`` and how many pairs are too close."""
-    return StructureError(path, frame, f"atoms {i} and {j} are {d:.3f} Å apart (< {min_distance} Å); "
-                                       f"{pairs} close pair(s) in total")
+    return StructureError(
+        path, frame, f"atoms {i} and {j} are {d:.3f} Å apart (< {min_distance} Å); {pairs} close pair(s) in total"
+    )
 
 
 #: Å. A non-periodic structure wider than this, or a periodic one with an atom this many cells
@@ -87,12 +103,18 @@ def check_geometry(atoms: ase.Atoms, *, path: str | os.PathLike | None = None, f
     bad = np.where((z < 1) | (z > 118))[0]
     if bad.size:
         k = int(bad[0])
-        raise StructureError(path, frame, f"atom {k} has atomic number {int(z[k])} (symbol {atoms.get_chemical_symbols()[k]!r}); "
-                                          "only real elements (1-118) can be trained on")
+        raise StructureError(
+            path,
+            frame,
+            f"atom {k} has atomic number {int(z[k])} (symbol {atoms.get_chemical_symbols()[k]!r}); "
+            "only real elements (1-118) can be trained on",
+        )
     pos = atoms.get_positions()
     bad = np.where(~np.isfinite(pos).all(axis=1))[0]
     if bad.size:
-        raise StructureError(path, frame, f"non-finite (NaN/inf) coordinates at atom {int(bad[0])} ({bad.size} atom(s) affected)")
+        raise StructureError(
+            path, frame, f"non-finite (NaN/inf) coordinates at atom {int(bad[0])} ({bad.size} atom(s) affected)"
+        )
     cell = atoms.cell.array
     if not np.isfinite(cell).all():
         raise StructureError(path, frame, "non-finite (NaN/inf) cell")
@@ -103,33 +125,59 @@ def check_geometry(atoms: ase.Atoms, *, path: str | os.PathLike | None = None, f
         far = np.where(np.abs(frac[:, atoms.pbc]).max(axis=1) > MAX_CELLS_AWAY)[0]
         if far.size:
             k = int(far[0])
-            raise StructureError(path, frame, f"atom {k} at {pos[k].tolist()} Å lies more than {MAX_CELLS_AWAY:g} cells "
-                                              "outside the periodic cell: corrupted coordinates")
+            raise StructureError(
+                path,
+                frame,
+                f"atom {k} at {pos[k].tolist()} Å lies more than {MAX_CELLS_AWAY:g} cells "
+                "outside the periodic cell: corrupted coordinates",
+            )
     span = pos.max(axis=0) - pos.min(axis=0)
     if (span[~atoms.pbc] > MAX_EXTENT).any():
         k = int(np.argmax(np.abs(pos - pos.mean(axis=0))[:, ~atoms.pbc].max(axis=1)))
-        raise StructureError(path, frame, f"structure spans {float(span.max()):.3g} Å (atom {k} at {pos[k].tolist()}); "
-                                          f"more than {MAX_EXTENT:g} Å across a non-periodic direction is corrupted coordinates")
+        raise StructureError(
+            path,
+            frame,
+            f"structure spans {float(span.max()):.3g} Å (atom {k} at {pos[k].tolist()}); "
+            f"more than {MAX_EXTENT:g} Å across a non-periodic direction is corrupted coordinates",
+        )
 
 
-def check_labels(atoms: ase.Atoms, *, path: str | os.PathLike | None = None, frame: int | None = None,
-                 energy_key: str = ENERGY_KEY, forces_key: str = FORCES_KEY) -> None:
+def check_labels(
+    atoms: ase.Atoms,
+    *,
+    path: str | os.PathLike | None = None,
+    frame: int | None = None,
+    energy_key: str = ENERGY_KEY,
+    forces_key: str = FORCES_KEY,
+) -> None:
     """A finite scalar ``info[energy_key]`` and finite ``(n_atoms, 3)`` ``arrays[forces_key]``."""
     n = len(atoms)
     if energy_key not in atoms.info:
-        raise StructureError(path, frame, f"missing energy label info[{energy_key!r}] (keys present: {sorted(atoms.info)})")
+        raise StructureError(
+            path, frame, f"missing energy label info[{energy_key!r}] (keys present: {sorted(atoms.info)})"
+        )
     try:
         energy = float(atoms.info[energy_key])
     except (TypeError, ValueError):
-        raise StructureError(path, frame, f"energy label {energy_key!r} is not a number: {atoms.info[energy_key]!r}") from None
+        raise StructureError(
+            path, frame, f"energy label {energy_key!r} is not a number: {atoms.info[energy_key]!r}"
+        ) from None
     if not np.isfinite(energy):
         raise StructureError(path, frame, f"energy label {energy_key!r} is {energy}")
     if abs(energy) > MAX_ENERGY_PER_ATOM * n:
-        raise StructureError(path, frame, f"energy label {energy_key!r} is {energy:.4g} eV for {n} atoms, beyond "
-                                          f"{MAX_ENERGY_PER_ATOM:g} eV/atom (even all-electron totals stay below): "
-                                          "a corrupted label or the wrong unit")
+        raise StructureError(
+            path,
+            frame,
+            f"energy label {energy_key!r} is {energy:.4g} eV for {n} atoms, beyond "
+            f"{MAX_ENERGY_PER_ATOM:g} eV/atom (even all-electron totals stay below): "
+            "a corrupted label or the wrong unit",
+        )
     if forces_key not in atoms.arrays:
-        raise StructureError(path, frame, f"missing forces label arrays[{forces_key!r}] (per-atom arrays present: {sorted(atoms.arrays)})")
+        raise StructureError(
+            path,
+            frame,
+            f"missing forces label arrays[{forces_key!r}] (per-atom arrays present: {sorted(atoms.arrays)})",
+        )
     forces = np.asarray(atoms.arrays[forces_key], dtype=float)
     if forces.shape != (n, 3):
         raise StructureError(path, frame, f"forces {forces_key!r} have shape {forces.shape}, expected ({n}, 3)")
@@ -139,8 +187,12 @@ def check_labels(atoms: ase.Atoms, *, path: str | os.PathLike | None = None, fra
     big = np.abs(forces).max(axis=1)
     if big.max() > MAX_FORCE:
         k = int(np.argmax(big))
-        raise StructureError(path, frame, f"force {forces_key!r} on atom {k} is {big[k]:.4g} eV/Å, beyond "
-                                          f"{MAX_FORCE:g} eV/Å: a corrupted label or the wrong unit")
+        raise StructureError(
+            path,
+            frame,
+            f"force {forces_key!r} on atom {k} is {big[k]:.4g} eV/Å, beyond "
+            f"{MAX_FORCE:g} eV/Å: a corrupted label or the wrong unit",
+        )
 
 
 def read_structures(
@@ -186,8 +238,9 @@ def read_structures(
         raise StructureError(path, None, "file contains no structures")
     if validate:
         for k, atoms in enumerate(frames):
-            validate_structure(atoms, path=path, frame=k, require_labels=require_labels,
-                               energy_key=energy_key, forces_key=forces_key)
+            validate_structure(
+                atoms, path=path, frame=k, require_labels=require_labels, energy_key=energy_key, forces_key=forces_key
+            )
     if cache is not None:
         cache_mod.save(cache, frames)
     return frames
@@ -237,7 +290,10 @@ def write_structures(path: str | os.PathLike, structures: Iterable[ase.Atoms]) -
     ase.io.write(text, [_clean_for_write(a) for a in structures], format="extxyz")
     data = text.getvalue().encode()
     if path.suffix == ".gz":
-        with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz:
+        with (
+            open(path, "wb") as raw,
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz,
+        ):
             gz.write(data)
     else:
         path.write_bytes(data)

@@ -46,8 +46,14 @@ def mixture_tasks(n: int = 2000, seed: int = 0, families=None) -> list[tuple[str
     return [tasks[k] for k in order]
 
 
-def make_mixture(n: int = 2000, seed: int = 0, families=None, progress: bool = False,
-                 workers: int = 1, calculators: dict[str, str | None] | None = None) -> list[Atoms]:
+def make_mixture(
+    n: int = 2000,
+    seed: int = 0,
+    families=None,
+    progress: bool = False,
+    workers: int = 1,
+    calculators: dict[str, str | None] | None = None,
+) -> list[Atoms]:
     """Build the labelled mixture of Table-3 families.
 
     Args:

@@ -207,8 +207,9 @@ def _stats(positions, cell, pbc, cutoff, min_distance):
     return _count(points, owner, positions.shape[0], cutoff, min_distance, width)
 
 
-def neighbour_stats(positions: np.ndarray, cell: np.ndarray, pbc, cutoff: float, min_distance: float = 0.0
-                    ) -> NeighbourStats:
+def neighbour_stats(
+    positions: np.ndarray, cell: np.ndarray, pbc, cutoff: float, min_distance: float = 0.0
+) -> NeighbourStats:
     """Counts of the full neighbour list at ``cutoff`` Å and the pairs closer than ``min_distance`` Å.
 
     ``positions``: (N, 3) Å; ``cell``: (3, 3) rows are lattice vectors (only the periodic ones
@@ -220,5 +221,6 @@ def neighbour_stats(positions: np.ndarray, cell: np.ndarray, pbc, cutoff: float,
     cell = np.ascontiguousarray(cell, dtype=np.float64)
     degree, close, i, j, d2 = _stats(positions, cell, pbc, float(cutoff), float(min_distance))
     closest = (min(int(i), int(j)), max(int(i), int(j)), float(np.sqrt(d2))) if close else None
-    return NeighbourStats(edges=int(degree.sum()), connected=int(np.count_nonzero(degree)),
-                          close_pairs=int(close) // 2, closest=closest)
+    return NeighbourStats(
+        edges=int(degree.sum()), connected=int(np.count_nonzero(degree)), close_pairs=int(close) // 2, closest=closest
+    )

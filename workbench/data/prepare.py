@@ -22,23 +22,35 @@ labels), with one half neighbour list at the cutoff serving the close-pair check
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 
 from workbench.data.extxyz import iter_frames, parse_frames
 from workbench.data.io import ENERGY_KEY, FORCES_KEY, MIN_DISTANCE, StructureError
 from workbench.data.store import (
-    COUNTS, FORMAT, FORMAT_VERSION, INDEX, INDEX_DTYPE, MANIFEST, MAX_Z, ORIGIN, ORIGIN_DTYPE, SHARDS, SKIPPED,
-    Graph, GraphStore, shard_name, write_shard,
+    COUNTS,
+    FORMAT,
+    FORMAT_VERSION,
+    INDEX,
+    INDEX_DTYPE,
+    MANIFEST,
+    MAX_Z,
+    ORIGIN,
+    ORIGIN_DTYPE,
+    SHARDS,
+    SKIPPED,
+    Graph,
+    GraphStore,
+    shard_name,
+    write_shard,
 )
 
 ON_ERROR = ("fail", "skip")
@@ -59,6 +71,7 @@ class Settings:
 
 
 # -- sources -----------------------------------------------------------------------------------
+
 
 def resolve_sources(sources: Sequence[str | os.PathLike]) -> list[Path]:
     """Files as given; a directory stands for its ``*.h5`` / ``*.hdf5`` files (mace shards), sorted."""
@@ -126,8 +139,9 @@ def _mace_h5_keys(path: Path) -> list[tuple[str, str]]:
             keys = []
             for b in sorted(f.keys(), key=num):
                 if not b.startswith("config_batch_"):
-                    raise StructureError(path, None, f"not a mace preprocess_data file: top-level group {b!r} "
-                                                     "(expected config_batch_N)")
+                    raise StructureError(
+                        path, None, f"not a mace preprocess_data file: top-level group {b!r} (expected config_batch_N)"
+                    )
                 keys.extend((b, c) for c in sorted(f[b].keys(), key=num))
     except OSError as exc:
         raise StructureError(path, None, f"cannot open as HDF5 ({exc})") from None
@@ -138,7 +152,7 @@ def _h5_chunks(source: int, path: Path, shard_size: int) -> Iterator[Chunk]:
     keys = _mace_h5_keys(path)
     size = path.stat().st_size
     for chunk_no, k in enumerate(range(0, len(keys), shard_size)):
-        part = keys[k:k + shard_size]
+        part = keys[k : k + shard_size]
         yield Chunk(source, chunk_no, k, len(part), part, int(size * (k + len(part)) / max(len(keys), 1)))
 
 
@@ -148,6 +162,7 @@ def iter_chunks(paths: Sequence[Path], shard_size: int) -> Iterator[Chunk]:
 
 
 # -- one chunk, in a worker ---------------------------------------------------------------------
+
 
 def _read_mace_h5(path: Path, first: int, keys: list[tuple[str, str]]) -> list[tuple[int, object]]:
     """mace ``preprocess_data`` configurations as ``ase.Atoms`` with REF-style labels."""
@@ -168,10 +183,12 @@ def _read_mace_h5(path: Path, first: int, keys: list[tuple[str, str]]) -> list[t
                 props = {name: value(g["properties"][name]) for name in g["properties"]}
                 weights = {name: value(g["property_weights"][name]) for name in g.get("property_weights", {})}
                 cell, pbc = value(g["cell"]), value(g["pbc"])
-                atoms = ase.Atoms(numbers=np.asarray(value(g["atomic_numbers"]), dtype=int),
-                                  positions=np.asarray(value(g["positions"]), dtype=float),
-                                  cell=np.zeros((3, 3)) if cell is None else np.asarray(cell, dtype=float),
-                                  pbc=False if pbc is None else np.asarray(pbc, dtype=bool))
+                atoms = ase.Atoms(
+                    numbers=np.asarray(value(g["atomic_numbers"]), dtype=int),
+                    positions=np.asarray(value(g["positions"]), dtype=float),
+                    cell=np.zeros((3, 3)) if cell is None else np.asarray(cell, dtype=float),
+                    pbc=False if pbc is None else np.asarray(pbc, dtype=bool),
+                )
                 if props.get("energy") is not None:
                     atoms.info[ENERGY_KEY] = float(props["energy"])
                 if props.get("forces") is not None:
@@ -183,8 +200,15 @@ def _read_mace_h5(path: Path, first: int, keys: list[tuple[str, str]]) -> list[t
                     if weights.get(name) is not None:
                         atoms.info[f"config_{name}_weight"] = float(weights[name])
                 out.append((frame, atoms))
-            except Exception as exc:  # noqa: BLE001 - a malformed group
-                out.append((frame, StructureError(path, frame, f"malformed mace configuration {b}/{c} ({type(exc).__name__}: {exc})")))
+            except Exception as exc:
+                out.append(
+                    (
+                        frame,
+                        StructureError(
+                            path, frame, f"malformed mace configuration {b}/{c} ({type(exc).__name__}: {exc})"
+                        ),
+                    )
+                )
     return out
 
 
@@ -225,14 +249,31 @@ def measure(atoms, settings: Settings, path: Path | None = None, frame: int | No
         forces = np.asarray(atoms.arrays[settings.forces_key], dtype=np.float64)
     else:
         energy, forces = float("nan"), np.full((n, 3), np.nan)
-    weights = np.array([float(info.get("config_weight", 1.0)),
-                        float(info.get("config_energy_weight", 1.0)) if labelled else 0.0,
-                        float(info.get("config_forces_weight", 1.0)) if labelled else 0.0])
-    graph = Graph(numbers=atoms.numbers.astype(np.int64), positions=positions.copy(), forces=forces,
-                  cell=cell.copy(), pbc=pbc.copy(), energy=energy, weights=weights,
-                  family=str(info.get("config_type", "Default")))
-    fields = {"atoms": n, "edges": nb.edges, "connected": nb.connected,
-              "labelled": labelled, "energy": energy, "fsq": float(np.sum(forces * forces)) if labelled else float("nan")}
+    weights = np.array(
+        [
+            float(info.get("config_weight", 1.0)),
+            float(info.get("config_energy_weight", 1.0)) if labelled else 0.0,
+            float(info.get("config_forces_weight", 1.0)) if labelled else 0.0,
+        ]
+    )
+    graph = Graph(
+        numbers=atoms.numbers.astype(np.int64),
+        positions=positions.copy(),
+        forces=forces,
+        cell=cell.copy(),
+        pbc=pbc.copy(),
+        energy=energy,
+        weights=weights,
+        family=str(info.get("config_type", "Default")),
+    )
+    fields = {
+        "atoms": n,
+        "edges": nb.edges,
+        "connected": nb.connected,
+        "labelled": labelled,
+        "energy": energy,
+        "fsq": float(np.sum(forces * forces)) if labelled else float("nan"),
+    }
     return graph, fields
 
 
@@ -277,16 +318,24 @@ def run_chunk(job: tuple) -> dict:
     tmp = part.with_name(f".{part.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as fh:
         np.savez_compressed(
-            fh, **{k: np.array([r[k] for r in records], dtype=INDEX_DTYPE[k]) for k in
-                   ("atoms", "edges", "connected", "labelled", "energy", "fsq")},
-            family=np.array([code[g.family] for g in graphs], dtype=np.int64), families=np.array(families, dtype=str),
-            counts=counts, frame=np.array(frames, dtype=np.int64),
-            skipped=np.array(json.dumps(skipped)), fingerprint=np.array(json.dumps(fingerprint)))
+            fh,
+            **{
+                k: np.array([r[k] for r in records], dtype=INDEX_DTYPE[k])
+                for k in ("atoms", "edges", "connected", "labelled", "energy", "fsq")
+            },
+            family=np.array([code[g.family] for g in graphs], dtype=np.int64),
+            families=np.array(families, dtype=str),
+            counts=counts,
+            frame=np.array(frames, dtype=np.int64),
+            skipped=np.array(json.dumps(skipped)),
+            fingerprint=np.array(json.dumps(fingerprint)),
+        )
     os.replace(tmp, part)  # last: marks the chunk done
     return {"graphs": len(graphs), "skipped": len(skipped)}
 
 
 # -- the whole prepare ---------------------------------------------------------------------------
+
 
 def _check_resume(out: Path, settings: Settings, paths: list[Path]) -> dict | None:
     """The finished manifest when there is nothing to do; raise on settings that differ."""
@@ -302,12 +351,16 @@ def _check_resume(out: Path, settings: Settings, paths: list[Path]) -> dict | No
     changed = sorted(k for k, v in asdict(settings).items() if old.get(k) != v)
     if changed:
         detail = ", ".join(f"{k}: {old.get(k)!r} -> {getattr(settings, k)!r}" for k in changed)
-        raise ValueError(f"{out}: was prepared with other settings ({detail}); use a new --out, or the same settings to resume")
+        raise ValueError(
+            f"{out}: was prepared with other settings ({detail}); use a new --out, or the same settings to resume"
+        )
     old_paths = [s["path"] for s in data.get("sources", [])]
     new_paths = [str(p.resolve()) for p in paths]
     if old_paths != new_paths:
-        raise ValueError(f"{out}: was prepared from other sources ({len(old_paths)} file(s): {old_paths[:3]}...); "
-                         "use a new --out, or the same sources to resume")
+        raise ValueError(
+            f"{out}: was prepared from other sources ({len(old_paths)} file(s): {old_paths[:3]}...); "
+            "use a new --out, or the same sources to resume"
+        )
     if data.get("complete") and data["sources"] == [_fingerprint(p) for p in paths]:
         return data
     return None
@@ -326,7 +379,7 @@ def _done_chunks(out: Path, fingerprints: list[dict]) -> set[tuple[int, int]]:
         try:
             with np.load(part) as z:
                 fp = json.loads(str(z["fingerprint"]))
-        except Exception:  # noqa: BLE001 - a part cut short: redo the chunk
+        except Exception:
             fp = None
         if source < len(fingerprints) and fp == fingerprints[source]:
             done.add((source, chunk))
@@ -335,9 +388,18 @@ def _done_chunks(out: Path, fingerprints: list[dict]) -> set[tuple[int, int]]:
     return done
 
 
-def prepare(sources: Sequence[str | os.PathLike], out: str | os.PathLike, *, cutoff: float = 4.5,
-            workers: int | None = None, energy_key: str = ENERGY_KEY, forces_key: str = FORCES_KEY,
-            on_error: str = "fail", shard_size: int = DEFAULT_SHARD_SIZE, progress: bool = True) -> GraphStore:
+def prepare(
+    sources: Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+    *,
+    cutoff: float = 4.5,
+    workers: int | None = None,
+    energy_key: str = ENERGY_KEY,
+    forces_key: str = FORCES_KEY,
+    on_error: str = "fail",
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    progress: bool = True,
+) -> GraphStore:
     """Prepare ``sources`` into the directory ``out`` and return the :class:`GraphStore`.
 
     ``workers``: processes that parse and measure (default: all cores). Running the same call
@@ -356,8 +418,16 @@ def prepare(sources: Sequence[str | os.PathLike], out: str | os.PathLike, *, cut
         return GraphStore(out)
     fingerprints = [_fingerprint(p) for p in paths]
     (out / SHARDS).mkdir(parents=True, exist_ok=True)
-    _write_manifest(out, {"format": FORMAT, "version": FORMAT_VERSION, "complete": False,
-                          "settings": asdict(settings), "sources": fingerprints})
+    _write_manifest(
+        out,
+        {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "complete": False,
+            "settings": asdict(settings),
+            "sources": fingerprints,
+        },
+    )
     done = _done_chunks(out, fingerprints)
     workers = max(1, int(workers or os.cpu_count() or 1))
     total_bytes = sum(fp["size"] for fp in fingerprints)
@@ -375,8 +445,15 @@ def _bar(total_bytes: int, progress: bool):
     return bar(total=total_bytes, unit="B", unit_scale=True, desc="prepare", disable=not progress)
 
 
-def _run_pool(out: Path, paths: list[Path], settings: Settings, fingerprints: list[dict],
-              done: set[tuple[int, int]], workers: int, bar) -> list[tuple[int, int]]:
+def _run_pool(
+    out: Path,
+    paths: list[Path],
+    settings: Settings,
+    fingerprints: list[dict],
+    done: set[tuple[int, int]],
+    workers: int,
+    bar,
+) -> list[tuple[int, int]]:
     """Run every chunk not yet done; at most ``2 * workers`` in flight. Returns all chunk ids in order."""
     import multiprocessing as mp
 
@@ -398,8 +475,11 @@ def _run_pool(out: Path, paths: list[Path], settings: Settings, fingerprints: li
                     continue
                 while len(pending) >= 2 * workers:
                     graphs, skipped, position = _collect(pending, bar, graphs, skipped, position, block=True)
-                pending[pool.submit(run_chunk, (str(out), str(paths[chunk.source]), chunk, settings,
-                                                fingerprints[chunk.source]))] = now
+                pending[
+                    pool.submit(
+                        run_chunk, (str(out), str(paths[chunk.source]), chunk, settings, fingerprints[chunk.source])
+                    )
+                ] = now
             while pending:
                 graphs, skipped, position = _collect(pending, bar, graphs, skipped, position, block=True)
         except BaseException:
@@ -441,8 +521,14 @@ def _write_manifest(out: Path, data: dict) -> None:
     os.replace(tmp, out / MANIFEST)
 
 
-def _merge(out: Path, settings: Settings, paths: list[Path], fingerprints: list[dict],
-           chunk_ids: list[tuple[int, int]], seconds: float) -> GraphStore:
+def _merge(
+    out: Path,
+    settings: Settings,
+    paths: list[Path],
+    fingerprints: list[dict],
+    chunk_ids: list[tuple[int, int]],
+    seconds: float,
+) -> GraphStore:
     """Concatenate the parts in input order into index, counts and origin (bounded memory)."""
     families: set[str] = set()
     present = np.zeros(MAX_Z + 1, dtype=bool)
@@ -456,7 +542,9 @@ def _merge(out: Path, settings: Settings, paths: list[Path], fingerprints: list[
     family_names = sorted(families)
     elements = np.flatnonzero(present)
     index = np.lib.format.open_memmap(out / f".{INDEX}.tmp", mode="w+", dtype=INDEX_DTYPE, shape=(n_total,))
-    counts = np.lib.format.open_memmap(out / f".{COUNTS}.tmp", mode="w+", dtype=np.uint32, shape=(n_total, elements.size))
+    counts = np.lib.format.open_memmap(
+        out / f".{COUNTS}.tmp", mode="w+", dtype=np.uint32, shape=(n_total, elements.size)
+    )
     origin = np.lib.format.open_memmap(out / f".{ORIGIN}.tmp", mode="w+", dtype=ORIGIN_DTYPE, shape=(n_total,))
     at = 0
     for code, (source, chunk) in enumerate(chunk_ids):
@@ -481,11 +569,24 @@ def _merge(out: Path, settings: Settings, paths: list[Path], fingerprints: list[
         os.replace(out / f".{name}.tmp", out / name)
     (out / SKIPPED).write_text("".join(line + "\n" for line in skipped_lines))
     if n_total == 0:
-        raise StructureError(out, None, f"no graphs prepared: all {len(skipped_lines)} frame(s) were skipped (see {out / SKIPPED})")
-    _write_manifest(out, {
-        "format": FORMAT, "version": FORMAT_VERSION, "complete": True, "settings": asdict(settings),
-        "cutoff": settings.cutoff, "sources": fingerprints, "families": family_names,
-        "elements": [int(z) for z in elements], "shards": [shard_name(s, c) for s, c in chunk_ids],
-        "n_graphs": n_total, "n_skipped": len(skipped_lines), "seconds": round(seconds, 3),
-    })
+        raise StructureError(
+            out, None, f"no graphs prepared: all {len(skipped_lines)} frame(s) were skipped (see {out / SKIPPED})"
+        )
+    _write_manifest(
+        out,
+        {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "complete": True,
+            "settings": asdict(settings),
+            "cutoff": settings.cutoff,
+            "sources": fingerprints,
+            "families": family_names,
+            "elements": [int(z) for z in elements],
+            "shards": [shard_name(s, c) for s, c in chunk_ids],
+            "n_graphs": n_total,
+            "n_skipped": len(skipped_lines),
+            "seconds": round(seconds, 3),
+        },
+    )
     return GraphStore(out)

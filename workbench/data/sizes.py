@@ -13,9 +13,9 @@ dtype :data:`SIZES_DTYPE`::
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from importlib import resources
-from typing import Iterable, Sequence
 
 import ase
 import numpy as np
@@ -83,10 +83,7 @@ def load_edge_stats() -> dict:
 
 
 def synthetic_sizes(
-    n: int,
-    seed: int = 0,
-    families: Sequence[str] | dict[str, int] | None = None,
-    stats: dict | None = None,
+    n: int, seed: int = 0, families: Sequence[str] | dict[str, int] | None = None, stats: dict | None = None
 ) -> np.ndarray:
     """Sizes only, at the paper's scale: ``synthetic_sizes(2_650_000)`` takes ~1 s.
 
@@ -109,7 +106,7 @@ def synthetic_sizes(
             raise KeyError(f"no measured edges-per-atom for family {name!r}; run `workbench data stats`")
         epa = np.asarray(stats["families"][name]["edges_per_atom"], dtype=float)
         atoms = sample_natoms(name, count, rng)
-        block = out[start:start + count]
+        block = out[start : start + count]
         block["atoms"] = atoms
         block["edges"] = np.rint(atoms * epa[rng.integers(0, epa.size, size=count)]).astype(np.int64)
         block["family"] = name

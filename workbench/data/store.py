@@ -49,9 +49,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -65,17 +66,19 @@ SKIPPED = "skipped.jsonl"
 SHARDS = "shards"
 
 #: One record per graph. Everything the packer, the split and mace's statistics need.
-INDEX_DTYPE = np.dtype([
-    ("atoms", "<i4"),        # vertices
-    ("edges", "<i4"),        # directed edges at the cutoff (periodic images included)
-    ("connected", "<i4"),    # atoms with at least one neighbour (mace's avg_num_neighbors counts these)
-    ("family", "<u2"),       # code into manifest["families"] (the extxyz config_type)
-    ("shard", "<u4"),        # code into manifest["shards"]
-    ("row", "<i4"),          # graph row inside the shard
-    ("labelled", "?"),       # energy and forces present
-    ("energy", "<f8"),       # eV (NaN when unlabelled)
-    ("fsq", "<f8"),          # sum over atoms and components of F^2, (eV/Å)^2
-])
+INDEX_DTYPE = np.dtype(
+    [
+        ("atoms", "<i4"),  # vertices
+        ("edges", "<i4"),  # directed edges at the cutoff (periodic images included)
+        ("connected", "<i4"),  # atoms with at least one neighbour (mace's avg_num_neighbors counts these)
+        ("family", "<u2"),  # code into manifest["families"] (the extxyz config_type)
+        ("shard", "<u4"),  # code into manifest["shards"]
+        ("row", "<i4"),  # graph row inside the shard
+        ("labelled", "?"),  # energy and forces present
+        ("energy", "<f8"),  # eV (NaN when unlabelled)
+        ("fsq", "<f8"),  # sum over atoms and components of F^2, (eV/Å)^2
+    ]
+)
 ORIGIN_DTYPE = np.dtype([("source", "<u4"), ("frame", "<i8")])
 SHARD_ARRAYS = ("atom_ptr", "numbers", "positions", "forces", "cell", "pbc", "energy", "weights")
 MAX_Z = 118
@@ -101,13 +104,13 @@ def is_prepared(path: str | os.PathLike) -> bool:
 class Graph:
     """One stored structure, as arrays."""
 
-    numbers: np.ndarray    # [n] int
+    numbers: np.ndarray  # [n] int
     positions: np.ndarray  # [n, 3]
-    forces: np.ndarray     # [n, 3]
-    cell: np.ndarray       # [3, 3]
-    pbc: np.ndarray        # [3] bool
+    forces: np.ndarray  # [n, 3]
+    cell: np.ndarray  # [3, 3]
+    pbc: np.ndarray  # [3] bool
     energy: float
-    weights: np.ndarray    # [3]: config, energy, forces
+    weights: np.ndarray  # [3]: config, energy, forces
     family: str
 
 
@@ -165,11 +168,16 @@ class ShardReader:
         row = int(row)
         a0, a1 = int(sh.atom_ptr[row]), int(sh.atom_ptr[row + 1])
         arr = sh.arrays
-        return Graph(numbers=np.asarray(arr["numbers"][a0:a1], dtype=np.int64),
-                     positions=np.array(arr["positions"][a0:a1]), forces=np.array(arr["forces"][a0:a1]),
-                     cell=np.array(arr["cell"][row]), pbc=np.array(arr["pbc"][row], dtype=bool),
-                     energy=float(arr["energy"][row]), weights=np.array(arr["weights"][row]),
-                     family=self.families[int(family)])
+        return Graph(
+            numbers=np.asarray(arr["numbers"][a0:a1], dtype=np.int64),
+            positions=np.array(arr["positions"][a0:a1]),
+            forces=np.array(arr["forces"][a0:a1]),
+            cell=np.array(arr["cell"][row]),
+            pbc=np.array(arr["pbc"][row], dtype=bool),
+            energy=float(arr["energy"][row]),
+            weights=np.array(arr["weights"][row]),
+            family=self.families[int(family)],
+        )
 
 
 class GraphStore:
@@ -183,17 +191,22 @@ class GraphStore:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         if not (self.path / MANIFEST).is_file():
-            raise FileNotFoundError(f"{self.path}: not a prepared dataset (no {MANIFEST}); "
-                                    f"create one with 'workbench data prepare SRC... --out {self.path}'")
+            raise FileNotFoundError(
+                f"{self.path}: not a prepared dataset (no {MANIFEST}); "
+                f"create one with 'workbench data prepare SRC... --out {self.path}'"
+            )
         self.manifest = json.loads((self.path / MANIFEST).read_text())
         if self.manifest.get("format") != FORMAT:
             raise ValueError(f"{self.path / MANIFEST}: not a {FORMAT} manifest")
         if self.manifest.get("version") != FORMAT_VERSION:
-            raise ValueError(f"{self.path}: prepared with format version {self.manifest.get('version')}, this "
-                             f"workbench reads version {FORMAT_VERSION}; prepare it again")
+            raise ValueError(
+                f"{self.path}: prepared with format version {self.manifest.get('version')}, this "
+                f"workbench reads version {FORMAT_VERSION}; prepare it again"
+            )
         if not self.manifest.get("complete"):
-            raise ValueError(f"{self.path}: prepare did not finish; run the same 'workbench data prepare' "
-                             "command again to resume it")
+            raise ValueError(
+                f"{self.path}: prepare did not finish; run the same 'workbench data prepare' command again to resume it"
+            )
         self.index = np.load(self.path / INDEX)
         self.families: tuple[str, ...] = tuple(self.manifest["families"])
         self.elements: tuple[int, ...] = tuple(int(z) for z in self.manifest["elements"])
@@ -224,14 +237,16 @@ class GraphStore:
         return [(sources[int(org[r]["source"])]["path"], int(org[r]["frame"])) for r in rows]
 
     # -- element counts (E0s), streamed
-    def element_counts(self, rows: np.ndarray | None = None, chunk: int = 65536) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def element_counts(
+        self, rows: np.ndarray | None = None, chunk: int = 65536
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yield ``(rows, counts)`` blocks: counts ``[len(rows), len(elements)]`` for the given
         (sorted or not) rows, at most ``chunk`` rows at a time, so memory stays bounded."""
         if rows is None:
             rows = np.arange(len(self))
         rows = np.asarray(rows, dtype=np.int64)
         for k in range(0, rows.size, chunk):
-            block = rows[k:k + chunk]
+            block = rows[k : k + chunk]
             counts = np.load(self.path / COUNTS, mmap_mode="r")  # mapped per block: pages it touched go with it
             yield block, np.asarray(counts[block])
             del counts

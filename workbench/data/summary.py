@@ -33,13 +33,19 @@ def summarize(sizes: np.ndarray, labelled: np.ndarray | None = None) -> list[dic
 
 def format_table(rows: list[dict]) -> str:
     """Fixed-width text table of :func:`summarize` rows."""
-    cols = [("family", "family", "{:<15}"), ("graphs", "graphs", "{:>7}"), ("share", "share", "{:>7.1%}"),
-            ("atoms_min", "atoms min", "{:>9}"), ("atoms_mean", "mean", "{:>7.1f}"), ("atoms_max", "max", "{:>5}"),
-            ("edges_mean", "edges mean", "{:>10.0f}"), ("edges_per_atom", "edges/atom", "{:>10.1f}")]
+    cols = [
+        ("family", "family", "{:<15}"),
+        ("graphs", "graphs", "{:>7}"),
+        ("share", "share", "{:>7.1%}"),
+        ("atoms_min", "atoms min", "{:>9}"),
+        ("atoms_mean", "mean", "{:>7.1f}"),
+        ("atoms_max", "max", "{:>5}"),
+        ("edges_mean", "edges mean", "{:>10.0f}"),
+        ("edges_per_atom", "edges/atom", "{:>10.1f}"),
+    ]
     if rows and "labelled" in rows[0]:
         cols.append(("labelled", "labelled", "{:>8}"))
-    head = " ".join(("{:<15}" if k == "family" else "{:>%d}" % len(fmt.format(rows[0][k]))).format(t)
-                    for k, t, fmt in cols)
+    head = " ".join((f"{t:<15}" if k == "family" else f"{t:>{len(fmt.format(rows[0][k]))}}") for k, t, fmt in cols)
     lines = [head, "-" * len(head)]
     for r in rows:
         if r["family"] == "total":

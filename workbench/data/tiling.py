@@ -18,19 +18,44 @@ from pathlib import Path
 import numpy as np
 
 from workbench.data.store import (
-    COUNTS, FORMAT, FORMAT_VERSION, INDEX, INDEX_DTYPE, MANIFEST, ORIGIN, ORIGIN_DTYPE, SHARDS, SKIPPED,
-    Graph, GraphStore, shard_name, write_shard,
+    COUNTS,
+    FORMAT,
+    FORMAT_VERSION,
+    INDEX,
+    INDEX_DTYPE,
+    MANIFEST,
+    ORIGIN,
+    ORIGIN_DTYPE,
+    SHARDS,
+    SKIPPED,
+    Graph,
+    GraphStore,
+    shard_name,
+    write_shard,
 )
 
 
-def tile_prepared(src: GraphStore, out: str | os.PathLike, n: int, *, seed: int = 0, jitter: float = 1e-3,
-                  shard_size: int = 4096, progress: bool = True) -> GraphStore:
+def tile_prepared(
+    src: GraphStore,
+    out: str | os.PathLike,
+    n: int,
+    *,
+    seed: int = 0,
+    jitter: float = 1e-3,
+    shard_size: int = 4096,
+    progress: bool = True,
+) -> GraphStore:
     """Write ``n`` jittered copies of ``src``'s labelled graphs to ``out`` (reused when complete)."""
     out = Path(out)
     manifest = out / MANIFEST
     if manifest.exists():
         data = json.loads(manifest.read_text())
-        if data.get("complete") and data.get("tiled", {}) == {"from": str(src.path), "n": n, "seed": seed, "jitter": jitter}:
+        if data.get("complete") and data.get("tiled", {}) == {
+            "from": str(src.path),
+            "n": n,
+            "seed": seed,
+            "jitter": jitter,
+        }:
             return GraphStore(out)
         raise ValueError(f"{out}: holds another dataset; remove it or choose another directory")
     rows = np.flatnonzero(src.index["labelled"])
@@ -52,8 +77,18 @@ def tile_prepared(src: GraphStore, out: str | os.PathLike, n: int, *, seed: int 
         batch = []
         for k in pick:
             g = graphs[k]
-            batch.append(Graph(g.numbers, g.positions + rng.uniform(-jitter, jitter, g.positions.shape), g.forces,
-                               g.cell, g.pbc, g.energy, g.weights, g.family))
+            batch.append(
+                Graph(
+                    g.numbers,
+                    g.positions + rng.uniform(-jitter, jitter, g.positions.shape),
+                    g.forces,
+                    g.cell,
+                    g.pbc,
+                    g.energy,
+                    g.weights,
+                    g.family,
+                )
+            )
         name = shard_name(0, code)
         write_shard(out / SHARDS / name, batch)
         names.append(name)
@@ -70,10 +105,20 @@ def tile_prepared(src: GraphStore, out: str | os.PathLike, n: int, *, seed: int 
         arr.flush()
     del index, all_counts, origin
     (out / SKIPPED).write_text("")
-    body = {"format": FORMAT, "version": FORMAT_VERSION, "complete": True, "settings": src.manifest["settings"],
-            "cutoff": src.cutoff, "sources": [{"path": str(src.path), "size": 0, "mtime_ns": 0}],
-            "families": list(src.families), "elements": list(src.elements), "shards": names, "n_graphs": n,
-            "n_skipped": 0, "seconds": 0.0,
-            "tiled": {"from": str(src.path), "n": n, "seed": seed, "jitter": jitter}}
+    body = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "complete": True,
+        "settings": src.manifest["settings"],
+        "cutoff": src.cutoff,
+        "sources": [{"path": str(src.path), "size": 0, "mtime_ns": 0}],
+        "families": list(src.families),
+        "elements": list(src.elements),
+        "shards": names,
+        "n_graphs": n,
+        "n_skipped": 0,
+        "seconds": 0.0,
+        "tiled": {"from": str(src.path), "n": n, "seed": seed, "jitter": jitter},
+    }
     manifest.write_text(json.dumps(body, indent=1) + "\n")
     return GraphStore(out)

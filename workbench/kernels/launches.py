@@ -14,8 +14,9 @@ their sizes, so four rows plan the same kernels as a 3072-atom batch.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -93,22 +94,30 @@ def _edge_launches(op, dtype: str, channels: int, alloc: Callable, host: bool) -
     arrays += [dummy] * (8 - len(arrays))
     seg = (alloc((rows + 1,), "int64"), idx)
     outs = [alloc((rows, comp.output.width), dtype) for comp in op.compiled]
-    fused = None if os.environ.get(FUSE_ENV, "1") == "0" else \
-        edge_pass.plan(op.compiled, arrays, idx, idx, lambda _: seg, channels, outs)
+    fused = (
+        None
+        if os.environ.get(FUSE_ENV, "1") == "0"
+        else edge_pass.plan(op.compiled, arrays, idx, idx, lambda _: seg, channels, outs)
+    )
     done: tuple[int, ...] = ()
     if fused is not None:  # one launch for these outputs of the pass
         done = fused[4]
         live = [op.compiled[k] for k in done]
         slots = len({k for c in live for k in edge_pass._slot_keys(c.table)})
-        yield Launch(", ".join(c.output.name for c in live), "pass", "unrolled",
-                     sum(c.num_terms for c in live), slots, fused[:4])
+        yield Launch(
+            ", ".join(c.output.name for c in live), "pass", "unrolled", sum(c.num_terms for c in live), slots, fused[:4]
+        )
     for k, comp in enumerate(op.compiled):
         if k in done:
             continue
         out = alloc((rows, comp.output.width), dtype)
         shape = "node" if comp.node_output else ("edge reduce" if comp.reduce_channels else "edge")
-        yield from _output_launches(comp, dtype, shape, edge_cuda.plans(
-            comp, arrays, idx, idx, seg if comp.node_output else None, channels, out, host=host))
+        yield from _output_launches(
+            comp,
+            dtype,
+            shape,
+            edge_cuda.plans(comp, arrays, idx, idx, seg if comp.node_output else None, channels, out, host=host),
+        )
 
 
 def _atom_launches(op, dtype: str, channels: int, alloc: Callable, host: bool) -> Iterator[Launch]:
@@ -132,12 +141,24 @@ def _atom_launches(op, dtype: str, channels: int, alloc: Callable, host: bool) -
             names = ", ".join(dict.fromkeys(op.compiled[k].output.name for k, _ in parts))
             if len(kernels) > 1:
                 names += f" {j + 1}/{len(kernels)}"
-            yield Launch(names, "atom pass", "unrolled", sum(t.num_terms for _, t in parts),
-                         max(t.num_slots for _, t in parts), plan)
+            yield Launch(
+                names,
+                "atom pass",
+                "unrolled",
+                sum(t.num_terms for _, t in parts),
+                max(t.num_slots for _, t in parts),
+                plan,
+            )
         for k in done:
             if op.compiled[k].species_output:
-                yield Launch(op.compiled[k].output.name, "species sum", "segment", 0, 0,
-                             segment.plan_segment_sum(outs[k], idx, idx, outs[k][:2]))
+                yield Launch(
+                    op.compiled[k].output.name,
+                    "species sum",
+                    "segment",
+                    0,
+                    0,
+                    segment.plan_segment_sum(outs[k], idx, idx, outs[k][:2]),
+                )
     for i, comp in enumerate(op.compiled):
         if i in done:
             continue
@@ -145,7 +166,9 @@ def _atom_launches(op, dtype: str, channels: int, alloc: Callable, host: bool) -
         shape = "atom partial" if comp.species_output else "atom"
         yield from _output_launches(comp, dtype, shape, _cuda.plans(comp, arrays, idx, channels, out, host=host))
         if comp.species_output:
-            yield Launch(comp.output.name, "species sum", "segment", 0, 0, segment.plan_segment_sum(out, idx, idx, out[:2]))
+            yield Launch(
+                comp.output.name, "species sum", "segment", 0, 0, segment.plan_segment_sum(out, idx, idx, out[:2])
+            )
 
 
 def launches(op, dtype: str, channels: int, alloc: Callable[[tuple, str], Any] | None = None) -> Iterator[Launch]:

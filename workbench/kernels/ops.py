@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,10 +44,24 @@ from workbench.kernels.backends import edge_cuda as _ecuda
 from workbench.kernels.backends import edge_pass as _epass
 from workbench.kernels.backends.compiled import CompiledPolynomial, TransientCache
 from workbench.kernels.backends.device import cuda_available, cudasim_enabled
-from workbench.kernels.descriptor.layout import EDGE_ROWS, MAX_ATOM_ARRAYS, MAX_EDGE_ARRAYS, MAX_SPECIES_ARRAYS, array_ids
+from workbench.kernels.descriptor.layout import (
+    EDGE_ROWS,
+    MAX_ATOM_ARRAYS,
+    MAX_EDGE_ARRAYS,
+    MAX_SPECIES_ARRAYS,
+    array_ids,
+)
 from workbench.kernels.descriptor.polynomial import Operand, SparsePolynomial
 
-__all__ = ["CompiledPolynomial", "EdgeGraph", "EdgePolyOp", "PolyOp", "SpeciesIndex", "apply_edge_poly_op", "apply_poly_op"]
+__all__ = [
+    "CompiledPolynomial",
+    "EdgeGraph",
+    "EdgePolyOp",
+    "PolyOp",
+    "SpeciesIndex",
+    "apply_edge_poly_op",
+    "apply_poly_op",
+]
 
 _WARNED: set = set()
 
@@ -72,7 +87,8 @@ def _no_cuda_target(device: torch.device) -> None:
         raise RuntimeError(
             f"workbench.kernels: {device} tensors, but {why}. Install numba-cuda (the [cuda] extra) with a "
             f"working driver, convert back with accelerate(model, backend='e3nn'), or set {HOST_FALLBACK_ENV}=1 "
-            "to run the CPU kernels on host copies (correct, slow)")
+            "to run the CPU kernels on host copies (correct, slow)"
+        )
     _warn_once(f"workbench.kernels: {device} tensors run the CPU kernels on host copies ({HOST_FALLBACK_ENV}=1): {why}")
 
 
@@ -100,7 +116,7 @@ class SpeciesIndex:
     def check(self, operands: Sequence[Operand], tensors: Sequence[torch.Tensor]) -> None:
         pass  # species rows are read through the index: shapes are the caller's
 
-    def cpu(self) -> "SpeciesIndex":
+    def cpu(self) -> SpeciesIndex:
         return SpeciesIndex(self.species.cpu(), self.num_species)
 
     def arrays(self, comp: CompiledPolynomial, convert: Callable[[torch.Tensor], Any]) -> tuple:
@@ -142,7 +158,7 @@ class EdgeGraph:
             if t.dim() != 2 or t.shape[0] != rows or t.shape[1] != op.width:
                 raise ValueError(f"operand {op.name}: expected [{rows}, {op.width}], got {tuple(t.shape)}")
 
-    def cpu(self) -> "EdgeGraph":
+    def cpu(self) -> EdgeGraph:
         return EdgeGraph(torch.stack([self.sender.cpu(), self.receiver.cpu()]), self.num_nodes)
 
     def arrays(self, comp: CompiledPolynomial, convert: Callable[[torch.Tensor], Any]) -> tuple:
@@ -186,7 +202,7 @@ class PolyOp(TransientCache):
         self.compiled = tuple(CompiledPolynomial(p, self.array_ids) for p in self.outputs)
         self._init_cache()
 
-    def derivative(self, needed: tuple[bool, ...], present: tuple[bool, ...] | None = None) -> "PolyOp":
+    def derivative(self, needed: tuple[bool, ...], present: tuple[bool, ...] | None = None) -> PolyOp:
         r"""Op for :math:`(\text{operands}, \bar{y}_k \text{ for present } k) \mapsto \bar{a}` for
         each operand ``a`` with ``needed[a]``: :math:`\bar{a} = \sum_k \mathrm{vjp}_a(P_k)(\bar{y}_k)`.
 
@@ -198,7 +214,7 @@ class PolyOp(TransientCache):
             present = (True,) * len(self.outputs)
         return self._cached((needed, present), lambda: self._derivative(needed, present))
 
-    def _derivative(self, needed: tuple[bool, ...], present: tuple[bool, ...]) -> "PolyOp":
+    def _derivative(self, needed: tuple[bool, ...], present: tuple[bool, ...]) -> PolyOp:
         cots = []
         names = {op.name for op in self.operands}
         for p, keep in zip(self.outputs, present):
@@ -220,8 +236,14 @@ class PolyOp(TransientCache):
         return type(self)(ops, outs)
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self, tensors: Sequence[torch.Tensor], species: torch.Tensor | None = None,
-                 num_species: int = 0, *, graph: EdgeGraph | None = None) -> list[torch.Tensor]:
+    def evaluate(
+        self,
+        tensors: Sequence[torch.Tensor],
+        species: torch.Tensor | None = None,
+        num_species: int = 0,
+        *,
+        graph: EdgeGraph | None = None,
+    ) -> list[torch.Tensor]:
         """Evaluate every output. ``tensors`` follow ``operands``. Atom ops take ``species``
         ``[num_atoms]`` and ``num_species``, edge ops ``graph`` (see the module docstring)."""
         return self.evaluate_rows(tensors, graph if graph is not None else SpeciesIndex(species, num_species))
@@ -240,7 +262,10 @@ class PolyOp(TransientCache):
         on_gpu = device.type == "cuda" and cuda_available()
         kernels = on_gpu or (device.type == "cpu" and cudasim_enabled())
         if self.edge and index.num_edges == 0:  # empty graph: every message and gradient is zero
-            return [torch.zeros((index.num_rows(c.out_rows), c.output.width), dtype=dtype, device=device) for c in self.compiled]
+            return [
+                torch.zeros((index.num_rows(c.out_rows), c.output.width), dtype=dtype, device=device)
+                for c in self.compiled
+            ]
         outs = [self._output(c, index, dtype, device, kernels) for c in self.compiled]
         if on_gpu:
             self._run_cuda(tensors, index, channels, outs)
@@ -262,7 +287,11 @@ class PolyOp(TransientCache):
         if comp.num_terms == 0:
             return torch.zeros(shape, dtype=dtype, device=device)
         if not kernels:  # the CPU row passes store every row, and sum species outputs whole
-            return _cpu_output(shape, dtype) if comp.covers_output or comp.species_output else torch.zeros(shape, dtype=dtype)
+            return (
+                _cpu_output(shape, dtype)
+                if comp.covers_output or comp.species_output
+                else torch.zeros(shape, dtype=dtype)
+            )
         full = comp.species_output or (_ecuda if self.edge else _cuda).writes_every_element(comp, _dtype_name(dtype))
         return _uninitialised(shape, dtype, device) if full else torch.zeros(shape, dtype=dtype, device=device)
 
@@ -296,15 +325,25 @@ class PolyOp(TransientCache):
             idx = index.arrays(comp, lambda t: t.numpy())
             self._launch(comp, arrays, idx, index, channels, out, lambda t: t.numpy(), 0)
 
-    def cpu_plan(self, channels: int) -> "_cpu.CpuPlan":
+    def cpu_plan(self, channels: int) -> _cpu.CpuPlan:
         """The CPU row passes of this op's outputs (vector programs, built once per channel count)."""
-        return self._cached(("cpu", channels), lambda: _cpu.plan([c.poly for c in self.compiled], self.array_ids, channels))
+        return self._cached(
+            ("cpu", channels), lambda: _cpu.plan([c.poly for c in self.compiled], self.array_ids, channels)
+        )
 
     def _run_cpu(self, arrays, index: RowIndex, channels: int, outs) -> None:
         cp = self.cpu_plan(channels)
         if self.edge:
-            _cpu.run_edge(cp, arrays, index.sender.numpy(), index.receiver.numpy(),
-                          lambda rows: tuple(t.numpy() for t in index.csr(rows)), index.num_nodes, channels, outs)
+            _cpu.run_edge(
+                cp,
+                arrays,
+                index.sender.numpy(),
+                index.receiver.numpy(),
+                lambda rows: tuple(t.numpy() for t in index.csr(rows)),
+                index.num_nodes,
+                channels,
+                outs,
+            )
         else:
             _cpu.run_atom(cp, arrays, index.species.detach().to(torch.int64).numpy(), index.num_species, channels, outs)
 
@@ -323,8 +362,9 @@ class PolyOp(TransientCache):
                 idx = index.arrays(comp, cuda.as_cuda_array)
                 self._launch(comp, arrays, idx, index, channels, out, cuda.as_cuda_array, stream)
 
-    def _launch_pass(self, arrays, index: RowIndex, channels: int, outs, convert: Callable[[torch.Tensor], Any],
-                     stream) -> tuple[int, ...]:
+    def _launch_pass(
+        self, arrays, index: RowIndex, channels: int, outs, convert: Callable[[torch.Tensor], Any], stream
+    ) -> tuple[int, ...]:
         """The outputs of the pass in one launch (:mod:`~workbench.kernels.backends.edge_pass`,
         :mod:`~workbench.kernels.backends.atom_pass`: then a per-species sum of each weight
         gradient) when it applies (``WORKBENCH_FUSE_PASSES=0``: never); the indices of those it
@@ -336,24 +376,54 @@ class PolyOp(TransientCache):
             if kernels is None:
                 return ()  # before allocating partials the per-output launches would allocate again
             partials = [self._partial(c, index, o) for c, o in zip(self.compiled, outs)]
-            return _apass.launch(self.compiled, arrays, *index.arrays(self.compiled[0], convert), channels,
-                                 [convert(o) for o in outs], [None if p is None else convert(p) for p in partials],
-                                 tuple(convert(t) for t in index.csr()) if any(c.species_output for c in self.compiled)
-                                 else None, stream, kernels)
-        return _epass.launch(self.compiled, arrays, convert(index.sender), convert(index.receiver),
-                             lambda rows: tuple(convert(t) for t in index.csr(rows)), channels,
-                             [convert(o) for o in outs], stream)
+            return _apass.launch(
+                self.compiled,
+                arrays,
+                *index.arrays(self.compiled[0], convert),
+                channels,
+                [convert(o) for o in outs],
+                [None if p is None else convert(p) for p in partials],
+                tuple(convert(t) for t in index.csr()) if any(c.species_output for c in self.compiled) else None,
+                stream,
+                kernels,
+            )
+        return _epass.launch(
+            self.compiled,
+            arrays,
+            convert(index.sender),
+            convert(index.receiver),
+            lambda rows: tuple(convert(t) for t in index.csr(rows)),
+            channels,
+            [convert(o) for o in outs],
+            stream,
+        )
 
-    def _launch(self, comp: CompiledPolynomial, arrays, idx, index: RowIndex, channels: int, out: torch.Tensor,
-                convert: Callable[[torch.Tensor], Any], stream) -> None:
+    def _launch(
+        self,
+        comp: CompiledPolynomial,
+        arrays,
+        idx,
+        index: RowIndex,
+        channels: int,
+        out: torch.Tensor,
+        convert: Callable[[torch.Tensor], Any],
+        stream,
+    ) -> None:
         """One output through the CUDA kernels (or the simulator): ``convert`` hands tensors over."""
         if self.edge:
             _ecuda.launch(comp, arrays, *idx, channels, convert(out), stream)
             return
         partial = self._partial(comp, index, out)
-        _cuda.launch(comp, arrays, *idx, channels, convert(out), stream,
-                     partial=None if partial is None else convert(partial),
-                     csr=tuple(convert(t) for t in index.csr()) if comp.species_output else None)
+        _cuda.launch(
+            comp,
+            arrays,
+            *idx,
+            channels,
+            convert(out),
+            stream,
+            partial=None if partial is None else convert(partial),
+            csr=tuple(convert(t) for t in index.csr()) if comp.species_output else None,
+        )
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -422,7 +492,9 @@ class _SparsePolyFunction(torch.autograd.Function):
         return (None, None) + tuple(out)
 
 
-def apply_poly_op(op: PolyOp, species: torch.Tensor, num_species: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def apply_poly_op(
+    op: PolyOp, species: torch.Tensor, num_species: int, *tensors: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
     """Differentiable evaluation of an atom ``op`` (see :class:`PolyOp`)."""
     return _SparsePolyFunction.apply(op, SpeciesIndex(species, num_species), *tensors)
 

@@ -35,16 +35,26 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from workbench.kernels.backends.unrolled import GENERATED_PREFIX
 from workbench.kernels.launches import OpSite
 
-__all__ = ["PRECOMPILE_ENV", "WORKERS_ENV", "KernelJob", "PrecompileReport", "kernel_jobs", "node_lock",
-           "precompile", "target_id", "usable_cores"]
+__all__ = [
+    "PRECOMPILE_ENV",
+    "WORKERS_ENV",
+    "KernelJob",
+    "PrecompileReport",
+    "kernel_jobs",
+    "node_lock",
+    "precompile",
+    "target_id",
+    "usable_cores",
+]
 
 #: ``0`` turns ahead-of-time compilation off (kernels then compile at their first launch)
 PRECOMPILE_ENV = "WORKBENCH_PRECOMPILE"
@@ -224,11 +234,12 @@ def _start_worker(target: str, cc: tuple[int, int] | None, device_index: int | N
     visible = _visible_device(device_index) if target == "device" else None
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible
-    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, bufsize=1, env=env)
+    return subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1, env=env
+    )
 
 
-def _serve(proc: subprocess.Popen, todo: "queue.Queue[KernelJob]", done: "queue.Queue[tuple]") -> None:
+def _serve(proc: subprocess.Popen, todo: queue.Queue[KernelJob], done: queue.Queue[tuple]) -> None:
     """Feed one worker jobs until the queue is empty; every reply goes to ``done``."""
     try:
         while True:
@@ -249,21 +260,36 @@ def _serve(proc: subprocess.Popen, todo: "queue.Queue[KernelJob]", done: "queue.
         proc.wait()
 
 
-def _compile_all(todo: list[KernelJob], workers: int, target: str, cc, folder: Path, tid: str,
-                 report: PrecompileReport, progress: bool, device_index: int | None = None) -> None:
+def _compile_all(
+    todo: list[KernelJob],
+    workers: int,
+    target: str,
+    cc,
+    folder: Path,
+    tid: str,
+    report: PrecompileReport,
+    progress: bool,
+    device_index: int | None = None,
+) -> None:
     from workbench.progress import bar
 
-    jobs: "queue.Queue[KernelJob]" = queue.Queue()
+    jobs: queue.Queue[KernelJob] = queue.Queue()
     for job in todo:
         jobs.put(job)
-    done: "queue.Queue[tuple]" = queue.Queue()
-    threads = [threading.Thread(target=_serve, args=(_start_worker(target, cc, device_index), jobs, done), daemon=True)
-               for _ in range(workers)]
+    done: queue.Queue[tuple] = queue.Queue()
+    threads = [
+        threading.Thread(target=_serve, args=(_start_worker(target, cc, device_index), jobs, done), daemon=True)
+        for _ in range(workers)
+    ]
     for t in threads:
         t.start()
     times = []
-    with bar(total=len(todo), desc=f"compiling {len(todo)} kernels on {workers} processes", unit="kernel",
-             disable=not progress) as pbar:
+    with bar(
+        total=len(todo),
+        desc=f"compiling {len(todo)} kernels on {workers} processes",
+        unit="kernel",
+        disable=not progress,
+    ) as pbar:
         for _ in todo:
             job, reply = done.get()
             if "error" in reply:
@@ -280,8 +306,16 @@ def _compile_all(todo: list[KernelJob], workers: int, target: str, cc, folder: P
     report.slowest = sorted(times, key=lambda x: -x[1])[:5]
 
 
-def precompile(ops: Sequence[OpSite], dtype: str, *, device: Any = None, target: str = "device",
-               cc: tuple[int, int] | None = None, workers: int | None = None, progress: bool = True) -> PrecompileReport:
+def precompile(
+    ops: Sequence[OpSite],
+    dtype: str,
+    *,
+    device: Any = None,
+    target: str = "device",
+    cc: tuple[int, int] | None = None,
+    workers: int | None = None,
+    progress: bool = True,
+) -> PrecompileReport:
     """Compile every generated kernel that force training launches for ``ops`` (where a model
     uses each op, :class:`~workbench.kernels.launches.OpSite`) in ``dtype``, in parallel worker
     processes, under the node lock.
@@ -355,7 +389,7 @@ def _worker(target: str, cc: tuple[int, int] | None) -> int:
         job = json.loads(line)
         try:
             reply = {"seconds": _compile_job(job["path"], job["signature"], target, cc, ptxas)}
-        except Exception as exc:  # noqa: BLE001 (reported to the parent, which lists it)
+        except Exception as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
         replies.write(json.dumps(reply) + "\n")
     return 0

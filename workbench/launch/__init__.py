@@ -55,4 +55,4 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["launch", "attach", "Run", "RunFailed", "RunMetrics", "LaunchError", "RunPanel", "read_metrics"]
+__all__ = ["LaunchError", "Run", "RunFailed", "RunMetrics", "RunPanel", "attach", "launch", "read_metrics"]

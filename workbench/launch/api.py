@@ -54,8 +54,10 @@ def _prepare_run_dir(config, fresh: bool) -> Path:
         status = old.status
         if status in ("pending", "running"):
             where = f"SLURM job {old.job_id}" if old.backend == "slurm" else f"torchrun pid {old.pid}"
-            raise LaunchError(f"{run_dir} already has an active run ({where}, {status}: {old.reason}); "
-                              "use workbench.launch.attach(run_dir) to follow it, or cancel it first")
+            raise LaunchError(
+                f"{run_dir} already has an active run ({where}, {status}: {old.reason}); "
+                "use workbench.launch.attach(run_dir) to follow it, or cancel it first"
+            )
     if fresh and run_dir.exists():
         if not (RunDir(run_dir).launch.exists() or RunDir(run_dir).config.exists()):
             raise LaunchError(f"fresh=True: {run_dir} does not look like a run directory; not deleting it")
@@ -67,9 +69,18 @@ def _prepare_run_dir(config, fresh: bool) -> Path:
     return run_dir
 
 
-def launch(config, backend: str, nodes: int = 1, gpus_per_node: int = 1, *, dry_run: bool = False,
-           fresh: bool = False, env: dict[str, str] | None = None, max_restarts: int = 0,
-           **slurm_options: Any) -> Run | str:
+def launch(
+    config,
+    backend: str,
+    nodes: int = 1,
+    gpus_per_node: int = 1,
+    *,
+    dry_run: bool = False,
+    fresh: bool = False,
+    env: dict[str, str] | None = None,
+    max_restarts: int = 0,
+    **slurm_options: Any,
+) -> Run | str:
     """Start training ``config`` and return its :class:`~workbench.launch.run.Run`.
 
     Parameters
@@ -114,8 +125,9 @@ def launch(config, backend: str, nodes: int = 1, gpus_per_node: int = 1, *, dry_
         return _launch_local(config, nodes, gpus_per_node, dry_run, fresh, env, max_restarts)
     if max_restarts:
         raise ValueError("max_restarts is for backend='local'; on SLURM a stopped job is requeued and resumes")
-    return _launch_slurm(config, nodes, gpus_per_node, dry_run, fresh, env,
-                         slurm.SlurmOptions.from_kwargs(slurm_options))
+    return _launch_slurm(
+        config, nodes, gpus_per_node, dry_run, fresh, env, slurm.SlurmOptions.from_kwargs(slurm_options)
+    )
 
 
 def _write_info(run_dir: Path, info: dict[str, Any]) -> None:
@@ -142,9 +154,20 @@ def _launch_local(config, nodes, gpus_per_node, dry_run, fresh, env, max_restart
     from workbench.launch.worker import ATTEMPT_ENV
 
     proc = local.start(cmd, log, {**env, ATTEMPT_ENV: attempt})
-    info = {"backend": "local", "name": config.name, "run_dir": str(run_dir), "nodes": 1,
-            "gpus_per_node": gpus_per_node, "pid": proc.pid, "pid_start": _pid_start_time(proc.pid),
-            "attempt": attempt, "command": cmd, "env": env, "log": str(log), "submitted": time.time()}
+    info = {
+        "backend": "local",
+        "name": config.name,
+        "run_dir": str(run_dir),
+        "nodes": 1,
+        "gpus_per_node": gpus_per_node,
+        "pid": proc.pid,
+        "pid_start": _pid_start_time(proc.pid),
+        "attempt": attempt,
+        "command": cmd,
+        "env": env,
+        "log": str(log),
+        "submitted": time.time(),
+    }
     _write_info(run_dir, info)
     return Run(run_dir, info, process=proc)
 
@@ -161,11 +184,20 @@ def _launch_slurm(config, nodes, gpus_per_node, dry_run, fresh, env, opts) -> Ru
     run_dir = _prepare_run_dir(config, fresh)
     config.to_yaml(RunDir(run_dir).launch_config)
     job_id = slurm.submit(config, params)
-    info = {"backend": "slurm", "name": config.name, "run_dir": str(run_dir), "nodes": nodes,
-            "gpus_per_node": gpus_per_node, "job_id": job_id, "partition": partition, "env": env,
-            "script": script, "submitted": time.time()}
+    info = {
+        "backend": "slurm",
+        "name": config.name,
+        "run_dir": str(run_dir),
+        "nodes": nodes,
+        "gpus_per_node": gpus_per_node,
+        "job_id": job_id,
+        "partition": partition,
+        "env": env,
+        "script": script,
+        "submitted": time.time(),
+    }
     _write_info(run_dir, info)
     return Run(run_dir, info)
 
 
-__all__ = ["launch", "attach", "LAUNCH_BACKENDS"]
+__all__ = ["LAUNCH_BACKENDS", "attach", "launch"]

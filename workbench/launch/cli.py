@@ -6,7 +6,6 @@ import argparse
 import sys
 
 
-
 def _config(args: argparse.Namespace):
     from workbench.train.config import TrainConfig
 
@@ -18,8 +17,17 @@ def _run(args: argparse.Namespace) -> int:
 
     slurm_opts = {}
     if args.backend == "slurm":
-        for key in ("account", "partition", "qos", "time", "constraint", "gpus_per_task", "cpus_per_task", "mem",
-                    "signal_delay_s"):
+        for key in (
+            "account",
+            "partition",
+            "qos",
+            "time",
+            "constraint",
+            "gpus_per_task",
+            "cpus_per_task",
+            "mem",
+            "signal_delay_s",
+        ):
             value = getattr(args, key)
             if value is not None:
                 slurm_opts[key] = value
@@ -28,13 +36,35 @@ def _run(args: argparse.Namespace) -> int:
         if args.setup:
             slurm_opts["setup"] = args.setup
     else:
-        given = [k for k in ("account", "partition", "qos", "time", "constraint", "gpus_per_task", "cpus_per_task",
-                             "mem", "signal_delay_s", "sbatch", "setup") if getattr(args, k)]
+        given = [
+            k
+            for k in (
+                "account",
+                "partition",
+                "qos",
+                "time",
+                "constraint",
+                "gpus_per_task",
+                "cpus_per_task",
+                "mem",
+                "signal_delay_s",
+                "sbatch",
+                "setup",
+            )
+            if getattr(args, k)
+        ]
         if given:
             raise ValueError(f"--{given[0].replace('_', '-')} is a SLURM option; use --backend slurm")
     try:
-        out = launch(_config(args), backend=args.backend, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                     dry_run=args.dry_run, fresh=args.fresh, **slurm_opts)
+        out = launch(
+            _config(args),
+            backend=args.backend,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            dry_run=args.dry_run,
+            fresh=args.fresh,
+            **slurm_opts,
+        )
         if args.dry_run:
             print(out, end="" if out.endswith("\n") else "\n")
             return 0
@@ -72,6 +102,8 @@ def register(sub) -> None:
     s.add_argument("--cpus-per-task", type=int)
     s.add_argument("--mem")
     s.add_argument("--signal-delay-s", type=int, help="SIGUSR2 this many seconds before the time limit (default 120)")
-    s.add_argument("--sbatch", action="append", metavar="LINE", help="extra sbatch directive, e.g. --sbatch=--exclusive")
+    s.add_argument(
+        "--sbatch", action="append", metavar="LINE", help="extra sbatch directive, e.g. --sbatch=--exclusive"
+    )
     s.add_argument("--setup", action="append", metavar="SHELL", help="shell line run before srun (repeatable)")
     p.set_defaults(func=_run)

@@ -13,8 +13,17 @@ import sys
 from pathlib import Path
 
 # Variables of an enclosing distributed job that must not leak into torchrun's workers.
-_DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-              "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+_DIST_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+)
 
 
 def command(config_yaml: Path, gpus_per_node: int, max_restarts: int) -> list[str]:
@@ -25,8 +34,17 @@ def command(config_yaml: Path, gpus_per_node: int, max_restarts: int) -> list[st
     """
     if gpus_per_node == 1 and max_restarts == 0:
         return [sys.executable, "-m", "workbench.launch.worker", str(config_yaml)]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus_per_node}",
-            f"--max-restarts={max_restarts}", "-m", "workbench.launch.worker", str(config_yaml)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={gpus_per_node}",
+        f"--max-restarts={max_restarts}",
+        "-m",
+        "workbench.launch.worker",
+        str(config_yaml),
+    ]
 
 
 def command_text(cmd: list[str], env: dict[str, str]) -> str:
@@ -37,8 +55,10 @@ def command_text(cmd: list[str], env: dict[str, str]) -> str:
 def check_resources(config, nodes: int, gpus_per_node: int) -> None:
     """Raise ``ValueError`` when this machine cannot hold the request."""
     if nodes != 1:
-        raise ValueError(f"nodes={nodes}: backend='local' runs on this machine only; use nodes=1, "
-                         "or backend='slurm' for several nodes")
+        raise ValueError(
+            f"nodes={nodes}: backend='local' runs on this machine only; use nodes=1, "
+            "or backend='slurm' for several nodes"
+        )
     import torch
 
     wants_cuda = config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available())
@@ -49,8 +69,10 @@ def check_resources(config, nodes: int, gpus_per_node: int) -> None:
     else:
         have = os.cpu_count() or 1
         if gpus_per_node > have:
-            raise ValueError(f"gpus_per_node={gpus_per_node}: without CUDA each rank is a CPU process, and this "
-                             f"machine has {have} CPU core(s); use gpus_per_node <= {have}")
+            raise ValueError(
+                f"gpus_per_node={gpus_per_node}: without CUDA each rank is a CPU process, and this "
+                f"machine has {have} CPU core(s); use gpus_per_node <= {have}"
+            )
 
 
 def start(cmd: list[str], log_path: Path, env_extra: dict[str, str]) -> subprocess.Popen:
@@ -58,5 +80,6 @@ def start(cmd: list[str], log_path: Path, env_extra: dict[str, str]) -> subproce
     env.update(env_extra)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
+        return subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )

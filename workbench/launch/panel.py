@@ -36,8 +36,14 @@ class RunPanel(widgets.VBox):
         self.cancel_button.on_click(lambda _: self._cancel())
         logs_box = widgets.Accordion(children=[self.log_tail])
         logs_box.set_title(0, "Log tail")
-        super().__init__([self.header, widgets.HBox([self.loss, self.ranks]),
-                          widgets.HBox([self.refresh_button, self.cancel_button]), logs_box])
+        super().__init__(
+            [
+                self.header,
+                widgets.HBox([self.loss, self.ranks]),
+                widgets.HBox([self.refresh_button, self.cancel_button]),
+                logs_box,
+            ]
+        )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.status = "pending"
@@ -51,21 +57,29 @@ class RunPanel(widgets.VBox):
         self.status = status
         colour = _COLOURS.get(status, "#555")
         where = f"SLURM job {self.run.job_id}" if self.run.backend == "slurm" else f"local pid {self.run.pid}"
-        self.header.value = (f"<b>{html.escape(self.run.name)}</b> &nbsp; {where} &nbsp; "
-                             f"<span style='color:{colour};font-weight:bold'>{status}</span> "
-                             f"<span style='color:#555'>{html.escape(reason)}</span>")
+        self.header.value = (
+            f"<b>{html.escape(self.run.name)}</b> &nbsp; {where} &nbsp; "
+            f"<span style='color:{colour};font-weight:bold'>{status}</span> "
+            f"<span style='color:#555'>{html.escape(reason)}</span>"
+        )
         m = self.run.metrics()
         last = m.last_loss
         epoch = m.epochs[-1] if m.epochs else None
-        self.loss.value = (f"<div style='margin-right:2em'>step <b>{m.global_step}</b><br>"
-                           f"loss <b>{'—' if last is None else f'{last:.5g}'}</b>"
-                           + (f"<br>valid F MAE {epoch['valid_f_mae_mev_a']:.1f} meV/Å" if epoch else "")
-                           + "</div>")
+        self.loss.value = (
+            f"<div style='margin-right:2em'>step <b>{m.global_step}</b><br>"
+            f"loss <b>{'—' if last is None else f'{last:.5g}'}</b>"
+            + (f"<br>valid F MAE {epoch['valid_f_mae_mev_a']:.1f} meV/Å" if epoch else "")
+            + "</div>"
+        )
         times = m.step_time_per_rank()
-        rows = "".join(f"<tr><td>{r}</td><td style='text-align:right'>{t * 1000:.0f} ms</td></tr>"
-                       for r, t in times.items())
-        self.ranks.value = ("<table><tr><th>rank</th><th>step time (last 10)</th></tr>" + rows + "</table>"
-                            if rows else "<i>no steps yet</i>")
+        rows = "".join(
+            f"<tr><td>{r}</td><td style='text-align:right'>{t * 1000:.0f} ms</td></tr>" for r, t in times.items()
+        )
+        self.ranks.value = (
+            "<table><tr><th>rank</th><th>step time (last 10)</th></tr>" + rows + "</table>"
+            if rows
+            else "<i>no steps yet</i>"
+        )
         self.log_tail.value = f"<pre style='font-size:11px'>{html.escape(self.run.logs(tail=self.log_lines))}</pre>"
         self.cancel_button.disabled = status in ("done", "failed")
         return status

@@ -9,6 +9,7 @@ in another kernel or after a restart.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -75,8 +76,13 @@ class RunMetrics:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "epochs": self.epochs, "global_step": self.global_step,
-                "last_loss": self.last_loss, "step_time_per_rank": self.step_time_per_rank()}
+        return {
+            "steps": self.steps,
+            "epochs": self.epochs,
+            "global_step": self.global_step,
+            "last_loss": self.last_loss,
+            "step_time_per_rank": self.step_time_per_rank(),
+        }
 
 
 def read_metrics(run_dir: str | os.PathLike) -> RunMetrics:
@@ -92,8 +98,9 @@ class Run:
     why in one line (a cancelled run is ``"failed"`` with reason ``"cancelled by user ..."``).
     """
 
-    def __init__(self, run_dir: str | os.PathLike, info: dict[str, Any],
-                 process: subprocess.Popen | None = None) -> None:
+    def __init__(
+        self, run_dir: str | os.PathLike, info: dict[str, Any], process: subprocess.Popen | None = None
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.paths = RunDir(self.run_dir)
         self.info = info
@@ -164,7 +171,9 @@ class Run:
         if markers.get(0, {}).get("state") == "done":
             m = markers[0]
             loss = m.get("final_loss")
-            return "done", f"finished {m.get('global_step')} steps" + (f", final loss {loss:.4g}" if loss is not None else "")
+            return "done", f"finished {m.get('global_step')} steps" + (
+                f", final loss {loss:.4g}" if loss is not None else ""
+            )
         return None
 
     def _stopped_reason(self, markers: dict[int, dict], default: str) -> str:
@@ -172,8 +181,10 @@ class Run:
         pre = [m for m in markers.values() if m["state"] == "preempted"]
         text = "cancelled by user" if cancelled else default
         if pre:
-            text += (f"; stopped cleanly by SIG{pre[0].get('signal')} after step {pre[0].get('global_step')} "
-                     "(checkpoint saved: launch it again to resume)")
+            text += (
+                f"; stopped cleanly by SIG{pre[0].get('signal')} after step {pre[0].get('global_step')} "
+                "(checkpoint saved: launch it again to resume)"
+            )
         return text
 
     def _progress(self) -> str:
@@ -215,28 +226,35 @@ class Run:
         if info is not None:
             attempt = f"{self.job_id}.{info.restarts}"
         else:
-            attempts = [m.get("attempt", "") for m in self._markers(None).values()
-                        if str(m.get("attempt", "")).startswith(f"{self.job_id}.")]
+            attempts = [
+                m.get("attempt", "")
+                for m in self._markers(None).values()
+                if str(m.get("attempt", "")).startswith(f"{self.job_id}.")
+            ]
             attempt = max(attempts, key=lambda a: int(a.split(".")[1]), default=None)
         markers = self._markers(attempt) if attempt else {}
         if info is not None and info.state in slurm.PENDING_STATES:
             why = info.reason if info.reason not in ("", "None") else "queued"
             return "pending", f"job {self.job_id} {info.state.lower()} ({why})" + (
-                f", attempt {info.restarts + 1}" if info.restarts else "")
+                f", attempt {info.restarts + 1}" if info.restarts else ""
+            )
         decided = self._from_markers(markers)
         if decided:
             return decided
         if info is not None and info.state in slurm.RUNNING_STATES:
             return "running", f"job {self.job_id}: " + self._progress()
         if info is None:
-            return "failed", self._stopped_reason(markers, f"job {self.job_id} is no longer known to SLURM and left no result")
+            return "failed", self._stopped_reason(
+                markers, f"job {self.job_id} is no longer known to SLURM and left no result"
+            )
         state = info.state
         if state == "CANCELLED":
             return "failed", self._stopped_reason(markers, f"job {self.job_id} was cancelled (scancel or preemption)")
         if state == "TIMEOUT":
             return "failed", self._stopped_reason(markers, f"job {self.job_id} hit its time limit")
-        return "failed", self._stopped_reason(markers, f"job {self.job_id} ended in state {state} "
-                                                        f"(exit code {info.exit_code}) without a result")
+        return "failed", self._stopped_reason(
+            markers, f"job {self.job_id} ended in state {state} (exit code {info.exit_code}) without a result"
+        )
 
     # -- outputs
     def log_files(self) -> list[Path]:
@@ -272,7 +290,7 @@ class Run:
             if f.exists():
                 text = f.read_text(errors="replace")
                 if "Traceback (most recent call last)" in text:
-                    return text[text.rindex("Traceback (most recent call last)"):]
+                    return text[text.rindex("Traceback (most recent call last)") :]
         return ""
 
     def metrics(self) -> RunMetrics:
@@ -281,8 +299,11 @@ class Run:
 
     def attempts(self) -> list[dict]:
         """One record per start of the run (a requeued SLURM job has several)."""
-        return [a for a in read_jsonl(self.paths.attempts)
-                if self.backend != "slurm" or str(a.get("job_id")) == str(self.job_id)]
+        return [
+            a
+            for a in read_jsonl(self.paths.attempts)
+            if self.backend != "slurm" or str(a.get("job_id")) == str(self.job_id)
+        ]
 
     # -- control
     def wait(self, timeout: float | None = None, poll_s: float = 1.0) -> str:
@@ -340,18 +361,14 @@ class Run:
         pid = self.pid
         if not pid or not _pid_is(pid, self.info.get("pid_start")):
             return
-        try:
-            # torchrun forwards SIGTERM to its workers; SIGKILL goes to the whole session at once.
-            os.killpg(pid, sig) if group else os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
+        # torchrun forwards SIGTERM to its workers; SIGKILL goes to the whole session at once.
+        with contextlib.suppress(ProcessLookupError):
+            (os.killpg if group else os.kill)(pid, sig)
 
     def _local_wait(self, timeout: float) -> None:
         if self._process is not None:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self._process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                pass
             self._local_returncode()
 
     def panel(self, refresh_s: float = 2.0):
@@ -400,6 +417,8 @@ def attach(run_dir: str | os.PathLike) -> Run:
     run_dir = Path(run_dir).absolute()
     info = load_info(run_dir)
     if info is None:
-        raise FileNotFoundError(f"{run_dir}: no {RunDir(run_dir).launch_info.relative_to(run_dir)}; was this run started with "
-                                "workbench.launch.launch()?")
+        raise FileNotFoundError(
+            f"{run_dir}: no {RunDir(run_dir).launch_info.relative_to(run_dir)}; was this run started with "
+            "workbench.launch.launch()?"
+        )
     return Run(run_dir, info)

@@ -31,8 +31,16 @@ PING_TIMEOUT_S = 20.0
 PREEMPT_SIGNAL = "USR2"  # submitit's default; NCCL may use USR1, so not that one
 
 # scontrol JobState -> launcher status. States not listed are terminal failures.
-PENDING_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD",
-                  "SPECIAL_EXIT", "RESIZING"}
+PENDING_STATES = {
+    "PENDING",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "CONFIGURING",
+    "RESV_DEL_HOLD",
+    "SPECIAL_EXIT",
+    "RESIZING",
+}
 RUNNING_STATES = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "SUSPENDED", "STOPPED"}
 
 
@@ -40,17 +48,21 @@ def check_commands() -> None:
     """Raise :class:`LaunchError` naming the SLURM client commands missing from PATH."""
     missing = [c for c in CLIENT_COMMANDS if shutil.which(c) is None]
     if missing:
-        raise LaunchError(f"backend='slurm' needs the SLURM client commands on PATH, but {', '.join(missing)} "
-                          f"{'is' if len(missing) == 1 else 'are'} not found (PATH={os.environ.get('PATH', '')}). "
-                          "Run on a cluster login node, or use backend='local'.")
+        raise LaunchError(
+            f"backend='slurm' needs the SLURM client commands on PATH, but {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not found (PATH={os.environ.get('PATH', '')}). "
+            "Run on a cluster login node, or use backend='local'."
+        )
 
 
 def _run(args: list[str], timeout: float = PING_TIMEOUT_S) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise LaunchError(f"the SLURM controller did not answer `{shlex.join(args)}` within {timeout:.0f} s "
-                          f"(SLURM_CONF={os.environ.get('SLURM_CONF', '<default>')})") from None
+        raise LaunchError(
+            f"the SLURM controller did not answer `{shlex.join(args)}` within {timeout:.0f} s "
+            f"(SLURM_CONF={os.environ.get('SLURM_CONF', '<default>')})"
+        ) from None
     except FileNotFoundError:
         check_commands()
         raise
@@ -63,9 +75,11 @@ def ping() -> None:
     text = (out.stdout + out.stderr).strip()
     if out.returncode != 0 or " is UP" not in text:
         first = text.splitlines()[0] if text else f"exit code {out.returncode}"
-        raise LaunchError(f"the SLURM controller is not answering: `scontrol ping` says {first!r} "
-                          f"(SLURM_CONF={os.environ.get('SLURM_CONF', '<default>')}); check that slurmctld runs "
-                          "and that this machine can reach it")
+        raise LaunchError(
+            f"the SLURM controller is not answering: `scontrol ping` says {first!r} "
+            f"(SLURM_CONF={os.environ.get('SLURM_CONF', '<default>')}); check that slurmctld runs "
+            "and that this machine can reach it"
+        )
 
 
 # --------------------------------------------------------------------------- time limits
@@ -84,7 +98,7 @@ def parse_time(value: str | int | float) -> int:
     if isinstance(value, (int, float)):
         if value <= 0:
             raise ValueError(f"time={value!r}: the time limit must be positive")
-        return int(math.ceil(value))
+        return math.ceil(value)
     m = _TIME_RE.match(str(value).strip())
     if not m:
         raise ValueError(f"time={value!r} is not a SLURM time limit; expected {formats}")
@@ -103,7 +117,7 @@ def parse_time(value: str | int | float) -> int:
             raise ValueError(f"time={value!r}: field {v} is out of range (must be < {limit}); expected {formats}")
     if seconds <= 0:
         raise ValueError(f"time={value!r}: the time limit must be positive")
-    return int(math.ceil(seconds / 60))
+    return math.ceil(seconds / 60)
 
 
 # --------------------------------------------------------------------------- options
@@ -132,7 +146,7 @@ class SlurmOptions:
     job_name: str | None = None
 
     @classmethod
-    def from_kwargs(cls, kwargs: dict[str, Any]) -> "SlurmOptions":
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> SlurmOptions:
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(kwargs) - known)
         if unknown:
@@ -148,10 +162,12 @@ def _extra_directives(lines: list[str]) -> dict[str, Any]:
     for line in lines:
         text = line.strip()
         if text.startswith("#SBATCH"):
-            text = text[len("#SBATCH"):].strip()
+            text = text[len("#SBATCH") :].strip()
         if not text.startswith("--") or len(text) < 3:
-            raise ValueError(f"sbatch_lines entry {line!r}: expected '--key=value', '--flag' or "
-                             "'#SBATCH --key=value' (long options only)")
+            raise ValueError(
+                f"sbatch_lines entry {line!r}: expected '--key=value', '--flag' or "
+                "'#SBATCH --key=value' (long options only)"
+            )
         key, sep, value = text[2:].partition("=")
         if not sep and " " in key:
             key, _, value = key.partition(" ")
@@ -165,8 +181,10 @@ def sbatch_parameters(config, nodes: int, gpus_per_node: int, opts: SlurmOptions
     """submitit ``SlurmExecutor`` parameters for this run (also what the dry run prints)."""
     minutes = parse_time(opts.time)
     if opts.signal_delay_s < 0 or opts.signal_delay_s >= minutes * 60:
-        raise ValueError(f"signal_delay_s={opts.signal_delay_s}: the pre-time-limit checkpoint signal must come "
-                         f"after the start and before the time limit ({minutes} min)")
+        raise ValueError(
+            f"signal_delay_s={opts.signal_delay_s}: the pre-time-limit checkpoint signal must come "
+            f"after the start and before the time limit ({minutes} min)"
+        )
     request_gpus = opts.request_gpus if opts.request_gpus is not None else config.device != "cpu"
     params: dict[str, Any] = {
         "job_name": opts.job_name or config.name,
@@ -189,8 +207,9 @@ def sbatch_parameters(config, nodes: int, gpus_per_node: int, opts: SlurmOptions
         if value is not None:
             params[key] = value
     # A comment in the script saying what it trains (the task itself is submitit's pickled callable).
-    params["setup"] = [f"# workbench: trains {RunDir(Path(config.run_dir).absolute()).launch_config}, "
-                       "one task per rank"] + list(opts.setup)
+    params["setup"] = [
+        f"# workbench: trains {RunDir(Path(config.run_dir).absolute()).launch_config}, one task per rank"
+    ] + list(opts.setup)
     params["additional_parameters"].update(_extra_directives(opts.sbatch_lines))
     return params
 
@@ -259,14 +278,17 @@ def check_resources(config, nodes: int, gpus_per_node: int, opts: SlurmOptions) 
         per_node = (opts.gpus_per_task or 1) * gpus_per_node if opts.gpus_per_task else gpus_per_node
         most = max(i.gpus for i in infos)
         if per_node > most:
-            hint = (" (no gres/gpu); set TrainConfig.device='cpu' to run the ranks on CPUs" if most == 0 else "")
-            raise ValueError(f"gpus_per_node={per_node} but nodes in partition {partition!r} have at most "
-                             f"{most} GPU(s){hint}")
+            hint = " (no gres/gpu); set TrainConfig.device='cpu' to run the ranks on CPUs" if most == 0 else ""
+            raise ValueError(
+                f"gpus_per_node={per_node} but nodes in partition {partition!r} have at most {most} GPU(s){hint}"
+            )
     cpus = gpus_per_node * (opts.cpus_per_task or 1)
     most_cpus = max(i.cpus for i in infos)
     if cpus > most_cpus:
-        raise ValueError(f"gpus_per_node={gpus_per_node} tasks x cpus_per_task={opts.cpus_per_task or 1} = {cpus} "
-                         f"CPUs per node, but nodes in partition {partition!r} have at most {most_cpus} CPUs")
+        raise ValueError(
+            f"gpus_per_node={gpus_per_node} tasks x cpus_per_task={opts.cpus_per_task or 1} = {cpus} "
+            f"CPUs per node, but nodes in partition {partition!r} have at most {most_cpus} CPUs"
+        )
     return partition
 
 
@@ -289,8 +311,13 @@ def job_info(job_id: str) -> JobInfo | None:
             return None
         raise LaunchError(f"`scontrol show job {job_id}` failed: {err or 'no output'}")
     fields = dict(re.findall(r"(\w+)=(\S*)", text.splitlines()[0]))
-    return JobInfo(job_id=str(job_id), state=fields.get("JobState", "UNKNOWN"), reason=fields.get("Reason", ""),
-                   restarts=int(fields.get("Restarts", 0) or 0), exit_code=fields.get("ExitCode", ""))
+    return JobInfo(
+        job_id=str(job_id),
+        state=fields.get("JobState", "UNKNOWN"),
+        reason=fields.get("Reason", ""),
+        restarts=int(fields.get("Restarts", 0) or 0),
+        exit_code=fields.get("ExitCode", ""),
+    )
 
 
 def submit(config, params: dict[str, Any]) -> str:
@@ -306,7 +333,9 @@ def submit(config, params: dict[str, Any]) -> str:
         job = executor.submit(TrainTask(config.to_dict()))
     except (FailedJobError, subprocess.CalledProcessError) as exc:
         detail = str(exc).strip().splitlines()
-        raise LaunchError("sbatch rejected the job: " + " ".join(x.strip() for x in detail if x.strip())[-1500:]) from None
+        raise LaunchError(
+            "sbatch rejected the job: " + " ".join(x.strip() for x in detail if x.strip())[-1500:]
+        ) from None
     return str(job.job_id)
 
 

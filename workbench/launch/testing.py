@@ -66,8 +66,13 @@ class WaitError(RuntimeError):
         self.proc = proc
 
 
-def wait_for(check: Callable[[], bool], what: str, timeout_s: float,
-             procs: Mapping[str, subprocess.Popen] | None = None, interval_s: float = 0.25) -> None:
+def wait_for(
+    check: Callable[[], bool],
+    what: str,
+    timeout_s: float,
+    procs: Mapping[str, subprocess.Popen] | None = None,
+    interval_s: float = 0.25,
+) -> None:
     """Poll ``check()`` until it is true; raise ``WaitError`` on timeout or when one of ``procs`` exits first."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -130,8 +135,14 @@ class LocalSlurm:
         only when it was created here.
     """
 
-    def __init__(self, cpus: int | None = None, partition: str = "debug", kill_wait: int = 10,
-                 root: str | os.PathLike | None = None, start_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        cpus: int | None = None,
+        partition: str = "debug",
+        kill_wait: int = 10,
+        root: str | os.PathLike | None = None,
+        start_timeout_s: float = 60.0,
+    ) -> None:
         self.cpus = int(cpus or os.cpu_count() or 1)
         self.partition = partition
         self.kill_wait = int(kill_wait)
@@ -153,12 +164,14 @@ class LocalSlurm:
         return self.root / "log" / f"{daemon}.log"
 
     # -- lifecycle
-    def start(self) -> "LocalSlurm":
+    def start(self) -> LocalSlurm:
         """Write the configuration, start the three daemons and wait until the node is idle."""
         missing = missing_daemons()
         if missing:
-            raise SlurmStartError(f"cannot start a local SLURM: {', '.join(missing)} not installed "
-                                  "(Debian: apt-get install slurm-wlm munge)")
+            raise SlurmStartError(
+                f"cannot start a local SLURM: {', '.join(missing)} not installed "
+                "(Debian: apt-get install slurm-wlm munge)"
+            )
         if self.procs:
             return self
         if self.root is None:
@@ -167,8 +180,11 @@ class LocalSlurm:
             self._write_files()
             self._start_munge()
             self._start("slurmctld", [_which("slurmctld"), "-D", "-c", "-i", "-f", str(self.conf_path)])
-            self._wait_for(lambda: self._run("scontrol", "ping").returncode == 0, "slurmctld to answer 'scontrol ping'",
-                           "slurmctld")
+            self._wait_for(
+                lambda: self._run("scontrol", "ping").returncode == 0,
+                "slurmctld to answer 'scontrol ping'",
+                "slurmctld",
+            )
             self._start("slurmd", [_which("slurmd"), "-D", "-f", str(self.conf_path), "-N", self.hostname])
             self._wait_for(self._node_idle, f"node {self.hostname} to be idle in sinfo", "slurmd")
         except BaseException:
@@ -190,7 +206,7 @@ class LocalSlurm:
             self.root = None
         self.env = {}
 
-    def __enter__(self) -> "LocalSlurm":
+    def __enter__(self) -> LocalSlurm:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -274,16 +290,27 @@ PartitionName={self.partition} Nodes={self.hostname} Default=YES MaxTime=INFINIT
         log = open(self.root / "log" / f"{name}.stdout", "ab")
         env = dict(os.environ, SLURM_CONF=str(self.conf_path))
         # Own session: a Ctrl-C in the test runner does not hit the daemons before stop() does.
-        self.procs[name] = subprocess.Popen([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT, env=env,
-                                            start_new_session=True)
+        self.procs[name] = subprocess.Popen(
+            [str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         log.close()
 
     def _start_munge(self) -> None:
         root = self.root
-        self._start("munged", [_which("munged"), "-F", "--force", f"--key-file={root}/munge/munge.key",
-                               f"--socket={root}/munge/munge.socket", f"--pid-file={root}/munge/munged.pid",
-                               f"--log-file={self.log_path('munged')}", f"--seed-file={root}/munge/munged.seed"])
-        self._wait_for(lambda: (root / "munge" / "munge.socket").exists(), "munged to create its socket", "munged")
+        self._start(
+            "munged",
+            [
+                _which("munged"),
+                "-F",
+                "--force",
+                f"--key-file={root}/munge/munge.key",
+                f"--socket={root}/munge/munge.socket",
+                f"--pid-file={root}/munge/munged.pid",
+                f"--log-file={self.log_path('munged')}",
+                f"--seed-file={root}/munge/munged.seed",
+            ],
+        )
+        self._wait_for((root / "munge" / "munge.socket").exists, "munged to create its socket", "munged")
 
     def _node_idle(self) -> bool:
         out = self._run("sinfo", "-h", "-N", "-o", "%N %t")
@@ -304,8 +331,9 @@ PartitionName={self.partition} Nodes={self.hostname} Default=YES MaxTime=INFINIT
 
     def _run(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
         env = dict(os.environ, SLURM_CONF=str(self.conf_path))
-        return subprocess.run([_which(args[0]) or args[0], *args[1:]], env=env, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(
+            [_which(args[0]) or args[0], *args[1:]], env=env, capture_output=True, text=True, timeout=timeout
+        )
 
     def _kill_leftover_steps(self) -> None:
         # slurmstepd processes of jobs still running when slurmd stopped would outlive the cluster;
@@ -324,8 +352,9 @@ PartitionName={self.partition} Nodes={self.hostname} Default=YES MaxTime=INFINIT
 
 
 # --------------------------------------------------------------------------- tiny training runs
-def small_dataset(path: str | os.PathLike, n: int = 48, families: tuple[str, ...] = ("water_clusters", "hea"),
-                  scan: int = 400) -> Path:
+def small_dataset(
+    path: str | os.PathLike, n: int = 48, families: tuple[str, ...] = ("water_clusters", "hea"), scan: int = 400
+) -> Path:
     """Write ``n`` small labelled structures of ``families`` from the embedded mixture to ``path``.
 
     Reading the whole embedded dataset takes tens of seconds on a small CI machine, and every
@@ -351,9 +380,25 @@ def tiny_config(output_dir: str | os.PathLike, name: str, dataset: str | os.Path
     """A ``TrainConfig`` that trains a real (tiny) MACE on CPU in a fraction of a second per step."""
     from workbench.train.config import TrainConfig
 
-    base = dict(name=name, output_dir=str(output_dir), dataset=str(dataset), device="cpu",
-                hidden_irreps="8x0e+8x1o", max_ell=1, correlation=2, num_bessel=4, radial_mlp=[16, 16],
-                valid_fraction=0.1, capacity=200, epochs=100, max_steps=12, checkpoint_every=4, lr=0.01,
-                progress=False, seed=3, dist_timeout_s=120)
+    base = dict(
+        name=name,
+        output_dir=str(output_dir),
+        dataset=str(dataset),
+        device="cpu",
+        hidden_irreps="8x0e+8x1o",
+        max_ell=1,
+        correlation=2,
+        num_bessel=4,
+        radial_mlp=[16, 16],
+        valid_fraction=0.1,
+        capacity=200,
+        epochs=100,
+        max_steps=12,
+        checkpoint_every=4,
+        lr=0.01,
+        progress=False,
+        seed=3,
+        dist_timeout_s=120,
+    )
     base.update(overrides)
     return TrainConfig(**base)

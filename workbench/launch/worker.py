@@ -44,7 +44,7 @@ def _now() -> float:
 def attempt_id() -> str:
     """Identifies one start of the run: ``<jobid>.<restart count>`` on SLURM, a launcher token locally."""
     if os.environ.get("SLURM_JOB_ID") and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
-        return f"{os.environ['SLURM_JOB_ID']}.{int(os.environ.get('SLURM_RESTART_COUNT', 0) or 0)}"
+        return f"{os.environ['SLURM_JOB_ID']}.{int(os.environ.get('SLURM_RESTART_COUNT') or 0)}"
     return os.environ.get(ATTEMPT_ENV, f"pid{os.getpid()}")
 
 
@@ -61,8 +61,14 @@ class _Markers:
         self.dir = self.paths.launch
         self.dir.mkdir(parents=True, exist_ok=True)
         self.rank = rank
-        self.base = {"rank": rank, "attempt": attempt_id(), "host": socket.gethostname(), "pid": os.getpid(),
-                     "job_id": os.environ.get("SLURM_JOB_ID"), "started": _now()}
+        self.base = {
+            "rank": rank,
+            "attempt": attempt_id(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "job_id": os.environ.get("SLURM_JOB_ID"),
+            "started": _now(),
+        }
 
     def write(self, state: str, **extra: Any) -> None:
         _write_json(self.paths.rank_marker(self.rank), {**self.base, "state": state, "time": _now(), **extra})
@@ -74,16 +80,22 @@ def run_rank(config_dict: dict[str, Any]) -> dict[str, Any]:
     from workbench.train.config import TrainConfig
 
     config = TrainConfig.from_dict(config_dict)
-    rank = int(os.environ.get("RANK", 0))
+    rank = int(os.environ.get("RANK", "0"))
     # The trainer records these signals and stops all ranks at one step boundary (see module docstring).
     os.environ.setdefault(preempt.ENV_VAR, "TERM,USR2")
     markers = _Markers(config.run_dir, rank)
     if rank == 0:
         with JsonlLog(markers.paths.attempts) as attempts:
-            attempts.write({"attempt": attempt_id(), "job_id": os.environ.get("SLURM_JOB_ID"),
-                            "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0),
-                            "world_size": int(os.environ.get("WORLD_SIZE", 1)), "host": socket.gethostname(),
-                            "time": _now()})
+            attempts.write(
+                {
+                    "attempt": attempt_id(),
+                    "job_id": os.environ.get("SLURM_JOB_ID"),
+                    "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+                    "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+                    "host": socket.gethostname(),
+                    "time": _now(),
+                }
+            )
     markers.write("running")
     try:
         from workbench.train.loop import train
@@ -101,8 +113,12 @@ def run_rank(config_dict: dict[str, Any]) -> dict[str, Any]:
         markers.paths.rank_error(rank).write_text(text)
         markers.write("failed", error=f"{type(exc).__name__}: {exc}"[:2000])
         raise
-    summary = {"global_step": result.global_step, "epochs_done": result.epochs_done,
-               "final_loss": result.final_loss, "model_path": str(result.model_path) if result.model_path else None}
+    summary = {
+        "global_step": result.global_step,
+        "epochs_done": result.epochs_done,
+        "final_loss": result.final_loss,
+        "model_path": str(result.model_path) if result.model_path else None,
+    }
     markers.write("done", **summary)
     return {"state": "done", **summary}
 

@@ -10,8 +10,7 @@ randomness across epochs). :class:`BinPackingBatchSampler` is the DDP sampler.
 from workbench.packing.api import ALGORITHMS, Algorithm, pack
 from workbench.packing.core import Packing
 from workbench.packing.cost import CostModel
-from workbench.packing.metrics import (lower_bound_bins, packing_metrics, pair_repeat_fraction,
-                                       step_imbalance)
+from workbench.packing.metrics import lower_bound_bins, packing_metrics, pair_repeat_fraction, step_imbalance
 
 
 def __getattr__(name: str):
@@ -21,6 +20,7 @@ def __getattr__(name: str):
 
         return BinPackingBatchSampler
     raise AttributeError(f"module 'workbench.packing' has no attribute {name!r}")
+
 
 __all__ = [
     "ALGORITHMS",

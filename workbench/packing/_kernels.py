@@ -106,8 +106,9 @@ def _lpt_into(items: np.ndarray, sizes: np.ndarray, r: int, out_bin: np.ndarray,
 
 
 @njit(cache=True)
-def level_steps(flat: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, loads: np.ndarray, r: int,
-                cap: float, tol: float) -> int:
+def level_steps(
+    flat: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, loads: np.ndarray, r: int, cap: float, tol: float
+) -> int:
     """Re-balance, in place, every step whose max/mean load exceeds ``tol``.
 
     ``loads`` are the batch loads in layout order (updated in place). The graphs

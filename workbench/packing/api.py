@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -37,24 +37,56 @@ class Algorithm:
 ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
-        Algorithm("paper", lambda c, cap, r, rng, **o: paper_bins(c, cap, r, **o), True, False, True,
-                  "Algorithm 1 of the paper (cyclic dealing of size-sorted graphs, adaptive reopening)"),
-        Algorithm("shuffled-paper", lambda c, cap, r, rng, **o: shuffled_paper_bins(c, cap, r, rng, **o),
-                  True, True, True, "Algorithm 1 on a per-epoch window-shuffled size order (ours)"),
-        Algorithm("fixed-count", lambda c, cap, r, rng, **o: baselines.fixed_count(c, r, rng, **o), False, True, False,
-                  "PyG default: fixed graphs per batch, shuffled, split like DistributedSampler"),
-        Algorithm("dynamic", lambda c, cap, r, rng, **o: baselines.dynamic(c, cap, rng, **o), True, True, False,
-                  "PyG DynamicBatchSampler: greedy next-fit up to max_num on shuffled graphs"),
-        Algorithm("ffd", lambda c, cap, r, rng, **o: baselines.ffd(c, cap, **o), True, False, False,
-                  "first-fit decreasing"),
-        Algorithm("lpt", lambda c, cap, r, rng, **o: baselines.lpt(c, r, rng, **o), False, True, False,
-                  "fairchem-style: shuffled global batch per step, LPT-balanced across ranks"),
+        Algorithm(
+            "paper",
+            lambda c, cap, r, rng, **o: paper_bins(c, cap, r, **o),
+            True,
+            False,
+            True,
+            "Algorithm 1 of the paper (cyclic dealing of size-sorted graphs, adaptive reopening)",
+        ),
+        Algorithm(
+            "shuffled-paper",
+            shuffled_paper_bins,
+            True,
+            True,
+            True,
+            "Algorithm 1 on a per-epoch window-shuffled size order (ours)",
+        ),
+        Algorithm(
+            "fixed-count",
+            lambda c, cap, r, rng, **o: baselines.fixed_count(c, r, rng, **o),
+            False,
+            True,
+            False,
+            "PyG default: fixed graphs per batch, shuffled, split like DistributedSampler",
+        ),
+        Algorithm(
+            "dynamic",
+            lambda c, cap, r, rng, **o: baselines.dynamic(c, cap, rng, **o),
+            True,
+            True,
+            False,
+            "PyG DynamicBatchSampler: greedy next-fit up to max_num on shuffled graphs",
+        ),
+        Algorithm(
+            "ffd", lambda c, cap, r, rng, **o: baselines.ffd(c, cap, **o), True, False, False, "first-fit decreasing"
+        ),
+        Algorithm(
+            "lpt",
+            lambda c, cap, r, rng, **o: baselines.lpt(c, r, rng, **o),
+            False,
+            True,
+            False,
+            "fairchem-style: shuffled global batch per step, LPT-balanced across ranks",
+        ),
     )
 }
 
 
-def _layout(assign: np.ndarray, n_bins: int, costs: np.ndarray, r: int, capacity: float, by_load: bool,
-            level: bool) -> tuple[np.ndarray, np.ndarray]:
+def _layout(
+    assign: np.ndarray, n_bins: int, costs: np.ndarray, r: int, capacity: float, by_load: bool, level: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """Bin ids -> CSR batches in rank/step layout.
 
     Makes the count a multiple of ``r`` (splitting the heaviest bins if needed),
@@ -90,10 +122,22 @@ def _resolve_costs(costs, cost_field: str, atoms, edges):
     return arr, atoms, edges
 
 
-def pack(costs, capacity: float, num_replicas: int = 1, algorithm: str = "paper", seed: int = 0, *,
-         epoch: int = 0, atoms: np.ndarray | None = None, edges: np.ndarray | None = None,
-         cost_model: CostModel | None = None, oversize: str = "error", cost_field: str = "atoms",
-         level_steps: bool | None = None, **options) -> Packing:
+def pack(
+    costs,
+    capacity: float,
+    num_replicas: int = 1,
+    algorithm: str = "paper",
+    seed: int = 0,
+    *,
+    epoch: int = 0,
+    atoms: np.ndarray | None = None,
+    edges: np.ndarray | None = None,
+    cost_model: CostModel | None = None,
+    oversize: str = "error",
+    cost_field: str = "atoms",
+    level_steps: bool | None = None,
+    **options,
+) -> Packing:
     """Pack graphs into batches for ``num_replicas`` data-parallel ranks.
 
     Parameters
@@ -139,11 +183,28 @@ def pack(costs, capacity: float, num_replicas: int = 1, algorithm: str = "paper"
         n_bins = sub_bins + int(big.sum())
     else:
         assign, n_bins = spec.run(raw, capacity, num_replicas, rng, **options)
-    flat, offsets = _layout(assign, n_bins, raw, int(num_replicas), float(capacity), spec.order_steps_by_load,
-                            spec.order_steps_by_load if level_steps is None else level_steps)
+    flat, offsets = _layout(
+        assign,
+        n_bins,
+        raw,
+        int(num_replicas),
+        float(capacity),
+        spec.order_steps_by_load,
+        spec.order_steps_by_load if level_steps is None else level_steps,
+    )
     seconds = time.perf_counter() - t0
-    return Packing(flat=flat, offsets=offsets, costs=raw, capacity=float(capacity), num_replicas=int(num_replicas),
-                   algorithm=algorithm, seed=int(seed), epoch=int(epoch),
-                   atoms=None if atoms is None else np.asarray(atoms),
-                   edges=None if edges is None else np.asarray(edges), cost_model=cost_model,
-                   pack_seconds=seconds, options=dict(options, oversize=oversize, level_steps=level_steps))
+    return Packing(
+        flat=flat,
+        offsets=offsets,
+        costs=raw,
+        capacity=float(capacity),
+        num_replicas=int(num_replicas),
+        algorithm=algorithm,
+        seed=int(seed),
+        epoch=int(epoch),
+        atoms=None if atoms is None else np.asarray(atoms),
+        edges=None if edges is None else np.asarray(edges),
+        cost_model=cost_model,
+        pack_seconds=seconds,
+        options=dict(options, oversize=oversize, level_steps=level_steps),
+    )

@@ -25,7 +25,9 @@ from numba import njit
 from workbench.packing._kernels import argsort_desc, sift_down
 
 
-def fixed_count(costs: np.ndarray, num_replicas: int, rng: np.random.Generator, graphs_per_batch: int = 8) -> tuple[np.ndarray, int]:
+def fixed_count(
+    costs: np.ndarray, num_replicas: int, rng: np.random.Generator, graphs_per_batch: int = 8
+) -> tuple[np.ndarray, int]:
     """Shuffled indices cut into ``ceil(N/k)`` batches (rounded up to a multiple of ``R``).
 
     ``DistributedSampler`` pads by repeating samples; to keep every graph exactly
@@ -56,7 +58,9 @@ def _next_fit(order: np.ndarray, sizes: np.ndarray, cap: float, assign: np.ndarr
     return b + 1 if order.shape[0] > 0 else 0
 
 
-def dynamic(costs: np.ndarray, capacity: float, rng: np.random.Generator, shuffle: bool = True) -> tuple[np.ndarray, int]:
+def dynamic(
+    costs: np.ndarray, capacity: float, rng: np.random.Generator, shuffle: bool = True
+) -> tuple[np.ndarray, int]:
     """Next-fit over a shuffled order, as ``torch_geometric.loader.DynamicBatchSampler``."""
     n = costs.shape[0]
     order = rng.permutation(n) if shuffle else np.arange(n)
@@ -105,7 +109,7 @@ def _lpt_steps(perm: np.ndarray, sizes: np.ndarray, starts: np.ndarray, r: int, 
     hload = np.zeros(r)  # binary min-heap of rank loads (ties: lower rank first)
     hrank = np.zeros(r, dtype=np.int64)
     for s in range(starts.shape[0] - 1):
-        chunk = perm[starts[s]:starts[s + 1]]
+        chunk = perm[starts[s] : starts[s + 1]]
         keys = np.empty(chunk.shape[0])
         for k in range(chunk.shape[0]):
             keys[k] = -sizes[chunk[k]]
@@ -128,7 +132,9 @@ def _lpt_steps(perm: np.ndarray, sizes: np.ndarray, starts: np.ndarray, r: int, 
             sift_down(hload, hrank, r)
 
 
-def lpt(costs: np.ndarray, num_replicas: int, rng: np.random.Generator, graphs_per_batch: int = 8) -> tuple[np.ndarray, int]:
+def lpt(
+    costs: np.ndarray, num_replicas: int, rng: np.random.Generator, graphs_per_batch: int = 8
+) -> tuple[np.ndarray, int]:
     """Shuffled global batches of ``graphs_per_batch * R`` graphs, each split over ranks by LPT."""
     n = costs.shape[0]
     r = num_replicas

@@ -85,8 +85,14 @@ def _warm_up() -> None:
         pack(c.astype(np.float64) + 0.5, 300, 4, algorithm=algo, **opts)
 
 
-def table_rows(sizes: np.ndarray, capacity: float, replicas: int, seed: int = 0, repeats: int = 1,
-               cost_model: CostModel | None = None) -> list[dict]:
+def table_rows(
+    sizes: np.ndarray,
+    capacity: float,
+    replicas: int,
+    seed: int = 0,
+    repeats: int = 1,
+    cost_model: CostModel | None = None,
+) -> list[dict]:
     """Run every variant on ``sizes`` (structured: atoms, edges) and return one metrics dict each."""
     rows = []
     for label, algo, opts in VARIANTS:
@@ -110,12 +116,30 @@ def _frac(x: float) -> str:
 
 
 def format_table(rows: list[dict], title: str) -> str:
-    head = ("algorithm", "pack s (cpu)", "pack s (wall)", "bins/LB", "padding", "imb max", "imb mean", "epoch vs fixed", "pair repeat")
+    head = (
+        "algorithm",
+        "pack s (cpu)",
+        "pack s (wall)",
+        "bins/LB",
+        "padding",
+        "imb max",
+        "imb mean",
+        "epoch vs fixed",
+        "pair repeat",
+    )
     lines = [title, "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = (r["label"], f"{r['cpu_time_to_pack_s']:.3f}", f"{r['time_to_pack_s']:.3f}", f"{r['bins_over_lb']:.4f}", f"{r['padding_fraction']:.4f}",
-                 f"{r['step_imbalance_max']:.4f}", f"{r['step_imbalance_mean']:.4f}",
-                 f"{r['epoch_time_vs_fixed_count']:.3f}", _frac(r["pair_repeat_fraction"]))
+        cells = (
+            r["label"],
+            f"{r['cpu_time_to_pack_s']:.3f}",
+            f"{r['time_to_pack_s']:.3f}",
+            f"{r['bins_over_lb']:.4f}",
+            f"{r['padding_fraction']:.4f}",
+            f"{r['step_imbalance_max']:.4f}",
+            f"{r['step_imbalance_mean']:.4f}",
+            f"{r['epoch_time_vs_fixed_count']:.3f}",
+            _frac(r["pair_repeat_fraction"]),
+        )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -124,7 +148,7 @@ class _SizeOnly:
     """Minimal dataset for PyG's sampler: ``dataset[i].num_nodes``."""
 
     class _Item:
-        __slots__ = ("num_nodes", "num_edges")
+        __slots__ = ("num_edges", "num_nodes")
 
     def __init__(self, atoms: np.ndarray) -> None:
         self._items = []
@@ -160,14 +184,17 @@ def compare_pyg(atoms: np.ndarray, capacity: int, shuffled_n: int = 50_000) -> d
     ds = _SizeOnly(atoms)
     t0 = time.perf_counter()
     # list(sampler) would call len(), which PyG leaves undefined; iterate instead.
-    theirs = [b for b in iter(DynamicBatchSampler(ds, max_num=int(capacity), mode="node", shuffle=False))]
+    theirs = list(iter(DynamicBatchSampler(ds, max_num=int(capacity), mode="node", shuffle=False)))
     t_pyg = time.perf_counter() - t0
     t0 = time.perf_counter()
     assign, n_bins = dynamic(atoms, capacity, np.random.default_rng(0), shuffle=False)
     flat, offsets = assign_to_csr(assign, n_bins)
     t_ours = time.perf_counter() - t0
-    same = n_bins == len(theirs) and np.array_equal(flat, np.concatenate([np.asarray(b) for b in theirs])) and \
-        np.array_equal(np.diff(offsets), [len(b) for b in theirs])
+    same = (
+        n_bins == len(theirs)
+        and np.array_equal(flat, np.concatenate([np.asarray(b) for b in theirs]))
+        and np.array_equal(np.diff(offsets), [len(b) for b in theirs])
+    )
     lb = int(np.ceil(atoms.sum() / capacity))
     small = _SizeOnly(atoms[:shuffled_n])
     torch.manual_seed(0)
@@ -177,10 +204,19 @@ def compare_pyg(atoms: np.ndarray, capacity: int, shuffled_n: int = 50_000) -> d
     t0 = time.perf_counter()
     dynamic(atoms[:shuffled_n], capacity, np.random.default_rng(0), shuffle=True)
     t_shuf_ours = time.perf_counter() - t0
-    return {"n_graphs": int(atoms.size), "unshuffled_pyg_seconds": t_pyg, "unshuffled_ours_seconds": t_ours,
-            "pyg_batches": len(theirs), "ours_batches": int(n_bins), "identical_batches": bool(same),
-            "pyg_bins_over_l1": len(theirs) / lb, "shuffled_n": int(min(shuffled_n, atoms.size)),
-            "shuffled_pyg_seconds": t_shuf, "shuffled_pyg_batches": n_shuf, "shuffled_ours_seconds": t_shuf_ours}
+    return {
+        "n_graphs": int(atoms.size),
+        "unshuffled_pyg_seconds": t_pyg,
+        "unshuffled_ours_seconds": t_ours,
+        "pyg_batches": len(theirs),
+        "ours_batches": int(n_bins),
+        "identical_batches": bool(same),
+        "pyg_bins_over_l1": len(theirs) / lb,
+        "shuffled_n": int(min(shuffled_n, atoms.size)),
+        "shuffled_pyg_seconds": t_shuf,
+        "shuffled_pyg_batches": n_shuf,
+        "shuffled_ours_seconds": t_shuf_ours,
+    }
 
 
 def sweep(sizes: np.ndarray, seed: int = 0, capacities=SWEEP_CAPACITIES, replicas=SWEEP_REPLICAS) -> list[dict]:
@@ -198,31 +234,50 @@ def sweep(sizes: np.ndarray, seed: int = 0, capacities=SWEEP_CAPACITIES, replica
 
 
 def format_sweep(rows: list[dict]) -> str:
-    lines = ["capacity x replicas sweep (bins/LB, imbalance max)",
-             "| capacity | replicas | paper bins/LB | paper imb max | dynamic bins/LB | dynamic imb max |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "capacity x replicas sweep (bins/LB, imbalance max)",
+        "| capacity | replicas | paper bins/LB | paper imb max | dynamic bins/LB | dynamic imb max |",
+        "|---|---|---|---|---|---|",
+    ]
     by = {(r["capacity"], r["num_replicas"], r["algorithm"]): r for r in rows}
     for cap, rep in sorted({(r["capacity"], r["num_replicas"]) for r in rows}):
         p, d = by[(cap, rep, "paper")], by[(cap, rep, "dynamic")]
-        lines.append(f"| {cap:g} | {rep} | {p['bins_over_lb']:.4f} | {p['step_imbalance_max']:.4f} | "
-                     f"{d['bins_over_lb']:.4f} | {d['step_imbalance_max']:.4f} |")
+        lines.append(
+            f"| {cap:g} | {rep} | {p['bins_over_lb']:.4f} | {p['step_imbalance_max']:.4f} | "
+            f"{d['bins_over_lb']:.4f} | {d['step_imbalance_max']:.4f} |"
+        )
     return "\n".join(lines)
 
 
-def run(n: int = 2_650_000, capacity: float = 3072, replicas: int = 740, real_replicas: int = 4,
-        seed: int = 0, real_path: str | None = None, pyg_n: int = 50_000, do_sweep: bool = True,
-        repeats: int = 3, out: str | Path = "runs/bench/packing.json", echo=print) -> dict:
+def run(
+    n: int = 2_650_000,
+    capacity: float = 3072,
+    replicas: int = 740,
+    real_replicas: int = 4,
+    seed: int = 0,
+    real_path: str | None = None,
+    pyg_n: int = 50_000,
+    do_sweep: bool = True,
+    repeats: int = 3,
+    out: str | Path = "runs/bench/packing.json",
+    echo=print,
+) -> dict:
     """Run the whole benchmark, print tables, write JSON; returns the JSON dict."""
     try:  # one core, as the targets are stated
         import numba
 
         numba.set_num_threads(1)
-    except Exception:  # noqa: BLE001 - threading layer may be unavailable; kernels are serial anyway
+    except Exception:
         pass
     _warm_up()
-    result: dict = {"machine": {"python": platform.python_version(), "processor": platform.processor(),
-                                "platform": platform.platform()},
-                    "config": {"n": n, "capacity": capacity, "replicas": replicas, "seed": seed}}
+    result: dict = {
+        "machine": {
+            "python": platform.python_version(),
+            "processor": platform.processor(),
+            "platform": platform.platform(),
+        },
+        "config": {"n": n, "capacity": capacity, "replicas": replicas, "seed": seed},
+    }
     sizes, source = synthetic(n, seed)
     result["synthetic_source"] = source
     rows = table_rows(sizes, capacity, replicas, seed, repeats=repeats)
@@ -241,8 +296,12 @@ def run(n: int = 2_650_000, capacity: float = 3072, replicas: int = 740, real_re
     else:
         rrows = table_rows(real, capacity, real_replicas, seed, repeats=repeats)
         result["real"] = {"path": where, "rows": rrows}
-        echo(format_table(rrows, f"embedded dataset {where}: {real.shape[0]:,} graphs, capacity {capacity:g}, "
-                                 f"{real_replicas} replicas"))
+        echo(
+            format_table(
+                rrows,
+                f"embedded dataset {where}: {real.shape[0]:,} graphs, capacity {capacity:g}, {real_replicas} replicas",
+            )
+        )
     if do_sweep:
         srows = sweep(sizes, seed)
         result["sweep"] = srows

@@ -71,8 +71,18 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         costs = edges
     else:
         costs = model.graph_costs(atoms, edges)
-    p = pack(costs, args.capacity, args.replicas, algorithm=args.algorithm, seed=args.seed, epoch=args.epoch,
-             atoms=atoms, edges=edges, cost_model=model, oversize=args.oversize)
+    p = pack(
+        costs,
+        args.capacity,
+        args.replicas,
+        algorithm=args.algorithm,
+        seed=args.seed,
+        epoch=args.epoch,
+        atoms=atoms,
+        edges=edges,
+        cost_model=model,
+        oversize=args.oversize,
+    )
     m = p.metrics(randomness=not args.no_randomness)
     if args.json:
         print(json.dumps(m, indent=1))
@@ -91,9 +101,18 @@ def _cmd_pack(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from workbench.packing import bench
 
-    bench.run(n=args.n, capacity=args.capacity, replicas=args.replicas, real_replicas=args.real_replicas,
-              seed=args.seed, real_path=args.real, pyg_n=args.pyg_n, do_sweep=not args.no_sweep,
-              repeats=args.repeats, out=args.out)
+    bench.run(
+        n=args.n,
+        capacity=args.capacity,
+        replicas=args.replicas,
+        real_replicas=args.real_replicas,
+        seed=args.seed,
+        real_path=args.real,
+        pyg_n=args.pyg_n,
+        do_sweep=not args.no_sweep,
+        repeats=args.repeats,
+        out=args.out,
+    )
     return 0
 
 
@@ -101,21 +120,35 @@ def register(subparsers) -> None:
     """Add ``workbench pack``."""
     from workbench.packing.api import ALGORITHMS
 
-    p = subparsers.add_parser("pack", help="pack a dataset or sizes file into batches for R ranks",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "pack",
+        help="pack a dataset or sizes file into batches for R ranks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("sizes", help="dataset (.extxyz[.gz]) or sizes file (.npy/.npz)")
-    p.add_argument("--capacity", type=float, default=3072,
-                   help="max cost per batch (default 3072; in seconds with --cost model)")
+    p.add_argument(
+        "--capacity", type=float, default=3072, help="max cost per batch (default 3072; in seconds with --cost model)"
+    )
     p.add_argument("--replicas", type=int, default=1, help="number of DDP ranks (default 1)")
     p.add_argument("--algorithm", default="paper", choices=list(ALGORITHMS))
-    p.add_argument("--cost", default="atoms", choices=("atoms", "edges", "model"),
-                   help="per-graph cost: atoms, edges, or the cost model's b*atoms + c*edges")
+    p.add_argument(
+        "--cost",
+        default="atoms",
+        choices=("atoms", "edges", "model"),
+        help="per-graph cost: atoms, edges, or the cost model's b*atoms + c*edges",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epoch", type=int, default=0)
-    p.add_argument("--oversize", default="error", choices=("error", "alone"),
-                   help="graphs above capacity: error (default) or a batch of their own")
-    p.add_argument("--out", "-o", default=None,
-                   help="packing file to write (default runs/pack/<name>.<algorithm>.r<replicas>.npz)")
+    p.add_argument(
+        "--oversize",
+        default="error",
+        choices=("error", "alone"),
+        help="graphs above capacity: error (default) or a batch of their own",
+    )
+    p.add_argument(
+        "--out", "-o", default=None, help="packing file to write (default runs/pack/<name>.<algorithm>.r<replicas>.npz)"
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-randomness", action="store_true", help="skip the epoch-to-epoch repeat metric")
     p.set_defaults(func=_cmd_pack)
@@ -128,8 +161,11 @@ def register_bench(bench_subparsers) -> None:
     p.add_argument("--capacity", type=float, default=3072)
     p.add_argument("--replicas", type=int, default=740)
     p.add_argument("--real-replicas", type=int, default=4)
-    p.add_argument("--real", default=None, help="dataset or sizes file for the real-data table "
-                                                "(default: the embedded data/mixture.extxyz.gz)")
+    p.add_argument(
+        "--real",
+        default=None,
+        help="dataset or sizes file for the real-data table (default: the embedded data/mixture.extxyz.gz)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pyg-n", type=int, default=50_000, help="graphs for the real PyG DynamicBatchSampler check")
     p.add_argument("--repeats", type=int, default=3, help="timing repeats (best of)")

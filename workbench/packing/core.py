@@ -78,15 +78,24 @@ class Packing:
         """The batches rank ``rank`` runs, in step order."""
         return self.batches[rank :: self.num_replicas]
 
-    def next_epoch(self) -> "Packing":
+    def next_epoch(self) -> Packing:
         """The packing the same call gives at ``epoch + 1`` (for the randomness metric)."""
         from workbench.packing.api import pack
 
-        return pack(self.costs, self.capacity, self.num_replicas, algorithm=self.algorithm, seed=self.seed,
-                    epoch=self.epoch + 1, atoms=self.atoms, edges=self.edges, cost_model=self.cost_model,
-                    **self.options)
+        return pack(
+            self.costs,
+            self.capacity,
+            self.num_replicas,
+            algorithm=self.algorithm,
+            seed=self.seed,
+            epoch=self.epoch + 1,
+            atoms=self.atoms,
+            edges=self.edges,
+            cost_model=self.cost_model,
+            **self.options,
+        )
 
-    def metrics(self, *, randomness: bool = True, next_packing: "Packing | None" = None) -> dict:
+    def metrics(self, *, randomness: bool = True, next_packing: Packing | None = None) -> dict:
         """Quality metrics; see :func:`workbench.packing.metrics.packing_metrics`."""
         from workbench.packing.metrics import packing_metrics
 
@@ -100,18 +109,35 @@ class Packing:
             extra["atoms"] = self.atoms
         if self.edges is not None:
             extra["edges"] = self.edges
-        np.savez_compressed(path, flat=self.flat, offsets=self.offsets, costs=self.costs,
-                            capacity=self.capacity, num_replicas=self.num_replicas,
-                            algorithm=self.algorithm, seed=self.seed, epoch=self.epoch, **extra)
+        np.savez_compressed(
+            path,
+            flat=self.flat,
+            offsets=self.offsets,
+            costs=self.costs,
+            capacity=self.capacity,
+            num_replicas=self.num_replicas,
+            algorithm=self.algorithm,
+            seed=self.seed,
+            epoch=self.epoch,
+            **extra,
+        )
 
     @classmethod
-    def load(cls, path) -> "Packing":
+    def load(cls, path) -> Packing:
         """Read a packing written by :meth:`save`."""
         with np.load(path, allow_pickle=False) as z:
-            return cls(flat=z["flat"], offsets=z["offsets"], costs=z["costs"], capacity=float(z["capacity"]),
-                       num_replicas=int(z["num_replicas"]), algorithm=str(z["algorithm"]), seed=int(z["seed"]),
-                       epoch=int(z["epoch"]), atoms=z["atoms"] if "atoms" in z else None,
-                       edges=z["edges"] if "edges" in z else None)
+            return cls(
+                flat=z["flat"],
+                offsets=z["offsets"],
+                costs=z["costs"],
+                capacity=float(z["capacity"]),
+                num_replicas=int(z["num_replicas"]),
+                algorithm=str(z["algorithm"]),
+                seed=int(z["seed"]),
+                epoch=int(z["epoch"]),
+                atoms=z.get("atoms", None),
+                edges=z.get("edges", None),
+            )
 
 
 def batch_sums(values: np.ndarray, flat: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -174,9 +200,10 @@ def round_to_replicas(assign: np.ndarray, n_bins: int, costs: np.ndarray, num_re
         if cand.size == 0:
             raise ValueError(
                 f"cannot make {n_bins} batches a multiple of num_replicas={num_replicas} without empty "
-                f"batches: every batch holds a single graph. Use fewer replicas or more graphs.")
+                f"batches: every batch holds a single graph. Use fewer replicas or more graphs."
+            )
         for b in cand:
-            _, second = _split_two(flat[offsets[b]:offsets[b + 1]], costs)
+            _, second = _split_two(flat[offsets[b] : offsets[b + 1]], costs)
             assign[second] = n_bins
             key.append(key[b])  # equal key, later in the list: stable sort puts it right after its parent
             n_bins += 1
@@ -206,13 +233,16 @@ def check_inputs(costs: np.ndarray, capacity: float, num_replicas: int) -> np.nd
         raise ValueError(f"capacity {capacity:g} is beyond {EXACT_LIMIT:g} (2**53), where sums of sizes are not exact")
     if costs.size and costs.max() > EXACT_LIMIT:
         bad = int(np.argmax(costs))
-        raise ValueError(f"graph {bad} has cost {costs[bad]:g}, beyond {EXACT_LIMIT:g} (2**53), where sums of sizes are not exact")
+        raise ValueError(
+            f"graph {bad} has cost {costs[bad]:g}, beyond {EXACT_LIMIT:g} (2**53), where sums of sizes are not exact"
+        )
     if int(num_replicas) != num_replicas or num_replicas < 1:
         raise ValueError(f"num_replicas must be a positive integer, got {num_replicas}")
     if costs.shape[0] < num_replicas:
         raise ValueError(
             f"{costs.shape[0]} graphs cannot give every one of num_replicas={num_replicas} ranks a non-empty "
-            f"batch; use at most {costs.shape[0]} replicas")
+            f"batch; use at most {costs.shape[0]} replicas"
+        )
     return costs
 
 
@@ -229,7 +259,9 @@ def oversize_mask(costs: np.ndarray, capacity: float, oversize: str) -> np.ndarr
     if oversize == "error":
         raise ValueError(
             f"{idx.size} graph(s) exceed capacity {capacity:g}: {shown}{more}. Raise the capacity, drop them, "
-            f"or pass oversize='alone' to give each its own batch.")
-    warnings.warn(f"{idx.size} graph(s) exceed capacity {capacity:g} and get a batch of their own: {shown}{more}",
-                  stacklevel=3)
+            f"or pass oversize='alone' to give each its own batch."
+        )
+    warnings.warn(
+        f"{idx.size} graph(s) exceed capacity {capacity:g} and get a batch of their own: {shown}{more}", stacklevel=3
+    )
     return big

@@ -51,7 +51,7 @@ class CostModel:
         return self.b * atoms + self.c * edges
 
     @classmethod
-    def fit(cls, atoms: np.ndarray, edges: np.ndarray, seconds: np.ndarray, nonnegative: bool = True) -> "CostModel":
+    def fit(cls, atoms: np.ndarray, edges: np.ndarray, seconds: np.ndarray, nonnegative: bool = True) -> CostModel:
         """Least-squares fit of ``seconds ~ a + b*atoms + c*edges`` over measured batches.
 
         ``nonnegative`` (default) constrains ``a, b, c >= 0`` (NNLS): a short run covers a
@@ -111,13 +111,14 @@ class AllReduceModel:
         return 2.0 * (r - 1) / r * self.grad_bytes / bw + 2.0 * np.ceil(np.log2(r)) * self.latency
 
     def describe(self) -> str:
-        return (f"all-reduce: {self.grad_bytes / 1e6:.1f} MB fp32 gradients per step, ring at "
-                f"{self.inter_node_bandwidth / 1e9:.0f} GB/s/GPU between nodes ({self.intra_node_bandwidth / 1e9:.0f} "
-                f"inside a {self.gpus_per_node}-GPU node) + {self.latency * 1e6:.0f} µs × 2⌈log2 R⌉, not overlapped")
+        return (
+            f"all-reduce: {self.grad_bytes / 1e6:.1f} MB fp32 gradients per step, ring at "
+            f"{self.inter_node_bandwidth / 1e9:.0f} GB/s/GPU between nodes ({self.intra_node_bandwidth / 1e9:.0f} "
+            f"inside a {self.gpus_per_node}-GPU node) + {self.latency * 1e6:.0f} µs × 2⌈log2 R⌉, not overlapped"
+        )
 
 
-def simulate_epoch(packing, sizes: np.ndarray, cost_model: CostModel,
-                   allreduce: AllReduceModel | None = None) -> dict:
+def simulate_epoch(packing, sizes: np.ndarray, cost_model: CostModel, allreduce: AllReduceModel | None = None) -> dict:
     """Epoch time of a packing: every step lasts as long as its slowest rank, plus one all-reduce.
 
     ``sizes``: structured array with ``atoms`` and ``edges`` per graph. Returns ``compute_s``

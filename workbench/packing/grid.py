@@ -16,19 +16,29 @@ import datetime as _dt
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-GRID_CAPACITIES: tuple[int, ...] = (800, 1024, 1280, 1536, 1792, 2048, 2304, 2560, 2816, 3072, 3328, 3584, 3840,
-                                    4096)
+GRID_CAPACITIES: tuple[int, ...] = (800, 1024, 1280, 1536, 1792, 2048, 2304, 2560, 2816, 3072, 3328, 3584, 3840, 4096)
 GRID_GPUS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 740, 1024)
 GRID_ALGORITHMS: tuple[str, ...] = ("paper", "shuffled-paper", "ffd", "dynamic", "lpt", "fixed-count")
 BASELINE = "fixed-count"
-METRICS: tuple[str, ...] = ("n_bins", "n_steps", "lower_bound_bins", "bins_over_lb", "padding_fraction",
-                            "max_load", "over_capacity_batches", "step_imbalance_max", "step_imbalance_mean",
-                            "graphs_per_batch_mean", "est_epoch_seconds", "pack_seconds")
+METRICS: tuple[str, ...] = (
+    "n_bins",
+    "n_steps",
+    "lower_bound_bins",
+    "bins_over_lb",
+    "padding_fraction",
+    "max_load",
+    "over_capacity_batches",
+    "step_imbalance_max",
+    "step_imbalance_mean",
+    "graphs_per_batch_mean",
+    "est_epoch_seconds",
+    "pack_seconds",
+)
 #: Which steps of every grid point keep their layout: the first, the middle and the least balanced one.
 LAYOUT_STEPS: tuple[str, ...] = ("first", "middle", "worst")
 LAYOUT_RANKS = 8
@@ -57,7 +67,7 @@ def packing_code_hash() -> str:
 
 def baseline_graphs_per_batch(sizes: np.ndarray, capacity: float) -> int:
     """Graphs per batch of the fixed-count baseline: same mean atoms per batch as a full bin."""
-    return max(1, int(round(float(capacity) / float(np.mean(sizes["atoms"])))))
+    return max(1, round(float(capacity) / float(np.mean(sizes["atoms"]))))
 
 
 def _options(sizes: np.ndarray, capacity: float, algorithm: str) -> dict:
@@ -73,8 +83,9 @@ def _step_indices(packing) -> dict[str, int]:
     return {"first": 0, "middle": packing.n_steps // 2, "worst": int(np.argmax(imb))}
 
 
-def compute_point(sizes: np.ndarray, capacity: float, num_gpus: int, algorithm: str, seed: int = 0,
-                  layout_ranks: int = LAYOUT_RANKS) -> dict:
+def compute_point(
+    sizes: np.ndarray, capacity: float, num_gpus: int, algorithm: str, seed: int = 0, layout_ranks: int = LAYOUT_RANKS
+) -> dict:
     """Pack once and return the metrics plus the layouts of the first/middle/worst step.
 
     ``metrics`` are exactly ``pack(...).metrics(randomness=False)``;
@@ -88,16 +99,29 @@ def compute_point(sizes: np.ndarray, capacity: float, num_gpus: int, algorithm: 
     m = p.metrics(randomness=False)
     layouts = {}
     for kind, s in _step_indices(p).items():
-        b = [p.flat[p.offsets[s * p.num_replicas + r]:p.offsets[s * p.num_replicas + r + 1]]
-             for r in range(min(layout_ranks, p.num_replicas))]
+        b = [
+            p.flat[p.offsets[s * p.num_replicas + r] : p.offsets[s * p.num_replicas + r + 1]]
+            for r in range(min(layout_ranks, p.num_replicas))
+        ]
         layouts[kind] = (s, b)
-    return {"metrics": {k: float(m[k]) for k in METRICS}, "layouts": layouts,
-            "seconds": time.perf_counter() - t0, "options": _options(sizes, capacity, algorithm)}
+    return {
+        "metrics": {k: float(m[k]) for k in METRICS},
+        "layouts": layouts,
+        "seconds": time.perf_counter() - t0,
+        "options": _options(sizes, capacity, algorithm),
+    }
 
 
-def precompute_grid(sizes: np.ndarray, out: str | Path, capacities: Sequence[int] = GRID_CAPACITIES,
-                    gpus: Sequence[int] = GRID_GPUS, algorithms: Sequence[str] = GRID_ALGORITHMS, seed: int = 0,
-                    description: str = "", echo=print) -> Path:
+def precompute_grid(
+    sizes: np.ndarray,
+    out: str | Path,
+    capacities: Sequence[int] = GRID_CAPACITIES,
+    gpus: Sequence[int] = GRID_GPUS,
+    algorithms: Sequence[str] = GRID_ALGORITHMS,
+    seed: int = 0,
+    description: str = "",
+    echo=print,
+) -> Path:
     """Compute every grid point with :func:`compute_point` and write one compressed ``.npz``."""
     shape = (len(capacities), len(gpus), len(algorithms))
     metrics = np.full(shape + (len(METRICS),), np.nan)
@@ -117,16 +141,31 @@ def precompute_grid(sizes: np.ndarray, out: str | Path, capacities: Sequence[int
                         lay_flat.append(b.astype(np.uint32))
                         lay_offsets.append(lay_offsets[-1] + b.size)
             echo(f"capacity {c}, {r} GPUs done ({time.perf_counter() - t_start:.0f} s)")
-    meta = {"n": int(sizes.size), "seed": int(seed), "sizes_sha1": sizes_fingerprint(sizes),
-            "packing_sha1": packing_code_hash(), "capacities": list(map(int, capacities)),
-            "gpus": list(map(int, gpus)), "algorithms": list(algorithms), "metrics": list(METRICS),
-            "layout_steps": list(LAYOUT_STEPS), "layout_ranks": LAYOUT_RANKS, "baseline": BASELINE,
-            "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "seconds": round(time.perf_counter() - t_start, 1), "description": description}
+    meta = {
+        "n": int(sizes.size),
+        "seed": int(seed),
+        "sizes_sha1": sizes_fingerprint(sizes),
+        "packing_sha1": packing_code_hash(),
+        "capacities": list(map(int, capacities)),
+        "gpus": list(map(int, gpus)),
+        "algorithms": list(algorithms),
+        "metrics": list(METRICS),
+        "layout_steps": list(LAYOUT_STEPS),
+        "layout_ranks": LAYOUT_RANKS,
+        "baseline": BASELINE,
+        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "seconds": round(time.perf_counter() - t_start, 1),
+        "description": description,
+    }
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(out, meta=np.array(json.dumps(meta)), metrics=metrics, steps=steps,
-                        layout_ranks=np.array(lay_ranks, np.int16),
-                        layout_offsets=np.array(lay_offsets, np.int64),
-                        layout_flat=np.concatenate(lay_flat) if lay_flat else np.zeros(0, np.uint32))
+    np.savez_compressed(
+        out,
+        meta=np.array(json.dumps(meta)),
+        metrics=metrics,
+        steps=steps,
+        layout_ranks=np.array(lay_ranks, np.int16),
+        layout_offsets=np.array(lay_offsets, np.int64),
+        layout_flat=np.concatenate(lay_flat) if lay_flat else np.zeros(0, np.uint32),
+    )
     return out

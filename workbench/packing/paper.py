@@ -128,8 +128,18 @@ def _stable_order(active: np.ndarray, remaining: np.ndarray, integer: bool, cap:
 
 
 @njit(cache=True)
-def _paper_round(order: np.ndarray, sizes: np.ndarray, start: int, n_bins: int, first_bin: int,
-                 cap: float, integer: bool, descending: bool, assign: np.ndarray, load: np.ndarray) -> int:
+def _paper_round(
+    order: np.ndarray,
+    sizes: np.ndarray,
+    start: int,
+    n_bins: int,
+    first_bin: int,
+    cap: float,
+    integer: bool,
+    descending: bool,
+    assign: np.ndarray,
+    load: np.ndarray,
+) -> int:
     """One round of Algorithm 1 on graphs ``order[start:]`` and bins ``first_bin..first_bin+n_bins``.
 
     Writes ``assign[graph] = bin`` and ``load[bin]``; returns the position in
@@ -191,8 +201,16 @@ def _paper_round(order: np.ndarray, sizes: np.ndarray, start: int, n_bins: int, 
 
 
 @njit(cache=True)
-def _paper_all(order: np.ndarray, sizes: np.ndarray, n_bins0: int, cap: float, integer: bool,
-               descending: bool, assign: np.ndarray, load: np.ndarray) -> int:
+def _paper_all(
+    order: np.ndarray,
+    sizes: np.ndarray,
+    n_bins0: int,
+    cap: float,
+    integer: bool,
+    descending: bool,
+    assign: np.ndarray,
+    load: np.ndarray,
+) -> int:
     """Round 1 with ``n_bins0`` bins, then leftover rounds in new bins; returns bins used."""
     n = order.shape[0]
     g = 0
@@ -209,8 +227,15 @@ def _paper_all(order: np.ndarray, sizes: np.ndarray, n_bins0: int, cap: float, i
     return used
 
 
-def paper_bins(costs: np.ndarray, capacity: float, num_replicas: int, *, order: str = "fuller-first",
-               graph_order: np.ndarray | None = None, max_restarts: int = 4) -> tuple[np.ndarray, int]:
+def paper_bins(
+    costs: np.ndarray,
+    capacity: float,
+    num_replicas: int,
+    *,
+    order: str = "fuller-first",
+    graph_order: np.ndarray | None = None,
+    max_restarts: int = 4,
+) -> tuple[np.ndarray, int]:
     """Run Algorithm 1; return ``(assign, n_bins)`` with ``assign[i]`` the bin of graph ``i``.
 
     ``graph_order`` (default: stable descending sort of ``costs``) is the order in

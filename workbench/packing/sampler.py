@@ -17,7 +17,7 @@ consumed: ``state_dict(consumed=k)``.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch.distributed as dist
@@ -64,8 +64,10 @@ class EpochBatchSampler(Sampler[list[int]]):
         of :meth:`_identity`): its batch position would point into different batches."""
         for key, value in self._identity().items():
             if key in state and state[key] != value:
-                raise ValueError(f"sampler state was saved with {key}={state[key]!r}, this sampler has {value!r}; "
-                                 "resume only with the same data and batching settings")
+                raise ValueError(
+                    f"sampler state was saved with {key}={state[key]!r}, this sampler has {value!r}; "
+                    "resume only with the same data and batching settings"
+                )
         self.epoch = int(state["epoch"])
         if not 0 <= int(state["batches_done"]) <= len(self):
             raise ValueError(f"sampler state: batches_done={state['batches_done']} is outside 0..{len(self)}")
@@ -89,8 +91,17 @@ class BinPackingBatchSampler(EpochBatchSampler):
     pack_options : passed to :func:`pack` (``oversize``, ``atoms``, ...).
     """
 
-    def __init__(self, costs, capacity: float, num_replicas: int | None = None, rank: int | None = None,
-                 shuffle: bool = True, seed: int = 0, algorithm: str = "paper", **pack_options) -> None:
+    def __init__(
+        self,
+        costs,
+        capacity: float,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        algorithm: str = "paper",
+        **pack_options,
+    ) -> None:
         if num_replicas is None:
             num_replicas = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         if rank is None:
@@ -116,8 +127,15 @@ class BinPackingBatchSampler(EpochBatchSampler):
         # Deterministic algorithms give the same packing every epoch: compute it once.
         key = epoch if (ALGORITHMS[self.algorithm].randomized and self.shuffle) else 0
         if self._cache is None or self._cache[0] != key:
-            p = pack(self.costs, self.capacity, self.num_replicas, algorithm=self.algorithm, seed=self.seed,
-                     epoch=key, **self.pack_options)
+            p = pack(
+                self.costs,
+                self.capacity,
+                self.num_replicas,
+                algorithm=self.algorithm,
+                seed=self.seed,
+                epoch=key,
+                **self.pack_options,
+            )
             self._cache = (key, p)
         return self._cache[1]
 
@@ -138,18 +156,23 @@ class BinPackingBatchSampler(EpochBatchSampler):
     def rank_batches(self, epoch: int | None = None) -> list[list[int]]:
         """All batches this rank runs in ``epoch``, in order."""
         flat, offsets, order = self._rank_slices(epoch)
-        return [flat[offsets[b]:offsets[b + 1]].tolist() for b in order]
+        return [flat[offsets[b] : offsets[b + 1]].tolist() for b in order]
 
     def __iter__(self) -> Iterator[list[int]]:
         # Batches are cut from the packing's CSR arrays one at a time: at a million graphs a
         # list of every batch would cost tens of MB per rank.
         flat, offsets, order = self._rank_slices()
-        return self._yield_from(order.size, lambda k: flat[offsets[order[k]]:offsets[order[k] + 1]].tolist())
+        return self._yield_from(order.size, lambda k: flat[offsets[order[k]] : offsets[order[k] + 1]].tolist())
 
     def __len__(self) -> int:
         return self.packing().n_steps
 
     def _identity(self) -> dict:
-        return {"seed": self.seed, "algorithm": self.algorithm, "num_replicas": self.num_replicas,
-                "n_graphs": int(np.shape(np.asarray(self.costs))[0]), "capacity": float(self.capacity),
-                "rank": self.rank}
+        return {
+            "seed": self.seed,
+            "algorithm": self.algorithm,
+            "num_replicas": self.num_replicas,
+            "n_graphs": int(np.shape(np.asarray(self.costs))[0]),
+            "capacity": float(self.capacity),
+            "rank": self.rank,
+        }

@@ -52,8 +52,14 @@ def _window_shuffle(order: np.ndarray, u: np.ndarray, window: int, offset: int) 
         end = start + window
 
 
-def shuffled_paper_bins(costs: np.ndarray, capacity: float, num_replicas: int, rng: np.random.Generator,
-                        window: int | None = None, order: str = "fuller-first") -> tuple[np.ndarray, int]:
+def shuffled_paper_bins(
+    costs: np.ndarray,
+    capacity: float,
+    num_replicas: int,
+    rng: np.random.Generator,
+    window: int | None = None,
+    order: str = "fuller-first",
+) -> tuple[np.ndarray, int]:
     """Algorithm 1 on a window-shuffled size order; returns ``(assign, n_bins)``."""
     costs = np.asarray(costs)
     sizes = costs.astype(np.float64)

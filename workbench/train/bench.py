@@ -20,8 +20,8 @@ import os
 import platform
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -84,19 +84,33 @@ def _summarise(run_dir: Path, wall_s: float) -> dict:
     atoms = int(sum(s["atoms"] for s in steps))
     total = float(step_s.sum())
     return {
-        "steps": len(steps), "atoms": atoms, "edges": int(sum(s["edges"] for s in steps)),
-        "epoch_s": total, "wall_s": wall_s, "atoms_per_s": atoms / total if total else float("nan"),
-        "step_ms_median": 1000 * float(np.median(step_s)), "step_ms_max": 1000 * float(step_s.max()),
+        "steps": len(steps),
+        "atoms": atoms,
+        "edges": int(sum(s["edges"] for s in steps)),
+        "epoch_s": total,
+        "wall_s": wall_s,
+        "atoms_per_s": atoms / total if total else float("nan"),
+        "step_ms_median": 1000 * float(np.median(step_s)),
+        "step_ms_max": 1000 * float(step_s.max()),
         "atoms_per_step_mean": atoms / max(len(steps), 1),
-        "compute_share": epoch["compute_share"], "data_share": epoch["data_share"],
-        "allreduce_share": epoch["allreduce_share"], "peak_mem_gb": epoch.get("peak_mem_gb"),
+        "compute_share": epoch["compute_share"],
+        "data_share": epoch["data_share"],
+        "allreduce_share": epoch["allreduce_share"],
+        "peak_mem_gb": epoch.get("peak_mem_gb"),
         "final_loss": epoch["loss"],
     }
 
 
-def bench_train(config: TrainConfig, structures: int = 5000, batch_size: int = 7,
-                variants: Sequence[str] = tuple(VARIANTS), warmup_steps: int = 3, seed: int = 0,
-                out: str | os.PathLike | None = "runs/bench/train.json", keep_runs: bool = False) -> dict:
+def bench_train(
+    config: TrainConfig,
+    structures: int = 5000,
+    batch_size: int = 7,
+    variants: Sequence[str] = tuple(VARIANTS),
+    warmup_steps: int = 3,
+    seed: int = 0,
+    out: str | os.PathLike | None = "runs/bench/train.json",
+    keep_runs: bool = False,
+) -> dict:
     """Time one epoch for each of ``variants``; return (and write to ``out``) the results.
 
     ``config`` gives the model and the capacity (default: the paper's settings); its ``sampler``,
@@ -129,22 +143,35 @@ def bench_train(config: TrainConfig, structures: int = 5000, batch_size: int = 7
             results["skipped"][name] = why
             print(f"[bench train] skip {name}: {why}", flush=True)
             continue
-        cfg = config.replace(name=name, output_dir=str(root), sampler=sampler, backend=backend,
-                             batch_size=batch_size, epochs=1, max_steps=None, checkpoint_every=0, seed=seed,
-                             export=False)
+        cfg = config.replace(
+            name=name,
+            output_dir=str(root),
+            sampler=sampler,
+            backend=backend,
+            batch_size=batch_size,
+            epochs=1,
+            max_steps=None,
+            checkpoint_every=0,
+            seed=seed,
+            export=False,
+        )
         for d in (cfg.run_dir, root / f"{name}-warmup"):
             shutil.rmtree(d, ignore_errors=True)
         cfg_data = prepare(cfg)
         if warmup_steps:
-            train(cfg.replace(name=f"{name}-warmup", max_steps=warmup_steps, progress=False), resume=False,
-                  data=cfg_data)
+            train(
+                cfg.replace(name=f"{name}-warmup", max_steps=warmup_steps, progress=False), resume=False, data=cfg_data
+            )
         if torch.cuda.is_available():
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         train(cfg, resume=False, data=cfg_data)
-        results["variants"][name] = {"sampler": sampler, "backend": backend,
-                                     **_summarise(cfg.run_dir, time.perf_counter() - t0)}
+        results["variants"][name] = {
+            "sampler": sampler,
+            "backend": backend,
+            **_summarise(cfg.run_dir, time.perf_counter() - t0),
+        }
         if not keep_runs:
             shutil.rmtree(root / f"{name}-warmup", ignore_errors=True)
     v = results["variants"]
@@ -157,16 +184,27 @@ def bench_train(config: TrainConfig, structures: int = 5000, batch_size: int = 7
     results["ratios"] = ratios
     results["targets"] = {
         "packer-numba >= 3x faster than baseline": ratios.get("baseline/packer-numba", float("nan")) >= 3.0
-        if "baseline/packer-numba" in ratios else None,
+        if "baseline/packer-numba" in ratios
+        else None,
         "packer-numba not slower than packer-cueq": ratios.get("packer-numba/packer-cueq", float("nan")) <= 1.0
-        if "packer-numba/packer-cueq" in ratios else None,
+        if "packer-numba/packer-cueq" in ratios
+        else None,
     }
     results["setup"] = {
-        "structures": structures, "batch_size": batch_size, "capacity": config.capacity, "dtype": config.dtype,
-        "hidden_irreps": config.hidden_irreps, "max_ell": config.max_ell, "correlation": config.correlation,
-        "num_interactions": config.num_interactions, "warmup_steps": warmup_steps,
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({platform.processor() or 'x86_64'}, {os.cpu_count()} cores)",
-        "torch": torch.__version__, "anchors": ANCHORS,
+        "structures": structures,
+        "batch_size": batch_size,
+        "capacity": config.capacity,
+        "dtype": config.dtype,
+        "hidden_irreps": config.hidden_irreps,
+        "max_ell": config.max_ell,
+        "correlation": config.correlation,
+        "num_interactions": config.num_interactions,
+        "warmup_steps": warmup_steps,
+        "device": torch.cuda.get_device_name()
+        if torch.cuda.is_available()
+        else f"cpu ({platform.processor() or 'x86_64'}, {os.cpu_count()} cores)",
+        "torch": torch.__version__,
+        "anchors": ANCHORS,
         "note": "rattled copies of the embedded labelled structures; labels of copies are for timing only",
     }
     if out:
@@ -177,16 +215,20 @@ def bench_train(config: TrainConfig, structures: int = 5000, batch_size: int = 7
 
 def format_table(results: dict) -> str:
     """The results as a fixed-width table with ratios."""
-    head = f"{'variant':<14}{'steps':>7}{'epoch s':>10}{'atoms/s':>11}{'step ms':>9}{'peak GB':>9}" \
-           f"{'compute':>9}{'data':>7}{'allred':>8}{'x base':>8}"
+    head = (
+        f"{'variant':<14}{'steps':>7}{'epoch s':>10}{'atoms/s':>11}{'step ms':>9}{'peak GB':>9}"
+        f"{'compute':>9}{'data':>7}{'allred':>8}{'x base':>8}"
+    )
     lines = [head, "-" * len(head)]
     base = results["variants"].get("baseline")
     for name, r in results["variants"].items():
         speed = base["epoch_s"] / r["epoch_s"] if base else float("nan")
         mem = f"{r['peak_mem_gb']:.2f}" if r.get("peak_mem_gb") is not None else "-"
-        lines.append(f"{name:<14}{r['steps']:>7}{r['epoch_s']:>10.2f}{r['atoms_per_s']:>11.0f}"
-                     f"{r['step_ms_median']:>9.1f}{mem:>9}{r['compute_share']:>9.0%}{r['data_share']:>7.0%}"
-                     f"{r['allreduce_share']:>8.0%}{speed:>8.2f}")
+        lines.append(
+            f"{name:<14}{r['steps']:>7}{r['epoch_s']:>10.2f}{r['atoms_per_s']:>11.0f}"
+            f"{r['step_ms_median']:>9.1f}{mem:>9}{r['compute_share']:>9.0%}{r['data_share']:>7.0%}"
+            f"{r['allreduce_share']:>8.0%}{speed:>8.2f}"
+        )
     for name, why in results.get("skipped", {}).items():
         lines.append(f"{name:<14} skipped: {why}")
     for k, ok in results.get("targets", {}).items():

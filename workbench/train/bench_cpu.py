@@ -35,23 +35,40 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
-__all__ = ["MODELS", "PARTS", "PRESETS", "bench_cpu", "format_table", "hot_op_timer", "mace_batch", "peak_gflops", "system_batch",
-           "water_box"]
+__all__ = [
+    "MODELS",
+    "PARTS",
+    "PRESETS",
+    "bench_cpu",
+    "format_table",
+    "hot_op_timer",
+    "mace_batch",
+    "peak_gflops",
+    "system_batch",
+    "water_box",
+]
 
 #: name -> (hidden irreps, max_ell, correlation)
 MODELS: dict[str, tuple[str, int, int]] = {"paper": ("128x0e+128x1o", 3, 3), "small": ("32x0e+32x1o", 2, 2)}
 PARTS = ("steps", "ops", "profile", "trajectory")
 PRESETS: dict[str, dict[str, Any]] = {
-    "full": dict(models=("paper", "small"), systems=("water-96", "water-384", "water-768", "mixed"),
-                 dtypes=("float32", "float64"), repeats=3, trajectory_steps=100),
-    "smoke": dict(models=("small",), systems=("water-24",), dtypes=("float32", "float64"), repeats=1,
-                  trajectory_steps=6),
+    "full": dict(
+        models=("paper", "small"),
+        systems=("water-96", "water-384", "water-768", "mixed"),
+        dtypes=("float32", "float64"),
+        repeats=3,
+        trajectory_steps=100,
+    ),
+    "smoke": dict(
+        models=("small",), systems=("water-24",), dtypes=("float32", "float64"), repeats=1, trajectory_steps=6
+    ),
 }
 #: float32 trajectories: relative loss difference allowed per step (about 800 float32 ulps; measured
 #: over 100 steps of the small model: 2.4e-7)
@@ -101,8 +118,10 @@ def water_box(n: int, rng: np.random.Generator):
     if n <= WATER_MAX_ATOMS:
         return build_liquid_water(n, rng)
     if n % WATER_TILE:
-        raise ValueError(f"system water-{n}: boxes above {WATER_MAX_ATOMS} atoms repeat a {WATER_TILE}-atom box; "
-                         f"use a multiple of {WATER_TILE}")
+        raise ValueError(
+            f"system water-{n}: boxes above {WATER_MAX_ATOMS} atoms repeat a {WATER_TILE}-atom box; "
+            f"use a multiple of {WATER_TILE}"
+        )
     k, reps, f = n // WATER_TILE, [1, 1, 1], 2
     while k > 1:  # prime factors, smallest first, each onto the shortest side
         while k % f == 0:
@@ -132,8 +151,12 @@ def system_batch(name: str, dtype: str, cutoff: float = CUTOFF, seed: int = 0) -
     else:
         raise ValueError(f"unknown system {name!r}: use water-<atoms> (a multiple of 3) or mixed")
     batch, zs = mace_batch(structures, dtype, cutoff)
-    info = {"atoms": int(batch["positions"].shape[0]), "edges": int(batch["edge_index"].shape[1]), "graphs": len(structures),
-            "families": sorted({a.info.get("config_type", "?") for a in structures})}
+    info = {
+        "atoms": int(batch["positions"].shape[0]),
+        "edges": int(batch["edge_index"].shape[1]),
+        "graphs": len(structures),
+        "families": sorted({a.info.get("config_type", "?") for a in structures}),
+    }
     return batch, zs, info
 
 
@@ -144,7 +167,9 @@ def _models(model: str, zs: list[int], info: dict, dtype: str) -> dict[str, Any]
     from workbench.kernels.tools.bench import random_scaleshift_mace, with_backend
 
     hidden, ell, corr = MODELS[model]
-    base = random_scaleshift_mace(hidden, ell, corr, zs, info["edges"] / max(info["atoms"], 1), getattr(torch, dtype), "cpu")
+    base = random_scaleshift_mace(
+        hidden, ell, corr, zs, info["edges"] / max(info["atoms"], 1), getattr(torch, dtype), "cpu"
+    )
     out = {}
     for backend in ("e3nn", "numba"):
         m = with_backend(base, backend)
@@ -194,7 +219,7 @@ def peak_gflops(dtype: str, n: int = 1536, repeats: int = 5) -> float:
         t = time.perf_counter()
         torch.mm(a, b)
         best = min(best, time.perf_counter() - t)
-    return 2 * n ** 3 / best / 1e9
+    return 2 * n**3 / best / 1e9
 
 
 @contextmanager
@@ -219,7 +244,9 @@ def hot_op_timer() -> Iterator[dict]:
         rec["calls"] += 1
         rec["flops"] += rows * channels * sum(c.poly.flops_per_channel() for c in self.compiled)
         if tensors[0].device.type == "cpu":
-            rec["program_flops"] += rows * channels * sum(rp.program.flops_per_channel() for _, rp in self.cpu_plan(channels).passes)
+            rec["program_flops"] += (
+                rows * channels * sum(rp.program.flops_per_channel() for _, rp in self.cpu_plan(channels).passes)
+            )
         return out
 
     kops.PolyOp.evaluate_rows = timed
@@ -231,11 +258,43 @@ def hot_op_timer() -> Iterator[dict]:
 
 _CATEGORIES = (
     ("workbench ops", ("_SparsePolyFunction",)),
-    ("matrix products (radial MLP, linears, e3nn TP)", ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::baddbmm")),
-    ("elementwise", ("aten::mul", "aten::add", "aten::sub", "aten::div", "aten::silu", "aten::sigmoid", "aten::pow",
-                     "aten::neg", "aten::sqrt", "aten::sin", "aten::cos", "aten::exp", "aten::where", "aten::clamp")),
-    ("copies and gathers", ("aten::copy_", "aten::cat", "aten::index", "aten::gather", "aten::scatter_add_",
-                            "aten::index_select", "aten::_index_put_impl_", "aten::index_add_", "aten::stack")),
+    (
+        "matrix products (radial MLP, linears, e3nn TP)",
+        ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::baddbmm"),
+    ),
+    (
+        "elementwise",
+        (
+            "aten::mul",
+            "aten::add",
+            "aten::sub",
+            "aten::div",
+            "aten::silu",
+            "aten::sigmoid",
+            "aten::pow",
+            "aten::neg",
+            "aten::sqrt",
+            "aten::sin",
+            "aten::cos",
+            "aten::exp",
+            "aten::where",
+            "aten::clamp",
+        ),
+    ),
+    (
+        "copies and gathers",
+        (
+            "aten::copy_",
+            "aten::cat",
+            "aten::index",
+            "aten::gather",
+            "aten::scatter_add_",
+            "aten::index_select",
+            "aten::_index_put_impl_",
+            "aten::index_add_",
+            "aten::stack",
+        ),
+    ),
     ("fills", ("aten::fill_", "aten::zero_", "aten::zeros", "aten::ones")),
     ("reductions", ("aten::sum", "aten::mean", "aten::norm")),
 )
@@ -254,7 +313,10 @@ def step_profile(model, batch: dict, step: str) -> dict[str, float]:
     for ev in prof.key_averages():
         t = ev.self_cpu_time_total
         total += t
-        cat = next((c for c, names in _CATEGORIES if any(ev.key.startswith(n) for n in names)), "other (autograd engine, views, Python)")
+        cat = next(
+            (c for c, names in _CATEGORIES if any(ev.key.startswith(n) for n in names)),
+            "other (autograd engine, views, Python)",
+        )
         totals[cat] = totals.get(cat, 0.0) + t
     shares = {k: v / total for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
     shares["total_ms"] = total / 1e3
@@ -288,9 +350,14 @@ def _ops_case(models: dict, batch: dict, peak: float) -> dict:
         total = time.perf_counter() - t
         out[step] = {"step_ms": 1e3 * total}
         for name, rec in stats.items():
-            out[step][name] = {"ms": 1e3 * rec["s"], "share": rec["s"] / total, "calls": rec["calls"],
-                               "gflops": rec["flops"] / rec["s"] / 1e9, "program_gflops": rec["program_flops"] / rec["s"] / 1e9,
-                               "of_peak": rec["flops"] / rec["s"] / 1e9 / peak}
+            out[step][name] = {
+                "ms": 1e3 * rec["s"],
+                "share": rec["s"] / total,
+                "calls": rec["calls"],
+                "gflops": rec["flops"] / rec["s"] / 1e9,
+                "program_gflops": rec["program_flops"] / rec["s"] / 1e9,
+                "of_peak": rec["flops"] / rec["s"] / 1e9 / peak,
+            }
     return out
 
 
@@ -306,10 +373,24 @@ def trajectory(steps: int, dtypes: Sequence[str], workdir: str | os.PathLike) ->
         for backend in ("e3nn", "numba"):
             if dtype not in dtypes and backend == "numba":
                 continue
-            cfg = TrainConfig(name=f"trajectory-{dtype}-{backend}", output_dir=str(workdir), hidden_irreps=hidden, max_ell=ell,
-                              correlation=corr, dtype=dtype, backend=backend, sampler="fixed-count", batch_size=8,
-                              max_structures=max(64, 8 * steps), epochs=100, max_steps=steps, checkpoint_every=0,
-                              progress=False, export=False, seed=0)
+            cfg = TrainConfig(
+                name=f"trajectory-{dtype}-{backend}",
+                output_dir=str(workdir),
+                hidden_irreps=hidden,
+                max_ell=ell,
+                correlation=corr,
+                dtype=dtype,
+                backend=backend,
+                sampler="fixed-count",
+                batch_size=8,
+                max_structures=max(64, 8 * steps),
+                epochs=100,
+                max_steps=steps,
+                checkpoint_every=0,
+                progress=False,
+                export=False,
+                seed=0,
+            )
             train(cfg, resume=False)
             losses[f"{backend}-{dtype}"] = [s["loss"] for s in read_steps(cfg.run_dir)]
     res: dict[str, Any] = {"steps": steps, "losses": losses}
@@ -324,7 +405,12 @@ def trajectory(steps: int, dtypes: Sequence[str], workdir: str | os.PathLike) ->
     if "float32" in dtypes:
         d = rel("numba-float32", "e3nn-float32")
         noise = rel("e3nn-float32", "e3nn-float64")
-        res["float32"] = {"max_rel_diff": d, "e3nn_float32_vs_float64": noise, "bound": FLOAT32_RTOL, "ok": d <= FLOAT32_RTOL}
+        res["float32"] = {
+            "max_rel_diff": d,
+            "e3nn_float32_vs_float64": noise,
+            "bound": FLOAT32_RTOL,
+            "ok": d <= FLOAT32_RTOL,
+        }
     return res
 
 
@@ -336,20 +422,36 @@ def trajectory_figure(res: dict, path: str | os.PathLike) -> None:
     losses = res["losses"]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("training loss per step", "|numba - e3nn| / e3nn"))
     for name, ys in losses.items():
-        fig.add_trace(go.Scatter(y=ys, name=name, mode="lines", line={"dash": "dot" if name.startswith("numba") else "solid"}), 1, 1)
+        fig.add_trace(
+            go.Scatter(y=ys, name=name, mode="lines", line={"dash": "dot" if name.startswith("numba") else "solid"}),
+            1,
+            1,
+        )
     for dtype in ("float32", "float64"):
         if f"numba-{dtype}" in losses and f"e3nn-{dtype}" in losses:
             x, y = np.asarray(losses[f"numba-{dtype}"]), np.asarray(losses[f"e3nn-{dtype}"])
-            fig.add_trace(go.Scatter(y=(np.abs(x - y) / np.abs(y)).tolist(), name=f"{dtype} difference", mode="lines"), 1, 2)
+            fig.add_trace(
+                go.Scatter(y=(np.abs(x - y) / np.abs(y)).tolist(), name=f"{dtype} difference", mode="lines"), 1, 2
+            )
     fig.update_yaxes(type="log", row=1, col=2)
-    fig.update_layout(title="Figure 9 check on a CPU: the numba kernels follow e3nn's training run", width=1300, height=480)
+    fig.update_layout(
+        title="Figure 9 check on a CPU: the numba kernels follow e3nn's training run", width=1300, height=480
+    )
     fig.write_html(str(path), include_plotlyjs=True, full_html=True)
 
 
-def bench_cpu(preset: str = "full", parts: Sequence[str] = PARTS, models: Sequence[str] | None = None,
-              systems: Sequence[str] | None = None, dtypes: Sequence[str] | None = None, repeats: int | None = None,
-              trajectory_steps: int | None = None, threads: int = 2, out: str | os.PathLike = "runs/bench/cpu.json",
-              workdir: str | os.PathLike = "runs/bench/cpu") -> dict:
+def bench_cpu(
+    preset: str = "full",
+    parts: Sequence[str] = PARTS,
+    models: Sequence[str] | None = None,
+    systems: Sequence[str] | None = None,
+    dtypes: Sequence[str] | None = None,
+    repeats: int | None = None,
+    trajectory_steps: int | None = None,
+    threads: int = 2,
+    out: str | os.PathLike = "runs/bench/cpu.json",
+    workdir: str | os.PathLike = "runs/bench/cpu",
+) -> dict:
     """Run the parts of the benchmark (see the module docstring) and write ``out`` after each case."""
     from workbench.progress import bar
 
@@ -367,8 +469,13 @@ def bench_cpu(preset: str = "full", parts: Sequence[str] = PARTS, models: Sequen
             raise ValueError(f"unknown model {m!r}; choose from {', '.join(MODELS)}")
     repeats = repeats or p["repeats"]
     set_threads(threads)
-    res: dict[str, Any] = {"preset": preset, "threads": threads, "machine": _machine(), "cases": [], "targets": {
-        f"{k[0]}_{k[1]}": v for k, v in TARGETS.items()}}
+    res: dict[str, Any] = {
+        "preset": preset,
+        "threads": threads,
+        "machine": _machine(),
+        "cases": [],
+        "targets": {f"{k[0]}_{k[1]}": v for k, v in TARGETS.items()},
+    }
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -398,8 +505,12 @@ def bench_cpu(preset: str = "full", parts: Sequence[str] = PARTS, models: Sequen
         model, system, dtype = models[0], systems[0], dtypes[0]
         batch, zs, info = system_batch(system, dtype)
         ms = _models(model, zs, info, dtype)
-        res["profile"] = {"model": model, "system": system, "dtype": dtype,
-                          **{f"{b}_{s}": step_profile(ms[(b, s)], batch, s) for b in ("e3nn", "numba") for s in STEPS}}
+        res["profile"] = {
+            "model": model,
+            "system": system,
+            "dtype": dtype,
+            **{f"{b}_{s}": step_profile(ms[(b, s)], batch, s) for b in ("e3nn", "numba") for s in STEPS},
+        }
         save()
     if "trajectory" in parts:
         res["trajectory"] = trajectory(trajectory_steps or p["trajectory_steps"], dtypes, workdir)
@@ -432,22 +543,32 @@ def format_table(res: dict) -> str:
     lines = []
     cases = [c for c in res["cases"] if "e3nn_md" in c]
     if cases:
-        lines.append(f"{'model':6} {'system':10} {'dtype':8} {'atoms':>5} {'edges':>6} | {'MD e3nn':>8} {'numba':>7} {'x':>5} | "
-                     f"{'train e3nn':>10} {'numba':>7} {'x':>5}")
+        lines.append(
+            f"{'model':6} {'system':10} {'dtype':8} {'atoms':>5} {'edges':>6} | {'MD e3nn':>8} {'numba':>7} {'x':>5} | "
+            f"{'train e3nn':>10} {'numba':>7} {'x':>5}"
+        )
         for c in cases:
-            lines.append(f"{c['model']:6} {c['system']:10} {c['dtype']:8} {c['atoms']:5d} {c['edges']:6d} | "
-                         f"{c['e3nn_md']['median_ms']:8.1f} {c['numba_md']['median_ms']:7.1f} {c['speedup_md']:5.2f} | "
-                         f"{c['e3nn_train']['median_ms']:10.1f} {c['numba_train']['median_ms']:7.1f} {c['speedup_train']:5.2f}")
+            lines.append(
+                f"{c['model']:6} {c['system']:10} {c['dtype']:8} {c['atoms']:5d} {c['edges']:6d} | "
+                f"{c['e3nn_md']['median_ms']:8.1f} {c['numba_md']['median_ms']:7.1f} {c['speedup_md']:5.2f} | "
+                f"{c['e3nn_train']['median_ms']:10.1f} {c['numba_train']['median_ms']:7.1f} {c['speedup_train']:5.2f}"
+            )
     ops = [c for c in res["cases"] if "ops" in c]
     if ops:
         peak = res.get("peak_gflops", {})
         lines.append("")
-        lines.append("hot ops in one numba step: ms (share of the step), GFLOP/s of the term-by-term work (program's executed) "
-                     f"and % of the torch.mm peak ({', '.join(f'{d} {v:.0f}' for d, v in peak.items())} GFLOP/s)")
+        lines.append(
+            "hot ops in one numba step: ms (share of the step), GFLOP/s of the term-by-term work (program's executed) "
+            f"and % of the torch.mm peak ({', '.join(f'{d} {v:.0f}' for d, v in peak.items())} GFLOP/s)"
+        )
         for c in ops:
             for step, rec in c["ops"].items():
-                cells = [f"{name.split('_')[0]}: {r['ms']:.1f} ms ({100 * r['share']:.0f}%) {r['gflops']:.1f} ({r['program_gflops']:.1f}) "
-                         f"{100 * r['of_peak']:.1f}%" for name, r in rec.items() if isinstance(r, dict)]
+                cells = [
+                    f"{name.split('_')[0]}: {r['ms']:.1f} ms ({100 * r['share']:.0f}%) {r['gflops']:.1f} ({r['program_gflops']:.1f}) "
+                    f"{100 * r['of_peak']:.1f}%"
+                    for name, r in rec.items()
+                    if isinstance(r, dict)
+                ]
                 lines.append(f"  {c['model']:6} {c['system']:10} {c['dtype']:8} {step:5}  " + "; ".join(cells))
     if "profile" in res:
         pr = res["profile"]
@@ -466,6 +587,8 @@ def format_table(res: dict) -> str:
             if dtype in tr:
                 r = tr[dtype]
                 extra = f" (e3nn float32 vs float64: {r['e3nn_float32_vs_float64']:.2e})" if dtype == "float32" else ""
-                lines.append(f"trajectory {tr['steps']} steps, {dtype}: max |numba - e3nn| / e3nn = {r['max_rel_diff']:.2e}, "
-                             f"bound {r['bound']:.2e}{extra}: {'ok' if r['ok'] else 'FAILED'}")
+                lines.append(
+                    f"trajectory {tr['steps']} steps, {dtype}: max |numba - e3nn| / e3nn = {r['max_rel_diff']:.2e}, "
+                    f"bound {r['bound']:.2e}{extra}: {'ok' if r['ok'] else 'FAILED'}"
+                )
     return "\n".join(lines)

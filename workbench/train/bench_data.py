@@ -27,8 +27,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -106,13 +106,23 @@ def bench_prepare(workdir: Path, frames: int = 20_000, workers: Sequence[int] = 
     t0 = time.perf_counter()
     graphs, atoms = _iread_count(str(path))
     parse_s = time.perf_counter() - t0
-    rows = {"ase.io.iread (parse only)": {"workers": 1, "seconds": parse_s, "graphs_per_s": graphs / parse_s,
-                                          "atoms_per_s": atoms / parse_s}}
+    rows = {
+        "ase.io.iread (parse only)": {
+            "workers": 1,
+            "seconds": parse_s,
+            "graphs_per_s": graphs / parse_s,
+            "atoms_per_s": atoms / parse_s,
+        }
+    }
     for w in workers:
         parallel_s = parse_s if w == 1 else _parallel_iread(path, graphs, w)
         if w > 1:
-            rows[f"ase.io.iread x{w} processes"] = {"workers": w, "seconds": parallel_s, "graphs_per_s": graphs / parallel_s,
-                                                    "atoms_per_s": atoms / parallel_s}
+            rows[f"ase.io.iread x{w} processes"] = {
+                "workers": w,
+                "seconds": parallel_s,
+                "graphs_per_s": graphs / parallel_s,
+                "atoms_per_s": atoms / parallel_s,
+            }
         out = workdir / f"prepared_w{w}"
         shutil.rmtree(out, ignore_errors=True)
         t0 = time.perf_counter()
@@ -120,8 +130,13 @@ def bench_prepare(workdir: Path, frames: int = 20_000, workers: Sequence[int] = 
         s = time.perf_counter() - t0
         rate = len(store) / s
         rows[f"prepare --workers {w}"] = {
-            "workers": w, "seconds": s, "graphs_per_s": rate, "atoms_per_s": int(store.index["atoms"].sum()) / s,
-            "per_worker_vs_parse": rate / w / (graphs / parse_s), "vs_parallel_parse": parallel_s / s}
+            "workers": w,
+            "seconds": s,
+            "graphs_per_s": rate,
+            "atoms_per_s": int(store.index["atoms"].sum()) / s,
+            "per_worker_vs_parse": rate / w / (graphs / parse_s),
+            "vs_parallel_parse": parallel_s / s,
+        }
         shutil.rmtree(out, ignore_errors=True)
     return {"file": str(path), "frames": n, "atoms": atoms, "bytes": path.stat().st_size, "rows": rows}
 
@@ -148,10 +163,18 @@ def bench_layout(workdir: Path, source, n: int = 20_000, reads: int = 2000, seed
     out = {}
 
     path = workdir / "layout_mace.h5"
-    configs = [Configuration(atomic_numbers=g.numbers, positions=g.positions,
-                             properties={"energy": g.energy, "forces": g.forces},
-                             property_weights={"energy": 1.0, "forces": 1.0}, cell=g.cell, pbc=tuple(g.pbc),
-                             config_type=g.family) for g in graphs]
+    configs = [
+        Configuration(
+            atomic_numbers=g.numbers,
+            positions=g.positions,
+            properties={"energy": g.energy, "forces": g.forces},
+            property_weights={"energy": 1.0, "forces": 1.0},
+            cell=g.cell,
+            pbc=tuple(g.pbc),
+            config_type=g.family,
+        )
+        for g in graphs
+    ]
     t0 = time.perf_counter()
     with h5py.File(path, "w") as f:
         save_configurations_as_HDF5(configs, 0, f)
@@ -160,8 +183,11 @@ def bench_layout(workdir: Path, source, n: int = 20_000, reads: int = 2000, seed
     t0 = time.perf_counter()
     for i in picks:
         ds[int(i)]
-    out["group per structure (mace HDF5Dataset)"] = {"write_s": write_s, "mb": path.stat().st_size / 1e6,
-                                                     "read_us": 1e6 * (time.perf_counter() - t0) / reads}
+    out["group per structure (mace HDF5Dataset)"] = {
+        "write_s": write_s,
+        "mb": path.stat().st_size / 1e6,
+        "read_us": 1e6 * (time.perf_counter() - t0) / reads,
+    }
 
     flat = workdir / "layout_flat.h5"
     t0 = time.perf_counter()
@@ -173,8 +199,14 @@ def bench_layout(workdir: Path, source, n: int = 20_000, reads: int = 2000, seed
         t0 = time.perf_counter()
         for i in picks:
             a0, a1 = ptr[i], ptr[i + 1]
-            (arr["numbers"][a0:a1], arr["positions"][a0:a1], arr["forces"][a0:a1], arr["cell"][i], arr["pbc"][i],
-             arr["energy"][i])
+            (
+                arr["numbers"][a0:a1],
+                arr["positions"][a0:a1],
+                arr["forces"][a0:a1],
+                arr["cell"][i],
+                arr["pbc"][i],
+                arr["energy"][i],
+            )
         h5_us = 1e6 * (time.perf_counter() - t0) / reads
     out["flat arrays, h5py slices"] = {"write_s": write_s, "mb": flat.stat().st_size / 1e6, "read_us": h5_us}
 
@@ -183,10 +215,19 @@ def bench_layout(workdir: Path, source, n: int = 20_000, reads: int = 2000, seed
     for i in picks:
         a0, a1 = shard.atom_ptr[i], shard.atom_ptr[i + 1]
         a = shard.arrays
-        (np.array(a["numbers"][a0:a1]), np.array(a["positions"][a0:a1]), np.array(a["forces"][a0:a1]),
-         np.array(a["cell"][i]), np.array(a["pbc"][i]), float(a["energy"][i]))
-    out["flat arrays, memmap (workbench)"] = {"write_s": write_s, "mb": flat.stat().st_size / 1e6,
-                                              "read_us": 1e6 * (time.perf_counter() - t0) / reads}
+        (
+            np.array(a["numbers"][a0:a1]),
+            np.array(a["positions"][a0:a1]),
+            np.array(a["forces"][a0:a1]),
+            np.array(a["cell"][i]),
+            np.array(a["pbc"][i]),
+            float(a["energy"][i]),
+        )
+    out["flat arrays, memmap (workbench)"] = {
+        "write_s": write_s,
+        "mb": flat.stat().st_size / 1e6,
+        "read_us": 1e6 * (time.perf_counter() - t0) / reads,
+    }
     del shard
     for p in (path, flat):
         p.unlink()
@@ -194,10 +235,25 @@ def bench_layout(workdir: Path, source, n: int = 20_000, reads: int = 2000, seed
 
 
 def _train_config(dataset: Path, out: Path, name: str, n: int, steps: int) -> TrainConfig:
-    return TrainConfig(name=name, output_dir=str(out), dataset=str(dataset), hidden_irreps="8x0e+8x1o", max_ell=1,
-                       correlation=2, num_bessel=4, radial_mlp=[16, 16], capacity=1024, max_steps=steps, epochs=1,
-                       checkpoint_every=0, valid_fraction=max(20 / n, 1e-6), num_workers=2, progress=False,
-                       export=False, dist_timeout_s=300)
+    return TrainConfig(
+        name=name,
+        output_dir=str(out),
+        dataset=str(dataset),
+        hidden_irreps="8x0e+8x1o",
+        max_ell=1,
+        correlation=2,
+        num_bessel=4,
+        radial_mlp=[16, 16],
+        capacity=1024,
+        max_steps=steps,
+        epochs=1,
+        checkpoint_every=0,
+        valid_fraction=max(20 / n, 1e-6),
+        num_workers=2,
+        progress=False,
+        export=False,
+        dist_timeout_s=300,
+    )
 
 
 def _one_training(cfg: TrainConfig, workdir: Path) -> dict:
@@ -206,8 +262,18 @@ def _one_training(cfg: TrainConfig, workdir: Path) -> dict:
     path = workdir / f"{cfg.name}.yaml"
     cfg.to_yaml(path)
     shutil.rmtree(cfg.run_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--no-python",
-           str(Path(sys.executable).parent / "workbench"), "train", "--config", str(path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "--no-python",
+        str(Path(sys.executable).parent / "workbench"),
+        "train",
+        "--config",
+        str(path),
+    ]
     launch = time.time()
     res = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=1800)
     if res.returncode != 0:
@@ -217,9 +283,13 @@ def _one_training(cfg: TrainConfig, workdir: Path) -> dict:
     steady = [s[STEADY_AFTER:] for s in ranks]
     data_s = sum(x["data_s"] for s in steady for x in s)
     step_s = sum(x["step_s"] for s in steady for x in s)
-    return {"steps": len(ranks[0]), "launch_to_first_step_s": first - launch,
-            "peak_rss_mb": [max(x["peak_rss_mb"] for x in s) for s in ranks],
-            "data_wait_share": data_s / step_s, "step_ms_median": 1000 * float(np.median([x["step_s"] for s in steady for x in s]))}
+    return {
+        "steps": len(ranks[0]),
+        "launch_to_first_step_s": first - launch,
+        "peak_rss_mb": [max(x["peak_rss_mb"] for x in s) for s in ranks],
+        "data_wait_share": data_s / step_s,
+        "step_ms_median": 1000 * float(np.median([x["step_s"] for s in steady for x in s])),
+    }
 
 
 def bench_training(workdir: Path, embedded, sizes: Sequence[int] = SIZES, steps: int = 40) -> dict:
@@ -261,9 +331,14 @@ def _targets(res: dict) -> dict:
     return t
 
 
-def bench_data(out: str | os.PathLike = "runs/bench/data.json", workdir: str | os.PathLike = "runs/bench/data",
-               parts: Sequence[str] = PARTS, frames: int = 20_000, sizes: Sequence[int] = SIZES,
-               steps: int = 40) -> dict:
+def bench_data(
+    out: str | os.PathLike = "runs/bench/data.json",
+    workdir: str | os.PathLike = "runs/bench/data",
+    parts: Sequence[str] = PARTS,
+    frames: int = 20_000,
+    sizes: Sequence[int] = SIZES,
+    steps: int = 40,
+) -> dict:
     """Run the chosen ``parts`` and write the JSON to ``out``."""
     from workbench.data.embedded import EMBEDDED_PATH
     from workbench.data.prepare import prepare
@@ -274,8 +349,10 @@ def bench_data(out: str | os.PathLike = "runs/bench/data.json", workdir: str | o
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     embedded = prepare([EMBEDDED_PATH], workdir / "embedded", progress=False)
-    res: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-                 "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    res: dict = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     if "prepare" in parts:
         res["prepare"] = bench_prepare(workdir, frames)
     if "layout" in parts:
@@ -299,26 +376,52 @@ def format_table(res: dict) -> str:
     lines = []
     if "prepare" in res:
         p = res["prepare"]
-        lines += _section(f"prepare: {p['frames']} frames, {p['atoms']} atoms, {p['bytes'] / 1e6:.0f} MB extxyz", p["rows"], [
-            ("s", 8, lambda r: f"{r['seconds']:.1f}"), ("graphs/s", 10, lambda r: f"{r['graphs_per_s']:.0f}"),
-            ("atoms/s", 11, lambda r: f"{r['atoms_per_s']:.0f}"),
-            ("/worker vs 1 iread", 20, lambda r: f"{r['per_worker_vs_parse']:.2f}" if "per_worker_vs_parse" in r else "anchor"),
-            ("vs as many ireads", 19, lambda r: f"{r['vs_parallel_parse']:.2f}" if "vs_parallel_parse" in r else "anchor"),
-        ], 28)
+        lines += _section(
+            f"prepare: {p['frames']} frames, {p['atoms']} atoms, {p['bytes'] / 1e6:.0f} MB extxyz",
+            p["rows"],
+            [
+                ("s", 8, lambda r: f"{r['seconds']:.1f}"),
+                ("graphs/s", 10, lambda r: f"{r['graphs_per_s']:.0f}"),
+                ("atoms/s", 11, lambda r: f"{r['atoms_per_s']:.0f}"),
+                (
+                    "/worker vs 1 iread",
+                    20,
+                    lambda r: f"{r['per_worker_vs_parse']:.2f}" if "per_worker_vs_parse" in r else "anchor",
+                ),
+                (
+                    "vs as many ireads",
+                    19,
+                    lambda r: f"{r['vs_parallel_parse']:.2f}" if "vs_parallel_parse" in r else "anchor",
+                ),
+            ],
+            28,
+        )
     if "layout" in res:
         lay = res["layout"]
-        lines += _section(f"layout: {lay['graphs']} graphs, {lay['reads']} random reads", lay["rows"], [
-            ("write s", 9, lambda r: f"{r['write_s']:.2f}"), ("MB", 8, lambda r: f"{r['mb']:.1f}"),
-            ("read µs/graph", 15, lambda r: f"{r['read_us']:.1f}"),
-        ], 40)
+        lines += _section(
+            f"layout: {lay['graphs']} graphs, {lay['reads']} random reads",
+            lay["rows"],
+            [
+                ("write s", 9, lambda r: f"{r['write_s']:.2f}"),
+                ("MB", 8, lambda r: f"{r['mb']:.1f}"),
+                ("read µs/graph", 15, lambda r: f"{r['read_us']:.1f}"),
+            ],
+            40,
+        )
     if "train" in res:
         tr = res["train"]
-        lines += _section(f"train: {tr['model']} (tiled sets are throughput data, not physics)", tr["rows"], [
-            ("graphs", 10, lambda r: f"{r['graphs']}"),
-            ("peak RSS MB r0/r1", 20, lambda r: "/".join(f"{x:.0f}" for x in r["peak_rss_mb"])),
-            ("first step s", 14, lambda r: f"{r['launch_to_first_step_s']:.1f}"),
-            ("data wait", 11, lambda r: f"{r['data_wait_share']:.1%}"), ("step ms", 9, lambda r: f"{r['step_ms_median']:.1f}"),
-        ], 18)
+        lines += _section(
+            f"train: {tr['model']} (tiled sets are throughput data, not physics)",
+            tr["rows"],
+            [
+                ("graphs", 10, lambda r: f"{r['graphs']}"),
+                ("peak RSS MB r0/r1", 20, lambda r: "/".join(f"{x:.0f}" for x in r["peak_rss_mb"])),
+                ("first step s", 14, lambda r: f"{r['launch_to_first_step_s']:.1f}"),
+                ("data wait", 11, lambda r: f"{r['data_wait_share']:.1%}"),
+                ("step ms", 9, lambda r: f"{r['step_ms_median']:.1f}"),
+            ],
+            18,
+        )
     for k, ok in res.get("targets", {}).items():
         lines.append(f"target {k}: {'met' if ok else 'NOT met'}")
     return "\n".join(lines)

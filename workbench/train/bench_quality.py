@@ -64,9 +64,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -92,21 +92,51 @@ class Preset:
 
 PRESETS = {
     # About 7 minutes on 2 cores (15 runs of 66 steps): a smoke test of the comparison, noisy.
-    "small": Preset(hidden_irreps="8x0e+8x1o", max_ell=1, correlation=2, epochs=2, max_structures=300,
-                    radial_mlp=[32, 32], num_bessel=6),
+    "small": Preset(
+        hidden_irreps="8x0e+8x1o",
+        max_ell=1,
+        correlation=2,
+        epochs=2,
+        max_structures=300,
+        radial_mlp=[32, 32],
+        num_bessel=6,
+    ),
     # The comparison of issue 20: 32x0e+32x1o, max_ell 2, correlation 2, 3 epochs of the whole mixture.
     "standard": Preset(hidden_irreps="32x0e+32x1o", max_ell=2, correlation=2, epochs=3, max_structures=None),
 }
 
 
-def base_config(preset: Preset, workdir: Path, dtype: str = "float64", batch_size: int = 8, seed: int = 0) -> TrainConfig:
+def base_config(
+    preset: Preset, workdir: Path, dtype: str = "float64", batch_size: int = 8, seed: int = 0
+) -> TrainConfig:
     """The shared recipe (mace_run_train's defaults where the workbench has the same knob)."""
-    return TrainConfig(name="quality", output_dir=str(workdir), seed=seed, max_structures=preset.max_structures,
-                       hidden_irreps=preset.hidden_irreps, max_ell=preset.max_ell, correlation=preset.correlation,
-                       num_bessel=preset.num_bessel, radial_mlp=list(preset.radial_mlp), num_interactions=2,
-                       dtype=dtype, lr=0.01, weight_decay=5e-7, amsgrad=True, ema_decay=0.99, energy_weight=1.0, forces_weight=100.0,
-                       lr_factor=0.8, scheduler_patience=50, clip_grad=10.0, sampler="fixed-count",
-                       batch_size=batch_size, progress=False, checkpoint_every=0, export=True)
+    return TrainConfig(
+        name="quality",
+        output_dir=str(workdir),
+        seed=seed,
+        max_structures=preset.max_structures,
+        hidden_irreps=preset.hidden_irreps,
+        max_ell=preset.max_ell,
+        correlation=preset.correlation,
+        num_bessel=preset.num_bessel,
+        radial_mlp=list(preset.radial_mlp),
+        num_interactions=2,
+        dtype=dtype,
+        lr=0.01,
+        weight_decay=5e-7,
+        amsgrad=True,
+        ema_decay=0.99,
+        energy_weight=1.0,
+        forces_weight=100.0,
+        lr_factor=0.8,
+        scheduler_patience=50,
+        clip_grad=10.0,
+        sampler="fixed-count",
+        batch_size=batch_size,
+        progress=False,
+        checkpoint_every=0,
+        export=True,
+    )
 
 
 def write_split(config: TrainConfig, workdir: Path) -> dict:
@@ -123,27 +153,97 @@ def write_split(config: TrainConfig, workdir: Path) -> dict:
     write_structures(paths["train"], train)
     write_structures(paths["valid"], valid)
     atoms = np.array([len(a) for a in train])
-    return {"train": str(paths["train"]), "valid": str(paths["valid"]), "n_train": len(train), "n_valid": len(valid),
-            "mean_atoms": float(atoms.mean()), "max_atoms": int(atoms.max())}
+    return {
+        "train": str(paths["train"]),
+        "valid": str(paths["valid"]),
+        "n_train": len(train),
+        "n_valid": len(valid),
+        "mean_atoms": float(atoms.mean()),
+        "max_atoms": int(atoms.max()),
+    }
 
 
 def mace_command(config: TrainConfig, split: dict, workdir: Path, epochs: int) -> list[str]:
     """``mace_run_train`` with the recipe of ``config`` on the written split."""
     exe = shutil.which("mace_run_train", path=str(Path(sys.executable).parent)) or "mace_run_train"
     radial = "[" + ",".join(str(x) for x in config.radial_mlp) + "]"
-    return [exe, "--name", "mace", "--seed", str(config.seed), "--work_dir", str(workdir), "--device", "cpu",
-            "--default_dtype", config.dtype, "--model", "ScaleShiftMACE", "--train_file", split["train"],
-            "--valid_file", split["valid"], "--energy_key", config.energy_key, "--forces_key", config.forces_key,
-            "--E0s", "average", "--r_max", str(config.cutoff), "--num_radial_basis", str(config.num_bessel),
-            "--num_cutoff_basis", str(config.num_polynomial_cutoff), "--max_ell", str(config.max_ell),
-            "--correlation", str(config.correlation), "--num_interactions", str(config.num_interactions),
-            "--hidden_irreps", config.hidden_irreps, "--MLP_irreps", config.mlp_irreps, "--radial_MLP", radial,
-            "--batch_size", str(config.batch_size), "--valid_batch_size", str(config.batch_size),
-            "--max_num_epochs", str(epochs), "--lr", str(config.lr), "--weight_decay", str(config.weight_decay), "--amsgrad", "--ema", "--ema_decay",
-            str(config.ema_decay), "--energy_weight", str(config.energy_weight), "--forces_weight",
-            str(config.forces_weight), "--clip_grad", str(config.clip_grad), "--scheduler", "ReduceLROnPlateau",
-            "--lr_factor", str(config.lr_factor), "--scheduler_patience", str(config.scheduler_patience),
-            "--loss", "weighted", "--scaling", "rms_forces_scaling", "--eval_interval", "1", "--patience", "100000"]
+    return [
+        exe,
+        "--name",
+        "mace",
+        "--seed",
+        str(config.seed),
+        "--work_dir",
+        str(workdir),
+        "--device",
+        "cpu",
+        "--default_dtype",
+        config.dtype,
+        "--model",
+        "ScaleShiftMACE",
+        "--train_file",
+        split["train"],
+        "--valid_file",
+        split["valid"],
+        "--energy_key",
+        config.energy_key,
+        "--forces_key",
+        config.forces_key,
+        "--E0s",
+        "average",
+        "--r_max",
+        str(config.cutoff),
+        "--num_radial_basis",
+        str(config.num_bessel),
+        "--num_cutoff_basis",
+        str(config.num_polynomial_cutoff),
+        "--max_ell",
+        str(config.max_ell),
+        "--correlation",
+        str(config.correlation),
+        "--num_interactions",
+        str(config.num_interactions),
+        "--hidden_irreps",
+        config.hidden_irreps,
+        "--MLP_irreps",
+        config.mlp_irreps,
+        "--radial_MLP",
+        radial,
+        "--batch_size",
+        str(config.batch_size),
+        "--valid_batch_size",
+        str(config.batch_size),
+        "--max_num_epochs",
+        str(epochs),
+        "--lr",
+        str(config.lr),
+        "--weight_decay",
+        str(config.weight_decay),
+        "--amsgrad",
+        "--ema",
+        "--ema_decay",
+        str(config.ema_decay),
+        "--energy_weight",
+        str(config.energy_weight),
+        "--forces_weight",
+        str(config.forces_weight),
+        "--clip_grad",
+        str(config.clip_grad),
+        "--scheduler",
+        "ReduceLROnPlateau",
+        "--lr_factor",
+        str(config.lr_factor),
+        "--scheduler_patience",
+        str(config.scheduler_patience),
+        "--loss",
+        "weighted",
+        "--scaling",
+        "rms_forces_scaling",
+        "--eval_interval",
+        "1",
+        "--patience",
+        "100000",
+    ]
 
 
 def _run(cmd: list[str], log: Path, threads: int) -> float:
@@ -178,11 +278,21 @@ def run_workbench(config: TrainConfig, workdir: Path, threads: int) -> tuple[Pat
 
 
 def _row(trainer: str, sampler: str, seed: int, steps: int, wall: float, result: dict) -> dict:
-    return {"trainer": trainer, "sampler": sampler, "seed": seed, "steps": steps, "wall_s": wall,
-            "e_mae_mev_atom": result["e_mae_mev_atom"], "f_mae_mev_a": result["f_mae_mev_a"],
-            "e_rmse_mev_atom": result["e_rmse_mev_atom"], "f_rmse_mev_a": result["f_rmse_mev_a"],
-            "families": {k: {"e_mae_mev_atom": v["e_mae_mev_atom"], "f_mae_mev_a": v["f_mae_mev_a"], "graphs": v["graphs"]}
-                         for k, v in result["families"].items()}}
+    return {
+        "trainer": trainer,
+        "sampler": sampler,
+        "seed": seed,
+        "steps": steps,
+        "wall_s": wall,
+        "e_mae_mev_atom": result["e_mae_mev_atom"],
+        "f_mae_mev_a": result["f_mae_mev_a"],
+        "e_rmse_mev_atom": result["e_rmse_mev_atom"],
+        "f_rmse_mev_a": result["f_rmse_mev_a"],
+        "families": {
+            k: {"e_mae_mev_atom": v["e_mae_mev_atom"], "f_mae_mev_a": v["f_mae_mev_a"], "graphs": v["graphs"]}
+            for k, v in result["families"].items()
+        },
+    }
 
 
 def ratio_interval(ref: dict, other: dict, q: str, level: float = 0.95, tolerance: float = PARITY_TOLERANCE) -> dict:
@@ -201,17 +311,21 @@ def ratio_interval(ref: dict, other: dict, q: str, level: float = 0.95, toleranc
     if ref["seeds"] < 2 or other["seeds"] < 2 or va + vb == 0:
         return {"ci_low": None, "ci_high": None, "seeds_needed": None}
     se = np.sqrt(va + vb)
-    dof = (va + vb) ** 2 / (va ** 2 / (ref["seeds"] - 1) + vb ** 2 / (other["seeds"] - 1))
+    dof = (va + vb) ** 2 / (va**2 / (ref["seeds"] - 1) + vb**2 / (other["seeds"] - 1))
     half = float(stats.t.ppf(0.5 + level / 2, dof) * se)
     z = float(stats.norm.ppf(0.5 + level / 2))
     pooled = (ref[f"{q}_std"] ** 2 + other[f"{q}_std"] ** 2) / 2
     needed = int(np.ceil(2 * pooled * (z / (tolerance * a_mean)) ** 2))
-    return {"ci_low": 1 + (b_mean - a_mean - half) / a_mean, "ci_high": 1 + (b_mean - a_mean + half) / a_mean,
-            "seeds_needed": needed}
+    return {
+        "ci_low": 1 + (b_mean - a_mean - half) / a_mean,
+        "ci_high": 1 + (b_mean - a_mean + half) / a_mean,
+        "seeds_needed": needed,
+    }
 
 
-def paired_interval(ref_rows: list[dict], other_rows: list[dict], key: str, level: float = 0.95,
-                    tolerance: float = PARITY_TOLERANCE) -> dict | None:
+def paired_interval(
+    ref_rows: list[dict], other_rows: list[dict], key: str, level: float = 0.95, tolerance: float = PARITY_TOLERANCE
+) -> dict | None:
     r"""Seed-by-seed ratio ``other / ref`` of ``key`` (e.g. ``"e_mae_mev_atom"``) over the seeds both ran.
 
     For paired runs (same seed, batches, statistics and initial weights) the seed noise cancels
@@ -226,11 +340,20 @@ def paired_interval(ref_rows: list[dict], other_rows: list[dict], key: str, leve
         return None
     ratios = np.array([b / a for a, b in pairs])
     mean = float(ratios.mean())
-    half = float(stats.t.ppf(0.5 + level / 2, ratios.size - 1) * ratios.std(ddof=1) / np.sqrt(ratios.size)) \
-        if ratios.size > 1 else float("nan")
+    half = (
+        float(stats.t.ppf(0.5 + level / 2, ratios.size - 1) * ratios.std(ddof=1) / np.sqrt(ratios.size))
+        if ratios.size > 1
+        else float("nan")
+    )
     low, high = mean - half, mean + half
-    return {"seeds": int(ratios.size), "ratios": ratios.tolist(), "mean": mean, "ci_low": low, "ci_high": high,
-            "met": bool(ratios.size > 1 and 1 - tolerance <= low and high <= 1 + tolerance)}
+    return {
+        "seeds": int(ratios.size),
+        "ratios": ratios.tolist(),
+        "mean": mean,
+        "ci_low": low,
+        "ci_high": high,
+        "met": bool(ratios.size > 1 and 1 - tolerance <= low and high <= 1 + tolerance),
+    }
 
 
 def summarise(rows: list[dict]) -> dict:
@@ -241,17 +364,28 @@ def summarise(rows: list[dict]) -> dict:
         g = groups.setdefault(key, {"e": [], "f": []})
         g["e"].append(r["e_mae_mev_atom"])
         g["f"].append(r["f_mae_mev_a"])
-    stats = {k: {"seeds": len(g["e"]), "e_mean": float(np.mean(g["e"])), "e_std": float(np.std(g["e"], ddof=1)) if len(g["e"]) > 1 else 0.0,
-                 "f_mean": float(np.mean(g["f"])), "f_std": float(np.std(g["f"], ddof=1)) if len(g["f"]) > 1 else 0.0}
-             for k, g in groups.items()}
+    stats = {
+        k: {
+            "seeds": len(g["e"]),
+            "e_mean": float(np.mean(g["e"])),
+            "e_std": float(np.std(g["e"], ddof=1)) if len(g["e"]) > 1 else 0.0,
+            "f_mean": float(np.mean(g["f"])),
+            "f_std": float(np.std(g["f"], ddof=1)) if len(g["f"]) > 1 else 0.0,
+        }
+        for k, g in groups.items()
+    }
     out: dict = {"groups": stats}
     mace, fc = stats.get("mace_run_train/fixed 8"), stats.get("workbench/fixed-count")
     if mace and fc:
         ratio_e, ratio_f = fc["e_mean"] / mace["e_mean"], fc["f_mean"] / mace["f_mean"]
-        out["parity"] = {"e_ratio": ratio_e, "f_ratio": ratio_f, "tolerance": PARITY_TOLERANCE,
-                         "e_spread": max(mace["e_std"], fc["e_std"]) / mace["e_mean"],
-                         "f_spread": max(mace["f_std"], fc["f_std"]) / mace["f_mean"],
-                         "met": bool(abs(ratio_e - 1) <= PARITY_TOLERANCE and abs(ratio_f - 1) <= PARITY_TOLERANCE)}
+        out["parity"] = {
+            "e_ratio": ratio_e,
+            "f_ratio": ratio_f,
+            "tolerance": PARITY_TOLERANCE,
+            "e_spread": max(mace["e_std"], fc["e_std"]) / mace["e_mean"],
+            "f_spread": max(mace["f_std"], fc["f_std"]) / mace["f_mean"],
+            "met": bool(abs(ratio_e - 1) <= PARITY_TOLERANCE and abs(ratio_f - 1) <= PARITY_TOLERANCE),
+        }
         for q in ("e", "f"):
             out["parity"].update({f"{q}_{k}": v for k, v in ratio_interval(mace, fc, q).items()})
     paired = [r for r in rows if r["trainer"] == "workbench" and r["sampler"] == MACE_ORDER]
@@ -259,8 +393,11 @@ def summarise(rows: list[dict]) -> dict:
     if paired and maces:
         got = {q: paired_interval(maces, paired, key) for q, key in (("e", "e_mae_mev_atom"), ("f", "f_mae_mev_a"))}
         if got["e"] is not None:
-            out["paired"] = {**{f"{q}_{k}": v for q, g in got.items() for k, v in g.items() if k != "met"},
-                             "tolerance": PARITY_TOLERANCE, "met": got["e"]["met"] and got["f"]["met"]}
+            out["paired"] = {
+                **{f"{q}_{k}": v for q, g in got.items() for k, v in g.items() if k != "met"},
+                "tolerance": PARITY_TOLERANCE,
+                "met": got["e"]["met"] and got["f"]["met"],
+            }
     if fc:
         packing = {}
         for s in ("paper", "shuffled-paper"):
@@ -268,17 +405,31 @@ def summarise(rows: list[dict]) -> dict:
             if g is None:
                 continue
             spread_e, spread_f = max(fc["e_std"], g["e_std"]), max(fc["f_std"], g["f_std"])
-            packing[s] = {"e_excess": g["e_mean"] - fc["e_mean"], "f_excess": g["f_mean"] - fc["f_mean"],
-                          "e_spread": spread_e, "f_spread": spread_f,
-                          "met": bool(g["e_mean"] - fc["e_mean"] <= spread_e and g["f_mean"] - fc["f_mean"] <= spread_f)}
+            packing[s] = {
+                "e_excess": g["e_mean"] - fc["e_mean"],
+                "f_excess": g["f_mean"] - fc["f_mean"],
+                "e_spread": spread_e,
+                "f_spread": spread_f,
+                "met": bool(g["e_mean"] - fc["e_mean"] <= spread_e and g["f_mean"] - fc["f_mean"] <= spread_f),
+            }
         out["packing"] = packing
     return out
 
 
-def bench_quality(preset: str = "small", seeds: Sequence[int] = (0, 1, 2), samplers: Sequence[str] = SAMPLERS,
-                  mace: bool = True, dtype: str = "float64", batch_size: int = 8, threads: int = 2, backend: str = "e3nn",
-                  workdir: str | os.PathLike = "runs/bench/quality", out: str | os.PathLike = "runs/bench/quality.json",
-                  resume: bool = False, progress=print) -> dict:
+def bench_quality(
+    preset: str = "small",
+    seeds: Sequence[int] = (0, 1, 2),
+    samplers: Sequence[str] = SAMPLERS,
+    mace: bool = True,
+    dtype: str = "float64",
+    batch_size: int = 8,
+    threads: int = 2,
+    backend: str = "e3nn",
+    workdir: str | os.PathLike = "runs/bench/quality",
+    out: str | os.PathLike = "runs/bench/quality.json",
+    resume: bool = False,
+    progress=print,
+) -> dict:
     """Run the comparison (see the module docstring); returns and writes the results.
 
     Each finished run appends its row to ``<workdir>/rows.jsonl`` and the JSON at ``out`` is rewritten
@@ -300,7 +451,13 @@ def bench_quality(preset: str = "small", seeds: Sequence[int] = (0, 1, 2), sampl
         raise KeyError(f"unknown sampler(s) {unknown}; choose from {', '.join(SAMPLERS)}")
     p = PRESETS[preset]
     workdir = Path(workdir)
-    settings = {"preset": preset, "preset_config": asdict(p), "dtype": dtype, "batch_size": batch_size, "backend": backend}
+    settings = {
+        "preset": preset,
+        "preset_config": asdict(p),
+        "dtype": dtype,
+        "batch_size": batch_size,
+        "backend": backend,
+    }
     rows = _resumed_rows(workdir, settings) if resume else None
     if rows is None:
         if workdir.exists():
@@ -310,9 +467,11 @@ def bench_quality(preset: str = "small", seeds: Sequence[int] = (0, 1, 2), sampl
     split = write_split(base, workdir / "split")
     (workdir / "bench.json").write_text(json.dumps(settings, indent=1) + "\n")
     steps = p.epochs * (split["n_train"] // batch_size)  # mace drops the last incomplete batch
-    capacity = max(split["max_atoms"], int(round(batch_size * split["mean_atoms"])))
-    progress(f"split: {split['n_train']} training / {split['n_valid']} validation graphs "
-             f"(mean {split['mean_atoms']:.0f} atoms); {steps} steps; packers at capacity {capacity} atoms")
+    capacity = max(split["max_atoms"], round(batch_size * split["mean_atoms"]))
+    progress(
+        f"split: {split['n_train']} training / {split['n_valid']} validation graphs "
+        f"(mean {split['mean_atoms']:.0f} atoms); {steps} steps; packers at capacity {capacity} atoms"
+    )
     done = {_job(r) for r in rows}
     if done:
         progress(f"resuming: {len(done)} run(s) kept from {workdir / 'rows.jsonl'}")
@@ -321,9 +480,20 @@ def bench_quality(preset: str = "small", seeds: Sequence[int] = (0, 1, 2), sampl
 
     def result() -> dict:
         kept = [r for r in rows if _job(r) in jobs]
-        return {"bench": "quality", **settings, "capacity": capacity, "steps": steps, "seeds": list(seeds),
-                "split": split, "threads": threads, "torch": torch.__version__, "mace": _version("mace-torch"),
-                "complete": len(kept) == len(jobs), "rows": kept, "summary": summarise(kept)}
+        return {
+            "bench": "quality",
+            **settings,
+            "capacity": capacity,
+            "steps": steps,
+            "seeds": list(seeds),
+            "split": split,
+            "threads": threads,
+            "torch": torch.__version__,
+            "mace": _version("mace-torch"),
+            "complete": len(kept) == len(jobs),
+            "rows": kept,
+            "summary": summarise(kept),
+        }
 
     for k, (seed, what) in enumerate(jobs, 1):
         if (seed, what) in done:
@@ -336,10 +506,21 @@ def bench_quality(preset: str = "small", seeds: Sequence[int] = (0, 1, 2), sampl
             trainer, sampler = "mace_run_train", f"fixed {batch_size}"
         else:
             # mace-order pairs with mace_run_train entirely: its batches, statistics and final-model choice
-            cfg = replace(base, name=f"{what}-seed{seed}", output_dir=str(workdir), seed=seed, sampler=what,
-                          capacity=capacity, dataset=split["train"], valid_dataset=split["valid"], max_structures=None,
-                          epochs=10 * p.epochs + 10, max_steps=steps, backend=backend,
-                          keep="best" if what == MACE_ORDER else "last")
+            cfg = replace(
+                base,
+                name=f"{what}-seed{seed}",
+                output_dir=str(workdir),
+                seed=seed,
+                sampler=what,
+                capacity=capacity,
+                dataset=split["train"],
+                valid_dataset=split["valid"],
+                max_structures=None,
+                epochs=10 * p.epochs + 10,
+                max_steps=steps,
+                backend=backend,
+                keep="best" if what == MACE_ORDER else "last",
+            )
             model, wall = run_workbench(cfg, where, threads)
             trainer, sampler = "workbench", what
         res = evaluate_file(model, split["valid"], energy_key=base.energy_key, forces_key=base.forces_key)
@@ -347,8 +528,10 @@ def bench_quality(preset: str = "small", seeds: Sequence[int] = (0, 1, 2), sampl
         with open(workdir / "rows.jsonl", "a") as fh:
             fh.write(json.dumps(rows[-1]) + "\n")
         _write(out, result())
-        progress(f"[{k}/{len(jobs)}] {trainer:<15} {sampler:<15} seed {seed}: E MAE {res['e_mae_mev_atom']:.1f} "
-                 f"meV/atom, F MAE {res['f_mae_mev_a']:.1f} meV/Å ({wall:.0f} s)")
+        progress(
+            f"[{k}/{len(jobs)}] {trainer:<15} {sampler:<15} seed {seed}: E MAE {res['e_mae_mev_atom']:.1f} "
+            f"meV/atom, F MAE {res['f_mae_mev_a']:.1f} meV/Å ({wall:.0f} s)"
+        )
     final = result()
     _write(out, final)
     return final
@@ -367,8 +550,10 @@ def _resumed_rows(workdir: Path, settings: dict) -> list[dict] | None:
     before = json.loads(manifest.read_text())
     if before != settings:
         changed = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
-        raise ValueError(f"cannot resume the bench in {workdir}: its settings differ ({', '.join(changed)}); "
-                         "rerun without --resume to start afresh, or pass the same settings")
+        raise ValueError(
+            f"cannot resume the bench in {workdir}: its settings differ ({', '.join(changed)}); "
+            "rerun without --resume to start afresh, or pass the same settings"
+        )
     if not rows.exists():
         return []
     return [json.loads(line) for line in rows.read_text().splitlines() if line.strip()]
@@ -393,44 +578,68 @@ def _version(dist: str) -> str | None:
 def format_table(res: dict) -> str:
     """The per-run table, the means over seeds and the two verdicts."""
     fams = sorted({f for r in res["rows"] for f in r["families"]})
-    head = f"{'trainer':<15} {'sampler':<15} {'seed':>4} {'steps':>5} {'E MAE':>7} {'F MAE':>7}  " + \
-        " ".join(f"{f[:12]:>12}" for f in fams)
-    lines = [f"Quality bench ({res['preset']}, {res['dtype']}, workbench on {res.get('backend', 'e3nn')}, "
-             f"{res['split']['n_train']} train / "
-             f"{res['split']['n_valid']} valid graphs, {res['steps']} steps, packers at capacity {res['capacity']})",
-             "MAE: energy meV/atom, force meV/Å; per family: force MAE", head, "-" * len(head)]
+    head = f"{'trainer':<15} {'sampler':<15} {'seed':>4} {'steps':>5} {'E MAE':>7} {'F MAE':>7}  " + " ".join(
+        f"{f[:12]:>12}" for f in fams
+    )
+    lines = [
+        f"Quality bench ({res['preset']}, {res['dtype']}, workbench on {res.get('backend', 'e3nn')}, "
+        f"{res['split']['n_train']} train / "
+        f"{res['split']['n_valid']} valid graphs, {res['steps']} steps, packers at capacity {res['capacity']})",
+        "MAE: energy meV/atom, force meV/Å; per family: force MAE",
+        head,
+        "-" * len(head),
+    ]
     if not res.get("complete", True):
         lines.insert(1, f"PARTIAL: {len(res['rows'])} runs finished; 'workbench bench quality --resume' runs the rest")
     for r in res["rows"]:
-        lines.append(f"{r['trainer']:<15} {r['sampler']:<15} {r['seed']:>4} {r['steps']:>5} {r['e_mae_mev_atom']:>7.1f} "
-                     f"{r['f_mae_mev_a']:>7.1f}  " + " ".join(
-                         f"{r['families'][f]['f_mae_mev_a']:>12.1f}" if f in r["families"] else f"{'-':>12}" for f in fams))
+        lines.append(
+            f"{r['trainer']:<15} {r['sampler']:<15} {r['seed']:>4} {r['steps']:>5} {r['e_mae_mev_atom']:>7.1f} "
+            f"{r['f_mae_mev_a']:>7.1f}  "
+            + " ".join(
+                f"{r['families'][f]['f_mae_mev_a']:>12.1f}" if f in r["families"] else f"{'-':>12}" for f in fams
+            )
+        )
     s = res["summary"]
     lines += ["", f"{'group':<32} {'seeds':>5} {'E MAE mean ± sd':>18} {'F MAE mean ± sd':>18}"]
     for k, g in s["groups"].items():
-        lines.append(f"{k:<32} {g['seeds']:>5} {g['e_mean']:>10.1f} ± {g['e_std']:<5.1f} {g['f_mean']:>10.1f} ± {g['f_std']:<5.1f}")
+        lines.append(
+            f"{k:<32} {g['seeds']:>5} {g['e_mean']:>10.1f} ± {g['e_std']:<5.1f} {g['f_mean']:>10.1f} ± {g['f_std']:<5.1f}"
+        )
     if "parity" in s:
         pa = s["parity"]
         noise = all(pa.get(f"{q}_ci_low") is not None and pa[f"{q}_ci_low"] <= 1 <= pa[f"{q}_ci_high"] for q in "ef")
-        verdict = "met" if pa["met"] else ("not within ±5%, but inside the seed noise (both intervals hold 1)" if noise
-                                           else "NOT met")
-        lines.append(f"\nparity, unpaired (workbench fixed-count, its own shuffle / mace_run_train): E {pa['e_ratio']:.3f}, "
-                     f"F {pa['f_ratio']:.3f} (target within ±{pa['tolerance']:.0%}; seed spread E ±{pa['e_spread']:.0%}, "
-                     f"F ±{pa['f_spread']:.0%}): {verdict}")
+        verdict = (
+            "met"
+            if pa["met"]
+            else ("not within ±5%, but inside the seed noise (both intervals hold 1)" if noise else "NOT met")
+        )
+        lines.append(
+            f"\nparity, unpaired (workbench fixed-count, its own shuffle / mace_run_train): E {pa['e_ratio']:.3f}, "
+            f"F {pa['f_ratio']:.3f} (target within ±{pa['tolerance']:.0%}; seed spread E ±{pa['e_spread']:.0%}, "
+            f"F ±{pa['f_spread']:.0%}): {verdict}"
+        )
         for q, name in (("e", "E"), ("f", "F")):
             if pa.get(f"{q}_ci_low") is not None:
-                lines.append(f"  {name} ratio, 95% interval over seeds: {pa[f'{q}_ci_low']:.2f} to {pa[f'{q}_ci_high']:.2f}; "
-                             f"telling ±{pa['tolerance']:.0%} from the seed noise takes ~{pa[f'{q}_seeds_needed']} seeds "
-                             f"per trainer")
+                lines.append(
+                    f"  {name} ratio, 95% interval over seeds: {pa[f'{q}_ci_low']:.2f} to {pa[f'{q}_ci_high']:.2f}; "
+                    f"telling ±{pa['tolerance']:.0%} from the seed noise takes ~{pa[f'{q}_seeds_needed']} seeds "
+                    f"per trainer"
+                )
     if "paired" in s:
         pa = s["paired"]
         per = ", ".join(f"{e:.6f}/{f:.6f}" for e, f in zip(pa["e_ratios"], pa["f_ratios"]))
-        interval = lambda q: (f"{pa[f'{q}_ci_low']:.6f} to {pa[f'{q}_ci_high']:.6f}"  # noqa: E731
-                              if pa["e_seeds"] > 1 else "needs 2 seeds")
-        lines += [f"\nparity, paired seed by seed (workbench mace-order / mace_run_train), per seed E/F: {per}",
-                  f"  E {pa['e_mean']:.6f} (95% {interval('e')}), F {pa['f_mean']:.6f} (95% {interval('f')}); "
-                  f"target ±{pa['tolerance']:.0%}: {'met' if pa['met'] else 'NOT met'}"]
+
+        def interval(q):
+            return f"{pa[f'{q}_ci_low']:.6f} to {pa[f'{q}_ci_high']:.6f}" if pa["e_seeds"] > 1 else "needs 2 seeds"
+
+        lines += [
+            f"\nparity, paired seed by seed (workbench mace-order / mace_run_train), per seed E/F: {per}",
+            f"  E {pa['e_mean']:.6f} (95% {interval('e')}), F {pa['f_mean']:.6f} (95% {interval('f')}); "
+            f"target ±{pa['tolerance']:.0%}: {'met' if pa['met'] else 'NOT met'}",
+        ]
     for name, v in s.get("packing", {}).items():
-        lines.append(f"{name} vs fixed-count: E {v['e_excess']:+.1f} (spread {v['e_spread']:.1f}), F {v['f_excess']:+.1f} "
-                     f"(spread {v['f_spread']:.1f}): {'no worse than the seed spread' if v['met'] else 'WORSE than the seed spread'}")
+        lines.append(
+            f"{name} vs fixed-count: E {v['e_excess']:+.1f} (spread {v['e_spread']:.1f}), F {v['f_excess']:+.1f} "
+            f"(spread {v['f_spread']:.1f}): {'no worse than the seed spread' if v['met'] else 'WORSE than the seed spread'}"
+        )
     return "\n".join(lines)

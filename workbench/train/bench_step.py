@@ -37,18 +37,43 @@ import numpy as np
 
 from workbench.train.bench_cpu import CUTOFF, MODELS, mace_batch, system_batch
 
-__all__ = ["BACKENDS", "PARTS", "PRESETS", "bench_step", "default_out", "format_table", "make_optimizer", "mixture_batches",
-           "step_loss", "time_steps", "to_device", "train_step", "workload_batches"]
+__all__ = [
+    "BACKENDS",
+    "PARTS",
+    "PRESETS",
+    "bench_step",
+    "default_out",
+    "format_table",
+    "make_optimizer",
+    "mixture_batches",
+    "step_loss",
+    "time_steps",
+    "to_device",
+    "train_step",
+    "workload_batches",
+]
 
 BACKENDS = ("numba", "cueq", "e3nn")
 PARTS = ("steps", "profile")
 PRESETS: dict[str, dict[str, Any]] = {
     # most wanted first: a spent budget drops the tail
     # 5 warm-up steps: TorchScript optimises mace's graphs at their 3rd and 4th call (H100: ~1 s steps)
-    "gpu": {"model": "paper", "workloads": ("water-3072", "mixture-3072", "water-768", "water-1536", "water-6144"),
-            "dtypes": ("float32",), "warmup": 5, "repeats": 10, "profile_workload": "water-3072"},
-    "smoke": {"model": "small", "workloads": ("water-24", "water-48", "mixture-96"), "dtypes": ("float32",), "warmup": 1,
-              "repeats": 2, "profile_workload": "water-48"},
+    "gpu": {
+        "model": "paper",
+        "workloads": ("water-3072", "mixture-3072", "water-768", "water-1536", "water-6144"),
+        "dtypes": ("float32",),
+        "warmup": 5,
+        "repeats": 10,
+        "profile_workload": "water-3072",
+    },
+    "smoke": {
+        "model": "small",
+        "workloads": ("water-24", "water-48", "mixture-96"),
+        "dtypes": ("float32",),
+        "warmup": 1,
+        "repeats": 2,
+        "profile_workload": "water-48",
+    },
 }
 #: torch.optim.Adam's learning rate
 LR = 1e-3
@@ -101,10 +126,17 @@ def mixture_batches(capacity: int, n_batches: int, dtype: str, seed: int = 0) ->
     batches = [mace_batch(b, dtype, CUTOFF, z_table)[0] for b in chosen]
     atoms_per = [int(b["positions"].shape[0]) for b in batches]
     edges_per = [int(b["edge_index"].shape[1]) for b in batches]
-    info = {"atoms": float(np.mean(atoms_per)), "edges": float(np.mean(edges_per)),
-            "graphs": float(np.mean([len(b) for b in chosen])), "batches": n_batches, "capacity": capacity,
-            "atoms_per_batch": atoms_per, "edges_per_batch": edges_per, "atoms_max": max(atoms_per),
-            "families": sorted({a.info.get("config_type", "?") for b in chosen for a in b})}
+    info = {
+        "atoms": float(np.mean(atoms_per)),
+        "edges": float(np.mean(edges_per)),
+        "graphs": float(np.mean([len(b) for b in chosen])),
+        "batches": n_batches,
+        "capacity": capacity,
+        "atoms_per_batch": atoms_per,
+        "edges_per_batch": edges_per,
+        "atoms_max": max(atoms_per),
+        "families": sorted({a.info.get("config_type", "?") for b in chosen for a in b}),
+    }
     return batches, [int(z) for z in z_table.zs], info
 
 
@@ -198,8 +230,13 @@ def time_steps(model, batches: Sequence[dict], warmup: int, repeats: int, device
         if loss_first is None:
             loss_first = float(loss.detach())
     del optimizer
-    return {"step_ms_median": statistics.median(times), "step_ms_min": min(times), "step_ms": times,
-            "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None, "loss_first": loss_first}
+    return {
+        "step_ms_median": statistics.median(times),
+        "step_ms_min": min(times),
+        "step_ms": times,
+        "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
+        "loss_first": loss_first,
+    }
 
 
 # --- rows -----------------------------------------------------------------------------------------
@@ -224,7 +261,7 @@ def backend_row(base, backend: str, batches: Sequence[dict], warmup: int, repeat
 
     try:
         model = with_backend(base, backend)
-    except Exception as exc:  # noqa: BLE001 (record why, go on)
+    except Exception as exc:
         if backend == "cueq":
             return {"skipped": f"{type(exc).__name__}: {exc}"}
         return _error(exc)
@@ -234,7 +271,7 @@ def backend_row(base, backend: str, batches: Sequence[dict], warmup: int, repeat
         if pre:
             row["precompile"] = {k: pre[k] for k in ("jobs", "compiled", "cached", "seconds")}
         return row
-    except Exception as exc:  # noqa: BLE001 (an OOM or a kernel failure must not end the run)
+    except Exception as exc:
         return _error(exc)
     finally:
         del model
@@ -302,8 +339,9 @@ class _Run:
         os.replace(tmp, self.out)
 
 
-def run_workload(run: _Run, model: str, name: str, dtype: str, backends: Sequence[str], warmup: int, repeats: int,
-                 device: str) -> None:
+def run_workload(
+    run: _Run, model: str, name: str, dtype: str, backends: Sequence[str], warmup: int, repeats: int, device: str
+) -> None:
     """All backends of one (dtype, workload), each row saved as it finishes."""
     wls = run.res["steps"].setdefault(dtype, {})
     if run.over_budget():
@@ -317,9 +355,12 @@ def run_workload(run: _Run, model: str, name: str, dtype: str, backends: Sequenc
             run.bases.clear()
             run.bases[key] = base_model(model, zs, info, dtype, device)
         base = run.bases[key]
-    except Exception as exc:  # noqa: BLE001
-        wls[name] = {**_error(exc), "backends": {b: {"skipped": f"workload failed: {type(exc).__name__}"} for b in backends},
-                     "ratios": {}}
+    except Exception as exc:
+        wls[name] = {
+            **_error(exc),
+            "backends": {b: {"skipped": f"workload failed: {type(exc).__name__}"} for b in backends},
+            "ratios": {},
+        }
         _log(f"{dtype} {name}: {wls[name]['error']}")
         return run.save()
     wls[name] = rec = {**info, "backends": {}, "ratios": {}}
@@ -364,18 +405,37 @@ def _meta(device: str, model: str, warmup: int, repeats: int, budget_s: float | 
     from workbench.train.bench_cpu import _machine
 
     name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else _machine()["cpu"]
-    return {"device": "cuda" if device.startswith("cuda") else "cpu", "device_name": name, "timestamp": _now(),
-            "versions": run_versions(), "model": model, "repeats": repeats, "warmup": warmup, "command": command,
-            "budget_s": budget_s, "torch_threads": torch.get_num_threads(),
-            "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
-            "peak_mem_note": "torch.cuda.max_memory_allocated over the timed steps (torch's allocator)"}
+    return {
+        "device": "cuda" if device.startswith("cuda") else "cpu",
+        "device_name": name,
+        "timestamp": _now(),
+        "versions": run_versions(),
+        "model": model,
+        "repeats": repeats,
+        "warmup": warmup,
+        "command": command,
+        "budget_s": budget_s,
+        "torch_threads": torch.get_num_threads(),
+        "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+        "peak_mem_note": "torch.cuda.max_memory_allocated over the timed steps (torch's allocator)",
+    }
 
 
-def bench_step(preset: str = "gpu", parts: Sequence[str] = PARTS, model: str | None = None,
-               dtypes: Sequence[str] | None = None, workloads: Sequence[str] | None = None,
-               backends: Sequence[str] = BACKENDS, warmup: int | None = None, repeats: int | None = None,
-               device: str | None = None, out: str | os.PathLike | None = None, budget_s: float | None = None,
-               profile_workload: str | None = None, command: str = "workbench bench step") -> dict:
+def bench_step(
+    preset: str = "gpu",
+    parts: Sequence[str] = PARTS,
+    model: str | None = None,
+    dtypes: Sequence[str] | None = None,
+    workloads: Sequence[str] | None = None,
+    backends: Sequence[str] = BACKENDS,
+    warmup: int | None = None,
+    repeats: int | None = None,
+    device: str | None = None,
+    out: str | os.PathLike | None = None,
+    budget_s: float | None = None,
+    profile_workload: str | None = None,
+    command: str = "workbench bench step",
+) -> dict:
     """Run the parts (module docstring); write ``out`` after every row; return the result."""
     import torch
 
@@ -409,8 +469,11 @@ def bench_step(preset: str = "gpu", parts: Sequence[str] = PARTS, model: str | N
         if "profile" in parts:
             run.start_part("profile")
             torch.set_default_dtype(getattr(torch, dtypes[0]))
-            res["profile"] = {"skipped": BUDGET} if run.over_budget() else _guard(
-                lambda: profile_part(model, profile_workload, dtypes[0], warmup, device))
+            res["profile"] = (
+                {"skipped": BUDGET}
+                if run.over_budget()
+                else _guard(lambda: profile_part(model, profile_workload, dtypes[0], warmup, device))
+            )
             run.end_part()
     finally:
         torch.set_default_dtype(old)
@@ -420,14 +483,19 @@ def bench_step(preset: str = "gpu", parts: Sequence[str] = PARTS, model: str | N
 def _guard(fn: Callable[[], dict]) -> dict:
     try:
         return fn()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         _log(f"profile: {type(exc).__name__}: {exc}")
         return _error(exc)
 
 
 def _check(preset, parts, model, dtypes, backends) -> None:
-    for what, given, known in (("preset", [preset], PRESETS), ("part", parts, PARTS), ("model", [model] if model else [], MODELS),
-                               ("dtype", dtypes or [], ("float32", "float64")), ("backend", backends, BACKENDS)):
+    for what, given, known in (
+        ("preset", [preset], PRESETS),
+        ("part", parts, PARTS),
+        ("model", [model] if model else [], MODELS),
+        ("dtype", dtypes or [], ("float32", "float64")),
+        ("backend", backends, BACKENDS),
+    ):
         bad = [x for x in given if x not in known]
         if bad:
             raise ValueError(f"unknown {what}(s) {', '.join(map(str, bad))}; choose from {', '.join(known)}")
@@ -452,12 +520,22 @@ def format_table(res: dict) -> str:
                 else:
                     cells.append("skipped" if "skipped" in row else ("error" if "error" in row else "-"))
             diffs = [r["loss_rel_diff_vs_e3nn"] for r in rec["backends"].values() if "loss_rel_diff_vs_e3nn" in r]
-            ratio = [f"{rec['ratios'][k]:10.2f}" if k in rec.get("ratios", {}) else f"{'-':>10}" for k in ("numba/cueq", "numba/e3nn")]
-            lines.append(f"{dtype:8} {name:13} {rec.get('atoms', 0):6.0f} {rec.get('edges_per_atom', 0):6.1f} | "
-                         + " | ".join(f"{c:>18}" for c in cells) + " | " + " ".join(ratio)
-                         + (f"  {max(diffs):.1e}" if diffs else ""))
-            lines += [f"    {b}: {row.get('skipped') or row.get('error')}" for b, row in rec["backends"].items()
-                      if "step_ms_median" not in row and (row.get("skipped") or row.get("error"))]
+            ratio = [
+                f"{rec['ratios'][k]:10.2f}" if k in rec.get("ratios", {}) else f"{'-':>10}"
+                for k in ("numba/cueq", "numba/e3nn")
+            ]
+            lines.append(
+                f"{dtype:8} {name:13} {rec.get('atoms', 0):6.0f} {rec.get('edges_per_atom', 0):6.1f} | "
+                + " | ".join(f"{c:>18}" for c in cells)
+                + " | "
+                + " ".join(ratio)
+                + (f"  {max(diffs):.1e}" if diffs else "")
+            )
+            lines += [
+                f"    {b}: {row.get('skipped') or row.get('error')}"
+                for b, row in rec["backends"].items()
+                if "step_ms_median" not in row and (row.get("skipped") or row.get("error"))
+            ]
     if "profile" in res:
         lines += ["", format_profile(res["profile"])]
     return "\n".join(lines)

@@ -31,20 +31,100 @@ UNTRACED = "untraced (Python, gaps)"
 CATEGORIES: tuple[tuple[str, tuple[str, ...], frozenset[str]], ...] = (
     (WORKBENCH, ("_sparsepolyfunction", "cudapy", "workbench", "sparse_poly", "edge_poly", "segment_sum"), frozenset()),
     (OPTIMIZER, ("multi_tensor_apply", "_foreach_", "adam"), frozenset()),
-    ("matmul (linears, radial MLP)", ("gemm", "gemv", "cutlass", "xmma", "cublas", "nvjet", "splitkreduce", "dot_kernel"),
-     frozenset(f"aten::{n}" for n in ("mm", "addmm", "bmm", "matmul", "baddbmm", "linear", "mv", "addmv", "dot", "einsum"))),
-    ("copies/fills", ("memcpy", "memset", "fill", "copy", "catarray"),
-     frozenset(f"aten::{n}" for n in ("cat", "stack", "clone", "to", "_to_copy", "contiguous", "zeros", "zeros_like", "ones",
-                                      "ones_like", "full", "zero_"))),
+    (
+        "matmul (linears, radial MLP)",
+        ("gemm", "gemv", "cutlass", "xmma", "cublas", "nvjet", "splitkreduce", "dot_kernel"),
+        frozenset(
+            f"aten::{n}" for n in ("mm", "addmm", "bmm", "matmul", "baddbmm", "linear", "mv", "addmv", "dot", "einsum")
+        ),
+    ),
+    (
+        "copies/fills",
+        ("memcpy", "memset", "fill", "copy", "catarray"),
+        frozenset(
+            f"aten::{n}"
+            for n in (
+                "cat",
+                "stack",
+                "clone",
+                "to",
+                "_to_copy",
+                "contiguous",
+                "zeros",
+                "zeros_like",
+                "ones",
+                "ones_like",
+                "full",
+                "zero_",
+            )
+        ),
+    ),
     ("scatter/index/gather", ("scatter", "index", "gather", "sort", "radix", "embedding"), frozenset()),
-    ("reductions", ("reduce", "cub::", "softmax"),
-     frozenset(f"aten::{n}" for n in ("sum", "mean", "norm", "linalg_vector_norm", "amax", "amin", "max", "min", "prod", "cumsum"))),
-    ("elementwise", ("elementwise", "vectorized", "pointwise", "functor"),
-     frozenset(f"aten::{n}" for n in (
-         "mul", "mul_", "add", "add_", "sub", "sub_", "div", "div_", "silu", "silu_backward", "sigmoid", "sigmoid_backward",
-         "pow", "neg", "sqrt", "rsqrt", "sin", "cos", "exp", "log", "where", "clamp", "clamp_min", "abs", "reciprocal", "tanh",
-         "lerp_", "addcmul_", "addcdiv_", "square", "sign", "relu", "threshold_backward", "maximum", "minimum", "eq", "ne",
-         "gt", "lt", "ge", "le", "floor", "remainder", "masked_fill", "sinc", "rsub", "mul_out", "add_out"))),
+    (
+        "reductions",
+        ("reduce", "cub::", "softmax"),
+        frozenset(
+            f"aten::{n}"
+            for n in ("sum", "mean", "norm", "linalg_vector_norm", "amax", "amin", "max", "min", "prod", "cumsum")
+        ),
+    ),
+    (
+        "elementwise",
+        ("elementwise", "vectorized", "pointwise", "functor"),
+        frozenset(
+            f"aten::{n}"
+            for n in (
+                "mul",
+                "mul_",
+                "add",
+                "add_",
+                "sub",
+                "sub_",
+                "div",
+                "div_",
+                "silu",
+                "silu_backward",
+                "sigmoid",
+                "sigmoid_backward",
+                "pow",
+                "neg",
+                "sqrt",
+                "rsqrt",
+                "sin",
+                "cos",
+                "exp",
+                "log",
+                "where",
+                "clamp",
+                "clamp_min",
+                "abs",
+                "reciprocal",
+                "tanh",
+                "lerp_",
+                "addcmul_",
+                "addcdiv_",
+                "square",
+                "sign",
+                "relu",
+                "threshold_backward",
+                "maximum",
+                "minimum",
+                "eq",
+                "ne",
+                "gt",
+                "lt",
+                "ge",
+                "le",
+                "floor",
+                "remainder",
+                "masked_fill",
+                "sinc",
+                "rsub",
+                "mul_out",
+                "add_out",
+            )
+        ),
+    ),
 )
 OTHER = "other"
 
@@ -81,9 +161,12 @@ def _summary(times: dict[str, float], calls: dict[str, tuple[float, int]], wall_
     scale = max(wall_ms, sum(times.values())) or 1.0
     cats = {k: {"ms": v / steps, "share": v / scale} for k, v in sorted(times.items(), key=lambda kv: -kv[1])}
     top = sorted(calls.items(), key=lambda kv: -kv[1][0])[:15]
-    return {"step_ms": wall_ms / steps, "categories": cats,
-            "top5": [[k, v["share"]] for k, v in list(cats.items())[:5]],
-            "top_kernels": [[name[:200], ms / steps, n / steps] for name, (ms, n) in top]}
+    return {
+        "step_ms": wall_ms / steps,
+        "categories": cats,
+        "top5": [[k, v["share"]] for k, v in list(cats.items())[:5]],
+        "top_kernels": [[name[:200], ms / steps, n / steps] for name, (ms, n) in top],
+    }
 
 
 def _ranges(events: list[dict], steps: int) -> dict:
@@ -91,7 +174,10 @@ def _ranges(events: list[dict], steps: int) -> dict:
     span kineto projects them onto (``gpu_user_annotation``) where present."""
     out: dict[str, dict[str, float]] = {}
     for e in events:
-        if e.get("name") in ("forward", "backward", "optimizer") and e.get("cat") in ("user_annotation", "gpu_user_annotation"):
+        if e.get("name") in ("forward", "backward", "optimizer") and e.get("cat") in (
+            "user_annotation",
+            "gpu_user_annotation",
+        ):
             key = "cpu_ms" if e["cat"] == "user_annotation" else "gpu_ms"
             rec = out.setdefault(e["name"], {})
             rec[key] = rec.get(key, 0.0) + e.get("dur", 0.0) / 1e3 / steps
@@ -101,11 +187,19 @@ def _ranges(events: list[dict], steps: int) -> dict:
 def gpu_breakdown(events: list[dict], wall_ms: float, steps: int) -> dict:
     """Categories of a CUDA chrome trace's ``events`` (kernels, memcpys, memsets) over ``steps``
     steps that took ``wall_ms`` in all, plus :data:`GAPS`."""
-    launches = {e["args"]["correlation"]: e for e in events
-                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
-    spans = {name: [(e["ts"], e["ts"] + e.get("dur", 0.0)) for e in events
-                    if e.get("cat") in ("user_annotation", "cpu_op") and name in e.get("name", "")]
-             for name in ("optimizer", "_SparsePolyFunction")}
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+    }
+    spans = {
+        name: [
+            (e["ts"], e["ts"] + e.get("dur", 0.0))
+            for e in events
+            if e.get("cat") in ("user_annotation", "cpu_op") and name in e.get("name", "")
+        ]
+        for name in ("optimizer", "_SparsePolyFunction")
+    }
     times: dict[str, float] = {}
     calls: dict[str, tuple[float, int]] = {}
     busy = []
@@ -115,16 +209,22 @@ def gpu_breakdown(events: list[dict], wall_ms: float, steps: int) -> dict:
         launch = launches.get(e.get("args", {}).get("correlation"))
         t = launch["ts"] if launch else None
         driver = launch is not None and launch.get("cat") == "cuda_driver"
-        cat = category(e["name"] if e["cat"] == "kernel" else f"{e['cat']} {e['name']}",
-                       in_optimizer=t is not None and _inside(t, spans["optimizer"]),
-                       in_workbench_op=driver and _inside(t, spans["_SparsePolyFunction"]))
+        cat = category(
+            e["name"] if e["cat"] == "kernel" else f"{e['cat']} {e['name']}",
+            in_optimizer=t is not None and _inside(t, spans["optimizer"]),
+            in_workbench_op=driver and _inside(t, spans["_SparsePolyFunction"]),
+        )
         ms = e.get("dur", 0.0) / 1e3
         times[cat] = times.get(cat, 0.0) + ms
         prev = calls.get(e["name"], (0.0, 0))
         calls[e["name"]] = (prev[0] + ms, prev[1] + 1)
         busy.append((e["ts"], e["ts"] + e.get("dur", 0.0)))
     times[GAPS] = max(0.0, wall_ms - union_length(busy) / 1e3)
-    return {**_summary(times, calls, wall_ms, steps), "ranges": _ranges(events, steps), "gpu_busy_ms": union_length(busy) / 1e3 / steps}
+    return {
+        **_summary(times, calls, wall_ms, steps),
+        "ranges": _ranges(events, steps),
+        "gpu_busy_ms": union_length(busy) / 1e3 / steps,
+    }
 
 
 def cpu_breakdown(function_events, events: list[dict], wall_ms: float, steps: int) -> dict:
@@ -157,8 +257,9 @@ def _trace(prof) -> list[dict]:
         return json.loads(path.read_text()).get("traceEvents", [])
 
 
-def profile_part(model_name: str, workload: str, dtype: str, warmup: int, device: str,
-                 steps: int = PROFILED_STEPS) -> dict:
+def profile_part(
+    model_name: str, workload: str, dtype: str, warmup: int, device: str, steps: int = PROFILED_STEPS
+) -> dict:
     """Profile ``steps`` numba train steps on ``workload`` after ``max(warmup, 1)`` warm-up steps
     and one more under the profiler's own warm-up (not recorded)."""
     from torch.profiler import ProfilerActivity, profile, schedule
@@ -196,18 +297,35 @@ def profile_part(model_name: str, workload: str, dtype: str, warmup: int, device
     res = gpu_breakdown(events, 1e3 * wall, steps) if cuda else cpu_breakdown(prof.events(), events, 1e3 * wall, steps)
     del model, optimizer, prof, events
     _free(device)
-    return {"workload": workload, "backend": "numba", "dtype": dtype, "device": "cuda" if cuda else "cpu",
-            "atoms": info["atoms"], "edges": info["edges"], "profiled_steps": steps, "time_base": "GPU kernel time" if cuda
-            else "self CPU time", **res}
+    return {
+        "workload": workload,
+        "backend": "numba",
+        "dtype": dtype,
+        "device": "cuda" if cuda else "cpu",
+        "atoms": info["atoms"],
+        "edges": info["edges"],
+        "profiled_steps": steps,
+        "time_base": "GPU kernel time" if cuda else "self CPU time",
+        **res,
+    }
 
 
 def format_profile(pr: dict) -> str:
     """The profile as text: categories (ms per step, share), ranges and the heaviest kernels."""
     if "categories" not in pr:
         return f"profile: {pr.get('skipped') or pr.get('error')}"
-    lines = [(f"profile: numba train step, {pr['workload']} {pr['dtype']} on {pr['device']}, {pr['step_ms']:.1f} ms per "
-              f"step ({pr['time_base']}, {pr['profiled_steps']} steps)")]
+    lines = [
+        (
+            f"profile: numba train step, {pr['workload']} {pr['dtype']} on {pr['device']}, {pr['step_ms']:.1f} ms per "
+            f"step ({pr['time_base']}, {pr['profiled_steps']} steps)"
+        )
+    ]
     lines += [f"  {k:32} {v['ms']:9.2f} ms {100 * v['share']:6.1f}%" for k, v in pr["categories"].items()]
-    lines += [f"  range {k:10} " + ", ".join(f"{w} {v:.1f}" for w, v in rec.items()) for k, rec in pr.get("ranges", {}).items()]
-    lines += ["  heaviest (per step):"] + [f"    {ms:9.2f} ms x{n:<5g} {name[:100]}" for name, ms, n in pr["top_kernels"][:8]]
+    lines += [
+        f"  range {k:10} " + ", ".join(f"{w} {v:.1f}" for w, v in rec.items())
+        for k, rec in pr.get("ranges", {}).items()
+    ]
+    lines += ["  heaviest (per step):"] + [
+        f"    {ms:9.2f} ms x{n:<5g} {name[:100]}" for name, ms, n in pr["top_kernels"][:8]
+    ]
     return "\n".join(lines)

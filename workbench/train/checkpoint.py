@@ -71,7 +71,7 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
 def _read(path: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - truncated, empty, random or bit-flipped files raise many types
+    except Exception as exc:
         raise CheckpointError(f"{path}: not a readable checkpoint ({type(exc).__name__}: {str(exc)[:120]})") from None
     missing = [k for k in REQUIRED_KEYS if not isinstance(state, dict) or k not in state]
     if missing:
@@ -97,8 +97,12 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any] | None:
             except CheckpointError:
                 pass
             else:
-                warnings.warn(f"{exc}; resuming from the previous checkpoint {prev.name} "
-                              f"(step {state['global_step']})", stacklevel=2)
+                warnings.warn(
+                    f"{exc}; resuming from the previous checkpoint {prev.name} (step {state['global_step']})",
+                    stacklevel=2,
+                )
                 return state
-        raise CheckpointError(f"{exc}. No usable earlier checkpoint: start afresh with --fresh (or "
-                              "train(..., resume=False)), or restore the file") from None
+        raise CheckpointError(
+            f"{exc}. No usable earlier checkpoint: start afresh with --fresh (or "
+            "train(..., resume=False)), or restore the file"
+        ) from None

@@ -32,8 +32,14 @@ def _eval(args: argparse.Namespace) -> int:
 
     from workbench.train.evaluate import evaluate_file, format_table
 
-    result = evaluate_file(args.model, args.file, energy_key=args.energy_key, forces_key=args.forces_key,
-                           batch_size=args.batch_size, device=args.device)
+    result = evaluate_file(
+        args.model,
+        args.file,
+        energy_key=args.energy_key,
+        forces_key=args.forces_key,
+        batch_size=args.batch_size,
+        device=args.device,
+    )
     print(format_table(result))
     if args.json:
         from pathlib import Path
@@ -65,8 +71,14 @@ def _bench(args: argparse.Namespace) -> int:
 
     config = _config(args)
     variants = args.variants.split(",") if args.variants else list(VARIANTS)
-    results = bench_train(config, structures=args.structures, batch_size=args.batch_size, variants=variants,
-                          warmup_steps=args.warmup_steps, out=args.out)
+    results = bench_train(
+        config,
+        structures=args.structures,
+        batch_size=args.batch_size,
+        variants=variants,
+        warmup_steps=args.warmup_steps,
+        out=args.out,
+    )
     print(format_table(results))
     print(f"wrote {args.out}")
     return 0
@@ -91,8 +103,14 @@ def _bench_data(args: argparse.Namespace) -> int:
     from workbench.train.bench_data import bench_data, format_table
 
     sizes = [int(float(x)) for x in args.sizes.split(",")] if args.sizes else []
-    res = bench_data(out=args.out, workdir=args.workdir, parts=args.parts.split(","), frames=args.frames,
-                     sizes=sizes, steps=args.steps)
+    res = bench_data(
+        out=args.out,
+        workdir=args.workdir,
+        parts=args.parts.split(","),
+        frames=args.frames,
+        sizes=sizes,
+        steps=args.steps,
+    )
     print(format_table(res))
     print(f"wrote {args.out}")
     return 0
@@ -101,11 +119,18 @@ def _bench_data(args: argparse.Namespace) -> int:
 def _register_bench_data(bench_sub) -> None:
     from workbench.train.bench_data import PARTS, SIZES
 
-    p = bench_sub.add_parser("data", help="data path at scale: prepare throughput, storage layout, and training "
-                                          "memory / start-up / data wait at 100k-1M graphs")
+    p = bench_sub.add_parser(
+        "data",
+        help="data path at scale: prepare throughput, storage layout, and training "
+        "memory / start-up / data wait at 100k-1M graphs",
+    )
     p.add_argument("--parts", default=",".join(PARTS), help="comma list of %(default)s")
-    p.add_argument("--frames", type=int, default=20_000, help="extxyz frames for the prepare part (default: %(default)s)")
-    p.add_argument("--sizes", default=",".join(str(n) for n in SIZES), help="graphs per tiled dataset (default: %(default)s)")
+    p.add_argument(
+        "--frames", type=int, default=20_000, help="extxyz frames for the prepare part (default: %(default)s)"
+    )
+    p.add_argument(
+        "--sizes", default=",".join(str(n) for n in SIZES), help="graphs per tiled dataset (default: %(default)s)"
+    )
     p.add_argument("--steps", type=int, default=40, help="training steps per run (default: %(default)s)")
     p.add_argument("--workdir", default="runs/bench/data", help="datasets and runs (default: %(default)s)")
     p.add_argument("--out", default="runs/bench/data.json")
@@ -115,10 +140,19 @@ def _register_bench_data(bench_sub) -> None:
 def _bench_quality(args: argparse.Namespace) -> int:
     from workbench.train.bench_quality import bench_quality, format_table
 
-    res = bench_quality(preset=args.preset, seeds=[int(s) for s in args.seeds.split(",")],
-                        samplers=args.samplers.split(","), mace=not args.no_mace, dtype=args.dtype,
-                        batch_size=args.batch_size, threads=args.threads, workdir=args.workdir, out=args.out,
-                        resume=args.resume, backend=args.backend)
+    res = bench_quality(
+        preset=args.preset,
+        seeds=[int(s) for s in args.seeds.split(",")],
+        samplers=args.samplers.split(","),
+        mace=not args.no_mace,
+        dtype=args.dtype,
+        batch_size=args.batch_size,
+        threads=args.threads,
+        workdir=args.workdir,
+        out=args.out,
+        resume=args.resume,
+        backend=args.backend,
+    )
     print(format_table(res))
     print(f"wrote {args.out}")
     return 0
@@ -128,21 +162,37 @@ def _register_bench_quality(bench_sub) -> None:
     from workbench.train.bench_quality import PRESETS, SAMPLERS
     from workbench.train.config import MODEL_BACKENDS
 
-    p = bench_sub.add_parser("quality", help="validation errors against mace_run_train (same split, dtype, steps), "
-                                             "and fixed-count vs the packers over seeds")
-    p.add_argument("--preset", default="small", choices=list(PRESETS),
-                   help="small: ~7 min on 2 cores (noisy); standard: issue 20's 32x0e+32x1o model, 3 epochs (default: %(default)s)")
+    p = bench_sub.add_parser(
+        "quality",
+        help="validation errors against mace_run_train (same split, dtype, steps), "
+        "and fixed-count vs the packers over seeds",
+    )
+    p.add_argument(
+        "--preset",
+        default="small",
+        choices=list(PRESETS),
+        help="small: ~7 min on 2 cores (noisy); standard: issue 20's 32x0e+32x1o model, 3 epochs (default: %(default)s)",
+    )
     p.add_argument("--seeds", default="0,1,2", help="comma list (default: %(default)s)")
     p.add_argument("--samplers", default=",".join(SAMPLERS), help="comma list of %(default)s")
     p.add_argument("--no-mace", action="store_true", help="skip mace_run_train (packers only)")
     p.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     p.add_argument("--batch-size", type=int, default=8, help="graphs per batch (packers: capacity = this x mean atoms)")
     p.add_argument("--threads", type=int, default=2, help="torch threads per run (default: %(default)s)")
-    p.add_argument("--backend", default="e3nn", choices=list(MODEL_BACKENDS),
-                   help="the workbench runs' hot ops (mace_run_train always uses e3nn; default: %(default)s)")
-    p.add_argument("--workdir", default="runs/bench/quality", help="split files, runs and logs (replaced unless --resume)")
-    p.add_argument("--resume", action="store_true",
-                   help="keep the finished runs in --workdir (same settings only) and run the rest")
+    p.add_argument(
+        "--backend",
+        default="e3nn",
+        choices=list(MODEL_BACKENDS),
+        help="the workbench runs' hot ops (mace_run_train always uses e3nn; default: %(default)s)",
+    )
+    p.add_argument(
+        "--workdir", default="runs/bench/quality", help="split files, runs and logs (replaced unless --resume)"
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the finished runs in --workdir (same settings only) and run the rest",
+    )
     p.add_argument("--out", default="runs/bench/quality.json")
     p.set_defaults(func=_bench_quality)
 
@@ -153,9 +203,18 @@ def _bench_cpu(args: argparse.Namespace) -> int:
     def items(text: str | None) -> list[str] | None:
         return [x for x in text.split(",") if x] if text else None
 
-    res = bench_cpu(preset=args.preset, parts=items(args.parts), models=items(args.models), systems=items(args.systems),
-                    dtypes=items(args.dtypes), repeats=args.repeats, trajectory_steps=args.trajectory_steps,
-                    threads=args.threads, out=args.out, workdir=args.workdir)
+    res = bench_cpu(
+        preset=args.preset,
+        parts=items(args.parts),
+        models=items(args.models),
+        systems=items(args.systems),
+        dtypes=items(args.dtypes),
+        repeats=args.repeats,
+        trajectory_steps=args.trajectory_steps,
+        threads=args.threads,
+        out=args.out,
+        workdir=args.workdir,
+    )
     print(format_table(res))
     print(f"wrote {args.out}")
     return 0
@@ -164,11 +223,18 @@ def _bench_cpu(args: argparse.Namespace) -> int:
 def _register_bench_cpu(bench_sub) -> None:
     from workbench.train.bench_cpu import MODELS, PARTS, PRESETS
 
-    p = bench_sub.add_parser("cpu", help="MACE on a CPU: MD and train steps, e3nn vs the numba kernels interleaved; "
-                                         "hot-op GFLOP/s, step profile, and the e3nn-vs-numba training trajectory")
-    p.add_argument("--preset", default="full", choices=list(PRESETS),
-                   help="full: paper + small model, water 96/384/768 atoms + a mixed batch, float32 + float64 (tens of "
-                        "minutes on 2 cores); smoke: a 24-atom box, the small model (default: %(default)s)")
+    p = bench_sub.add_parser(
+        "cpu",
+        help="MACE on a CPU: MD and train steps, e3nn vs the numba kernels interleaved; "
+        "hot-op GFLOP/s, step profile, and the e3nn-vs-numba training trajectory",
+    )
+    p.add_argument(
+        "--preset",
+        default="full",
+        choices=list(PRESETS),
+        help="full: paper + small model, water 96/384/768 atoms + a mixed batch, float32 + float64 (tens of "
+        "minutes on 2 cores); smoke: a 24-atom box, the small model (default: %(default)s)",
+    )
     p.add_argument("--parts", default=",".join(PARTS), help="comma list of %(default)s")
     p.add_argument("--models", help=f"comma list of {','.join(MODELS)} (default: the preset's)")
     p.add_argument("--systems", help="comma list of water-<atoms> and mixed (default: the preset's)")
@@ -187,10 +253,21 @@ def _bench_step(args: argparse.Namespace) -> int:
 
     from workbench.train.bench_step import bench_step, format_table
 
-    res = bench_step(preset=args.preset, parts=args.parts, model=args.model, dtypes=args.dtypes, workloads=args.workloads,
-                     backends=args.backends, warmup=args.warmup, repeats=args.repeats, device=args.device, out=args.out,
-                     budget_s=args.budget_s, profile_workload=args.profile_workload,
-                     command="workbench " + shlex.join(sys.argv[1:]))
+    res = bench_step(
+        preset=args.preset,
+        parts=args.parts,
+        model=args.model,
+        dtypes=args.dtypes,
+        workloads=args.workloads,
+        backends=args.backends,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        device=args.device,
+        out=args.out,
+        budget_s=args.budget_s,
+        profile_workload=args.profile_workload,
+        command="workbench " + shlex.join(sys.argv[1:]),
+    )
     print(format_table(res))
     print(f"wrote {res['meta']['out']}")
     return 0
@@ -200,10 +277,13 @@ def _register_bench_step(bench_sub) -> None:
     from workbench.train.bench_step import BACKENDS, PARTS, PRESETS
 
     options = {  # flag -> argparse keywords
-        "--preset": {"default": "gpu", "choices": list(PRESETS),
-                     "help": "gpu: paper model, water 768-6144 atoms + the packed mixture at 3072, float32, 5 warm-up + 10 "
-                             "timed steps; smoke: small model, water-24/48 and a mixture at 96 atoms, 1 + 2 steps (a CPU "
-                             "test) (default: %(default)s)"},
+        "--preset": {
+            "default": "gpu",
+            "choices": list(PRESETS),
+            "help": "gpu: paper model, water 768-6144 atoms + the packed mixture at 3072, float32, 5 warm-up + 10 "
+            "timed steps; smoke: small model, water-24/48 and a mixture at 96 atoms, 1 + 2 steps (a CPU "
+            "test) (default: %(default)s)",
+        },
         "--parts": {"nargs": "+", "default": list(PARTS), "choices": list(PARTS)},
         "--model": {"choices": ["paper", "small"], "help": "default: the preset's"},
         "--dtypes": {"nargs": "+", "choices": ["float32", "float64"], "help": "default: the preset's"},
@@ -213,13 +293,21 @@ def _register_bench_step(bench_sub) -> None:
         "--repeats": {"type": int, "help": "timed steps per backend (default: the preset's)"},
         "--device": {"help": "cuda, cuda:1, cpu (default: cuda when available)"},
         "--profile-workload": {"help": "the profile part's workload (default: the preset's, water-3072 / water-48)"},
-        "--budget-s": {"type": float, "help": "seconds per part after which no new row starts; the rest are recorded "
-                                              "as skipped (default: no limit)"},
-        "--out": {"help": "JSON, rewritten after every row (default: kernels/results/train_step_gpu_<gpu>.json on "
-                          "CUDA, runs/bench/train_step_cpu.json on a CPU)"},
+        "--budget-s": {
+            "type": float,
+            "help": "seconds per part after which no new row starts; the rest are recorded "
+            "as skipped (default: no limit)",
+        },
+        "--out": {
+            "help": "JSON, rewritten after every row (default: kernels/results/train_step_gpu_<gpu>.json on "
+            "CUDA, runs/bench/train_step_cpu.json on a CPU)"
+        },
     }
-    p = bench_sub.add_parser("step", help="the whole MACE train step on one device: numba vs cueq vs e3nn (same weights "
-                                          "and batches), peak memory, and a profile of the numba step")
+    p = bench_sub.add_parser(
+        "step",
+        help="the whole MACE train step on one device: numba vs cueq vs e3nn (same weights "
+        "and batches), peak memory, and a profile of the numba step",
+    )
     for flag, kwargs in options.items():
         p.add_argument(flag, **kwargs)
     p.set_defaults(func=_bench_step)

@@ -66,8 +66,9 @@ def _generated_kernel_stats() -> dict[str, int]:
     return {"compiled_in_process": misses, "loaded_from_cache": hits}
 
 
-def measure(hidden: str, max_ell: int, correlation: int, atoms: int, dtype: str, target: str,
-            workers: int | None) -> dict[str, Any]:
+def measure(
+    hidden: str, max_ell: int, correlation: int, atoms: int, dtype: str, target: str, workers: int | None
+) -> dict[str, Any]:
     """One measurement in this process (the kernel cache is whatever ``$WORKBENCH_KERNEL_CACHE`` says)."""
     t_import = time.perf_counter()
     import torch
@@ -81,10 +82,15 @@ def measure(hidden: str, max_ell: int, correlation: int, atoms: int, dtype: str,
     device = "cuda" if target == "device" else "cpu"
     batch, zs, info = system_batch(f"water-{atoms}", dtype)
     batch = {k: v.to(device) for k, v in batch.items()}
-    model = random_scaleshift_mace(hidden, max_ell, correlation, zs, info["edges"] / info["atoms"],
-                                   getattr(torch, dtype), device)
-    res: dict[str, Any] = {"setup_s": round(time.perf_counter() - t_import, 2), "atoms": info["atoms"],
-                           "edges": info["edges"], "target": target}
+    model = random_scaleshift_mace(
+        hidden, max_ell, correlation, zs, info["edges"] / info["atoms"], getattr(torch, dtype), device
+    )
+    res: dict[str, Any] = {
+        "setup_s": round(time.perf_counter() - t_import, 2),
+        "atoms": info["atoms"],
+        "edges": info["edges"],
+        "target": target,
+    }
     t0 = time.perf_counter()
     model = accelerate(model, backend="numba", precompile=False)
     report = precompile_model(model, target=target, workers=workers)
@@ -111,8 +117,14 @@ def _run_child(args: dict, cache: Path) -> dict:
     """:func:`measure` in a fresh interpreter with ``cache`` as its kernel cache."""
     env = {**os.environ, "WORKBENCH_KERNEL_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "workbench.train.cold_start", "--child", json.dumps(args)],
-                          stdout=subprocess.PIPE, stderr=None, text=True, env=env, timeout=3600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "workbench.train.cold_start", "--child", json.dumps(args)],
+        stdout=subprocess.PIPE,
+        stderr=None,
+        text=True,
+        env=env,
+        timeout=3600,
+    )
     if proc.returncode != 0:
         return {"error": f"child exited {proc.returncode}", "wall_s": round(time.perf_counter() - t0, 1)}
     res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -120,9 +132,17 @@ def _run_child(args: dict, cache: Path) -> dict:
     return res
 
 
-def cold_start(hidden: str = "128x0e+128x1o", max_ell: int = 3, correlation: int = 3, atoms: int = 3072,
-               dtype: str = "float32", target: str = "auto", workers: int | None = None, serial: bool = False,
-               cache: str | None = None) -> dict[str, Any]:
+def cold_start(
+    hidden: str = "128x0e+128x1o",
+    max_ell: int = 3,
+    correlation: int = 3,
+    atoms: int = 3072,
+    dtype: str = "float32",
+    target: str = "auto",
+    workers: int | None = None,
+    serial: bool = False,
+    cache: str | None = None,
+) -> dict[str, Any]:
     """Measure ``cold`` (and ``warm``, and with ``serial`` one worker from empty) in fresh processes.
     ``target``: ``"device"`` (a GPU), ``"ptx"`` (no GPU needed) or ``"auto"``. ``cache``: the
     folder for the cold run (must be empty or absent; default a new temporary folder)."""
@@ -130,8 +150,15 @@ def cold_start(hidden: str = "128x0e+128x1o", max_ell: int = 3, correlation: int
 
     if target == "auto":
         target = "device" if torch.cuda.is_available() else "ptx"
-    args = dict(hidden=hidden, max_ell=max_ell, correlation=correlation, atoms=atoms, dtype=dtype, target=target,
-                workers=workers)
+    args = dict(
+        hidden=hidden,
+        max_ell=max_ell,
+        correlation=correlation,
+        atoms=atoms,
+        dtype=dtype,
+        target=target,
+        workers=workers,
+    )
     runs: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="wb-kernel-cache-") as tmp:
         folder = Path(cache) if cache else Path(tmp) / "cold"
@@ -145,16 +172,25 @@ def cold_start(hidden: str = "128x0e+128x1o", max_ell: int = 3, correlation: int
             print("serial: one worker, empty cache", file=sys.stderr, flush=True)
             runs["serial"] = _run_child({**args, "workers": 1}, Path(tmp) / "serial")
     cold = runs["cold"]
-    return {"seconds": cold.get("seconds"), "target_s": TARGET_S, "what": _what(target), "config": args,
-            "cores": usable_cores(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "machine": platform.node(), "runs": runs}
+    return {
+        "seconds": cold.get("seconds"),
+        "target_s": TARGET_S,
+        "what": _what(target),
+        "config": args,
+        "cores": usable_cores(),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": platform.node(),
+        "runs": runs,
+    }
 
 
 def _what(target: str) -> str:
     if target == "device":
         return "accelerate() with an empty kernel cache to the end of the first optimizer step (synchronised)"
-    return ("accelerate() with an empty kernel cache to every kernel of a force-training step compiled to PTX and "
-            "assembled by ptxas for sm_90 (no GPU here: the first step itself is not run)")
+    return (
+        "accelerate() with an empty kernel cache to every kernel of a force-training step compiled to PTX and "
+        "assembled by ptxas for sm_90 (no GPU here: the first step itself is not run)"
+    )
 
 
 def format_table(name: str, res: dict) -> str:
@@ -166,16 +202,27 @@ def format_table(name: str, res: dict) -> str:
         p = r["precompile"]
         extra = f", first step {r['first_step_s']} s" if "first_step_s" in r else ""
         extra += f", {r['compiled_in_process']} kernels compiled in process" if "compiled_in_process" in r else ""
-        lines.append(f"  {run:7s} {r['seconds']:7.1f} s  ({p['compiled']} compiled / {p['cached']} cached on "
-                     f"{p['workers']} workers in {r['precompile_s']} s{extra})")
+        lines.append(
+            f"  {run:7s} {r['seconds']:7.1f} s  ({p['compiled']} compiled / {p['cached']} cached on "
+            f"{p['workers']} workers in {r['precompile_s']} s{extra})"
+        )
     ok = res["seconds"] is not None and res["seconds"] <= TARGET_S
     lines.append(f"  target <= {TARGET_S:.0f} s: {'met' if ok else 'NOT met'}")
     return "\n".join(lines)
 
 
 def _main(args) -> int:
-    res = cold_start(args.hidden, args.max_ell, args.correlation, args.atoms, args.dtype, args.target,
-                     args.workers, args.serial, args.cache)
+    res = cold_start(
+        args.hidden,
+        args.max_ell,
+        args.correlation,
+        args.atoms,
+        args.dtype,
+        args.target,
+        args.workers,
+        args.serial,
+        args.cache,
+    )
     name = args.name or _machine_name()
     print(format_table(name, res))
     if args.out:
@@ -189,18 +236,27 @@ def _main(args) -> int:
 
 
 def register_bench(bench_subparsers) -> None:
-    p = bench_subparsers.add_parser("cold-start", help="accelerate() with an empty kernel cache to the first optimizer step")
+    p = bench_subparsers.add_parser(
+        "cold-start", help="accelerate() with an empty kernel cache to the first optimizer step"
+    )
     p.add_argument("--hidden", default="128x0e+128x1o")
     p.add_argument("--max-ell", type=int, default=3)
     p.add_argument("--correlation", type=int, default=3)
     p.add_argument("--atoms", type=int, default=3072, help="periodic water box size (a multiple of 3)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    p.add_argument("--target", choices=("auto", "device", "ptx"), default="auto",
-                   help="device: a GPU, to the first step; ptx: PTX + ptxas for sm_90, no GPU needed")
+    p.add_argument(
+        "--target",
+        choices=("auto", "device", "ptx"),
+        default="auto",
+        help="device: a GPU, to the first step; ptx: PTX + ptxas for sm_90, no GPU needed",
+    )
     p.add_argument("--workers", type=int, default=None, help="compile processes (default: the usable cores)")
     p.add_argument("--serial", action="store_true", help="also time one worker from an empty cache")
-    p.add_argument("--cache", default=None,
-                   help="kernel cache folder for the cold and warm runs (empty or absent; default: a temporary folder)")
+    p.add_argument(
+        "--cache",
+        default=None,
+        help="kernel cache folder for the cold and warm runs (empty or absent; default: a temporary folder)",
+    )
     p.add_argument("--name", default=None, help="machine name in the JSON (default: the GPU's, else cpu-<cores>-cores)")
     p.add_argument("--out", default=DEFAULT_OUT, help="JSON ('' for none; {machine} is replaced)")
     p.set_defaults(func=_main)

@@ -30,25 +30,61 @@ DTYPES = ("float32", "float64")
 
 #: Numeric fields and their accepted ranges (non-finite values are always rejected).
 RANGES: dict[str, Interval] = {
-    "seed": Interval(0), "valid_fraction": Interval(0.0, 1.0, hi_open=True), "max_structures": Interval(1),
-    "num_interactions": Interval(1), "max_ell": Interval(0, 4), "correlation": Interval(1, 4),
-    "num_bessel": Interval(1), "num_polynomial_cutoff": Interval(1),
+    "seed": Interval(0),
+    "valid_fraction": Interval(0.0, 1.0, hi_open=True),
+    "max_structures": Interval(1),
+    "num_interactions": Interval(1),
+    "max_ell": Interval(0, 4),
+    "correlation": Interval(1, 4),
+    "num_bessel": Interval(1),
+    "num_polynomial_cutoff": Interval(1),
     # Å: MACE models use 4-6 Å; far beyond, neighbour lists of condensed phases explode.
     "cutoff": Interval(0.0, 15.0, lo_open=True),
-    "lr": Interval(0.0, lo_open=True), "weight_decay": Interval(0.0), "ema_decay": Interval(0.0, 1.0, True, True),
-    "energy_weight": Interval(0.0), "forces_weight": Interval(0.0), "lr_factor": Interval(0.0, 1.0, lo_open=True),
-    "scheduler_patience": Interval(0), "clip_grad": Interval(0.0, lo_open=True), "capacity": Interval(1),
-    "batch_size": Interval(1), "epochs": Interval(1), "max_steps": Interval(1), "checkpoint_every": Interval(0),
-    "num_workers": Interval(0), "prefetch_factor": Interval(1), "dist_timeout_s": Interval(1),
+    "lr": Interval(0.0, lo_open=True),
+    "weight_decay": Interval(0.0),
+    "ema_decay": Interval(0.0, 1.0, True, True),
+    "energy_weight": Interval(0.0),
+    "forces_weight": Interval(0.0),
+    "lr_factor": Interval(0.0, 1.0, lo_open=True),
+    "scheduler_patience": Interval(0),
+    "clip_grad": Interval(0.0, lo_open=True),
+    "capacity": Interval(1),
+    "batch_size": Interval(1),
+    "epochs": Interval(1),
+    "max_steps": Interval(1),
+    "checkpoint_every": Interval(0),
+    "num_workers": Interval(0),
+    "prefetch_factor": Interval(1),
+    "dist_timeout_s": Interval(1),
 }
 NULLABLE = ("max_structures", "ema_decay", "clip_grad", "max_steps")
 ON_NONFINITE = ("stop", "skip")
 KEEP = ("last", "best")  # which weights the run exports
 #: The fields that define a run: a checkpoint resumes only under the same values (model, data,
 #: split, packing, precision, seed). Others (lr, epochs, max_steps, workers, ...) may change.
-RUN_IDENTITY = ("dataset", "valid_dataset", "families", "energy_key", "forces_key", "max_structures", "valid_fraction", "seed",
-                "num_interactions", "hidden_irreps", "max_ell", "correlation", "num_bessel", "num_polynomial_cutoff",
-                "cutoff", "mlp_irreps", "radial_mlp", "dtype", "sampler", "capacity", "batch_size")
+RUN_IDENTITY = (
+    "dataset",
+    "valid_dataset",
+    "families",
+    "energy_key",
+    "forces_key",
+    "max_structures",
+    "valid_fraction",
+    "seed",
+    "num_interactions",
+    "hidden_irreps",
+    "max_ell",
+    "correlation",
+    "num_bessel",
+    "num_polynomial_cutoff",
+    "cutoff",
+    "mlp_irreps",
+    "radial_mlp",
+    "dtype",
+    "sampler",
+    "capacity",
+    "batch_size",
+)
 
 
 @dataclass
@@ -95,7 +131,9 @@ class TrainConfig:
     batch_size: int = 8  # graphs per batch for fixed-count
     # kernels
     backend: str = "e3nn"
-    kernel_cache: str = ""  # compiled-kernel folder ("" = $WORKBENCH_KERNEL_CACHE or ~/.cache/cfm-workbench/kernels); may be shared
+    kernel_cache: str = (
+        ""  # compiled-kernel folder ("" = $WORKBENCH_KERNEL_CACHE or ~/.cache/cfm-workbench/kernels); may be shared
+    )
     # length and checkpoints
     epochs: int = 1
     max_steps: int | None = None  # stop after this many optimiser steps in total
@@ -119,11 +157,17 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise :class:`~workbench.train.values.ConfigError` (a ``ValueError``) naming the field
         for any invalid value: its accepted range or choices, and what it got."""
+
         def bad(name: str, why: str) -> ConfigError:
             return ConfigError(f"TrainConfig.{name}: {why}")
 
-        for name, choices in (("sampler", SAMPLERS), ("backend", MODEL_BACKENDS), ("dtype", DTYPES),
-                              ("on_nonfinite", ON_NONFINITE), ("keep", KEEP)):
+        for name, choices in (
+            ("sampler", SAMPLERS),
+            ("backend", MODEL_BACKENDS),
+            ("dtype", DTYPES),
+            ("on_nonfinite", ON_NONFINITE),
+            ("keep", KEEP),
+        ):
             if getattr(self, name) not in choices:
                 raise bad(name, f"{getattr(self, name)!r} is not one of {', '.join(choices)}")
         hints = _hints()
@@ -133,9 +177,13 @@ class TrainConfig:
                 continue
             if value not in interval:
                 kind = "an integer" if int in (hints[name], *typing.get_args(hints[name])) else "a finite number"
-                raise bad(name, f"must be {interval.describe(kind)}{' or null' if name in NULLABLE else ''}, got {value}")
+                raise bad(
+                    name, f"must be {interval.describe(kind)}{' or null' if name in NULLABLE else ''}, got {value}"
+                )
         if not all(int(n) >= 1 for n in self.radial_mlp) or not self.radial_mlp:
-            raise bad("radial_mlp", f"must be a non-empty list of layer widths >= 1, like [64, 64, 64], got {self.radial_mlp}")
+            raise bad(
+                "radial_mlp", f"must be a non-empty list of layer widths >= 1, like [64, 64, 64], got {self.radial_mlp}"
+            )
         if self.energy_weight == 0 and self.forces_weight == 0:
             raise bad("forces_weight", "energy_weight and forces_weight are both 0: nothing to train on")
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
@@ -152,8 +200,11 @@ class TrainConfig:
 
     def identity_changes(self, saved: dict[str, Any]) -> list[str]:
         """``field: saved -> now`` for every :data:`RUN_IDENTITY` field that differs from ``saved``."""
-        return [f"{k}: {saved.get(k)!r} -> {getattr(self, k)!r}" for k in RUN_IDENTITY
-                if k in saved and saved[k] != getattr(self, k)]
+        return [
+            f"{k}: {saved.get(k)!r} -> {getattr(self, k)!r}"
+            for k in RUN_IDENTITY
+            if k in saved and saved[k] != getattr(self, k)
+        ]
 
     # -- paths
     @property
@@ -172,7 +223,7 @@ class TrainConfig:
         return text
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "TrainConfig":
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -180,7 +231,7 @@ class TrainConfig:
         return cls(**data)
 
     @classmethod
-    def from_yaml(cls, path: str | os.PathLike) -> "TrainConfig":
+    def from_yaml(cls, path: str | os.PathLike) -> TrainConfig:
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such config file")
@@ -189,7 +240,7 @@ class TrainConfig:
             raise ConfigError(f"{path}: expected a mapping of TrainConfig fields, got {type(data).__name__}")
         return cls.from_dict(data, source=str(path))
 
-    def with_overrides(self, items: list[str] | None, source: str = "--set") -> "TrainConfig":
+    def with_overrides(self, items: list[str] | None, source: str = "--set") -> TrainConfig:
         """A copy with ``key=value`` strings applied (values parsed as YAML: ``capacity=2048``,
         ``families=[mptrj,hea]``); the command lines' ``--set``."""
         overrides = {}
@@ -200,10 +251,10 @@ class TrainConfig:
             overrides[key.strip()] = load_yaml(value, f"{source} {key.strip()}")
         return TrainConfig.from_dict({**self.to_dict(), **overrides}, source=source) if overrides else self
 
-    def replace(self, **changes: Any) -> "TrainConfig":
+    def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hints() -> dict[str, Any]:
     return typing.get_type_hints(TrainConfig)

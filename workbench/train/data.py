@@ -18,17 +18,26 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
 from workbench.train.config import TrainConfig
 
 #: The ``TrainConfig`` fields ``prepare_data`` reads: configs equal on these get equal ``TrainData``.
-PREPARE_FIELDS = ("dataset", "families", "energy_key", "forces_key", "seed", "max_structures", "valid_fraction",
-                  "cutoff", "dtype")
+PREPARE_FIELDS = (
+    "dataset",
+    "families",
+    "energy_key",
+    "forces_key",
+    "seed",
+    "max_structures",
+    "valid_fraction",
+    "cutoff",
+    "dtype",
+)
 #: A structure file above this size is read whole by every rank: point the user at ``data prepare``.
 LARGE_FILE_BYTES = 200 * 2**20
 
@@ -90,18 +99,21 @@ def split_order(n: int, config: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
         order = order[: config.max_structures]
     if config.valid_dataset:  # validation comes from its own file: every candidate trains
         return order, order[:0]
-    n_valid = int(round(config.valid_fraction * len(order)))
+    n_valid = round(config.valid_fraction * len(order))
     if config.valid_fraction > 0 and len(order) >= 2:
         n_valid = max(n_valid, 1)
     if len(order) - n_valid < 1:
-        raise ValueError(f"dataset has {len(order)} structure(s): too few for a train/validation split "
-                         f"with valid_fraction={config.valid_fraction}")
+        raise ValueError(
+            f"dataset has {len(order)} structure(s): too few for a train/validation split "
+            f"with valid_fraction={config.valid_fraction}"
+        )
     return order[n_valid:], order[:n_valid]
 
 
 def _no_structures(path, config: TrainConfig) -> ValueError:
-    return ValueError(f"{path}: no labelled structures to train on"
-                      + (f" in families {config.families}" if config.families else ""))
+    return ValueError(
+        f"{path}: no labelled structures to train on" + (f" in families {config.families}" if config.families else "")
+    )
 
 
 def load_structures(config: TrainConfig) -> list:
@@ -116,13 +128,19 @@ def _load_with_frames(config: TrainConfig) -> tuple[list, np.ndarray, Path]:
 
     path = Path(config.dataset or EMBEDDED_PATH)
     if path.is_file() and path.stat().st_size > LARGE_FILE_BYTES:
-        warnings.warn(f"{path}: {path.stat().st_size / 2**20:.0f} MiB of structures are read whole into memory "
-                      f"on every rank; for large datasets run 'workbench data prepare {path} --out DIR' once "
-                      "and train with dataset=DIR (streamed, bounded memory)", stacklevel=3)
+        warnings.warn(
+            f"{path}: {path.stat().st_size / 2**20:.0f} MiB of structures are read whole into memory "
+            f"on every rank; for large datasets run 'workbench data prepare {path} --out DIR' once "
+            "and train with dataset=DIR (streamed, bounded memory)",
+            stacklevel=3,
+        )
     structures = read_structures(path, energy_key=config.energy_key, forces_key=config.forces_key)
     keep = set(config.families or ())
-    frames = [k for k, a in enumerate(structures) if a.info.get("labelled", True)
-              and (not keep or a.info.get("config_type") in keep)]
+    frames = [
+        k
+        for k, a in enumerate(structures)
+        if a.info.get("labelled", True) and (not keep or a.info.get("config_type") in keep)
+    ]
     if not frames:
         raise _no_structures(path, config)
     return [structures[k] for k in frames], np.asarray(frames, dtype=np.int64), path
@@ -141,8 +159,10 @@ def prepare_data(config: TrainConfig, structures: list | None = None) -> TrainDa
 
     if structures is None and config.dataset and Path(config.dataset).is_dir():
         if not is_prepared(config.dataset):
-            raise ValueError(f"{config.dataset}: a directory, but not a finished prepared dataset; create it with "
-                             f"'workbench data prepare SRC... --out {config.dataset}' (or run that again to resume)")
+            raise ValueError(
+                f"{config.dataset}: a directory, but not a finished prepared dataset; create it with "
+                f"'workbench data prepare SRC... --out {config.dataset}' (or run that again to resume)"
+            )
         return _from_store(config)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, config.dtype))  # mace builds AtomicData in the default dtype
@@ -185,7 +205,8 @@ def check_graph_memory(structures: list, cutoff: float, fraction: float = 0.5) -
             f"cutoff {cutoff} Å: about {per_atom:.0f} neighbours per atom, {per_atom * total_atoms:.3g} edges, "
             f"~{estimate / 2**30:.1f} GiB of graphs in memory on every rank, more than {fraction:.0%} of the "
             f"{available / 2**30:.1f} GiB available; use a smaller cutoff (MACE uses 4-6 Å), fewer structures "
-            "(max_structures), or a prepared dataset ('workbench data prepare'), which builds graphs per batch")
+            "(max_structures), or a prepared dataset ('workbench data prepare'), which builds graphs per batch"
+        )
     return estimate
 
 
@@ -215,10 +236,19 @@ def _from_structures(config: TrainConfig, structures: list | None) -> TrainData:
     edges = np.array([int(d.edge_index.shape[1]) for d in train], dtype=np.int64)
     names = sorted({str(c.config_type) for c in configs})
     code = {n: k for k, n in enumerate(names)}
-    return TrainData(train, valid, z_table, atoms, edges, train_configs=configs[n_valid:],
-                     valid_configs=configs[:n_valid], origin=FileOrigin(path, frames[train_pos]),
-                     valid_families=[c.config_type for c in configs[:n_valid]], family_names=names,
-                     train_family=np.array([code[str(c.config_type)] for c in configs[n_valid:]], dtype=np.int16))
+    return TrainData(
+        train,
+        valid,
+        z_table,
+        atoms,
+        edges,
+        train_configs=configs[n_valid:],
+        valid_configs=configs[:n_valid],
+        origin=FileOrigin(path, frames[train_pos]),
+        valid_families=[c.config_type for c in configs[:n_valid]],
+        family_names=names,
+        train_family=np.array([code[str(c.config_type)] for c in configs[n_valid:]], dtype=np.int16),
+    )
 
 
 class StoreGraphs:
@@ -247,11 +277,17 @@ class StoreGraphs:
 
         loc = self.locations[k]
         g = self.reader.read(loc["shard"], loc["row"], loc["family"])
-        return Configuration(atomic_numbers=g.numbers, positions=g.positions,
-                             properties={"energy": g.energy, "forces": g.forces},
-                             property_weights={"energy": float(g.weights[1]), "forces": float(g.weights[2])},
-                             cell=g.cell, pbc=tuple(bool(p) for p in g.pbc), weight=float(g.weights[0]),
-                             config_type=g.family, head="Default")
+        return Configuration(
+            atomic_numbers=g.numbers,
+            positions=g.positions,
+            properties={"energy": g.energy, "forces": g.forces},
+            property_weights={"energy": float(g.weights[1]), "forces": float(g.weights[2])},
+            cell=g.cell,
+            pbc=tuple(bool(p) for p in g.pbc),
+            weight=float(g.weights[0]),
+            config_type=g.family,
+            head="Default",
+        )
 
     def __getitem__(self, k: int):
         import torch
@@ -275,12 +311,16 @@ def _from_store(config: TrainConfig) -> TrainData:
     from workbench.train.stats import stats_from_index
 
     if config.valid_dataset:
-        raise ValueError(f"TrainConfig.valid_dataset ({config.valid_dataset}) works with a structure file as dataset; "
-                         f"a prepared dataset ({config.dataset}) is split by valid_fraction")
+        raise ValueError(
+            f"TrainConfig.valid_dataset ({config.valid_dataset}) works with a structure file as dataset; "
+            f"a prepared dataset ({config.dataset}) is split by valid_fraction"
+        )
     store = GraphStore(config.dataset)
     if abs(store.cutoff - config.cutoff) > 1e-12:
-        raise ValueError(f"{store.path}: prepared at cutoff {store.cutoff} Å, but TrainConfig.cutoff is {config.cutoff} Å; "
-                         f"train at {store.cutoff} or prepare again with --cutoff {config.cutoff}")
+        raise ValueError(
+            f"{store.path}: prepared at cutoff {store.cutoff} Å, but TrainConfig.cutoff is {config.cutoff} Å; "
+            f"train at {store.cutoff} or prepare again with --cutoff {config.cutoff}"
+        )
     idx = store.index
     keep = idx["labelled"].copy()
     if config.families:
@@ -300,7 +340,15 @@ def _from_store(config: TrainConfig) -> TrainData:
     train = StoreGraphs(store.reader, store.locations(train_rows), z_table, config.cutoff, config.dtype)
     valid = StoreGraphs(store.reader, store.locations(valid_rows), z_table, config.cutoff, config.dtype)
     valid_families = list(np.asarray(store.families, dtype=str)[idx["family"][valid_rows]])
-    return TrainData(train, valid, z_table, idx["atoms"][train_rows].astype(np.int64),
-                     idx["edges"][train_rows].astype(np.int64), stats=stats, origin=StoreOrigin(store.path, train_rows),
-                     valid_families=valid_families, family_names=list(store.families),
-                     train_family=idx["family"][train_rows].astype(np.int16))
+    return TrainData(
+        train,
+        valid,
+        z_table,
+        idx["atoms"][train_rows].astype(np.int64),
+        idx["edges"][train_rows].astype(np.int64),
+        stats=stats,
+        origin=StoreOrigin(store.path, train_rows),
+        valid_families=valid_families,
+        family_names=list(store.families),
+        train_family=idx["family"][train_rows].astype(np.int16),
+    )

@@ -14,8 +14,8 @@ Reported in meV/atom and meV/Å, as mace_run_train prints them, for the whole se
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -36,22 +36,31 @@ class _Sums:
         self.graphs += int(e_err.size)
         self.atoms += atoms
         self.e_abs += float(np.abs(e_err).sum())
-        self.e_sq += float((e_err ** 2).sum())
+        self.e_sq += float((e_err**2).sum())
         self.f_abs += float(f_abs.sum())
         self.f_sq += float(f_sq.sum())
 
     def metrics(self) -> dict:
         nan = float("nan")
         g, a = max(self.graphs, 1), max(self.atoms, 1)
-        return {"e_mae_mev_atom": 1000 * self.e_abs / g if self.graphs else nan,
-                "e_rmse_mev_atom": 1000 * math.sqrt(self.e_sq / g) if self.graphs else nan,
-                "f_mae_mev_a": 1000 * self.f_abs / a if self.atoms else nan,
-                "f_rmse_mev_a": 1000 * math.sqrt(self.f_sq / (3 * a)) if self.atoms else nan,
-                "graphs": self.graphs}
+        return {
+            "e_mae_mev_atom": 1000 * self.e_abs / g if self.graphs else nan,
+            "e_rmse_mev_atom": 1000 * math.sqrt(self.e_sq / g) if self.graphs else nan,
+            "f_mae_mev_a": 1000 * self.f_abs / a if self.atoms else nan,
+            "f_rmse_mev_a": 1000 * math.sqrt(self.f_sq / (3 * a)) if self.atoms else nan,
+            "graphs": self.graphs,
+        }
 
 
-def evaluate(model, data, device: torch.device | str = "cpu", batch_size: int = 16, num_workers: int = 0,
-             families: Sequence[str] | None = None, loss_fn=None) -> dict:
+def evaluate(
+    model,
+    data,
+    device: torch.device | str = "cpu",
+    batch_size: int = 16,
+    num_workers: int = 0,
+    families: Sequence[str] | None = None,
+    loss_fn=None,
+) -> dict:
     r"""Errors of ``model`` on ``data`` (a list of ``AtomicData`` or a dataset that builds them).
 
     ``families``: the ``config_type`` of each graph of ``data``, in order; the result then has
@@ -78,17 +87,17 @@ def evaluate(model, data, device: torch.device | str = "cpu", batch_size: int = 
         if loss_fn is not None:
             loss_sum += float(loss_fn(pred=out, ref=batch).detach())
             batches += 1
-        n = (batch.ptr[1:] - batch.ptr[:-1])
+        n = batch.ptr[1:] - batch.ptr[:-1]
         e_err = ((out["energy"].detach() - batch.energy) / n.to(out["energy"].dtype)).cpu().double().numpy()
         df = (out["forces"].detach() - batch.forces).cpu().double().numpy()
         graph_of_atom = batch.batch.cpu().numpy()
         k = e_err.size
         f_abs = np.bincount(graph_of_atom, weights=np.abs(df).mean(axis=1), minlength=k)
-        f_sq = np.bincount(graph_of_atom, weights=(df ** 2).sum(axis=1), minlength=k)
+        f_sq = np.bincount(graph_of_atom, weights=(df**2).sum(axis=1), minlength=k)
         counts = n.cpu().numpy()
         total.add(e_err, f_abs, f_sq, int(counts.sum()))
         if names is not None:
-            mine = names[at:at + k]
+            mine = names[at : at + k]
             for fam in np.unique(mine):
                 sel = mine == fam
                 per.setdefault(str(fam), _Sums()).add(e_err[sel], f_abs[sel], f_sq[sel], int(counts[sel].sum()))
@@ -109,8 +118,15 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def evaluate_file(model_path, structures_path, *, energy_key: str = "REF_energy", forces_key: str = "REF_forces",
-                  batch_size: int = 16, device: str = "cpu") -> dict:
+def evaluate_file(
+    model_path,
+    structures_path,
+    *,
+    energy_key: str = "REF_energy",
+    forces_key: str = "REF_forces",
+    batch_size: int = 16,
+    device: str = "cpu",
+) -> dict:
     """Errors of a saved mace-torch model (``torch.save`` of the module, e.g. ``model.model``)
     on the labelled frames of a structure file, per ``config_type``."""
     from pathlib import Path
@@ -125,12 +141,15 @@ def evaluate_file(model_path, structures_path, *, energy_key: str = "REF_energy"
         raise FileNotFoundError(f"{path}: no such model file")
     try:
         model = torch.load(path, map_location=device, weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - pickles fail in many ways
+    except Exception as exc:
         raise ValueError(f"{path}: not a loadable model ({type(exc).__name__}: {str(exc)[:120]})") from None
     if not hasattr(model, "atomic_numbers") or not hasattr(model, "r_max"):
         raise ValueError(f"{path}: a {type(model).__name__}, not a mace-torch model (no atomic_numbers / r_max)")
-    structures = [a for a in read_structures(structures_path, energy_key=energy_key, forces_key=forces_key)
-                  if a.info.get("labelled", True)]
+    structures = [
+        a
+        for a in read_structures(structures_path, energy_key=energy_key, forces_key=forces_key)
+        if a.info.get("labelled", True)
+    ]
     if not structures:
         raise ValueError(f"{structures_path}: no labelled structures to evaluate on")
     dtype = next(model.parameters()).dtype
@@ -138,8 +157,9 @@ def evaluate_file(model_path, structures_path, *, energy_key: str = "REF_energy"
     torch.set_default_dtype(dtype)
     try:
         z_table = AtomicNumberTable([int(z) for z in model.atomic_numbers])
-        data = to_atomic_data(structures, cutoff=float(model.r_max), z_table=z_table, energy_key=energy_key,
-                              forces_key=forces_key)
+        data = to_atomic_data(
+            structures, cutoff=float(model.r_max), z_table=z_table, energy_key=energy_key, forces_key=forces_key
+        )
         families = [str(a.info.get("config_type", "Default")) for a in structures]
         return evaluate(model, data, device, batch_size=batch_size, families=families)
     finally:
@@ -149,22 +169,40 @@ def evaluate_file(model_path, structures_path, *, energy_key: str = "REF_energy"
 def family_table_html(result: dict, caption: str = "Validation errors per config_type") -> str:
     """:func:`format_table` as an HTML table (class ``wb-family-errors``) for reports and widgets."""
     rows = [*result.get("families", {}).items(), ("all", result)]
-    head = "".join(f"<th>{h}</th>" for h in ("config_type", "graphs", "E MAE<br>meV/atom", "E RMSE<br>meV/atom",
-                                              "F MAE<br>meV/Å", "F RMSE<br>meV/Å"))
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in (
+            "config_type",
+            "graphs",
+            "E MAE<br>meV/atom",
+            "E RMSE<br>meV/atom",
+            "F MAE<br>meV/Å",
+            "F RMSE<br>meV/Å",
+        )
+    )
     body = "".join(
         f"<tr{' class=wb-total' if name == 'all' else ''}><td>{name}</td><td>{m['graphs']}</td>"
-        + "".join(f"<td>{m[k]:.1f}</td>" for k in METRICS) + "</tr>" for name, m in rows)
-    return (f"<table class='wb-family-errors' style='border-collapse:collapse;font-size:13px;text-align:right'>"
-            f"<caption style='text-align:left;font-weight:600'>{caption}</caption><tr>{head}</tr>{body}</table>")
+        + "".join(f"<td>{m[k]:.1f}</td>" for k in METRICS)
+        + "</tr>"
+        for name, m in rows
+    )
+    return (
+        f"<table class='wb-family-errors' style='border-collapse:collapse;font-size:13px;text-align:right'>"
+        f"<caption style='text-align:left;font-weight:600'>{caption}</caption><tr>{head}</tr>{body}</table>"
+    )
 
 
 def last_validation(epochs: list[dict]) -> dict | None:
     """The latest epoch record's validation errors in :func:`evaluate`'s shape, or None."""
     for e in reversed(epochs):
         if e.get("valid_families") is not None and e.get("valid_e_mae_mev_atom") is not None:
-            return {"e_mae_mev_atom": e["valid_e_mae_mev_atom"], "f_mae_mev_a": e["valid_f_mae_mev_a"],
-                    "e_rmse_mev_atom": e.get("valid_e_rmse_mev_atom", float("nan")),
-                    "f_rmse_mev_a": e.get("valid_f_rmse_mev_a", float("nan")),
-                    "graphs": sum(f["graphs"] for f in e["valid_families"].values()),
-                    "families": e["valid_families"], "epoch": e["epoch"]}
+            return {
+                "e_mae_mev_atom": e["valid_e_mae_mev_atom"],
+                "f_mae_mev_a": e["valid_f_mae_mev_a"],
+                "e_rmse_mev_atom": e.get("valid_e_rmse_mev_atom", float("nan")),
+                "f_rmse_mev_a": e.get("valid_f_rmse_mev_a", float("nan")),
+                "graphs": sum(f["graphs"] for f in e["valid_families"].values()),
+                "families": e["valid_families"],
+                "epoch": e["epoch"],
+            }
     return None

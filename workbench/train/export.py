@@ -28,4 +28,3 @@ def export_models(model: torch.nn.Module, ema, config: TrainConfig, run_dir: Pat
     path = RunDir(run_dir).model
     torch.save(final, path)
     return path
-

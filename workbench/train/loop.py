@@ -22,16 +22,21 @@ import time
 import warnings
 import zlib
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import astuple, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
 from workbench.train import mace_order, preempt
 from workbench.train.checkpoint import (
-    load_checkpoint, remove_stale_temporaries, rng_state, save_checkpoint, set_rng_state,
+    load_checkpoint,
+    remove_stale_temporaries,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
 )
 from workbench.train.config import RUN_IDENTITY, TrainConfig
 from workbench.train.data import TrainData
@@ -52,7 +57,11 @@ class TrainResult:
 
 
 def _dist_env() -> tuple[int, int, int]:
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+    return (
+        int(os.environ.get("RANK", "0")),
+        int(os.environ.get("WORLD_SIZE", "1")),
+        int(os.environ.get("LOCAL_RANK", "0")),
+    )
 
 
 def _device(config: TrainConfig, local_rank: int) -> torch.device:
@@ -60,11 +69,15 @@ def _device(config: TrainConfig, local_rank: int) -> torch.device:
         return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
     if config.device.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ValueError(f"TrainConfig.device: {config.device!r}, but no CUDA GPU is visible here "
-                             "(torch.cuda.is_available() is False); use device=auto or cpu")
+            raise ValueError(
+                f"TrainConfig.device: {config.device!r}, but no CUDA GPU is visible here "
+                "(torch.cuda.is_available() is False); use device=auto or cpu"
+            )
         index = int(config.device.partition(":")[2] or 0)
         if index >= torch.cuda.device_count():
-            raise ValueError(f"TrainConfig.device: {config.device!r}, but only {torch.cuda.device_count()} GPU(s) are visible")
+            raise ValueError(
+                f"TrainConfig.device: {config.device!r}, but only {torch.cuda.device_count()} GPU(s) are visible"
+            )
     return torch.device(config.device)
 
 
@@ -72,8 +85,10 @@ def preflight(config: TrainConfig, device: torch.device) -> None:
     """Errors that must surface before any process group starts."""
     if config.backend == "cueq":
         if device.type != "cuda":
-            raise ValueError("backend 'cueq' needs a CUDA GPU (cuEquivariance has no CPU kernels); "
-                             "use backend='e3nn' or 'numba' on this machine")
+            raise ValueError(
+                "backend 'cueq' needs a CUDA GPU (cuEquivariance has no CPU kernels); "
+                "use backend='e3nn' or 'numba' on this machine"
+            )
         try:
             import cuequivariance_torch  # noqa: F401
         except ImportError:
@@ -85,26 +100,50 @@ def preflight(config: TrainConfig, device: torch.device) -> None:
             raise ValueError(f"backend 'numba' is unavailable: {exc}") from None
 
 
-def make_sampler(config: TrainConfig, atoms: np.ndarray, edges: np.ndarray, num_replicas: int, rank: int,
-                 file_order: np.ndarray | None = None):
+def make_sampler(
+    config: TrainConfig,
+    atoms: np.ndarray,
+    edges: np.ndarray,
+    num_replicas: int,
+    rank: int,
+    file_order: np.ndarray | None = None,
+):
     """The training batch sampler of ``config.sampler``. ``file_order``: for ``mace-order``, the
     dataset index of each training-file position (:func:`workbench.train.mace_order.file_order`)."""
     from workbench.packing import BinPackingBatchSampler
 
     if config.sampler == mace_order.NAME:
         mace_order.check_ranks(num_replicas)
-        return mace_order.MaceOrderSampler(len(atoms), config.batch_size, seed=config.seed, order=file_order, atoms=atoms)
+        return mace_order.MaceOrderSampler(
+            len(atoms), config.batch_size, seed=config.seed, order=file_order, atoms=atoms
+        )
 
     if config.sampler not in COUNT_SAMPLERS:
         big = int(np.argmax(atoms))
         if atoms[big] > config.capacity:
-            raise ValueError(f"capacity {config.capacity} atoms is smaller than training graph {big} "
-                             f"({int(atoms[big])} atoms); raise TrainConfig.capacity to at least {int(atoms.max())}")
-        return BinPackingBatchSampler(atoms, capacity=config.capacity, num_replicas=num_replicas, rank=rank,
-                                      shuffle=True, seed=config.seed, algorithm=config.sampler)
-    return BinPackingBatchSampler(atoms, capacity=config.capacity, num_replicas=num_replicas, rank=rank,
-                                  shuffle=True, seed=config.seed, algorithm="fixed-count",
-                                  graphs_per_batch=config.batch_size)
+            raise ValueError(
+                f"capacity {config.capacity} atoms is smaller than training graph {big} "
+                f"({int(atoms[big])} atoms); raise TrainConfig.capacity to at least {int(atoms.max())}"
+            )
+        return BinPackingBatchSampler(
+            atoms,
+            capacity=config.capacity,
+            num_replicas=num_replicas,
+            rank=rank,
+            shuffle=True,
+            seed=config.seed,
+            algorithm=config.sampler,
+        )
+    return BinPackingBatchSampler(
+        atoms,
+        capacity=config.capacity,
+        num_replicas=num_replicas,
+        rank=rank,
+        shuffle=True,
+        seed=config.seed,
+        algorithm="fixed-count",
+        graphs_per_batch=config.batch_size,
+    )
 
 
 class _Recording(torch.utils.data.Sampler):
@@ -143,15 +182,16 @@ def _maybe_fail(global_step: int, rank: int) -> None:
     at = os.environ.get("WORKBENCH_FAIL_AT_STEP")
     if at is None or int(at) != global_step:
         return
-    if int(os.environ.get("WORKBENCH_FAIL_RANK", rank)) != rank:
+    if int(os.environ.get("WORKBENCH_FAIL_RANK", str(rank))) != rank:
         return
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > int(os.environ.get("WORKBENCH_FAIL_ATTEMPTS", 1)) - 1:
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > int(os.environ.get("WORKBENCH_FAIL_ATTEMPTS", "1")) - 1:
         return
-    os._exit(int(os.environ.get("WORKBENCH_FAIL_CODE", 17)))
+    os._exit(int(os.environ.get("WORKBENCH_FAIL_CODE", "17")))
 
 
-def train(config: TrainConfig, structures: list | None = None, resume: bool = True,
-          data: TrainData | None = None) -> TrainResult:
+def train(
+    config: TrainConfig, structures: list | None = None, resume: bool = True, data: TrainData | None = None
+) -> TrainResult:
     """Train ``config``; resume from ``<run_dir>/checkpoint.pt`` when present and ``resume``.
 
     ``data``: already prepared by ``prepare_data`` for a config equal to ``config`` on
@@ -179,8 +219,9 @@ def _attempt_store(rank: int, world: int, timeout):
 
     host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"])
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(host, port, world_size=world, is_master=not agent and rank == 0, timeout=timeout,
-                          wait_for_workers=False)
+    store = dist.TCPStore(
+        host, port, world_size=world, is_master=not agent and rank == 0, timeout=timeout, wait_for_workers=False
+    )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"workbench/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/attempt{attempt}", store)
 
@@ -197,7 +238,7 @@ class StepTotals:
     allreduce_s: float = 0.0
     data_s: float = 0.0
 
-    def all_reduce(self, world: int) -> "StepTotals":
+    def all_reduce(self, world: int) -> StepTotals:
         if world == 1:
             return self
         import torch.distributed as dist
@@ -254,8 +295,13 @@ def _init_process_group(config: TrainConfig, rank: int, world: int, device: torc
         # One node: keep gloo on loopback rather than whatever the hostname resolves to.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     timeout = timedelta(seconds=config.dist_timeout_s)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=_attempt_store(rank, world, timeout),
-                            rank=rank, world_size=world, timeout=timeout)
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        store=_attempt_store(rank, world, timeout),
+        rank=rank,
+        world_size=world,
+        timeout=timeout,
+    )
 
 
 def set_up(config: TrainConfig, structures: list | None, data: TrainData | None) -> Session:
@@ -308,8 +354,10 @@ def build_training(s: Session, ckpt: dict | None) -> None:
         s.stats = ModelStats(**ckpt["stats"])
     elif config.sampler == mace_order.NAME:  # mace's statistics passes: particular to this seed and batch size
         if not s.data.train_configs:
-            raise ValueError(f"sampler {mace_order.NAME!r} needs the structures in memory (an extxyz dataset), "
-                             "not a prepared dataset")
+            raise ValueError(
+                f"sampler {mace_order.NAME!r} needs the structures in memory (an extxyz dataset), "
+                "not a prepared dataset"
+            )
         s.stats = compute_stats(s.data.train_configs, s.data.train, s.data.z_table, *s.sampler.statistics_rows())
     else:
         if s.data.stats is None:
@@ -330,14 +378,16 @@ def build_training(s: Session, ckpt: dict | None) -> None:
         # compiles under a file lock, the others wait and load the cache)
         s.model = accelerate(s.model, backend=config.backend).to(s.device)
     s.optimizer = torch.optim.Adam(param_groups(s.model, config.weight_decay), lr=config.lr, amsgrad=config.amsgrad)
-    s.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(s.optimizer, factor=config.lr_factor,
-                                                             patience=config.scheduler_patience)
+    s.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        s.optimizer, factor=config.lr_factor, patience=config.scheduler_patience
+    )
     if config.ema_decay is not None:
         from torch_ema import ExponentialMovingAverage
 
         s.ema = ExponentialMovingAverage(s.model.parameters(), decay=config.ema_decay)
-    s.loss_fn = WeightedEnergyForcesLoss(energy_weight=config.energy_weight,
-                                         forces_weight=config.forces_weight).to(s.device)
+    s.loss_fn = WeightedEnergyForcesLoss(energy_weight=config.energy_weight, forces_weight=config.forces_weight).to(
+        s.device
+    )
 
 
 def check_resume(s: Session, ckpt: dict | None) -> None:
@@ -346,11 +396,15 @@ def check_resume(s: Session, ckpt: dict | None) -> None:
         return
     changed = s.config.identity_changes(ckpt.get("config", {}))
     if changed:
-        raise ValueError(f"{s.run.checkpoint}: the checkpoint belongs to a run with other settings ({'; '.join(changed)}); "
-                         "resume with the same settings, or start afresh with --fresh (or another name)")
+        raise ValueError(
+            f"{s.run.checkpoint}: the checkpoint belongs to a run with other settings ({'; '.join(changed)}); "
+            "resume with the same settings, or start afresh with --fresh (or another name)"
+        )
     if s.world != len(ckpt["sampler"]):
-        raise ValueError(f"{s.run.checkpoint}: checkpoint was written by {len(ckpt['sampler'])} ranks, "
-                         f"this run has {s.world}; resume with the same number of ranks")
+        raise ValueError(
+            f"{s.run.checkpoint}: checkpoint was written by {len(ckpt['sampler'])} ranks, "
+            f"this run has {s.world}; resume with the same number of ranks"
+        )
 
 
 def restore(s: Session, ckpt: dict | None) -> None:
@@ -365,9 +419,11 @@ def restore(s: Session, ckpt: dict | None) -> None:
     s.model.load_state_dict(ckpt["model"])
     saved = len(ckpt["optimizer"]["param_groups"])
     if saved != len(s.optimizer.param_groups):
-        raise ValueError(f"{s.run.checkpoint}: the optimiser was saved with {saved} parameter group(s), this run has "
-                         f"{len(s.optimizer.param_groups)} (weight decay is now applied to mace-torch's parameter "
-                         "groups; checkpoints with weight_decay > 0 from before cannot resume); start afresh with --fresh")
+        raise ValueError(
+            f"{s.run.checkpoint}: the optimiser was saved with {saved} parameter group(s), this run has "
+            f"{len(s.optimizer.param_groups)} (weight decay is now applied to mace-torch's parameter "
+            "groups; checkpoints with weight_decay > 0 from before cannot resume); start afresh with --fresh"
+        )
     s.optimizer.load_state_dict(ckpt["optimizer"])
     s.scheduler.load_state_dict(ckpt["scheduler"])
     if s.ema is not None and ckpt.get("ema") is not None:
@@ -378,8 +434,11 @@ def restore(s: Session, ckpt: dict | None) -> None:
     if saved.get("lr") is not None and saved["lr"] != s.config.lr:
         for group in s.optimizer.param_groups:
             group["lr"] = s.config.lr
-    changed = [f"{k} {saved[k]!r} -> {v!r}" for k, v in s.config.to_dict().items()
-               if k in saved and k not in RUN_IDENTITY + ("name", "output_dir") and saved[k] != v]
+    changed = [
+        f"{k} {saved[k]!r} -> {v!r}"
+        for k, v in s.config.to_dict().items()
+        if k in saved and k not in RUN_IDENTITY + ("name", "output_dir") and saved[k] != v
+    ]
     if changed:
         _say(s, f"resume: applied {'; '.join(changed)}")
     s.resume_sampler = ckpt["sampler"][s.rank]
@@ -417,13 +476,22 @@ def checkpoint(s: Session, epoch: int, consumed: int) -> None:
     else:
         gathered = [mine]
     if s.rank == 0:
-        save_checkpoint(s.run.checkpoint, {
-            "model": s.model.state_dict(), "optimizer": s.optimizer.state_dict(),
-            "scheduler": s.scheduler.state_dict(), "ema": s.ema.state_dict() if s.ema is not None else None,
-            "epoch": epoch, "global_step": s.global_step, "stats": s.stats.to_dict(),
-            "sampler": [g["sampler"] for g in gathered], "rng": [g["rng"] for g in gathered],
-            "config": s.config.to_dict(), "best": s.best,
-        })
+        save_checkpoint(
+            s.run.checkpoint,
+            {
+                "model": s.model.state_dict(),
+                "optimizer": s.optimizer.state_dict(),
+                "scheduler": s.scheduler.state_dict(),
+                "ema": s.ema.state_dict() if s.ema is not None else None,
+                "epoch": epoch,
+                "global_step": s.global_step,
+                "stats": s.stats.to_dict(),
+                "sampler": [g["sampler"] for g in gathered],
+                "rng": [g["rng"] for g in gathered],
+                "config": s.config.to_dict(),
+                "best": s.best,
+            },
+        )
     if s.world > 1:
         dist.barrier()
 
@@ -478,26 +546,42 @@ def _culprits(out: dict, batch, indices) -> tuple[list[int], bool]:
 def _non_finite(s: Session, loss: float, norm: float, culprits: tuple[list[int], bool]) -> None:
     graphs, found = culprits
     which = "graphs with a non-finite error" if found else "this rank's batch (no single graph stands out)"
-    where = (f"step {s.global_step + 1} (epoch {s.epoch}), rank {s.rank}: non-finite loss {loss:.4g} / gradient "
-             f"norm {norm:.4g}; {which}: {s.data.describe(graphs)}")
+    where = (
+        f"step {s.global_step + 1} (epoch {s.epoch}), rank {s.rank}: non-finite loss {loss:.4g} / gradient "
+        f"norm {norm:.4g}; {which}: {s.data.describe(graphs)}"
+    )
     if s.config.on_nonfinite == "skip":
         s.optimizer.zero_grad(set_to_none=True)
         warnings.warn(f"{where}; step skipped (on_nonfinite=skip)", stacklevel=3)
         return
-    raise NonFiniteStep(f"{where}. Stopped; the last checkpoint is kept. Lower lr, check those structures, "
-                        "or set on_nonfinite=skip to skip such steps")
+    raise NonFiniteStep(
+        f"{where}. Stopped; the last checkpoint is kept. Lower lr, check those structures, "
+        "or set on_nonfinite=skip to skip such steps"
+    )
 
 
-def _step_record(s: Session, epoch: int, consumed: int, batch, indices, t: tuple[float, float, float],
-                 blocked: float) -> dict:
+def _step_record(
+    s: Session, epoch: int, consumed: int, batch, indices, t: tuple[float, float, float], blocked: float
+) -> dict:
     t0, t1, t3 = t
     return {
-        "type": "step", "rank": s.rank, "epoch": epoch, "step": consumed - 1, "global_step": s.global_step,
-        "data_s": round(t1 - t0, 6), "compute_s": round((t3 - t1) - blocked, 6),
-        "allreduce_s": round(blocked, 6), "step_s": round(t3 - t0, 6),
-        "atoms": int(batch.num_nodes), "edges": int(batch.edge_index.shape[1]), "graphs": int(batch.num_graphs),
-        "loss": s.last_loss, "lr": s.optimizer.param_groups[0]["lr"], "batch_hash": _batch_hash(indices),
-        "time": time.time(), "peak_rss_mb": round(peak_rss_mb(), 1),
+        "type": "step",
+        "rank": s.rank,
+        "epoch": epoch,
+        "step": consumed - 1,
+        "global_step": s.global_step,
+        "data_s": round(t1 - t0, 6),
+        "compute_s": round((t3 - t1) - blocked, 6),
+        "allreduce_s": round(blocked, 6),
+        "step_s": round(t3 - t0, 6),
+        "atoms": int(batch.num_nodes),
+        "edges": int(batch.edge_index.shape[1]),
+        "graphs": int(batch.num_graphs),
+        "loss": s.last_loss,
+        "lr": s.optimizer.param_groups[0]["lr"],
+        "batch_hash": _batch_hash(indices),
+        "time": time.time(),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
     }
 
 
@@ -530,8 +614,11 @@ def _epoch_batches(s: Session, epoch: int) -> tuple[Iterator, _Recording, int]:
     if s.loader is None:
         config = s.config
         s.recording = _Recording(s.sampler)
-        workers = {"prefetch_factor": config.prefetch_factor, "persistent_workers": config.persistent_workers} \
-            if config.num_workers > 0 else {}
+        workers = (
+            {"prefetch_factor": config.prefetch_factor, "persistent_workers": config.persistent_workers}
+            if config.num_workers > 0
+            else {}
+        )
         s.loader = DataLoader(s.data.train, batch_sampler=s.recording, num_workers=config.num_workers, **workers)
     s.recording.queue.clear()  # batches an interrupted pass drew but never delivered
     return iter(s.loader), s.recording, consumed
@@ -584,34 +671,61 @@ def validate(s: Session, epoch: int) -> dict:
     step on the loss (as mace_run_train); with ``keep="best"`` the weights of the epoch with the
     lowest loss so far are kept for the export."""
     with s.ema.average_parameters() if s.ema is not None else contextlib.nullcontext():
-        valid = evaluate(s.model, s.data.valid, s.device, batch_size=s.config.batch_size,
-                         num_workers=s.config.num_workers, families=s.data.valid_families, loss_fn=s.loss_fn)
+        valid = evaluate(
+            s.model,
+            s.data.valid,
+            s.device,
+            batch_size=s.config.batch_size,
+            num_workers=s.config.num_workers,
+            families=s.data.valid_families,
+            loss_fn=s.loss_fn,
+        )
         loss = valid.get("loss", float("nan"))
-        if s.config.keep == "best" and s.rank == 0 and math.isfinite(loss) and (s.best is None or loss < s.best["loss"]):
-            s.best = {"epoch": epoch, "loss": loss,
-                      "model": {k: v.detach().clone() for k, v in s.model.state_dict().items()}}
+        if (
+            s.config.keep == "best"
+            and s.rank == 0
+            and math.isfinite(loss)
+            and (s.best is None or loss < s.best["loss"])
+        ):
+            s.best = {
+                "epoch": epoch,
+                "loss": loss,
+                "model": {k: v.detach().clone() for k, v in s.model.state_dict().items()},
+            }
     if math.isfinite(loss):
         s.scheduler.step(loss)
     return valid
 
 
-def log_epoch(s: Session, epoch_log: JsonlLog | None, epoch: int, complete: bool, epoch_s: float,
-              totals: StepTotals, valid: dict) -> None:
+def log_epoch(
+    s: Session, epoch_log: JsonlLog | None, epoch: int, complete: bool, epoch_s: float, totals: StepTotals, valid: dict
+) -> None:
     if epoch_log is None:
         return
     busy = totals.busy_s
-    epoch_log.write({
-        "type": "epoch", "epoch": epoch, "complete": complete, "global_step": s.global_step,
-        "epoch_s": round(epoch_s, 4),
-        "train_e_mae_mev_atom": 1000 * totals.e_abs / max(totals.graphs, 1),
-        "train_f_mae_mev_a": 1000 * totals.f_abs / max(totals.force_atoms, 1),
-        "valid_e_mae_mev_atom": valid["e_mae_mev_atom"], "valid_f_mae_mev_a": valid["f_mae_mev_a"],
-        "valid_e_rmse_mev_atom": valid["e_rmse_mev_atom"], "valid_f_rmse_mev_a": valid["f_rmse_mev_a"],
-        "valid_families": valid["families"], "valid_loss": valid.get("loss"),
-        "compute_share": totals.compute_s / busy, "allreduce_share": totals.allreduce_s / busy,
-        "data_share": totals.data_s / busy, "loss": s.last_loss, "lr": s.optimizer.param_groups[0]["lr"],
-        "peak_mem_gb": torch.cuda.max_memory_allocated(s.device) / 1e9 if s.device.type == "cuda" else None,
-    })
+    epoch_log.write(
+        {
+            "type": "epoch",
+            "epoch": epoch,
+            "complete": complete,
+            "global_step": s.global_step,
+            "epoch_s": round(epoch_s, 4),
+            "train_e_mae_mev_atom": 1000 * totals.e_abs / max(totals.graphs, 1),
+            "train_f_mae_mev_a": 1000 * totals.f_abs / max(totals.force_atoms, 1),
+            "valid_e_mae_mev_atom": valid["e_mae_mev_atom"],
+            "valid_f_mae_mev_a": valid["f_mae_mev_a"],
+            "valid_e_rmse_mev_atom": valid["e_rmse_mev_atom"],
+            "valid_f_rmse_mev_a": valid["f_rmse_mev_a"],
+            "valid_families": valid["families"],
+            "valid_loss": valid.get("loss"),
+            "compute_share": totals.compute_s / busy,
+            "allreduce_share": totals.allreduce_s / busy,
+            "data_share": totals.data_s / busy,
+            "loss": s.last_loss,
+            "lr": s.optimizer.param_groups[0]["lr"],
+            "peak_mem_gb": torch.cuda.max_memory_allocated(s.device) / 1e9 if s.device.type == "cuda" else None,
+        }
+    )
 
 
 @contextlib.contextmanager
@@ -653,8 +767,11 @@ def _train(config: TrainConfig, structures: list | None, resume: bool, data: Tra
     lock = RunLock(RunDir(config.run_dir)) if _dist_env()[0] == 0 else contextlib.nullcontext()
     with lock:
         if getattr(lock, "taken_over", None):
-            print(f"workbench: took over {RunDir(config.run_dir).lock} left by pid {lock.taken_over.get('pid')} "
-                  f"on {lock.taken_over.get('host')} (no longer running)", file=sys.stderr)
+            print(
+                f"workbench: took over {RunDir(config.run_dir).lock} left by pid {lock.taken_over.get('pid')} "
+                f"on {lock.taken_over.get('host')} (no longer running)",
+                file=sys.stderr,
+            )
         return _train_locked(config, structures, resume, data)
 
 

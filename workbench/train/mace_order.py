@@ -24,7 +24,7 @@ through the seed-to-seed spread.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -45,8 +45,14 @@ class _Passes:
         import torch
         from torch.utils.data import DataLoader
 
-        self._loader = DataLoader(range(self.n), batch_size=self.batch_size, shuffle=True, drop_last=True,
-                                  generator=torch.Generator().manual_seed(self.seed), collate_fn=list)
+        self._loader = DataLoader(
+            range(self.n),
+            batch_size=self.batch_size,
+            shuffle=True,
+            drop_last=True,
+            generator=torch.Generator().manual_seed(self.seed),
+            collate_fn=list,
+        )
         self._next = 0
 
     def get(self, k: int) -> np.ndarray:
@@ -54,7 +60,7 @@ class _Passes:
         if k < self._next:
             self._restart()
         while True:
-            batches = np.array([b for b in self._loader], dtype=np.int64).reshape(-1, self.batch_size)
+            batches = np.array(list(self._loader), dtype=np.int64).reshape(-1, self.batch_size)
             self._next += 1
             if self._next > k:
                 return batches
@@ -63,8 +69,10 @@ class _Passes:
 def check_ranks(ranks: int, detail: str = "") -> None:
     """Refuse more than one rank: mace's distributed runs draw from ``DistributedSampler`` instead."""
     if ranks != 1:
-        raise ValueError(f"sampler {NAME!r} replays mace_run_train's single-process batch order: it runs on one "
-                         f"rank, not {ranks}{detail}; use 'fixed-count' for several")
+        raise ValueError(
+            f"sampler {NAME!r} replays mace_run_train's single-process batch order: it runs on one "
+            f"rank, not {ranks}{detail}; use 'fixed-count' for several"
+        )
 
 
 def file_order(data) -> np.ndarray | None:
@@ -94,11 +102,14 @@ class MaceOrderSampler(EpochBatchSampler):
     ``state_dict`` / ``load_state_dict`` to resume mid-epoch, ``packing`` for the run record).
     """
 
-    def __init__(self, n: int, batch_size: int, seed: int = 0, order: np.ndarray | None = None,
-                 atoms: np.ndarray | None = None) -> None:
+    def __init__(
+        self, n: int, batch_size: int, seed: int = 0, order: np.ndarray | None = None, atoms: np.ndarray | None = None
+    ) -> None:
         if n < batch_size:
-            raise ValueError(f"sampler {NAME!r}: {n} training graphs make no full batch of {batch_size} "
-                             "(mace_run_train drops the incomplete last batch); lower TrainConfig.batch_size")
+            raise ValueError(
+                f"sampler {NAME!r}: {n} training graphs make no full batch of {batch_size} "
+                "(mace_run_train drops the incomplete last batch); lower TrainConfig.batch_size"
+            )
         self.n, self.batch_size, self.seed = int(n), int(batch_size), int(seed)
         if order is not None and sorted(np.asarray(order).tolist()) != list(range(self.n)):
             raise ValueError(f"order must be a permutation of the {self.n} training graphs")
@@ -128,9 +139,17 @@ class MaceOrderSampler(EpochBatchSampler):
 
         b = self.batches(epoch)
         offsets = np.arange(b.shape[0] + 1, dtype=np.int64) * self.batch_size
-        return Packing(flat=b.ravel().copy(), offsets=offsets, costs=self.atoms.astype(np.float64),
-                       capacity=float(self.atoms[b].sum(axis=1).max()), num_replicas=1, algorithm=NAME, seed=self.seed,
-                       epoch=self.epoch if epoch is None else int(epoch), atoms=self.atoms)
+        return Packing(
+            flat=b.ravel().copy(),
+            offsets=offsets,
+            costs=self.atoms.astype(np.float64),
+            capacity=float(self.atoms[b].sum(axis=1).max()),
+            num_replicas=1,
+            algorithm=NAME,
+            seed=self.seed,
+            epoch=self.epoch if epoch is None else int(epoch),
+            atoms=self.atoms,
+        )
 
     def __iter__(self) -> Iterator[list[int]]:
         b = self.batches()
@@ -140,5 +159,11 @@ class MaceOrderSampler(EpochBatchSampler):
         return self.n // self.batch_size
 
     def _identity(self) -> dict:
-        return {"seed": self.seed, "algorithm": NAME, "num_replicas": 1, "n_graphs": self.n,
-                "batch_size": self.batch_size, "rank": 0}
+        return {
+            "seed": self.seed,
+            "algorithm": NAME,
+            "num_replicas": 1,
+            "n_graphs": self.n,
+            "batch_size": self.batch_size,
+            "rank": 0,
+        }

@@ -55,9 +55,11 @@ class MDResult:
     trajectory: str | None = None
 
     def summary(self) -> str:
-        return (f"{self.ensemble.upper()} {self.steps} steps of {self.timestep_fs:g} fs, {self.atoms} atoms, backend {self.backend}: "
-                f"energy drift {self.drift_ev_atom_ps:+.3e} eV/atom/ps, max |E - E0| {self.max_excursion_ev_atom:.3e} eV/atom, "
-                f"T {np.mean(self.temperature_k):.0f} K (mean); {self.ns_per_day:.3f} ns/day ({self.ms_per_step:.1f} ms/step)")
+        return (
+            f"{self.ensemble.upper()} {self.steps} steps of {self.timestep_fs:g} fs, {self.atoms} atoms, backend {self.backend}: "
+            f"energy drift {self.drift_ev_atom_ps:+.3e} eV/atom/ps, max |E - E0| {self.max_excursion_ev_atom:.3e} eV/atom, "
+            f"T {np.mean(self.temperature_k):.0f} K (mean); {self.ns_per_day:.3f} ns/day ({self.ms_per_step:.1f} ms/step)"
+        )
 
 
 def energy_drift(time_ps: np.ndarray, total: np.ndarray, atoms: int) -> tuple[float, float]:
@@ -105,7 +107,7 @@ def _read_structure(path, index: int):
         raise FileNotFoundError(f"{p}: no such structure file")
     try:
         atoms = ase.io.read(p, index=index)
-    except Exception as exc:  # noqa: BLE001 - ASE raises many types for a bad file
+    except Exception as exc:
         raise ValueError(f"{p}: cannot read frame {index}: {type(exc).__name__}: {exc}") from None
     if not np.isfinite(atoms.positions).all():
         raise ValueError(f"{p}: frame {index} has non-finite coordinates")
@@ -113,10 +115,22 @@ def _read_structure(path, index: int):
     return atoms
 
 
-def run_md(model: str | os.PathLike, structure: Any, steps: int = 1000, ensemble: str = "nve",
-           temperature: float = 300.0, timestep_fs: float = 0.5, backend: str = "numba", index: int = 0,
-           trajectory: str | os.PathLike | None = None, write_every: int = 10, seed: int = 0, device: str = "cpu",
-           dtype: str | None = None, progress: bool = True) -> MDResult:
+def run_md(
+    model: str | os.PathLike,
+    structure: Any,
+    steps: int = 1000,
+    ensemble: str = "nve",
+    temperature: float = 300.0,
+    timestep_fs: float = 0.5,
+    backend: str = "numba",
+    index: int = 0,
+    trajectory: str | os.PathLike | None = None,
+    write_every: int = 10,
+    seed: int = 0,
+    device: str = "cpu",
+    dtype: str | None = None,
+    progress: bool = True,
+) -> MDResult:
     """Integrate ``steps`` steps of ``ensemble`` MD of ``structure`` (an ``ase.Atoms``, or a file
     and its frame ``index``) with the model; write every ``write_every``-th frame to ``trajectory`` (extxyz) when given."""
     import ase.io
@@ -141,8 +155,13 @@ def run_md(model: str | os.PathLike, structure: Any, steps: int = 1000, ensemble
     if ensemble == "nve":
         dyn = VelocityVerlet(atoms, timestep=dt)
     else:
-        dyn = Langevin(atoms, timestep=dt, temperature_K=temperature, friction=LANGEVIN_FRICTION_PER_FS / units.fs,
-                       rng=np.random.default_rng(seed + 1))
+        dyn = Langevin(
+            atoms,
+            timestep=dt,
+            temperature_K=temperature,
+            friction=LANGEVIN_FRICTION_PER_FS / units.fs,
+            rng=np.random.default_rng(seed + 1),
+        )
     n = len(atoms)
     rec: dict[str, list[float]] = {"t": [], "etot": [], "epot": [], "T": []}
     traj_path = Path(trajectory) if trajectory else None
@@ -171,11 +190,24 @@ def run_md(model: str | os.PathLike, structure: Any, steps: int = 1000, ensemble
     drift, excursion = energy_drift(np.array(rec["t"]), np.array(rec["etot"]), n)
     timed = np.diff(stamps[1:]) if len(stamps) > 2 else np.diff(stamps)
     per_step = float(np.median(timed)) if timed.size else float("nan")
-    return MDResult(model=str(model), structure=str(structure) if isinstance(structure, (str, os.PathLike)) else atoms.get_chemical_formula(), backend=backend, ensemble=ensemble, atoms=n, steps=steps,
-                    timestep_fs=timestep_fs, time_ps=rec["t"], total_energy=rec["etot"], potential_energy=rec["epot"],
-                    temperature_k=rec["T"], drift_ev_atom_ps=drift, max_excursion_ev_atom=excursion,
-                    ns_per_day=timestep_fs * 1e-6 / per_step * 86400.0, ms_per_step=1e3 * per_step,
-                    trajectory=str(traj_path) if traj_path else None)
+    return MDResult(
+        model=str(model),
+        structure=str(structure) if isinstance(structure, (str, os.PathLike)) else atoms.get_chemical_formula(),
+        backend=backend,
+        ensemble=ensemble,
+        atoms=n,
+        steps=steps,
+        timestep_fs=timestep_fs,
+        time_ps=rec["t"],
+        total_energy=rec["etot"],
+        potential_energy=rec["epot"],
+        temperature_k=rec["T"],
+        drift_ev_atom_ps=drift,
+        max_excursion_ev_atom=excursion,
+        ns_per_day=timestep_fs * 1e-6 / per_step * 86400.0,
+        ms_per_step=1e3 * per_step,
+        trajectory=str(traj_path) if traj_path else None,
+    )
 
 
 def write_result(result: MDResult, path: str | os.PathLike) -> None:
@@ -184,9 +216,21 @@ def write_result(result: MDResult, path: str | os.PathLike) -> None:
 
 
 def _cli(args: Any) -> int:
-    result = run_md(args.model, args.structure, steps=args.steps, ensemble=args.ensemble, temperature=args.temperature,
-                    timestep_fs=args.timestep, backend=args.backend, index=args.index, trajectory=args.trajectory,
-                    write_every=args.write_every, seed=args.seed, dtype=args.dtype, progress=True)
+    result = run_md(
+        args.model,
+        args.structure,
+        steps=args.steps,
+        ensemble=args.ensemble,
+        temperature=args.temperature,
+        timestep_fs=args.timestep,
+        backend=args.backend,
+        index=args.index,
+        trajectory=args.trajectory,
+        write_every=args.write_every,
+        seed=args.seed,
+        dtype=args.dtype,
+        progress=True,
+    )
     print(result.summary())
     if result.trajectory:
         print(f"trajectory: {result.trajectory}")
@@ -199,19 +243,29 @@ def _cli(args: Any) -> int:
 def register(sub) -> None:
     from workbench.kernels.mace.accelerate import KERNEL_BACKENDS
 
-    p = sub.add_parser("md", help="molecular dynamics with a mace model (NVE energy drift, ns/day) on the workbench kernels")
+    p = sub.add_parser(
+        "md", help="molecular dynamics with a mace model (NVE energy drift, ns/day) on the workbench kernels"
+    )
     p.add_argument("model", help="a mace-torch model file (e.g. runs/<name>/model.model)")
     p.add_argument("--structure", required=True, help="starting structure (any file ASE reads; frame --index)")
     p.add_argument("--index", type=int, default=0, help="frame of --structure (default: %(default)s)")
     p.add_argument("--steps", type=int, default=1000, help="MD steps (default: %(default)s)")
     p.add_argument("--ensemble", default="nve", choices=ENSEMBLES)
-    p.add_argument("--temperature", type=float, default=300.0, help="K, initial velocities and NVT (default: %(default)s)")
+    p.add_argument(
+        "--temperature", type=float, default=300.0, help="K, initial velocities and NVT (default: %(default)s)"
+    )
     p.add_argument("--timestep", type=float, default=0.5, help="fs (default: %(default)s)")
-    p.add_argument("--backend", default="numba", choices=[b for b in KERNEL_BACKENDS if b != "cueq"],
-                   help="kernels for the model's hot ops (default: %(default)s)")
+    p.add_argument(
+        "--backend",
+        default="numba",
+        choices=[b for b in KERNEL_BACKENDS if b != "cueq"],
+        help="kernels for the model's hot ops (default: %(default)s)",
+    )
     p.add_argument("--dtype", choices=["float32", "float64"], help="default: the model's own")
     p.add_argument("--trajectory", help="write frames here (extxyz)")
-    p.add_argument("--write-every", type=int, default=10, help="frames between trajectory writes (default: %(default)s)")
+    p.add_argument(
+        "--write-every", type=int, default=10, help="frames between trajectory writes (default: %(default)s)"
+    )
     p.add_argument("--seed", type=int, default=0, help="initial velocities (default: %(default)s)")
     p.add_argument("--json", help="also write the energies, drift and speed as JSON here")
     p.set_defaults(func=_cli)

@@ -12,8 +12,9 @@ from workbench.train.rundir import read_epochs, read_steps
 __all__ = ["fit_cost_model", "read_epochs", "read_steps"]
 
 
-def fit_cost_model(run_dir: str | os.PathLike, skip_first: int = 2, nonnegative: bool = True,
-                   with_description: bool = False):
+def fit_cost_model(
+    run_dir: str | os.PathLike, skip_first: int = 2, nonnegative: bool = True, with_description: bool = False
+):
     """Fit ``t = a + b*atoms + c*edges`` to the measured compute times of every rank's steps.
 
     The first ``skip_first`` steps of each rank are dropped: they include one-off costs
@@ -25,7 +26,9 @@ def fit_cost_model(run_dir: str | os.PathLike, skip_first: int = 2, nonnegative:
 
     recs = [r for r in read_steps(run_dir) if r["global_step"] > skip_first]
     if len(recs) < 3:
-        raise ValueError(f"{run_dir}: need at least 3 logged steps after warm-up to fit a cost model, found {len(recs)}")
+        raise ValueError(
+            f"{run_dir}: need at least 3 logged steps after warm-up to fit a cost model, found {len(recs)}"
+        )
     atoms = np.array([r["atoms"] for r in recs], dtype=float)
     edges = np.array([r["edges"] for r in recs], dtype=float)
     seconds = np.array([r["compute_s"] for r in recs], dtype=float)
@@ -34,6 +37,8 @@ def fit_cost_model(run_dir: str | os.PathLike, skip_first: int = 2, nonnegative:
         return model
     rms = float(np.sqrt(np.mean((seconds - model.batch_seconds(atoms, edges)) ** 2)))
     kind = "NNLS" if nonnegative else "least-squares"
-    desc = (f"cost model: {kind} fit to {len(recs)} measured step compute times of run '{Path(run_dir).name}' "
-            f"(batches of {atoms.min():.0f}–{atoms.max():.0f} atoms): {model.describe()}, rms residual {rms * 1e3:.3g} ms")
+    desc = (
+        f"cost model: {kind} fit to {len(recs)} measured step compute times of run '{Path(run_dir).name}' "
+        f"(batches of {atoms.min():.0f}–{atoms.max():.0f} atoms): {model.describe()}, rms residual {rms * 1e3:.3g} ms"
+    )
     return model, desc

@@ -24,7 +24,7 @@ import contextlib
 import os
 import signal
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 ENV_VAR = "WORKBENCH_PREEMPT_SIGNALS"
 #: ``workbench train`` exits with this after a preemption checkpoint (sysexits' EX_TEMPFAIL: retry).
@@ -40,8 +40,10 @@ class Preempted(Exception):
     """
 
     def __init__(self, signal_name: str, global_step: int) -> None:
-        super().__init__(f"stopped by SIG{signal_name} after step {global_step}; "
-                         f"the checkpoint holds step {global_step} and a relaunch resumes from it")
+        super().__init__(
+            f"stopped by SIG{signal_name} after step {global_step}; "
+            f"the checkpoint holds step {global_step} and a relaunch resumes from it"
+        )
         self.signal_name = signal_name
         self.global_step = global_step
 
@@ -52,7 +54,7 @@ class _Guard:
         self.received = 0  # signal number, 0 when none
         self._previous: dict[int, object] = {}
 
-    def _handler(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+    def _handler(self, signum, frame) -> None:
         # Only record: the trainer acts at the next step boundary, on all ranks together.
         self.received = max(self.received, signum)
 

@@ -28,12 +28,17 @@ def git_commit(path: str | os.PathLike | None = None) -> str | None:
     """The checked-out commit of the workbench source (``+dirty`` when modified), or None outside git."""
     where = Path(path) if path is not None else Path(__file__).resolve().parent
     try:
-        head = subprocess.run(["git", "-C", str(where), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, timeout=10)
+        head = subprocess.run(
+            ["git", "-C", str(where), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10
+        )
         if head.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=20)
+        dirty = subprocess.run(
+            ["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -45,15 +50,32 @@ def write_run_record(run: RunDir, config, data, world: int, device, sampler) -> 
 
     families = [str(f) for f in data.family_names]
     info = {
-        "name": config.name, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": socket.gethostname(),
-        "world_size": int(world), "device": str(device), "dtype": config.dtype, "backend": config.backend,
-        "sampler": config.sampler, "capacity": config.capacity, "batch_size": config.batch_size,
-        "model": {"hidden_irreps": config.hidden_irreps, "max_ell": config.max_ell, "correlation": config.correlation,
-                  "num_interactions": config.num_interactions, "cutoff": config.cutoff},
-        "data": {"source": config.dataset or "embedded mixture", "train_graphs": int(len(data.train_atoms)),
-                 "valid_graphs": int(len(data.valid)), "train_atoms": int(np.sum(data.train_atoms)),
-                 "families": families},
-        "workbench": workbench.__version__, "commit": git_commit(),
+        "name": config.name,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "host": socket.gethostname(),
+        "world_size": int(world),
+        "device": str(device),
+        "dtype": config.dtype,
+        "backend": config.backend,
+        "sampler": config.sampler,
+        "capacity": config.capacity,
+        "batch_size": config.batch_size,
+        "model": {
+            "hidden_irreps": config.hidden_irreps,
+            "max_ell": config.max_ell,
+            "correlation": config.correlation,
+            "num_interactions": config.num_interactions,
+            "cutoff": config.cutoff,
+        },
+        "data": {
+            "source": config.dataset or "embedded mixture",
+            "train_graphs": len(data.train_atoms),
+            "valid_graphs": len(data.valid),
+            "train_atoms": int(np.sum(data.train_atoms)),
+            "families": families,
+        },
+        "workbench": workbench.__version__,
+        "commit": git_commit(),
     }
     tmp = run.info.with_name(f".{run.info.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(info, indent=1) + "\n")
@@ -61,8 +83,12 @@ def write_run_record(run: RunDir, config, data, world: int, device, sampler) -> 
     packing = sampler.packing(0)
     tmp = run.packing.with_name(f".{run.packing.stem}.{os.getpid()}.tmp.npz")
     code = data.train_family if data.train_family is not None else np.zeros(len(data.train_atoms), np.int16)
-    packing.save(tmp, family_code=code, family_names=np.array(families or ["graph"], dtype=str),
-                 train_edges=np.asarray(data.train_edges, dtype=np.int64))
+    packing.save(
+        tmp,
+        family_code=code,
+        family_names=np.array(families or ["graph"], dtype=str),
+        train_edges=np.asarray(data.train_edges, dtype=np.int64),
+    )
     os.replace(tmp, run.packing)
 
 
@@ -85,6 +111,9 @@ def read_packing(run_dir: str | os.PathLike):
         family = names[z["family_code"].astype(np.int64)]
         edges = z["train_edges"]
     atoms = packing.atoms if packing.atoms is not None else packing.costs.astype(np.int64)
-    sizes = np.zeros(atoms.shape[0], dtype=[("atoms", np.int64), ("edges", np.int64), ("family", f"U{max(1, names.dtype.itemsize // 4)}")])
+    sizes = np.zeros(
+        atoms.shape[0],
+        dtype=[("atoms", np.int64), ("edges", np.int64), ("family", f"U{max(1, names.dtype.itemsize // 4)}")],
+    )
     sizes["atoms"], sizes["edges"], sizes["family"] = atoms, edges, family
     return packing, sizes

@@ -26,15 +26,48 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 # Record schema: the keys every step / epoch record carries (writers may add more).
-STEP_FIELDS = ("type", "rank", "epoch", "step", "global_step", "data_s", "compute_s", "allreduce_s", "step_s",
-               "atoms", "edges", "graphs", "loss", "lr", "batch_hash", "time", "peak_rss_mb")
-EPOCH_FIELDS = ("type", "epoch", "complete", "global_step", "epoch_s", "train_e_mae_mev_atom", "train_f_mae_mev_a",
-                "valid_e_mae_mev_atom", "valid_f_mae_mev_a", "valid_families", "compute_share", "allreduce_share", "data_share",
-                "loss", "lr", "peak_mem_gb")
+STEP_FIELDS = (
+    "type",
+    "rank",
+    "epoch",
+    "step",
+    "global_step",
+    "data_s",
+    "compute_s",
+    "allreduce_s",
+    "step_s",
+    "atoms",
+    "edges",
+    "graphs",
+    "loss",
+    "lr",
+    "batch_hash",
+    "time",
+    "peak_rss_mb",
+)
+EPOCH_FIELDS = (
+    "type",
+    "epoch",
+    "complete",
+    "global_step",
+    "epoch_s",
+    "train_e_mae_mev_atom",
+    "train_f_mae_mev_a",
+    "valid_e_mae_mev_atom",
+    "valid_f_mae_mev_a",
+    "valid_families",
+    "compute_share",
+    "allreduce_share",
+    "data_share",
+    "loss",
+    "lr",
+    "peak_mem_gb",
+)
 
 
 class RunDir:
@@ -224,7 +257,7 @@ class RunLock:
         self._fh = None
         self.taken_over: dict | None = None  # the dead holder's record, when there was one
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         import fcntl
         import socket
         import time
@@ -233,8 +266,9 @@ class RunLock:
             self.run.path.mkdir(parents=True, exist_ok=True)
             fh = open(self.run.lock, "a+")
         except OSError as exc:
-            raise RunDirUnusable(f"{self.run.path}: cannot write the run directory ({exc.strerror or exc}); "
-                                 "choose a writable output_dir") from None
+            raise RunDirUnusable(
+                f"{self.run.path}: cannot write the run directory ({exc.strerror or exc}); choose a writable output_dir"
+            ) from None
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -242,16 +276,22 @@ class RunLock:
             holder = fh.read().strip() or "{}"
             fh.close()
             info = json.loads(holder) if holder.startswith("{") else {}
-            raise RunDirBusy(f"{self.run.path}: another run is training here (host {info.get('host', '?')}, "
-                             f"pid {info.get('pid', '?')}, since {info.get('started', '?')}); wait for it to "
-                             "finish, or use another name") from None
+            raise RunDirBusy(
+                f"{self.run.path}: another run is training here (host {info.get('host', '?')}, "
+                f"pid {info.get('pid', '?')}, since {info.get('started', '?')}); wait for it to "
+                "finish, or use another name"
+            ) from None
         fh.seek(0)
         previous = fh.read().strip()
         self.taken_over = json.loads(previous) if previous.startswith("{") else None
         fh.seek(0)
         fh.truncate()
-        fh.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                             "started": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+        fh.write(
+            json.dumps(
+                {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+            )
+            + "\n"
+        )
         fh.flush()
         self._fh = fh
         return self
@@ -272,7 +312,7 @@ class JsonlLog:
         self.fields = fields
         self._fh = None
 
-    def __enter__(self) -> "JsonlLog":
+    def __enter__(self) -> JsonlLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(self.path, "a")
         return self

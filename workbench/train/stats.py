@@ -43,21 +43,33 @@ class ModelStats:
     scale: float
 
     def to_dict(self) -> dict:
-        return {"zs": self.zs, "e0s": self.e0s, "avg_num_neighbors": self.avg_num_neighbors,
-                "shift": self.shift, "scale": self.scale}
+        return {
+            "zs": self.zs,
+            "e0s": self.e0s,
+            "avg_num_neighbors": self.avg_num_neighbors,
+            "shift": self.shift,
+            "scale": self.scale,
+        }
 
     def describe(self) -> str:
         """A few lines for a console or notebook."""
         from ase.data import chemical_symbols
 
         e0 = ", ".join(f"{chemical_symbols[z]} {e:.4f}" for z, e in zip(self.zs, self.e0s))
-        return (f"E0s (eV): {e0}\n"
-                f"average neighbours {self.avg_num_neighbors:.3f}; shift {self.shift:.5f} eV/atom; "
-                f"scale (RMS force) {self.scale:.5f} eV/Å")
+        return (
+            f"E0s (eV): {e0}\n"
+            f"average neighbours {self.avg_num_neighbors:.3f}; shift {self.shift:.5f} eV/atom; "
+            f"scale (RMS force) {self.scale:.5f} eV/Å"
+        )
 
 
-def compute_stats(configs: list, train_data: list, z_table, neighbour_rows: np.ndarray | None = None,
-                  energy_rows: np.ndarray | None = None) -> ModelStats:
+def compute_stats(
+    configs: list,
+    train_data: list,
+    z_table,
+    neighbour_rows: np.ndarray | None = None,
+    energy_rows: np.ndarray | None = None,
+) -> ModelStats:
     """mace's own functions. ``configs``: mace ``Configuration`` list of the training split;
     ``train_data``: its ``AtomicData``. E0s come from every graph; ``avg_num_neighbors`` from
     ``neighbour_rows`` and shift and scale from ``energy_rows`` of ``train_data`` when given
@@ -75,8 +87,13 @@ def compute_stats(configs: list, train_data: list, z_table, neighbour_rows: np.n
     e0s = [float(e0[z]) for z in z_table.zs]
     avg = float(compute_avg_num_neighbors(loader(neighbour_rows)))
     mean, rms = compute_mean_rms_energy_forces(loader(energy_rows), np.array(e0s))
-    return ModelStats(zs=[int(z) for z in z_table.zs], e0s=e0s, avg_num_neighbors=avg,
-                      shift=float(np.ravel(mean)[0]), scale=float(np.ravel(rms)[0]))
+    return ModelStats(
+        zs=[int(z) for z in z_table.zs],
+        e0s=e0s,
+        avg_num_neighbors=avg,
+        shift=float(np.ravel(mean)[0]),
+        scale=float(np.ravel(rms)[0]),
+    )
 
 
 def _columns(store, zs: list[int]) -> np.ndarray:
@@ -121,11 +138,12 @@ def stats_from_index(store, rows: np.ndarray, zs: list[int]) -> ModelStats:
     per_atom = np.empty(rows.size)  # (E - sum_z n_z E0_z) / N per graph; the order does not matter
     at = 0
     for block, counts in store.element_counts(np.sort(rows)):
-        per_atom[at:at + block.size] = (idx["energy"][block] - counts[:, cols] @ e0s) / idx["atoms"][block]
+        per_atom[at : at + block.size] = (idx["energy"][block] - counts[:, cols] @ e0s) / idx["atoms"][block]
         at += block.size
     fsq = float(np.sum(idx["fsq"][rows]))
     return ModelStats(
-        zs=[int(z) for z in zs], e0s=[float(e) for e in e0s],
+        zs=[int(z) for z in zs],
+        e0s=[float(e) for e in e0s],
         avg_num_neighbors=float(edges.sum() / max(int(connected.sum()), 1)),
         shift=float(per_atom.mean()),
         scale=float(np.sqrt(fsq / (3.0 * atoms.sum()))) or 1.0,

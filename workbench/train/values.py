@@ -39,7 +39,7 @@ _Loader.add_implicit_resolver(
 def load_yaml(text: str, source: str) -> Any:
     """Parse YAML text; a syntax error becomes a :class:`ConfigError` naming ``source`` and the line."""
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}, line {mark.line + 1}" if mark is not None else source
@@ -81,6 +81,7 @@ def _describe(hint) -> str:
 
 def coerce(value: Any, hint: Any, field: str) -> Any:
     """``value`` as the type ``hint`` (``int``, ``float``, ``bool``, ``str``, ``list[...]``, ``X | None``)."""
+
     def bad(want: str) -> ConfigError:
         return ConfigError(f"{field}: expected {want}, got {value!r}")
 

@@ -21,33 +21,85 @@ from workbench.viz.molecules import fix_nglview_frontend
 
 fix_nglview_frontend()
 
-from workbench.viz.capacity import CapacityStudy, capacity_app, capacity_curves_figure  # noqa: E402
-from workbench.viz.dataset import dataset_figure, distribution_stats, family_table_html  # noqa: E402
-from workbench.viz.gpu_figures import gpu_pass_figure, gpu_profile_figure, gpu_step_figure  # noqa: E402
-from workbench.viz.gpu_results import (format_gpu_table, gpu_missing_rows, gpu_pass_rows,  # noqa: E402
-                                       gpu_results_table, gpu_sources, gpu_step_rows)
-from workbench.viz.kernels import (kernel_app, kernel_timings_figure, read_kernel_results,  # noqa: E402
-                                   roofline_figure)
-from workbench.viz.layout import (Rectangles, bin_layout_app, bin_layout_figure, layout_rectangles,  # noqa: E402
-                                  rectangles_from_batches)
-from workbench.viz.md import md_energy_figure  # noqa: E402
-from workbench.viz.molecules import family_gallery, molecule_browser, molecule_view  # noqa: E402
-from workbench.viz.monitor import (RunMonitor, loss_figure, run_monitor, step_series,  # noqa: E402
-                                   step_time_figure)
-from workbench.viz.scaling import (AllReduceModel, KernelSpeedup, kernel_speedup_from_results,  # noqa: E402
-                                   project_scaling, projection_cost_model, scaling_assumptions, scaling_figure,
-                                   simulate_epoch)
-from workbench.viz.paths import runs_dir  # noqa: E402
-from workbench.viz.style import FAMILY_COLORS, family_color  # noqa: E402
+from workbench.viz.capacity import CapacityStudy, capacity_app, capacity_curves_figure
+from workbench.viz.dataset import dataset_figure, distribution_stats, family_table_html
+from workbench.viz.gpu_figures import gpu_pass_figure, gpu_profile_figure, gpu_step_figure
+from workbench.viz.gpu_results import (
+    format_gpu_table,
+    gpu_missing_rows,
+    gpu_pass_rows,
+    gpu_results_table,
+    gpu_sources,
+    gpu_step_rows,
+)
+from workbench.viz.kernels import kernel_app, kernel_timings_figure, read_kernel_results, roofline_figure
+from workbench.viz.layout import (
+    Rectangles,
+    bin_layout_app,
+    bin_layout_figure,
+    layout_rectangles,
+    rectangles_from_batches,
+)
+from workbench.viz.md import md_energy_figure
+from workbench.viz.molecules import family_gallery, molecule_browser, molecule_view
+from workbench.viz.monitor import RunMonitor, loss_figure, run_monitor, step_series, step_time_figure
+from workbench.viz.paths import runs_dir
+from workbench.viz.scaling import (
+    AllReduceModel,
+    KernelSpeedup,
+    kernel_speedup_from_results,
+    project_scaling,
+    projection_cost_model,
+    scaling_assumptions,
+    scaling_figure,
+    simulate_epoch,
+)
+from workbench.viz.style import FAMILY_COLORS, family_color
 
 __all__ = [
-    "AllReduceModel", "CapacityStudy", "FAMILY_COLORS", "KernelSpeedup", "Rectangles", "RunMonitor",
-    "bin_layout_app", "bin_layout_figure", "capacity_app", "capacity_curves_figure", "dataset_figure",
-    "distribution_stats", "family_color", "family_gallery", "family_table_html", "fix_nglview_frontend",
-    "format_gpu_table", "gpu_missing_rows", "gpu_pass_figure", "gpu_pass_rows", "gpu_profile_figure",
-    "gpu_results_table", "gpu_sources", "gpu_step_figure", "gpu_step_rows",
-    "kernel_app", "kernel_speedup_from_results", "kernel_timings_figure", "layout_rectangles", "loss_figure", "md_energy_figure",
-    "molecule_browser", "molecule_view", "project_scaling", "projection_cost_model", "read_kernel_results",
-    "rectangles_from_batches", "roofline_figure", "run_monitor", "runs_dir", "scaling_assumptions", "scaling_figure",
-    "simulate_epoch", "step_series", "step_time_figure",
+    "FAMILY_COLORS",
+    "AllReduceModel",
+    "CapacityStudy",
+    "KernelSpeedup",
+    "Rectangles",
+    "RunMonitor",
+    "bin_layout_app",
+    "bin_layout_figure",
+    "capacity_app",
+    "capacity_curves_figure",
+    "dataset_figure",
+    "distribution_stats",
+    "family_color",
+    "family_gallery",
+    "family_table_html",
+    "fix_nglview_frontend",
+    "format_gpu_table",
+    "gpu_missing_rows",
+    "gpu_pass_figure",
+    "gpu_pass_rows",
+    "gpu_profile_figure",
+    "gpu_results_table",
+    "gpu_sources",
+    "gpu_step_figure",
+    "gpu_step_rows",
+    "kernel_app",
+    "kernel_speedup_from_results",
+    "kernel_timings_figure",
+    "layout_rectangles",
+    "loss_figure",
+    "md_energy_figure",
+    "molecule_browser",
+    "molecule_view",
+    "project_scaling",
+    "projection_cost_model",
+    "read_kernel_results",
+    "rectangles_from_batches",
+    "roofline_figure",
+    "run_monitor",
+    "runs_dir",
+    "scaling_assumptions",
+    "scaling_figure",
+    "simulate_epoch",
+    "step_series",
+    "step_time_figure",
 ]

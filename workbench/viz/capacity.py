@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -60,8 +60,14 @@ class CapacityStudy:
     or ``None`` (always live).
     """
 
-    def __init__(self, sizes: np.ndarray, grid: str | Path | None = "auto", seed: int = 0, label: str | None = None,
-                 cache_size: int = 64) -> None:
+    def __init__(
+        self,
+        sizes: np.ndarray,
+        grid: str | Path | None = "auto",
+        seed: int = 0,
+        label: str | None = None,
+        cache_size: int = 64,
+    ) -> None:
         self.sizes = sizes
         self.seed = int(seed)
         self.label = label or f"{sizes.size:,} graphs"
@@ -100,14 +106,18 @@ class CapacityStudy:
         if self.meta:
             m = self.meta
             what = m.get("description") or "the sizes array"
-            txt = (f"Precomputed grid: exact pack(...).metrics() on all {m['n']:,} graphs of "
-                   f"{what} at {len(m['capacities'])} capacities × "
-                   f"{len(m['gpus'])} GPU counts × {len(m['algorithms'])} algorithms "
-                   f"(computed {m['created']} in {m['seconds'] / 60:.0f} min); sliders snap to grid points, "
-                   f"nothing is subsampled or interpolated.")
+            txt = (
+                f"Precomputed grid: exact pack(...).metrics() on all {m['n']:,} graphs of "
+                f"{what} at {len(m['capacities'])} capacities × "
+                f"{len(m['gpus'])} GPU counts × {len(m['algorithms'])} algorithms "
+                f"(computed {m['created']} in {m['seconds'] / 60:.0f} min); sliders snap to grid points, "
+                f"nothing is subsampled or interpolated."
+            )
             if self.stale_code:
-                txt += (" Note: workbench/packing changed since; regenerate with "
-                        "<code>python -m workbench.viz.capacity</code>.")
+                txt += (
+                    " Note: workbench/packing changed since; regenerate with "
+                    "<code>python -m workbench.viz.capacity</code>."
+                )
             return txt
         return f"Live: every point is packed on demand on all {self.label} (cached once computed)."
 
@@ -115,8 +125,11 @@ class CapacityStudy:
         if not self.meta:
             return None
         try:
-            return (self.meta["capacities"].index(int(capacity)), self.meta["gpus"].index(int(num_gpus)),
-                    self.meta["algorithms"].index(algorithm))
+            return (
+                self.meta["capacities"].index(int(capacity)),
+                self.meta["gpus"].index(int(num_gpus)),
+                self.meta["algorithms"].index(algorithm),
+            )
         except ValueError:
             return None
 
@@ -133,8 +146,10 @@ class CapacityStudy:
             layouts = {}
             for q, kind in enumerate(self.meta["layout_steps"]):
                 n_r = int(self._lranks[flat_id + q])
-                b = [self._lflat[self._loff[start_rank + r]:self._loff[start_rank + r + 1]].astype(np.int64)
-                     for r in range(n_r)]
+                b = [
+                    self._lflat[self._loff[start_rank + r] : self._loff[start_rank + r + 1]].astype(np.int64)
+                    for r in range(n_r)
+                ]
                 layouts[kind] = (int(self._steps[idx][q]), b)
                 start_rank += n_r
             return {"metrics": metrics, "layouts": layouts, "source": "grid", "seconds": time.perf_counter() - t0}
@@ -155,8 +170,9 @@ class CapacityStudy:
             j, k = self.meta["gpus"].index(int(num_gpus)), self.meta["algorithms"].index(algorithm)
             m = self.meta["metrics"].index(metric)
             return self.capacities, self._metrics[:, j, k, m].tolist()
-        pts = sorted((c, v["metrics"][metric]) for (c, r, a), v in self._cache.items()
-                     if r == num_gpus and a == algorithm)
+        pts = sorted(
+            (c, v["metrics"][metric]) for (c, r, a), v in self._cache.items() if r == num_gpus and a == algorithm
+        )
         return [c for c, _ in pts], [v for _, v in pts]
 
 
@@ -166,45 +182,79 @@ def metrics_html(point: dict, base: dict, algorithm: str, capacity: int, gpus: i
     speed = b["est_epoch_seconds"] / m["est_epoch_seconds"] if m["est_epoch_seconds"] else float("nan")
 
     def card(cls: str, title: str, value: str, sub: str) -> str:
-        return (f"<div class='wb-card {cls}' style='flex:1;min-width:150px;border:1px solid #ddd;border-radius:8px;"
-                f"padding:8px 12px;background:#fafafa'><div style='color:#666;font-size:12px'>{title}</div>"
-                f"<div class='wb-value' style='font-size:22px;font-weight:600'>{value}</div>"
-                f"<div style='color:#666;font-size:12px'>{sub}</div></div>")
+        return (
+            f"<div class='wb-card {cls}' style='flex:1;min-width:150px;border:1px solid #ddd;border-radius:8px;"
+            f"padding:8px 12px;background:#fafafa'><div style='color:#666;font-size:12px'>{title}</div>"
+            f"<div class='wb-value' style='font-size:22px;font-weight:600'>{value}</div>"
+            f"<div style='color:#666;font-size:12px'>{sub}</div></div>"
+        )
 
     took = point["seconds"] * 1e3
     how = {"grid": "grid lookup", "cache": "cached", "live": "packed live"}[point["source"]]
-    cards = "".join([
-        card("wb-padding", "padding waste", f"{100 * m['padding_fraction']:.2f}%",
-             f"{BASELINE}: {100 * b['padding_fraction']:.1f}%"),
-        card("wb-bins", "batches vs lower bound", f"{m['n_bins']:,.0f}",
-             f"lower bound {m['lower_bound_bins']:,.0f} (×{m['bins_over_lb']:.3f}); {m['n_steps']:,.0f} steps"),
-        card("wb-imbalance", "step imbalance (max / mean)", f"{m['step_imbalance_max']:.3f}",
-             f"mean {m['step_imbalance_mean']:.4f}; {BASELINE}: {b['step_imbalance_max']:.2f}"),
-        card("wb-epoch", "est. epoch time (cost model)", f"{m['est_epoch_seconds']:,.1f} s",
-             f"{BASELINE}: {b['est_epoch_seconds']:,.1f} s → <b>{speed:.2f}×</b>"),
-    ])
-    return (f"<div class='wb-capacity-metrics' data-capacity='{capacity}' data-gpus='{gpus}' "
-            f"data-algorithm='{algorithm}'><div style='display:flex;gap:10px;flex-wrap:wrap'>{cards}</div>"
-            f"<div class='wb-source' style='color:#555;font-size:12px;margin-top:6px'>{source_line} "
-            f"This answer: {how} in {took:.1f} ms.</div></div>")
+    cards = "".join(
+        [
+            card(
+                "wb-padding",
+                "padding waste",
+                f"{100 * m['padding_fraction']:.2f}%",
+                f"{BASELINE}: {100 * b['padding_fraction']:.1f}%",
+            ),
+            card(
+                "wb-bins",
+                "batches vs lower bound",
+                f"{m['n_bins']:,.0f}",
+                f"lower bound {m['lower_bound_bins']:,.0f} (×{m['bins_over_lb']:.3f}); {m['n_steps']:,.0f} steps",
+            ),
+            card(
+                "wb-imbalance",
+                "step imbalance (max / mean)",
+                f"{m['step_imbalance_max']:.3f}",
+                f"mean {m['step_imbalance_mean']:.4f}; {BASELINE}: {b['step_imbalance_max']:.2f}",
+            ),
+            card(
+                "wb-epoch",
+                "est. epoch time (cost model)",
+                f"{m['est_epoch_seconds']:,.1f} s",
+                f"{BASELINE}: {b['est_epoch_seconds']:,.1f} s → <b>{speed:.2f}×</b>",
+            ),
+        ]
+    )
+    return (
+        f"<div class='wb-capacity-metrics' data-capacity='{capacity}' data-gpus='{gpus}' "
+        f"data-algorithm='{algorithm}'><div style='display:flex;gap:10px;flex-wrap:wrap'>{cards}</div>"
+        f"<div class='wb-source' style='color:#555;font-size:12px;margin-top:6px'>{source_line} "
+        f"This answer: {how} in {took:.1f} ms.</div></div>"
+    )
 
 
-def capacity_curves_figure(study: CapacityStudy, num_gpus: int, algorithm: str, capacity: int,
-                           figure_widget: bool = False):
+def capacity_curves_figure(
+    study: CapacityStudy, num_gpus: int, algorithm: str, capacity: int, figure_widget: bool = False
+):
     """Padding and estimated epoch time against capacity, algorithm vs baseline, current point marked."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("padding waste", "estimated epoch time (cost model)"),
-                        horizontal_spacing=0.12)
+    fig = make_subplots(
+        rows=1, cols=2, subplot_titles=("padding waste", "estimated epoch time (cost model)"), horizontal_spacing=0.12
+    )
     for a in dict.fromkeys([algorithm, BASELINE]):
         color = ALGORITHM_COLORS.get(a, "#333")
         for col, metric, scale in ((1, "padding_fraction", 100.0), (2, "est_epoch_seconds", 1.0)):
             xs, ys = study.curve(num_gpus, a, metric)
-            fig.add_trace(go.Scatter(x=xs, y=[y * scale for y in ys], mode="lines+markers", name=a, legendgroup=a,
-                                     showlegend=col == 1, line=dict(color=color),
-                                     hovertemplate=f"{a}<br>capacity %{{x}}<br>%{{y:.3g}}<extra></extra>"),
-                          row=1, col=col)
+            fig.add_trace(
+                go.Scatter(
+                    x=xs,
+                    y=[y * scale for y in ys],
+                    mode="lines+markers",
+                    name=a,
+                    legendgroup=a,
+                    showlegend=col == 1,
+                    line=dict(color=color),
+                    hovertemplate=f"{a}<br>capacity %{{x}}<br>%{{y:.3g}}<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
     for col in (1, 2):
         fig.add_vline(x=capacity, line=dict(color="#999", dash="dot"), row=1, col=col)
     fig.update_xaxes(title_text="bin capacity (atoms)")
@@ -214,8 +264,15 @@ def capacity_curves_figure(study: CapacityStudy, num_gpus: int, algorithm: str, 
     return go.FigureWidget(fig) if figure_widget else fig
 
 
-def capacity_app(sizes: np.ndarray, grid: str | Path | None = "auto", capacity: int = 3072, num_gpus: int = 64,
-                 algorithm: str = "paper", seed: int = 0, label: str | None = None):
+def capacity_app(
+    sizes: np.ndarray,
+    grid: str | Path | None = "auto",
+    capacity: int = 3072,
+    num_gpus: int = 64,
+    algorithm: str = "paper",
+    seed: int = 0,
+    label: str | None = None,
+):
     """Sliders for capacity (800-4096), GPUs (1-1024) and algorithm; live metric cards and figures.
 
     Shows padding waste, batches against the lower bound, step imbalance and the
@@ -231,15 +288,29 @@ def capacity_app(sizes: np.ndarray, grid: str | Path | None = "auto", capacity: 
     sizes = study.sizes
     caps, gps = study.capacities, study.gpus
     dstyle = {"description_width": "90px"}
-    cap_w = W.SelectionSlider(options=caps, value=min(caps, key=lambda c: abs(c - capacity)),
-                              description="capacity", continuous_update=False, style=dstyle,
-                              layout=W.Layout(width="460px"))
-    gpu_w = W.SelectionSlider(options=gps, value=min(gps, key=lambda r: abs(r - num_gpus)), description="GPUs",
-                              continuous_update=False, style=dstyle, layout=W.Layout(width="460px"))
+    cap_w = W.SelectionSlider(
+        options=caps,
+        value=min(caps, key=lambda c: abs(c - capacity)),
+        description="capacity",
+        continuous_update=False,
+        style=dstyle,
+        layout=W.Layout(width="460px"),
+    )
+    gpu_w = W.SelectionSlider(
+        options=gps,
+        value=min(gps, key=lambda r: abs(r - num_gpus)),
+        description="GPUs",
+        continuous_update=False,
+        style=dstyle,
+        layout=W.Layout(width="460px"),
+    )
     algo_w = W.ToggleButtons(options=study.algorithms, value=algorithm, description="algorithm", style=dstyle)
-    step_w = W.ToggleButtons(options=[("first step", "first"), ("middle step", "middle"),
-                                      ("least balanced step", "worst")], value="first", description="show",
-                             style=dstyle)
+    step_w = W.ToggleButtons(
+        options=[("first step", "first"), ("middle step", "middle"), ("least balanced step", "worst")],
+        value="first",
+        description="show",
+        style=dstyle,
+    )
     cap_w.add_class("wb-capacity-slider")
     gpu_w.add_class("wb-gpus-slider")
     cards = W.HTML()
@@ -264,13 +335,18 @@ def capacity_app(sizes: np.ndarray, grid: str | Path | None = "auto", capacity: 
         base = study.query(c, r, BASELINE)
         cards.value = metrics_html(pt, base, a, c, r, study.describe())
         panels = []
-        for name, q in ((f"{BASELINE} ({int(base['metrics']['graphs_per_batch_mean'] + 0.5)} graphs/batch)", base),
-                        (a, pt)):
+        for name, q in (
+            (f"{BASELINE} ({int(base['metrics']['graphs_per_batch_mean'] + 0.5)} graphs/batch)", base),
+            (a, pt),
+        ):
             s, batches = q["layouts"][step_w.value]
-            panels.append((f"{name}: step {s + 1:,} of {q['metrics']['n_steps']:,.0f}",
-                           rectangles_from_batches(batches, sizes)))
-        replace(layout_fig, bin_layout_figure(panels, c, title=f"Graphs per GPU, capacity {c:,} atoms, {r:,} GPUs",
-                                              total_ranks=r))
+            panels.append(
+                (f"{name}: step {s + 1:,} of {q['metrics']['n_steps']:,.0f}", rectangles_from_batches(batches, sizes))
+            )
+        replace(
+            layout_fig,
+            bin_layout_figure(panels, c, title=f"Graphs per GPU, capacity {c:,} atoms, {r:,} GPUs", total_ranks=r),
+        )
         if curves_for.get("key") != (r, a):  # the curves depend on GPUs and algorithm only
             replace(curves, capacity_curves_figure(study, r, a, c))
             curves_for["key"] = (r, a)
@@ -301,8 +377,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     sizes = synthetic_sizes(args.n, seed=args.seed)
-    out = precompute_grid(sizes, args.out or grid_path(args.n, args.seed), seed=args.seed,
-                          description=f"synthetic_sizes({args.n}, seed={args.seed})")
+    out = precompute_grid(
+        sizes,
+        args.out or grid_path(args.n, args.seed),
+        seed=args.seed,
+        description=f"synthetic_sizes({args.n}, seed={args.seed})",
+    )
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
     return 0
 

@@ -21,8 +21,7 @@ def distribution_stats(sizes: np.ndarray) -> list[dict]:
         row = {"family": fam, "graphs": int(sel.size), "share": sel.size / sizes.size}
         for field in ("atoms", "edges"):
             q = np.quantile(sel[field], QUANTILES)
-            row[field] = dict(zip(("min", "q1", "median", "q3", "max"), map(float, q)),
-                              mean=float(sel[field].mean()))
+            row[field] = dict(zip(("min", "q1", "median", "q3", "max"), map(float, q)), mean=float(sel[field].mean()))
         out.append(row)
     return out
 
@@ -33,21 +32,54 @@ def dataset_figure(sizes: np.ndarray, title: str | None = None, log: bool = True
     from plotly.subplots import make_subplots
 
     stats = distribution_stats(sizes)
-    fig = make_subplots(rows=1, cols=3, column_widths=[0.26, 0.37, 0.37], horizontal_spacing=0.07,
-                        subplot_titles=("graphs per family", "atoms per graph", "edges per graph"))
+    fig = make_subplots(
+        rows=1,
+        cols=3,
+        column_widths=[0.26, 0.37, 0.37],
+        horizontal_spacing=0.07,
+        subplot_titles=("graphs per family", "atoms per graph", "edges per graph"),
+    )
     names = [family_label(s["family"]) for s in stats]
     colors = [family_color(s["family"]) for s in stats]
-    fig.add_trace(go.Bar(y=names, x=[s["graphs"] for s in stats], orientation="h", marker_color=colors,
-                         text=[f"{100 * s['share']:.1f}%" for s in stats], textposition="outside", cliponaxis=False,
-                         customdata=[s["share"] * 100 for s in stats], showlegend=False,
-                         hovertemplate="%{y}: %{x:,} graphs (%{customdata:.1f}%)<extra></extra>"), 1, 1)
+    fig.add_trace(
+        go.Bar(
+            y=names,
+            x=[s["graphs"] for s in stats],
+            orientation="h",
+            marker_color=colors,
+            text=[f"{100 * s['share']:.1f}%" for s in stats],
+            textposition="outside",
+            cliponaxis=False,
+            customdata=[s["share"] * 100 for s in stats],
+            showlegend=False,
+            hovertemplate="%{y}: %{x:,} graphs (%{customdata:.1f}%)<extra></extra>",
+        ),
+        1,
+        1,
+    )
     for col, field in ((2, "atoms"), (3, "edges")):
         for s, name, color in zip(stats, names, colors):
             d = s[field]
-            fig.add_trace(go.Box(y=[name], q1=[d["q1"]], median=[d["median"]], q3=[d["q3"]], lowerfence=[d["min"]],
-                                 upperfence=[d["max"]], mean=[d["mean"]], orientation="h", name=name,
-                                 marker_color=color, fillcolor=color, line=dict(color="#333", width=1),
-                                 showlegend=False, hoverinfo="x+name"), 1, col)
+            fig.add_trace(
+                go.Box(
+                    y=[name],
+                    q1=[d["q1"]],
+                    median=[d["median"]],
+                    q3=[d["q3"]],
+                    lowerfence=[d["min"]],
+                    upperfence=[d["max"]],
+                    mean=[d["mean"]],
+                    orientation="h",
+                    name=name,
+                    marker_color=color,
+                    fillcolor=color,
+                    line=dict(color="#333", width=1),
+                    showlegend=False,
+                    hoverinfo="x+name",
+                ),
+                1,
+                col,
+            )
     fig.update_yaxes(autorange="reversed", categoryorder="array", categoryarray=names)
     fig.update_yaxes(showticklabels=False, col=2)
     fig.update_yaxes(showticklabels=False, col=3)
@@ -66,17 +98,39 @@ def family_table_html(sizes: np.ndarray) -> str:
     head = ("family", "graphs", "share", "atoms min–max", "atoms mean", "edges mean", "edges/atom")
     cells = []
     for r in rows:
-        swatch = ("" if r["family"] == "total" else
-                  f"<span style='display:inline-block;width:10px;height:10px;background:{family_color(r['family'])};"
-                  f"margin-right:6px;border-radius:2px'></span>")
+        swatch = (
+            ""
+            if r["family"] == "total"
+            else f"<span style='display:inline-block;width:10px;height:10px;background:{family_color(r['family'])};"
+            f"margin-right:6px;border-radius:2px'></span>"
+        )
         name = "total" if r["family"] == "total" else family_label(r["family"])
         weight = "font-weight:600;border-top:1px solid #999" if r["family"] == "total" else ""
-        vals = (f"{swatch}{name}", f"{r['graphs']:,}", f"{100 * r['share']:.1f}%",
-                f"{r['atoms_min']:,}–{r['atoms_max']:,}", f"{r['atoms_mean']:.1f}", f"{r['edges_mean']:,.0f}",
-                f"{r['edges_per_atom']:.1f}")
-        cells.append("<tr>" + "".join(f"<td style='padding:2px 10px;text-align:{'left' if i == 0 else 'right'};"
-                                      f"{weight}'>{v}</td>" for i, v in enumerate(vals)) + "</tr>")
-    return ("<table class='wb-family-table' style='border-collapse:collapse;font-size:13px'><tr>"
-            + "".join(f"<th style='padding:2px 10px;text-align:{'left' if i == 0 else 'right'};"
-                      f"border-bottom:1px solid #999'>{h}</th>" for i, h in enumerate(head))
-            + "</tr>" + "".join(cells) + "</table>")
+        vals = (
+            f"{swatch}{name}",
+            f"{r['graphs']:,}",
+            f"{100 * r['share']:.1f}%",
+            f"{r['atoms_min']:,}–{r['atoms_max']:,}",
+            f"{r['atoms_mean']:.1f}",
+            f"{r['edges_mean']:,.0f}",
+            f"{r['edges_per_atom']:.1f}",
+        )
+        cells.append(
+            "<tr>"
+            + "".join(
+                f"<td style='padding:2px 10px;text-align:{'left' if i == 0 else 'right'};{weight}'>{v}</td>"
+                for i, v in enumerate(vals)
+            )
+            + "</tr>"
+        )
+    return (
+        "<table class='wb-family-table' style='border-collapse:collapse;font-size:13px'><tr>"
+        + "".join(
+            f"<th style='padding:2px 10px;text-align:{'left' if i == 0 else 'right'};"
+            f"border-bottom:1px solid #999'>{h}</th>"
+            for i, h in enumerate(head)
+        )
+        + "</tr>"
+        + "".join(cells)
+        + "</table>"
+    )

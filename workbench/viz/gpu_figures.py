@@ -14,8 +14,19 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from workbench.viz.gpu_results import (DTYPES, FROM_LOG, GPU_BACKENDS, NO_FILE, NOT_MEASURED, OPS, _grouped,
-                                       config_name, gpu_pass_rows, gpu_step_profile, gpu_step_rows)
+from workbench.viz.gpu_results import (
+    DTYPES,
+    FROM_LOG,
+    GPU_BACKENDS,
+    NO_FILE,
+    NOT_MEASURED,
+    OPS,
+    _grouped,
+    config_name,
+    gpu_pass_rows,
+    gpu_step_profile,
+    gpu_step_rows,
+)
 from workbench.viz.kernels import PASS_LABELS, PASS_ORDER
 from workbench.viz.style import BACKEND_COLORS, style
 
@@ -23,8 +34,10 @@ if TYPE_CHECKING:  # plotly is imported only when a view is built
     import plotly.graph_objects as go
 
 STUB_LABEL_MAX = 24  # longer reasons stay in the hover: a vertical label has no room for them
-LEGEND_NOTE = ("hatched: recovered from the run's log · empty hatched stub: not measured (hover for why) · "
-               "numba/cueq above a group: below 1, numba is faster")
+LEGEND_NOTE = (
+    "hatched: recovered from the run's log · empty hatched stub: not measured (hover for why) · "
+    "numba/cueq above a group: below 1, numba is faster"
+)
 
 
 def _wrap(text: str, width: int = 70) -> str:
@@ -57,12 +70,24 @@ def _gone_marker(fig, groups: list[list[dict]], stub: float, row: int, col: int)
     import plotly.graph_objects as go
 
     same = [len({s["reason"] for s in g}) == 1 for g in groups]
-    fig.add_trace(go.Scatter(x=[g[0]["x"] for g in groups], y=[stub] * len(groups), mode="markers+text",
-                             marker=dict(symbol="x-thin-open", size=12, color="#777", line=dict(width=2)),
-                             text=[_stub_text(g[0]["reason"] if ok else None, ":<br>") for g, ok in zip(groups, same)],
-                             textposition="top center", textfont=dict(size=10, color="#555"), cliponaxis=False,
-                             hovertext=["<br>".join(s["hover"] for s in g) for g in groups], hoverinfo="text",
-                             name=NOT_MEASURED, showlegend=False), row=row, col=col)
+    fig.add_trace(
+        go.Scatter(
+            x=[g[0]["x"] for g in groups],
+            y=[stub] * len(groups),
+            mode="markers+text",
+            marker=dict(symbol="x-thin-open", size=12, color="#777", line=dict(width=2)),
+            text=[_stub_text(g[0]["reason"] if ok else None, ":<br>") for g, ok in zip(groups, same)],
+            textposition="top center",
+            textfont=dict(size=10, color="#555"),
+            cliponaxis=False,
+            hovertext=["<br>".join(s["hover"] for s in g) for g in groups],
+            hoverinfo="text",
+            name=NOT_MEASURED,
+            showlegend=False,
+        ),
+        row=row,
+        col=col,
+    )
 
 
 def _bars(fig, slots: list[dict], row: int, col: int, shown: set) -> tuple[float, float]:
@@ -83,21 +108,52 @@ def _bars(fig, slots: list[dict], row: int, col: int, shown: set) -> tuple[float
         miss = [s for s in slots if s["backend"] == b and s["y"] is None and s["x"] not in gone_x]
         color = BACKEND_COLORS.get(b, "#777")
         # One offsetgroup per backend: its stubs stand in its own slot, not in a fourth one.
-        common = dict(legendgroup=b, offsetgroup=b, textposition="outside", cliponaxis=False, hoverinfo="text",
-                      constraintext="none", textfont=dict(size=10))
+        common = dict(
+            legendgroup=b,
+            offsetgroup=b,
+            textposition="outside",
+            cliponaxis=False,
+            hoverinfo="text",
+            constraintext="none",
+            textfont=dict(size=10),
+        )
         if have:
-            fig.add_trace(go.Bar(x=[s["x"] for s in have], y=[s["y"] for s in have], name=b, showlegend=b not in shown,
-                                 marker=dict(color=color, pattern=dict(
-                                     shape=["/" if s["status"] == FROM_LOG else "" for s in have], fgcolor="white")),
-                                 text=[_label(s["y"]) for s in have], hovertext=[s["hover"] for s in have], **common),
-                          row=row, col=col)
+            fig.add_trace(
+                go.Bar(
+                    x=[s["x"] for s in have],
+                    y=[s["y"] for s in have],
+                    name=b,
+                    showlegend=b not in shown,
+                    marker=dict(
+                        color=color,
+                        pattern=dict(shape=["/" if s["status"] == FROM_LOG else "" for s in have], fgcolor="white"),
+                    ),
+                    text=[_label(s["y"]) for s in have],
+                    hovertext=[s["hover"] for s in have],
+                    **common,
+                ),
+                row=row,
+                col=col,
+            )
             shown.add(b)
         if miss:
-            fig.add_trace(go.Bar(x=[s["x"] for s in miss], y=[stub] * len(miss), name=f"{b} ({NOT_MEASURED})",
-                                 showlegend=False, marker=dict(color="rgba(0,0,0,0)", line=dict(color=color, width=1.5),
-                                                               pattern=dict(shape="x", fgcolor=color)),
-                                 text=[_stub_text(s["reason"]) for s in miss], textangle=-90,
-                                 hovertext=[s["hover"] for s in miss], **common), row=row, col=col)
+            fig.add_trace(
+                go.Bar(
+                    x=[s["x"] for s in miss],
+                    y=[stub] * len(miss),
+                    name=f"{b} ({NOT_MEASURED})",
+                    showlegend=False,
+                    marker=dict(
+                        color="rgba(0,0,0,0)", line=dict(color=color, width=1.5), pattern=dict(shape="x", fgcolor=color)
+                    ),
+                    text=[_stub_text(s["reason"]) for s in miss],
+                    textangle=-90,
+                    hovertext=[s["hover"] for s in miss],
+                    **common,
+                ),
+                row=row,
+                col=col,
+            )
     if gone:
         _gone_marker(fig, gone, stub, row, col)
     return stub, max(ys, default=stub)
@@ -109,30 +165,54 @@ def _ratio_notes(fig, slots: list[dict], row: int, col: int) -> None:
     for x in dict.fromkeys(s["x"] for s in slots):
         ms = {s["backend"]: s["y"] for s in slots if s["x"] == x and s["y"]}
         if "numba" in ms and "cueq" in ms:
-            fig.add_annotation(x=x, y=0.99, xref=xref, yref=f"{yref} domain", yanchor="top", showarrow=False,
-                               text=f"numba/cueq<br>{ms['numba'] / ms['cueq']:.2f}",
-                               font=dict(size=10, color=BACKEND_COLORS["cueq"]))
+            fig.add_annotation(
+                x=x,
+                y=0.99,
+                xref=xref,
+                yref=f"{yref} domain",
+                yanchor="top",
+                showarrow=False,
+                text=f"numba/cueq<br>{ms['numba'] / ms['cueq']:.2f}",
+                font=dict(size=10, color=BACKEND_COLORS["cueq"]),
+            )
 
 
 def _log_range(fig, lo: float, hi: float, row: int, col: int, title: str) -> None:
     # Headroom above the tallest bar for its label and the ratio line.
-    fig.update_yaxes(type="log", range=[math.log10(lo) - 0.2, math.log10(hi) + 0.9], title_text=title,
-                     row=row, col=col)
+    fig.update_yaxes(type="log", range=[math.log10(lo) - 0.2, math.log10(hi) + 0.9], title_text=title, row=row, col=col)
 
 
 def _empty_note(fig, text: str, row: int, col: int) -> None:
     # Paper coordinates: plotly.js misplaces "x4 domain" references on a subplot without traces.
     sp = fig.get_subplot(row, col)
-    fig.add_annotation(text=text, x=sum(sp.xaxis.domain) / 2, y=sum(sp.yaxis.domain) / 2, xref="paper",
-                       yref="paper", showarrow=False, font=dict(size=12, color="#666"))
+    fig.add_annotation(
+        text=text,
+        x=sum(sp.xaxis.domain) / 2,
+        y=sum(sp.yaxis.domain) / 2,
+        xref="paper",
+        yref="paper",
+        showarrow=False,
+        font=dict(size=12, color="#666"),
+    )
     fig.update_xaxes(visible=False, row=row, col=col)
     fig.update_yaxes(visible=False, row=row, col=col)
 
 
 def _footnote(fig, lines: list[str], below: int = 45) -> None:
     """Lines ``below`` px under the plot area (clear of the tick labels), in a bottom margin made for them."""
-    fig.add_annotation(text="<br>".join(lines), xref="paper", yref="paper", x=0, y=0, yshift=-below, yanchor="top",
-                       xanchor="left", showarrow=False, font=dict(size=11, color="#555"), align="left")
+    fig.add_annotation(
+        text="<br>".join(lines),
+        xref="paper",
+        yref="paper",
+        x=0,
+        y=0,
+        yshift=-below,
+        yanchor="top",
+        xanchor="left",
+        showarrow=False,
+        font=dict(size=11, color="#555"),
+        align="left",
+    )
     fig.update_layout(margin=dict(b=below + 25 + 18 * len(lines)))
 
 
@@ -142,17 +222,26 @@ def _pass_slot(c: dict) -> dict:
         hover = f"{head}<br>{NOT_MEASURED}: {_wrap(c['reason'])}"
     else:
         peak = f" · peak {c['peak_mem_mb']:.0f} MB" if c.get("peak_mem_mb") is not None else ""
-        more = f"<br>{len(c['repeats'])} rows in the file: {', '.join(f'{v:.3g}' for v in c['repeats'])} ms; " \
-            "the first is shown" if len(c["repeats"]) > 1 else ""
+        more = (
+            f"<br>{len(c['repeats'])} rows in the file: {', '.join(f'{v:.3g}' for v in c['repeats'])} ms; "
+            "the first is shown"
+            if len(c["repeats"]) > 1
+            else ""
+        )
         log = f"<br>{_wrap(c['reason'])}" if c["status"] == FROM_LOG else ""
         hover = f"{head}<br>{c['median_ms']:.3f} ms{peak}{more}{log}"
     hover += f"<br><i>{escape(str(c['file'] or NO_FILE))}</i>"
-    return dict(x=PASS_LABELS[c["pass"]], backend=c["backend"], y=c["median_ms"], status=c["status"],
-                reason=c["reason"], hover=hover)
+    return dict(
+        x=PASS_LABELS[c["pass"]],
+        backend=c["backend"],
+        y=c["median_ms"],
+        status=c["status"],
+        reason=c["reason"],
+        hover=hover,
+    )
 
 
-def gpu_pass_figure(directory: str | Path | None = None, gpu: str | None = None,
-                    title: str | None = None) -> go.Figure:
+def gpu_pass_figure(directory: str | Path | None = None, gpu: str | None = None, title: str | None = None) -> go.Figure:
     """Median ms per pass for numba / cueq / e3nn: a panel per (op, config with a file) and dtype, log axis.
 
     Missing rows are stubs labelled "not measured" (hover: why); configs without a
@@ -170,8 +259,13 @@ def gpu_pass_figure(directory: str | Path | None = None, gpu: str | None = None,
         fig.add_annotation(text=f"no GPU result files: {', '.join(absent)} {NOT_MEASURED}", showarrow=False)
         return style(fig, title, height=260)
     names = [f"{OPS[op]} · {escape(config_name(h))} ({escape(h)}) · {d}" for op, h in panels for d in DTYPES]
-    fig = make_subplots(rows=len(panels), cols=len(DTYPES), vertical_spacing=0.28 / len(panels),
-                        horizontal_spacing=0.1, subplot_titles=names)
+    fig = make_subplots(
+        rows=len(panels),
+        cols=len(DTYPES),
+        vertical_spacing=0.28 / len(panels),
+        horizontal_spacing=0.1,
+        subplot_titles=names,
+    )
     shown: set = set()
     for i, (op, hidden) in enumerate(panels, start=1):
         for j, dtype in enumerate(DTYPES, start=1):
@@ -200,15 +294,24 @@ def _step_slots(cells: list[dict], key: str) -> list[dict]:
         if c[key] is None:
             hover = f"{head}<br>{NOT_MEASURED}: {_wrap(reason)}"
         else:
-            hover = (f"{head}<br>median {c['step_ms']:.1f} ms (min {c['step_ms_min'] or float('nan'):.1f})"
-                     f"<br>peak {c['peak_mem_gb'] or float('nan'):.2f} GB (torch's allocator)")
-        slots.append(dict(x=escape(c["workload"]), backend=c["backend"], y=c[key], status=c["status"], reason=reason,
-                          hover=f"{hover}<br><i>{escape(c['file'])}</i>"))
+            hover = (
+                f"{head}<br>median {c['step_ms']:.1f} ms (min {c['step_ms_min'] or float('nan'):.1f})"
+                f"<br>peak {c['peak_mem_gb'] or float('nan'):.2f} GB (torch's allocator)"
+            )
+        slots.append(
+            dict(
+                x=escape(c["workload"]),
+                backend=c["backend"],
+                y=c[key],
+                status=c["status"],
+                reason=reason,
+                hover=f"{hover}<br><i>{escape(c['file'])}</i>",
+            )
+        )
     return slots
 
 
-def gpu_step_figure(directory: str | Path | None = None, gpu: str | None = None,
-                    title: str | None = None) -> go.Figure:
+def gpu_step_figure(directory: str | Path | None = None, gpu: str | None = None, title: str | None = None) -> go.Figure:
     """The whole train step per workload: median ms (log) on top, peak memory (GB) below, a column per dtype.
 
     Workloads that were not measured (e.g. the time budget ran out) are stubs
@@ -226,12 +329,19 @@ def gpu_step_figure(directory: str | Path | None = None, gpu: str | None = None,
     # A workload a dtype's run never planned is named below the figure, not drawn as three stubs.
     planned = [r for r in rows if r["reason"] != f"not run at {r['dtype']}"]
     unplanned = _grouped([r for r in rows if r not in planned], ("dtype",))
-    notes = [LEGEND_NOTE] + [f"{escape(d)}: {escape(', '.join(dict.fromkeys(r['workload'] for r in rs)))} "
-                             f"{NOT_MEASURED} (not run at {escape(d)})" for (d,), rs in unplanned.items()]
+    notes = [LEGEND_NOTE] + [
+        f"{escape(d)}: {escape(', '.join(dict.fromkeys(r['workload'] for r in rs)))} "
+        f"{NOT_MEASURED} (not run at {escape(d)})"
+        for (d,), rs in unplanned.items()
+    ]
     dtypes = list(dict.fromkeys(r["dtype"] for r in planned))
-    fig = make_subplots(rows=2, cols=max(len(dtypes), 1), vertical_spacing=0.2, horizontal_spacing=0.1,
-                        subplot_titles=[f"{what} · {escape(d)}" for what in ("median step time", "peak memory")
-                                        for d in dtypes])
+    fig = make_subplots(
+        rows=2,
+        cols=max(len(dtypes), 1),
+        vertical_spacing=0.2,
+        horizontal_spacing=0.1,
+        subplot_titles=[f"{what} · {escape(d)}" for what in ("median step time", "peak memory") for d in dtypes],
+    )
     shown: set = set()
     for j, dtype in enumerate(dtypes, start=1):
         cells = [r for r in planned if r["dtype"] == dtype]
@@ -247,8 +357,9 @@ def gpu_step_figure(directory: str | Path | None = None, gpu: str | None = None,
     return fig
 
 
-def gpu_profile_figure(directory: str | Path | None = None, gpu: str | None = None,
-                       title: str | None = None) -> go.Figure:
+def gpu_profile_figure(
+    directory: str | Path | None = None, gpu: str | None = None, title: str | None = None
+) -> go.Figure:
     """Share of the profiled numba train step per category; the five largest coloured, the rest grey."""
     import plotly.graph_objects as go
 
@@ -260,15 +371,23 @@ def gpu_profile_figure(directory: str | Path | None = None, gpu: str | None = No
     cats = sorted(prof["categories"].items(), key=lambda kv: -float(kv[1].get("share") or 0))
     top = {name for name, *_ in prof.get("top5") or cats[:5]}
     share = [100 * float(v.get("share") or 0) for _, v in cats]
-    fig.add_trace(go.Bar(
-        y=[escape(k) for k, _ in cats], x=share, orientation="h", showlegend=False, cliponaxis=False,
-        marker_color=[BACKEND_COLORS["numba"] if k in top else "#bbb" for k, _ in cats],
-        text=[f"{s:.1f}% · {float(v.get('ms') or 0):.1f} ms" for s, (_, v) in zip(share, cats)],
-        textposition="outside",
-        hovertemplate="%{y}: %{x:.1f}% of the step<extra></extra>"))
+    fig.add_trace(
+        go.Bar(
+            y=[escape(k) for k, _ in cats],
+            x=share,
+            orientation="h",
+            showlegend=False,
+            cliponaxis=False,
+            marker_color=[BACKEND_COLORS["numba"] if k in top else "#bbb" for k, _ in cats],
+            text=[f"{s:.1f}% · {float(v.get('ms') or 0):.1f} ms" for s, (_, v) in zip(share, cats)],
+            textposition="outside",
+            hovertemplate="%{y}: %{x:.1f}% of the step<extra></extra>",
+        )
+    )
     fig.update_yaxes(autorange="reversed")
-    fig.update_xaxes(title_text="share of the step (%)",
-                     range=[0, max(share, default=1) * 1.3])
-    head = (f"Where the numba step goes: {escape(str(prof.get('workload')))} {escape(str(prof.get('dtype')))} on "
-            f"{escape(prof['device_name'])}, {float(prof.get('step_ms') or 0):.0f} ms per step (top five coloured)")
+    fig.update_xaxes(title_text="share of the step (%)", range=[0, max(share, default=1) * 1.3])
+    head = (
+        f"Where the numba step goes: {escape(str(prof.get('workload')))} {escape(str(prof.get('dtype')))} on "
+        f"{escape(prof['device_name'])}, {float(prof.get('step_ms') or 0):.0f} ms per step (top five coloured)"
+    )
     return style(fig, title or head, height=120 + 34 * len(cats))

@@ -71,16 +71,34 @@ def gpu_pass_files(directory: str | Path | None = None, gpu: str | None = None) 
     directory = Path(directory) if directory is not None else RESULTS_DIR
     out = {}
     for op in OPS:
-        found = _newest(directory.glob(f"{op}_gpu_*.json"), gpu, lambda d: str(_lookup(d, "config", "hidden"))
-                        if isinstance(d.get("runs"), list) and _lookup(d, "config", "hidden") else None)
+        found = _newest(
+            directory.glob(f"{op}_gpu_*.json"),
+            gpu,
+            lambda d: (
+                str(_lookup(d, "config", "hidden"))
+                if isinstance(d.get("runs"), list) and _lookup(d, "config", "hidden")
+                else None
+            ),
+        )
         out.update({(op, hidden): path for hidden, (path, _) in found.items()})
     return out
 
 
 def _cell(op: str, hidden: str, dtype: str, backend: str, kind: str, **kw) -> dict:
-    row = dict(op=op, config=hidden, config_name=config_name(hidden), dtype=dtype, backend=backend,
-               median_ms=None, peak_mem_mb=None, status=NOT_MEASURED, reason=NO_FILE, file=None,
-               device_name=None, repeats=[])
+    row = dict(
+        op=op,
+        config=hidden,
+        config_name=config_name(hidden),
+        dtype=dtype,
+        backend=backend,
+        median_ms=None,
+        peak_mem_mb=None,
+        status=NOT_MEASURED,
+        reason=NO_FILE,
+        file=None,
+        device_name=None,
+        repeats=[],
+    )
     row["pass"] = kind
     row.update(kw)
     return row
@@ -104,18 +122,32 @@ def _file_cells(op: str, hidden: str, path: Path) -> list[dict]:
     for dtype in DTYPES:
         for backend in GPU_BACKENDS:
             for kind in PASS_ORDER:
-                got = [r for r in records if r["median_ms"] is not None
-                       and (r["backend"], r["dtype"], r["pass"]) == (backend, dtype, kind)]
+                got = [
+                    r
+                    for r in records
+                    if r["median_ms"] is not None and (r["backend"], r["dtype"], r["pass"]) == (backend, dtype, kind)
+                ]
                 if not got:
                     why = _missing_reason(records, backend, dtype, kind, data.get("stopped"))
                     cells.append(_cell(op, hidden, dtype, backend, kind, reason=why, **common))
                     continue
                 # A file can hold a row twice (two runs of one step): the first is shown, all are kept.
                 first = got[0]
-                cells.append(_cell(op, hidden, dtype, backend, kind, median_ms=first["median_ms"],
-                                   peak_mem_mb=first.get("peak_mem_mb"), status=FROM_LOG if first.get("source")
-                                   else "measured", reason=first.get("source"),
-                                   repeats=[r["median_ms"] for r in got], **common))
+                cells.append(
+                    _cell(
+                        op,
+                        hidden,
+                        dtype,
+                        backend,
+                        kind,
+                        median_ms=first["median_ms"],
+                        peak_mem_mb=first.get("peak_mem_mb"),
+                        status=FROM_LOG if first.get("source") else "measured",
+                        reason=first.get("source"),
+                        repeats=[r["median_ms"] for r in got],
+                        **common,
+                    )
+                )
     return cells
 
 
@@ -142,21 +174,36 @@ def gpu_pass_rows(directory: str | Path | None = None, gpu: str | None = None) -
 def gpu_step_file(directory: str | Path | None = None, gpu: str | None = None) -> tuple[Path, dict] | None:
     """``(path, data)`` of the newest ``train_step_gpu_*.json`` with a ``steps`` table, else ``None``."""
     directory = Path(directory) if directory is not None else RESULTS_DIR
-    found = _newest(directory.glob("train_step_gpu_*.json"), gpu,
-                    lambda d: "step" if isinstance(d.get("steps"), dict) else None)
+    found = _newest(
+        directory.glob("train_step_gpu_*.json"), gpu, lambda d: "step" if isinstance(d.get("steps"), dict) else None
+    )
     return found.get("step")
 
 
 def _step_cell(workload: str, dtype: str, backend: str, rec: dict | None, common: dict) -> dict:
-    row = dict(workload=workload, dtype=dtype, backend=backend, step_ms=None, step_ms_min=None,
-               peak_mem_gb=None, status=NOT_MEASURED, reason=f"not run at {dtype}", **common)
+    row = dict(
+        workload=workload,
+        dtype=dtype,
+        backend=backend,
+        step_ms=None,
+        step_ms_min=None,
+        peak_mem_gb=None,
+        status=NOT_MEASURED,
+        reason=f"not run at {dtype}",
+        **common,
+    )
     if rec is None:
         return row
     row.update(atoms=rec.get("atoms"), edges=rec.get("edges"), edges_per_atom=rec.get("edges_per_atom"))
     got = _lookup(rec, "backends", backend) or {}
     if got.get("step_ms_median") is not None:
-        row.update(step_ms=got["step_ms_median"], step_ms_min=got.get("step_ms_min"),
-                   peak_mem_gb=got.get("peak_mem_gb"), status="measured", reason=None)
+        row.update(
+            step_ms=got["step_ms_median"],
+            step_ms_min=got.get("step_ms_min"),
+            peak_mem_gb=got.get("peak_mem_gb"),
+            status="measured",
+            reason=None,
+        )
     elif got.get("skipped") or got.get("error") or rec.get("skipped"):
         why = got.get("skipped") or rec.get("skipped")
         row["reason"] = str(why) if why else f"error: {str(got.get('error')).splitlines()[0][:160]}"
@@ -179,8 +226,12 @@ def gpu_step_rows(directory: str | Path | None = None, gpu: str | None = None) -
     steps = {d: w for d, w in data["steps"].items() if isinstance(w, dict)}
     common = dict(file=path.name, device_name=str(_lookup(data, "meta", "device_name") or "?"))
     workloads = list(dict.fromkeys(w for wls in steps.values() for w in wls))
-    return [_step_cell(w, dtype, b, steps.get(dtype, {}).get(w), common)
-            for dtype in list(DTYPES) + sorted(set(steps) - set(DTYPES)) for w in workloads for b in GPU_BACKENDS]
+    return [
+        _step_cell(w, dtype, b, steps.get(dtype, {}).get(w), common)
+        for dtype in list(DTYPES) + sorted(set(steps) - set(DTYPES))
+        for w in workloads
+        for b in GPU_BACKENDS
+    ]
 
 
 def gpu_step_profile(directory: str | Path | None = None, gpu: str | None = None) -> dict | None:
@@ -197,17 +248,22 @@ def gpu_sources(directory: str | Path | None = None, gpu: str | None = None) -> 
     lines = []
     order = list(CONFIGS.values())
     files = gpu_pass_files(directory, gpu)
-    for op, hidden in sorted(files, key=lambda k: (list(OPS).index(k[0]), order.index(k[1]) if k[1] in order
-                                                   else len(order), k[1])):
+    for op, hidden in sorted(
+        files, key=lambda k: (list(OPS).index(k[0]), order.index(k[1]) if k[1] in order else len(order), k[1])
+    ):
         path, data = files[(op, hidden)], _read(files[(op, hidden)]) or {}
         note = data.get("stopped") or data.get("note")
-        lines.append(f"{op} {config_name(hidden)}: {path.name} ({data.get('device_name', '?')}, "
-                     f"{data.get('timestamp') or 'no timestamp'})" + (f"; {note}" if note else ""))
+        lines.append(
+            f"{op} {config_name(hidden)}: {path.name} ({data.get('device_name', '?')}, "
+            f"{data.get('timestamp') or 'no timestamp'})" + (f"; {note}" if note else "")
+        )
     found = gpu_step_file(directory, gpu)
     if found:
         meta = found[1].get("meta") or {}
-        lines.append(f"train step: {found[0].name} ({meta.get('device_name', '?')}, {meta.get('timestamp', '?')})"
-                     + (f"; {meta['note']}" if meta.get("note") else ""))
+        lines.append(
+            f"train step: {found[0].name} ({meta.get('device_name', '?')}, {meta.get('timestamp', '?')})"
+            + (f"; {meta['note']}" if meta.get("note") else "")
+        )
     return lines
 
 
@@ -255,9 +311,15 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def _table_row(what: str, dtype: str, kind: str, ms: dict, note: str) -> dict:
-    return {"what": what, "dtype": dtype, "pass": kind, **{f"{b} ms": ms.get(b) for b in GPU_BACKENDS},
-            "numba/cueq": _ratio(ms.get("numba"), ms.get("cueq")),
-            "numba/e3nn": _ratio(ms.get("numba"), ms.get("e3nn")), "note": note}
+    return {
+        "what": what,
+        "dtype": dtype,
+        "pass": kind,
+        **{f"{b} ms": ms.get(b) for b in GPU_BACKENDS},
+        "numba/cueq": _ratio(ms.get("numba"), ms.get("cueq")),
+        "numba/e3nn": _ratio(ms.get("numba"), ms.get("e3nn")),
+        "note": note,
+    }
 
 
 def gpu_results_table(directory: str | Path | None = None, gpu: str | None = None) -> list[dict]:
@@ -267,8 +329,9 @@ def gpu_results_table(directory: str | Path | None = None, gpu: str | None = Non
     (a ratio below 1 means numba is faster; ``None`` where a side is missing).
     """
     out = []
-    for (op, hidden, dtype, kind), cells in _grouped(gpu_pass_rows(directory, gpu),
-                                                     ("op", "config", "dtype", "pass")).items():
+    for (op, hidden, dtype, kind), cells in _grouped(
+        gpu_pass_rows(directory, gpu), ("op", "config", "dtype", "pass")
+    ).items():
         ms = {c["backend"]: c["median_ms"] for c in cells if c["median_ms"] is not None}
         if ms:
             logged = [c["backend"] for c in cells if c["status"] == FROM_LOG]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from workbench.viz.style import BACKEND_COLORS, style
 
@@ -20,8 +20,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "kernels" / "results"
 #: H100 SXM peaks used for the roofline: HBM3 bandwidth and non-tensor-core FP32 / FP64 throughput.
 H100_BANDWIDTH = 3.35e12  # bytes/s
-H100_FP32_FLOPS = 67e12   # FLOP/s
-H100_FP64_FLOPS = 34e12   # FLOP/s
+H100_FP32_FLOPS = 67e12  # FLOP/s
+H100_FP64_FLOPS = 34e12  # FLOP/s
 BLOCK_TARGETS = ("products", "interactions", "block", "model")
 PASS_ORDER = ("forward", "forward_backward", "double_backward")
 PASS_LABELS = {"forward": "forward", "forward_backward": "forward + backward", "double_backward": "double backward"}
@@ -53,12 +53,24 @@ def _run_record(common: dict, data: dict, run: dict) -> dict:
     # linear layers, so they get no FLOP/byte counts and stay off the roofline.
     counted = not str(run.get("target") or "").startswith(BLOCK_TARGETS)
     flops = run.get("flops") or (_lookup(data, "descriptor", dtype, "flops", kind) if counted else None)
-    nbytes = run.get("bytes") or run.get("min_bytes") or \
-        (_lookup(data, "descriptor", dtype, "min_bytes", kind) if counted else None)
-    rec = dict(common, backend=run.get("backend", "?"), dtype=dtype, target=run.get("target", common["bench"]),
-               **{"pass": kind}, median_ms=float(run["median_ms"]), min_ms=run.get("min_ms"),
-               flops=float(flops) if flops else None, bytes=float(nbytes) if nbytes else None,
-               peak_mem_mb=run.get("peak_mem_MB"), source=run.get("source"))
+    nbytes = (
+        run.get("bytes")
+        or run.get("min_bytes")
+        or (_lookup(data, "descriptor", dtype, "min_bytes", kind) if counted else None)
+    )
+    rec = dict(
+        common,
+        backend=run.get("backend", "?"),
+        dtype=dtype,
+        target=run.get("target", common["bench"]),
+        **{"pass": kind},
+        median_ms=float(run["median_ms"]),
+        min_ms=run.get("min_ms"),
+        flops=float(flops) if flops else None,
+        bytes=float(nbytes) if nbytes else None,
+        peak_mem_mb=run.get("peak_mem_MB"),
+        source=run.get("source"),
+    )
     rec["gflops"] = rec["flops"] / sec / 1e9 if rec["flops"] and sec > 0 else None
     rec["gbps"] = rec["bytes"] / sec / 1e9 if rec["bytes"] and sec > 0 else None
     rec["intensity"] = rec["flops"] / rec["bytes"] if rec["flops"] and rec["bytes"] else None
@@ -67,14 +79,22 @@ def _run_record(common: dict, data: dict, run: dict) -> dict:
 
 def _file_common(path: Path, data: dict) -> dict:
     device = str(data.get("device", "unknown"))
-    return {"file": path.name, "bench": _bench_name(path, data), "label": data.get("label", ""),
-            "device": device, "device_name": data.get("device_name", device),
-            "gpu": device.startswith("cuda") or "gpu" in path.stem.lower(),
-            "timestamp": data.get("timestamp"), "config": data.get("config", {}), "stopped": data.get("stopped")}
+    return {
+        "file": path.name,
+        "bench": _bench_name(path, data),
+        "label": data.get("label", ""),
+        "device": device,
+        "device_name": data.get("device_name", device),
+        "gpu": device.startswith("cuda") or "gpu" in path.stem.lower(),
+        "timestamp": data.get("timestamp"),
+        "config": data.get("config", {}),
+        "stopped": data.get("stopped"),
+    }
 
 
-def read_kernel_results(directory: str | Path | None = None, files: Iterable[str | Path] | None = None,
-                        include_skipped: bool = False) -> tuple[list[dict], list[str]]:
+def read_kernel_results(
+    directory: str | Path | None = None, files: Iterable[str | Path] | None = None, include_skipped: bool = False
+) -> tuple[list[dict], list[str]]:
     """Flatten result files into records; returns ``(records, notes)``.
 
     Each record: ``file, bench, label, device, device_name, gpu (bool), timestamp,
@@ -104,12 +124,22 @@ def read_kernel_results(directory: str | Path | None = None, files: Iterable[str
                 continue
             if "skipped" in run or "error" in run:
                 why = str(run.get("skipped") or run.get("error")).splitlines()[0][:160]
-                notes.append(f"{path.name}: {run.get('backend', '?')} {run.get('dtype', '')} "
-                             f"{run.get('target', '')} {run.get('pass', '')} — {why}")
+                notes.append(
+                    f"{path.name}: {run.get('backend', '?')} {run.get('dtype', '')} "
+                    f"{run.get('target', '')} {run.get('pass', '')} — {why}"
+                )
                 if include_skipped:
-                    records.append(dict(common, backend=run.get("backend", "?"), dtype=run.get("dtype"),
-                                        target=run.get("target"), median_ms=None, **{"pass": run.get("pass")},
-                                        **{k: why for k in ("skipped", "error") if k in run}))
+                    records.append(
+                        dict(
+                            common,
+                            backend=run.get("backend", "?"),
+                            dtype=run.get("dtype"),
+                            target=run.get("target"),
+                            median_ms=None,
+                            **{"pass": run.get("pass")},
+                            **{k: why for k in ("skipped", "error") if k in run},
+                        )
+                    )
                 continue
             if run.get("median_ms") is not None:
                 records.append(_run_record(common, data, run))
@@ -135,8 +165,13 @@ def kernel_timings_figure(records: list[dict], title: str = "Kernel timings (med
     panels = sorted({_panel_key(r) for r in records}, key=lambda k: (" GPU " not in k, k))
     cols = 2 if len(panels) > 1 else 1
     rows = -(-len(panels) // cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=panels, vertical_spacing=0.5 / max(rows, 1) ** 0.5 / 2,
-                        horizontal_spacing=0.08)
+    fig = make_subplots(
+        rows=rows,
+        cols=cols,
+        subplot_titles=panels,
+        vertical_spacing=0.5 / max(rows, 1) ** 0.5 / 2,
+        horizontal_spacing=0.08,
+    )
     shown = set()
     for i, key in enumerate(panels):
         row, col = i // cols + 1, i % cols + 1
@@ -144,21 +179,35 @@ def kernel_timings_figure(records: list[dict], title: str = "Kernel timings (med
         for backend in sorted({r["backend"] for r in mine}):
             rs = {r["pass"]: r for r in mine if r["backend"] == backend}
             passes = [p for p in PASS_ORDER if p in rs] + sorted(set(rs) - set(PASS_ORDER))
-            fig.add_trace(go.Bar(x=[PASS_LABELS.get(p, p) for p in passes], y=[rs[p]["median_ms"] for p in passes],
-                                 name=backend, legendgroup=backend, showlegend=backend not in shown,
-                                 marker_color=BACKEND_COLORS.get(backend, "#777"),
-                                 text=[f"{rs[p]['median_ms']:.3g}" for p in passes], textposition="outside",
-                                 cliponaxis=False,
-                                 hovertemplate=f"{backend}<br>%{{x}}: %{{y:.3f}} ms<extra>{key}</extra>"),
-                          row=row, col=col)
+            fig.add_trace(
+                go.Bar(
+                    x=[PASS_LABELS.get(p, p) for p in passes],
+                    y=[rs[p]["median_ms"] for p in passes],
+                    name=backend,
+                    legendgroup=backend,
+                    showlegend=backend not in shown,
+                    marker_color=BACKEND_COLORS.get(backend, "#777"),
+                    text=[f"{rs[p]['median_ms']:.3g}" for p in passes],
+                    textposition="outside",
+                    cliponaxis=False,
+                    hovertemplate=f"{backend}<br>%{{x}}: %{{y:.3f}} ms<extra>{key}</extra>",
+                ),
+                row=row,
+                col=col,
+            )
             shown.add(backend)
         fig.update_yaxes(title_text="time (ms, log)", type="log", row=row, col=col)
     fig.update_layout(barmode="group", legend=dict(title="backend"))
     return style(fig, title, height=max(320, 300 * rows))
 
 
-def roofline_figure(records: list[dict], bandwidth: float = H100_BANDWIDTH, fp32_flops: float = H100_FP32_FLOPS,
-                    fp64_flops: float = H100_FP64_FLOPS, title: str | None = None):
+def roofline_figure(
+    records: list[dict],
+    bandwidth: float = H100_BANDWIDTH,
+    fp32_flops: float = H100_FP32_FLOPS,
+    fp64_flops: float = H100_FP64_FLOPS,
+    title: str | None = None,
+):
     """Achieved GFLOP/s against arithmetic intensity, under the H100 roofline.
 
     Only records with counted FLOPs and bytes appear (the contraction benches
@@ -174,35 +223,76 @@ def roofline_figure(records: list[dict], bandwidth: float = H100_BANDWIDTH, fp32
     hi = max([r["intensity"] for r in pts] + [200.0]) * 2
     ai = np.logspace(np.log10(lo), np.log10(hi), 200)
     for peak, name, dash in ((fp32_flops, "FP32", "solid"), (fp64_flops, "FP64", "dot")):
-        fig.add_trace(go.Scatter(x=ai, y=np.minimum(peak, ai * bandwidth) / 1e9, mode="lines",
-                                 line=dict(color="#444", dash=dash, width=1.5),
-                                 name=f"H100 roof {name} ({peak / 1e12:.0f} TFLOP/s, {bandwidth / 1e12:.2f} TB/s)",
-                                 hoverinfo="skip"))
+        fig.add_trace(
+            go.Scatter(
+                x=ai,
+                y=np.minimum(peak, ai * bandwidth) / 1e9,
+                mode="lines",
+                line=dict(color="#444", dash=dash, width=1.5),
+                name=f"H100 roof {name} ({peak / 1e12:.0f} TFLOP/s, {bandwidth / 1e12:.2f} TB/s)",
+                hoverinfo="skip",
+            )
+        )
     for r in pts:
-        mark = dict(size=11, color=BACKEND_COLORS.get(r["backend"], "#777"),
-                    symbol={"forward": "circle", "forward_backward": "square", "double_backward": "diamond"}
-                    .get(r["pass"], "x"))
+        mark = dict(
+            size=11,
+            color=BACKEND_COLORS.get(r["backend"], "#777"),
+            symbol={"forward": "circle", "forward_backward": "square", "double_backward": "diamond"}.get(
+                r["pass"], "x"
+            ),
+        )
         if not r["gpu"]:
             mark.update(symbol=mark["symbol"] + "-open", line=dict(width=2, color=mark["color"]))
-        pct = 100 * r["gflops"] * 1e9 / min(fp32_flops if r["dtype"] != "float64" else fp64_flops,
-                                            r["intensity"] * bandwidth)
-        fig.add_trace(go.Scatter(
-            x=[r["intensity"]], y=[r["gflops"]], mode="markers", marker=mark, showlegend=False,
-            name=f"{r['backend']} {r['pass']}",
-            hovertemplate=(f"<b>{r['backend']}</b> {PASS_LABELS.get(r['pass'], r['pass'])} ({r['dtype']}, "
-                           f"{'GPU' if r['gpu'] else 'CPU'} {r['device_name']})<br>{r['median_ms']:.3g} ms · "
-                           f"%{{y:.3g}} GFLOP/s · {r['gbps']:.3g} GB/s<br>intensity %{{x:.2f}} FLOP/byte · "
-                           f"{pct:.2g}% of the H100 roof<extra>{r['bench']}</extra>")))
+        pct = (
+            100
+            * r["gflops"]
+            * 1e9
+            / min(fp32_flops if r["dtype"] != "float64" else fp64_flops, r["intensity"] * bandwidth)
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=[r["intensity"]],
+                y=[r["gflops"]],
+                mode="markers",
+                marker=mark,
+                showlegend=False,
+                name=f"{r['backend']} {r['pass']}",
+                hovertemplate=(
+                    f"<b>{r['backend']}</b> {PASS_LABELS.get(r['pass'], r['pass'])} ({r['dtype']}, "
+                    f"{'GPU' if r['gpu'] else 'CPU'} {r['device_name']})<br>{r['median_ms']:.3g} ms · "
+                    f"%{{y:.3g}} GFLOP/s · {r['gbps']:.3g} GB/s<br>intensity %{{x:.2f}} FLOP/byte · "
+                    f"{pct:.2g}% of the H100 roof<extra>{r['bench']}</extra>"
+                ),
+            )
+        )
     for b in sorted({r["backend"] for r in pts}):
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=b,
-                                 marker=dict(size=10, color=BACKEND_COLORS.get(b, "#777"))))
-    fig.add_annotation(text="filled: GPU run · hollow: CPU smoke run · ● forward ■ +backward ◆ double backward",
-                       xref="paper", yref="paper", x=0, y=-0.22, showarrow=False, font=dict(size=11), xanchor="left")
+        fig.add_trace(
+            go.Scatter(
+                x=[None], y=[None], mode="markers", name=b, marker=dict(size=10, color=BACKEND_COLORS.get(b, "#777"))
+            )
+        )
+    fig.add_annotation(
+        text="filled: GPU run · hollow: CPU smoke run · ● forward ■ +backward ◆ double backward",
+        xref="paper",
+        yref="paper",
+        x=0,
+        y=-0.22,
+        showarrow=False,
+        font=dict(size=11),
+        xanchor="left",
+    )
     fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP / byte, minimum bytes moved)")
     fig.update_yaxes(type="log", title_text="achieved GFLOP/s (non-zero CG terms)")
     if not pts:
-        fig.add_annotation(text="no results with FLOP and byte counts yet", showarrow=False, xref="paper",
-                           yref="paper", x=0.5, y=0.5, font_size=15)
+        fig.add_annotation(
+            text="no results with FLOP and byte counts yet",
+            showarrow=False,
+            xref="paper",
+            yref="paper",
+            x=0.5,
+            y=0.5,
+            font_size=15,
+        )
     return style(fig, title or "Symmetric contraction against the H100 roofline", height=460)
 
 
@@ -217,7 +307,7 @@ def gpu_available() -> bool:
         import torch
 
         return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001 - no torch or a broken CUDA setup both mean "no GPU here"
+    except Exception:
         return False
 
 
@@ -236,11 +326,16 @@ def kernel_app(directory: str | Path | None = None, repeats: int = 10):
     notes = W.HTML()
     log = W.Output(layout=W.Layout(max_height="240px", overflow="auto", border="1px solid #eee"))
     has_gpu = gpu_available()
-    run_b = W.Button(description="Run benchmark on this GPU" if has_gpu else "No GPU here: benchmark disabled",
-                     icon="play", button_style="primary" if has_gpu else "", disabled=not has_gpu,
-                     layout=W.Layout(width="300px"),
-                     tooltip="runs kernels/bench_*.py and adds a result file" if has_gpu else
-                     "torch.cuda.is_available() is False in this kernel")
+    run_b = W.Button(
+        description="Run benchmark on this GPU" if has_gpu else "No GPU here: benchmark disabled",
+        icon="play",
+        button_style="primary" if has_gpu else "",
+        disabled=not has_gpu,
+        layout=W.Layout(width="300px"),
+        tooltip="runs kernels/bench_*.py and adds a result file"
+        if has_gpu
+        else "torch.cuda.is_available() is False in this kernel",
+    )
     refresh_b = W.Button(description="Reload results", icon="refresh")
 
     def load(*_):
@@ -251,9 +346,12 @@ def kernel_app(directory: str | Path | None = None, repeats: int = 10):
             fw.add_traces(list(new.data))
             fw.layout = new.layout
         files = sorted({r["file"] for r in records})
-        notes.value = (f"<div class='wb-kernel-notes' style='font-size:12px;color:#555'>{len(records)} timings from "
-                       f"{len(files)} file(s) in <code>{directory}</code>: {', '.join(files) or '—'}"
-                       + "".join(f"<br>· {m}" for m in msgs[:12]) + "</div>")
+        notes.value = (
+            f"<div class='wb-kernel-notes' style='font-size:12px;color:#555'>{len(records)} timings from "
+            f"{len(files)} file(s) in <code>{directory}</code>: {', '.join(files) or '—'}"
+            + "".join(f"<br>· {m}" for m in msgs[:12])
+            + "</div>"
+        )
 
     def run(*_):
         run_b.disabled = True
@@ -261,8 +359,12 @@ def kernel_app(directory: str | Path | None = None, repeats: int = 10):
             for script in benchmark_scripts():
                 with log:
                     print(f"$ {script.name} --repeats {repeats}", flush=True)
-                    proc = subprocess.run([sys.executable, str(script), "--repeats", str(repeats)], cwd=REPO_ROOT,
-                                          capture_output=True, text=True)
+                    proc = subprocess.run(
+                        [sys.executable, str(script), "--repeats", str(repeats)],
+                        cwd=REPO_ROOT,
+                        capture_output=True,
+                        text=True,
+                    )
                     print(proc.stdout[-3000:], proc.stderr[-2000:] if proc.returncode else "", flush=True)
             load()
         finally:
@@ -278,4 +380,3 @@ def results_table(records: list[dict]) -> list[dict]:
     """Compact rows for printing: bench, device, backend, dtype, target, pass, ms, GFLOP/s, GB/s."""
     keys = ("bench", "device_name", "backend", "dtype", "target", "pass", "median_ms", "gflops", "gbps")
     return [{k: r.get(k) for k in keys} for r in records]
-

@@ -9,8 +9,8 @@ longest row is the straggler every other rank waits for.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -21,22 +21,23 @@ from workbench.viz.style import family_color, family_label, family_order, style
 class Rectangles:
     """Rectangles of one step, as parallel arrays (one entry per graph)."""
 
-    rank: np.ndarray    # int64: the rank (row)
-    graph: np.ndarray   # int64: graph index into the dataset
-    x0: np.ndarray      # float64: start (sum of the costs before it on that rank)
+    rank: np.ndarray  # int64: the rank (row)
+    graph: np.ndarray  # int64: graph index into the dataset
+    x0: np.ndarray  # float64: start (sum of the costs before it on that rank)
     length: np.ndarray  # float64: the graph's cost
     family: np.ndarray  # str: family of the graph
-    atoms: np.ndarray   # int64
-    edges: np.ndarray   # int64 (-1 when unknown)
-    num_ranks: int      # rows, including ranks with nothing to show
+    atoms: np.ndarray  # int64
+    edges: np.ndarray  # int64 (-1 when unknown)
+    num_ranks: int  # rows, including ranks with nothing to show
 
     def rank_loads(self) -> np.ndarray:
         """Total rectangle length of every rank (``num_ranks`` entries)."""
         return np.bincount(self.rank, weights=self.length, minlength=self.num_ranks)
 
 
-def rectangles_from_batches(batches: Sequence[np.ndarray], sizes: np.ndarray, cost: str | np.ndarray = "atoms"
-                            ) -> Rectangles:
+def rectangles_from_batches(
+    batches: Sequence[np.ndarray], sizes: np.ndarray, cost: str | np.ndarray = "atoms"
+) -> Rectangles:
     """Rectangles for ``batches[r]`` (graph indices) on row ``r``.
 
     ``sizes``: structured array with ``atoms`` (and optionally ``edges``, ``family``)
@@ -60,15 +61,20 @@ def rectangles_from_batches(batches: Sequence[np.ndarray], sizes: np.ndarray, co
         x0.append(np.concatenate(([0.0], np.cumsum(c)[:-1])) if members.size else np.zeros(0))
     g = np.concatenate(graphs) if graphs else np.zeros(0, np.int64)
     return Rectangles(
-        rank=np.concatenate(ranks) if ranks else np.zeros(0, np.int64), graph=g,
-        x0=np.concatenate(x0) if x0 else np.zeros(0), length=costs[g],
+        rank=np.concatenate(ranks) if ranks else np.zeros(0, np.int64),
+        graph=g,
+        x0=np.concatenate(x0) if x0 else np.zeros(0),
+        length=costs[g],
         family=np.asarray(fams[g]).astype(str) if fams is not None else np.full(g.size, "graph"),
-        atoms=atoms[g], edges=edges[g] if edges is not None else np.full(g.size, -1, np.int64),
-        num_ranks=len(batches))
+        atoms=atoms[g],
+        edges=edges[g] if edges is not None else np.full(g.size, -1, np.int64),
+        num_ranks=len(batches),
+    )
 
 
-def layout_rectangles(packing, step: int, sizes: np.ndarray, ranks: int | None = None,
-                      cost: str | np.ndarray | None = None) -> Rectangles:
+def layout_rectangles(
+    packing, step: int, sizes: np.ndarray, ranks: int | None = None, cost: str | np.ndarray | None = None
+) -> Rectangles:
     """Rectangles of step ``step`` of ``packing`` (first ``ranks`` ranks; all by default).
 
     The default cost is the packing's own cost array, so each row sums to the
@@ -79,7 +85,7 @@ def layout_rectangles(packing, step: int, sizes: np.ndarray, ranks: int | None =
         raise IndexError(f"step {step} out of range: the packing has {packing.n_steps} steps")
     shown = r_all if ranks is None else min(int(ranks), r_all)
     lo, hi = packing.offsets, packing.flat
-    batches = [hi[lo[step * r_all + r]:lo[step * r_all + r + 1]] for r in range(shown)]
+    batches = [hi[lo[step * r_all + r] : lo[step * r_all + r + 1]] for r in range(shown)]
     return rectangles_from_batches(batches, sizes, packing.costs if cost is None else cost)
 
 
@@ -89,22 +95,38 @@ def _add_rectangles(fig, rects: Rectangles, row: int, col: int, shown: set, unit
     for fam in family_order(rects.family):
         sel = rects.family == fam
         edges = np.where(rects.edges[sel] >= 0, rects.edges[sel], 0)
-        fig.add_trace(go.Bar(
-            y=rects.rank[sel], x=rects.length[sel], base=rects.x0[sel], orientation="h",
-            width=np.full(int(sel.sum()), 0.72),  # explicit: plotly infers widths per trace otherwise
-            name=family_label(fam), legendgroup=fam, showlegend=fam not in shown,
-            marker=dict(color=family_color(fam), line=dict(color="white", width=0.6)),
-            customdata=np.column_stack([rects.graph[sel], rects.atoms[sel], edges]),
-            hovertemplate=(f"<b>{family_label(fam)}</b><br>graph %{{customdata[0]}}<br>"
-                           "%{customdata[1]} atoms, %{customdata[2]} edges<br>"
-                           f"%{{x:.0f}} {unit}, starts at %{{base:.0f}}<extra>rank %{{y}}</extra>")),
-            row=row, col=col)
+        fig.add_trace(
+            go.Bar(
+                y=rects.rank[sel],
+                x=rects.length[sel],
+                base=rects.x0[sel],
+                orientation="h",
+                width=np.full(int(sel.sum()), 0.72),  # explicit: plotly infers widths per trace otherwise
+                name=family_label(fam),
+                legendgroup=fam,
+                showlegend=fam not in shown,
+                marker=dict(color=family_color(fam), line=dict(color="white", width=0.6)),
+                customdata=np.column_stack([rects.graph[sel], rects.atoms[sel], edges]),
+                hovertemplate=(
+                    f"<b>{family_label(fam)}</b><br>graph %{{customdata[0]}}<br>"
+                    "%{customdata[1]} atoms, %{customdata[2]} edges<br>"
+                    f"%{{x:.0f}} {unit}, starts at %{{base:.0f}}<extra>rank %{{y}}</extra>"
+                ),
+            ),
+            row=row,
+            col=col,
+        )
         shown.add(fam)
 
 
-def bin_layout_figure(panels: Sequence[tuple[str, Rectangles | None]], capacity: float | None = None,
-                      title: str = "Graphs per GPU in one step", unit: str = "atoms", total_ranks: int | None = None,
-                      figure_widget: bool = False):
+def bin_layout_figure(
+    panels: Sequence[tuple[str, Rectangles | None]],
+    capacity: float | None = None,
+    title: str = "Graphs per GPU in one step",
+    unit: str = "atoms",
+    total_ranks: int | None = None,
+    figure_widget: bool = False,
+):
     """Side-by-side layouts, e.g. ``[("fixed-count", rects_a), ("paper", rects_b)]``.
 
     A panel whose rectangles are ``None`` shows "no such step" (that epoch is
@@ -115,31 +137,52 @@ def bin_layout_figure(panels: Sequence[tuple[str, Rectangles | None]], capacity:
     from plotly.subplots import make_subplots
 
     titles = [t for t, _ in panels]
-    fig = make_subplots(rows=1, cols=len(panels), shared_yaxes=True, subplot_titles=titles,
-                        horizontal_spacing=0.04)
+    fig = make_subplots(rows=1, cols=len(panels), shared_yaxes=True, subplot_titles=titles, horizontal_spacing=0.04)
     shown: set = set()
     nrows = max([r.num_ranks for _, r in panels if r is not None] or [1])
     xmax = float(capacity or 0)
     for c, (_, rects) in enumerate(panels, start=1):
         if rects is None:
-            fig.add_annotation(text="no such step:<br>this epoch is shorter", showarrow=False, font_size=14,
-                               xref=f"x{c if c > 1 else ''} domain", yref="y domain", x=0.5, y=0.5)
+            fig.add_annotation(
+                text="no such step:<br>this epoch is shorter",
+                showarrow=False,
+                font_size=14,
+                xref=f"x{c if c > 1 else ''} domain",
+                yref="y domain",
+                x=0.5,
+                y=0.5,
+            )
             continue
         _add_rectangles(fig, rects, 1, c, shown, unit)
         loads = rects.rank_loads()
         if loads.size:
             xmax = max(xmax, float(loads.max()))
             worst = int(np.argmax(loads))
-            fig.add_annotation(x=float(loads[worst]), y=worst, text=" slowest", showarrow=False, xanchor="left",
-                               font=dict(size=11, color="#555"), row=1, col=c)
+            fig.add_annotation(
+                x=float(loads[worst]),
+                y=worst,
+                text=" slowest",
+                showarrow=False,
+                xanchor="left",
+                font=dict(size=11, color="#555"),
+                row=1,
+                col=c,
+            )
         if capacity:
             fig.add_vline(x=float(capacity), line=dict(dash="dash", color="#333", width=1.2), row=1, col=c)
-    fig.update_layout(barmode="overlay", bargap=0.25, legend=dict(orientation="h", y=-0.18, x=0),
-                      height=max(260, 130 + 34 * nrows))
-    fig.update_yaxes(autorange="reversed", tickmode="array", tickvals=list(range(nrows)),
-                     ticktext=[f"GPU {r}" for r in range(nrows)], range=[nrows - 0.5, -0.5])
-    fig.update_yaxes(title_text="rank" + (f" (first {nrows} of {total_ranks})" if total_ranks and total_ranks > nrows
-                                          else ""), col=1)
+    fig.update_layout(
+        barmode="overlay", bargap=0.25, legend=dict(orientation="h", y=-0.18, x=0), height=max(260, 130 + 34 * nrows)
+    )
+    fig.update_yaxes(
+        autorange="reversed",
+        tickmode="array",
+        tickvals=list(range(nrows)),
+        ticktext=[f"GPU {r}" for r in range(nrows)],
+        range=[nrows - 0.5, -0.5],
+    )
+    fig.update_yaxes(
+        title_text="rank" + (f" (first {nrows} of {total_ranks})" if total_ranks and total_ranks > nrows else ""), col=1
+    )
     cap_note = f" (dashed: capacity {capacity:,.0f})" if capacity else ""
     fig.update_xaxes(title_text=f"{unit} in the batch{cap_note}", range=[0, 1.08 * max(xmax, 1.0)])
     style(fig, title)
@@ -149,9 +192,16 @@ def bin_layout_figure(panels: Sequence[tuple[str, Rectangles | None]], capacity:
     return fig
 
 
-def bin_layout_app(sizes: np.ndarray, capacity: int = 3072, num_replicas: int = 8, algorithm: str = "paper",
-                   baseline: str = "fixed-count", baseline_graphs_per_batch: int = 4, seed: int = 0,
-                   max_ranks: int = 16):
+def bin_layout_app(
+    sizes: np.ndarray,
+    capacity: int = 3072,
+    num_replicas: int = 8,
+    algorithm: str = "paper",
+    baseline: str = "fixed-count",
+    baseline_graphs_per_batch: int = 4,
+    seed: int = 0,
+    max_ranks: int = 16,
+):
     """Figure-12 explorer: baseline and packer side by side, a slider steps through the epoch.
 
     Packs live (meant for datasets up to ~100k graphs, e.g. the embedded one):
@@ -164,13 +214,31 @@ def bin_layout_app(sizes: np.ndarray, capacity: int = 3072, num_replicas: int = 
     from workbench.packing import pack
 
     state: dict = {}
-    cap_w = W.IntSlider(value=capacity, min=800, max=4096, step=64, description="capacity",
-                        continuous_update=False, style={"description_width": "80px"},
-                        layout=W.Layout(width="420px"))
-    algo_w = W.Dropdown(options=["paper", "shuffled-paper", "ffd", "dynamic"], value=algorithm,
-                        description="packer", style={"description_width": "80px"})
-    step_w = W.IntSlider(value=0, min=0, max=1, description="step", continuous_update=True,
-                         style={"description_width": "80px"}, layout=W.Layout(width="420px"))
+    cap_w = W.IntSlider(
+        value=capacity,
+        min=800,
+        max=4096,
+        step=64,
+        description="capacity",
+        continuous_update=False,
+        style={"description_width": "80px"},
+        layout=W.Layout(width="420px"),
+    )
+    algo_w = W.Dropdown(
+        options=["paper", "shuffled-paper", "ffd", "dynamic"],
+        value=algorithm,
+        description="packer",
+        style={"description_width": "80px"},
+    )
+    step_w = W.IntSlider(
+        value=0,
+        min=0,
+        max=1,
+        description="step",
+        continuous_update=True,
+        style={"description_width": "80px"},
+        layout=W.Layout(width="420px"),
+    )
     play = W.Play(value=0, min=0, max=1, interval=600, description="play")
     W.jslink((play, "value"), (step_w, "value"))
     info = W.HTML()
@@ -187,23 +255,28 @@ def bin_layout_app(sizes: np.ndarray, capacity: int = 3072, num_replicas: int = 
     def redraw(*_):
         s = step_w.value
         panels = []
-        for key, label in (("base", f"{baseline} ({baseline_graphs_per_batch} graphs/batch)"),
-                           ("pack", f"{algo_w.value} (capacity {cap_w.value:,})")):
+        for key, label in (
+            ("base", f"{baseline} ({baseline_graphs_per_batch} graphs/batch)"),
+            ("pack", f"{algo_w.value} (capacity {cap_w.value:,})"),
+        ):
             p = state[key]
             rects = layout_rectangles(p, s, sizes, ranks=max_ranks) if s < p.n_steps else None
             panels.append((f"{label}: step {s + 1} of {p.n_steps}", rects))
-        new = bin_layout_figure(panels, cap_w.value, title=f"Graphs per GPU at step {s + 1} ({num_replicas} GPUs)",
-                                total_ranks=num_replicas)
+        new = bin_layout_figure(
+            panels, cap_w.value, title=f"Graphs per GPU at step {s + 1} ({num_replicas} GPUs)", total_ranks=num_replicas
+        )
         with fig.batch_update():
             fig.data = []
             fig.add_traces(list(new.data))
             fig.layout = new.layout
         mb, mp = (state[k] for k in ("base", "pack"))
         lb, lp = mb.loads(), mp.loads()
-        info.value = (f"<div class='wb-layout-info'>{baseline}: <b>{mb.n_steps}</b> steps per epoch · "
-                      f"{algo_w.value}: <b>{mp.n_steps}</b> steps · slowest GPU at this step: "
-                      + " vs ".join(f"<b>{_step_max(l, num_replicas, s):,.0f}</b>" for l in (lb, lp))
-                      + " atoms</div>")
+        info.value = (
+            f"<div class='wb-layout-info'>{baseline}: <b>{mb.n_steps}</b> steps per epoch · "
+            f"{algo_w.value}: <b>{mp.n_steps}</b> steps · slowest GPU at this step: "
+            + " vs ".join(f"<b>{_step_max(l, num_replicas, s):,.0f}</b>" for l in (lb, lp))
+            + " atoms</div>"
+        )
 
     cap_w.observe(repack, "value")
     algo_w.observe(repack, "value")

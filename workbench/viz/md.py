@@ -22,7 +22,11 @@ def md_energy_figure(result: Any):
     fig.add_trace(go.Scatter(x=t, y=epot, name="potential", mode="lines", line={"dash": "dot"}))
     fig.update_layout(
         title=f"{result.ensemble.upper()} with the trained model: drift {result.drift_ev_atom_ps:+.2e} eV/atom/ps, "
-              f"{result.ns_per_day:.2f} ns/day ({result.backend})",
-        xaxis_title="time (ps)", yaxis_title="E − E_total(0) (eV/atom)", height=380, margin={"t": 60, "r": 20},
-        legend={"orientation": "h", "y": -0.25})
+        f"{result.ns_per_day:.2f} ns/day ({result.backend})",
+        xaxis_title="time (ps)",
+        yaxis_title="E − E_total(0) (eV/atom)",
+        height=380,
+        margin={"t": 60, "r": 20},
+        legend={"orientation": "h", "y": -0.25},
+    )
     return fig

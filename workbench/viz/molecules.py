@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import types
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -44,7 +44,9 @@ def fix_nglview_frontend() -> bool:
     if "nglview" not in sys.modules:
         mod = types.ModuleType("nglview._frontend")
         mod.__frontend_version__ = SHIPPED_FRONTEND
-        mod.__doc__ = f"workbench: nglview {BROKEN_NGLVIEW} ships frontend {SHIPPED_FRONTEND} (see workbench.viz.molecules)"
+        mod.__doc__ = (
+            f"workbench: nglview {BROKEN_NGLVIEW} ships frontend {SHIPPED_FRONTEND} (see workbench.viz.molecules)"
+        )
         sys.modules["nglview._frontend"] = mod
         return True
     fixed = False
@@ -63,8 +65,11 @@ def fix_nglview_frontend() -> bool:
                         cache[tname] = SHIPPED_FRONTEND
                         fixed = True
     if not fixed and getattr(sys.modules.get("nglview._frontend"), "__frontend_version__", None) != SHIPPED_FRONTEND:
-        warnings.warn("nglview 4.0.1 was imported before workbench.viz and could not be patched; "
-                      "its viewer may show an error box in JupyterLab 4", stacklevel=2)
+        warnings.warn(
+            "nglview 4.0.1 was imported before workbench.viz and could not be patched; "
+            "its viewer may show an error box in JupyterLab 4",
+            stacklevel=2,
+        )
     return True
 
 
@@ -86,17 +91,28 @@ def image_offsets(atoms, images: int | str = "auto", max_atoms: int = 6000) -> n
     pbc = np.asarray(atoms.pbc, bool)
     if not pbc.any() or len(atoms) == 0:
         return np.zeros((0, 3), np.int64)
-    rng = [range(-1, 2) if p else range(0, 1) for p in pbc]
+    rng = [range(-1, 2) if p else range(1) for p in pbc]
     shell = np.array([(i, j, k) for i in rng[0] for j in rng[1] for k in rng[2] if (i, j, k) != (0, 0, 0)])
     if images != "auto":
         k = int(images)
-        rng = [range(-k, k + 1) if p else range(0, 1) for p in pbc]
-        return np.array([(i, j, l) for i in rng[0] for j in rng[1] for l in rng[2] if (i, j, l) != (0, 0, 0)],
-                        dtype=np.int64).reshape(-1, 3)
+        rng = [range(-k, k + 1) if p else range(1) for p in pbc]
+        return np.array(
+            [(i, j, l) for i in rng[0] for j in rng[1] for l in rng[2] if (i, j, l) != (0, 0, 0)], dtype=np.int64
+        ).reshape(-1, 3)
     if len(atoms) * (1 + len(shell)) <= max_atoms:
         return shell.astype(np.int64)
-    half = np.array([(i, j, k) for i in (0, 1) if pbc[0] or i == 0 for j in (0, 1) if pbc[1] or j == 0
-                     for k in (0, 1) if pbc[2] or k == 0 if (i, j, k) != (0, 0, 0)])
+    half = np.array(
+        [
+            (i, j, k)
+            for i in (0, 1)
+            if pbc[0] or i == 0
+            for j in (0, 1)
+            if pbc[1] or j == 0
+            for k in (0, 1)
+            if pbc[2] or k == 0
+            if (i, j, k) != (0, 0, 0)
+        ]
+    )
     if len(atoms) * (1 + len(half)) <= max_atoms:
         return half.astype(np.int64)
     return np.zeros((0, 3), np.int64)
@@ -120,8 +136,14 @@ def describe_structure(atoms) -> str:
     return f"{family_label(fam)} · {atoms.get_chemical_formula()} · {len(atoms)} atoms · {per}"
 
 
-def molecule_view(atoms, images: int | str = "auto", show_cell: bool = True, representation: str = "ball+stick",
-                  height: str = "360px", max_atoms: int = 6000):
+def molecule_view(
+    atoms,
+    images: int | str = "auto",
+    show_cell: bool = True,
+    representation: str = "ball+stick",
+    height: str = "360px",
+    max_atoms: int = 6000,
+):
     """nglview viewer of one structure, coloured by element.
 
     Periodic structures get their unit cell drawn and their periodic images
@@ -129,8 +151,12 @@ def molecule_view(atoms, images: int | str = "auto", show_cell: bool = True, rep
     """
     nv = _nglview()
     view = nv.show_ase(atoms, default=False)
-    view.add_representation(representation, selection="all", color_scheme="element",
-                            **({"aspectRatio": 1.6} if representation == "ball+stick" else {}))
+    view.add_representation(
+        representation,
+        selection="all",
+        color_scheme="element",
+        **({"aspectRatio": 1.6} if representation == "ball+stick" else {}),
+    )
     if show_cell and any(atoms.pbc):
         view.add_unitcell()
     imgs = periodic_images(atoms, images, max_atoms) if any(atoms.pbc) else None
@@ -149,9 +175,11 @@ def _card(atoms, view, caption_extra: str = ""):
     import ipywidgets as W
 
     fam = atoms.info.get("config_type", "unknown")
-    head = W.HTML(f"<div style='border-left:6px solid {family_color(fam)};padding-left:8px;font-size:13px'>"
-                  f"<b>{family_label(fam)}</b><br><span style='color:#555'>{atoms.get_chemical_formula()} · "
-                  f"{len(atoms)} atoms{caption_extra}</span></div>")
+    head = W.HTML(
+        f"<div style='border-left:6px solid {family_color(fam)};padding-left:8px;font-size:13px'>"
+        f"<b>{family_label(fam)}</b><br><span style='color:#555'>{atoms.get_chemical_formula()} · "
+        f"{len(atoms)} atoms{caption_extra}</span></div>"
+    )
     box = W.VBox([head, view], layout=W.Layout(border="1px solid #e3e3e3", padding="6px", width="100%"))
     box.add_class("wb-molecule-card")
     return box
@@ -170,8 +198,15 @@ def pick_examples(structures: Sequence, family: str | None = None, n: int = 4, s
     return [int(i) for i in np.sort(rng.choice(idx, size=min(n, idx.size), replace=False))]
 
 
-def family_gallery(structures: Sequence, family: str | None = None, n: int = 4, columns: int = 4, seed: int = 0,
-                   height: str = "260px", sizes: np.ndarray | None = None):
+def family_gallery(
+    structures: Sequence,
+    family: str | None = None,
+    n: int = 4,
+    columns: int = 4,
+    seed: int = 0,
+    height: str = "260px",
+    sizes: np.ndarray | None = None,
+):
     """A grid of molecule views: one structure per family, or ``n`` structures of ``family``.
 
     ``sizes``: optional :func:`workbench.data.graph_sizes` of ``structures``, to
@@ -183,8 +218,9 @@ def family_gallery(structures: Sequence, family: str | None = None, n: int = 4, 
     for i in pick_examples(structures, family, n, seed):
         extra = f" · {int(sizes['edges'][i]):,} edges" if sizes is not None else ""
         cards.append(_card(structures[i], molecule_view(structures[i], height=height), extra))
-    grid = W.GridBox(cards, layout=W.Layout(grid_template_columns=f"repeat({columns}, minmax(0, 1fr))",
-                                            grid_gap="8px", width="100%"))
+    grid = W.GridBox(
+        cards, layout=W.Layout(grid_template_columns=f"repeat({columns}, minmax(0, 1fr))", grid_gap="8px", width="100%")
+    )
     grid.add_class("wb-gallery")
     return grid
 

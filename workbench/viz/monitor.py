@@ -44,7 +44,9 @@ def rank_time_shares(series: dict[int, dict[str, np.ndarray]], skip_first: int =
     out = {}
     for r, s in series.items():
         keep = s["global_step"] > skip_first if np.any(s["global_step"] > skip_first) else np.ones_like(s["loss"], bool)
-        out[r] = {k: float(np.nanmean(s[k][keep])) if keep.any() else 0.0 for k in ("data_s", "compute_s", "allreduce_s")}
+        out[r] = {
+            k: float(np.nanmean(s[k][keep])) if keep.any() else 0.0 for k in ("data_s", "compute_s", "allreduce_s")
+        }
     return out
 
 
@@ -57,25 +59,51 @@ def loss_figure(run_dir, title: str | None = None):
 
     series = step_series(run_dir)
     epochs = read_epochs(_run_dir(run_dir))
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("loss per step", "error per epoch"),
-                        specs=[[{}, {"secondary_y": True}]], horizontal_spacing=0.1)
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=("loss per step", "error per epoch"),
+        specs=[[{}, {"secondary_y": True}]],
+        horizontal_spacing=0.1,
+    )
     for r, s in series.items():
-        fig.add_trace(go.Scatter(x=s["global_step"], y=s["loss"], mode="lines", name=f"rank {r}",
-                                 line=dict(color=RANK_COLORS[r % len(RANK_COLORS)], width=1.6),
-                                 hovertemplate=f"rank {r}<br>step %{{x}}<br>loss %{{y:.4g}}<extra></extra>"), 1, 1)
+        fig.add_trace(
+            go.Scatter(
+                x=s["global_step"],
+                y=s["loss"],
+                mode="lines",
+                name=f"rank {r}",
+                line=dict(color=RANK_COLORS[r % len(RANK_COLORS)], width=1.6),
+                hovertemplate=f"rank {r}<br>step %{{x}}<br>loss %{{y:.4g}}<extra></extra>",
+            ),
+            1,
+            1,
+        )
     if epochs:
         x = [e["epoch"] for e in epochs]
-        for key, name, dash, sec in (("train_e_mae_mev_atom", "train E MAE", "solid", False),
-                                     ("valid_e_mae_mev_atom", "valid E MAE", "dot", False),
-                                     ("train_f_mae_mev_a", "train F MAE", "solid", True),
-                                     ("valid_f_mae_mev_a", "valid F MAE", "dot", True)):
+        for key, name, dash, sec in (
+            ("train_e_mae_mev_atom", "train E MAE", "solid", False),
+            ("valid_e_mae_mev_atom", "valid E MAE", "dot", False),
+            ("train_f_mae_mev_a", "train F MAE", "solid", True),
+            ("valid_f_mae_mev_a", "valid F MAE", "dot", True),
+        ):
             if key in epochs[0]:
-                fig.add_trace(go.Scatter(x=x, y=[e.get(key) for e in epochs], mode="lines+markers", name=name,
-                                         line=dict(dash=dash, color="#E45756" if sec else "#4C78A8")),
-                              row=1, col=2, secondary_y=sec)
+                fig.add_trace(
+                    go.Scatter(
+                        x=x,
+                        y=[e.get(key) for e in epochs],
+                        mode="lines+markers",
+                        name=name,
+                        line=dict(dash=dash, color="#E45756" if sec else "#4C78A8"),
+                    ),
+                    row=1,
+                    col=2,
+                    secondary_y=sec,
+                )
     else:
-        fig.add_annotation(text="no finished epoch yet", showarrow=False, xref="x2 domain", yref="y2 domain",
-                           x=0.5, y=0.5)
+        fig.add_annotation(
+            text="no finished epoch yet", showarrow=False, xref="x2 domain", yref="y2 domain", x=0.5, y=0.5
+        )
     fig.update_yaxes(type="log", title_text="loss (energy + forces, weighted)", row=1, col=1)
     fig.update_xaxes(title_text="optimizer step", row=1, col=1)
     fig.update_xaxes(title_text="epoch", row=1, col=2)
@@ -90,25 +118,65 @@ def step_time_figure(run_dir, title: str | None = None):
     from plotly.subplots import make_subplots
 
     series = step_series(run_dir)
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.62, 0.38], horizontal_spacing=0.1,
-                        subplot_titles=("step time per rank", "where each rank's time goes (mean per step)"))
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.62, 0.38],
+        horizontal_spacing=0.1,
+        subplot_titles=("step time per rank", "where each rank's time goes (mean per step)"),
+    )
     for r, s in series.items():
         c = RANK_COLORS[r % len(RANK_COLORS)]
-        fig.add_trace(go.Scatter(x=s["global_step"], y=s["step_s"], mode="lines", name=f"rank {r} step",
-                                 line=dict(color=c, width=1.8), legendgroup=f"r{r}",
-                                 customdata=np.column_stack([s["compute_s"], s["allreduce_s"], s["atoms"], s["edges"]]),
-                                 hovertemplate=(f"rank {r}, step %{{x}}<br>step %{{y:.3f}} s: compute "
-                                                "%{customdata[0]:.3f} s, all-reduce wait %{customdata[1]:.3f} s<br>"
-                                                "%{customdata[2]:.0f} atoms, %{customdata[3]:.0f} edges<extra></extra>")),
-                      1, 1)
-        fig.add_trace(go.Scatter(x=s["global_step"], y=s["compute_s"], mode="lines", name=f"rank {r} compute",
-                                 line=dict(color=c, width=1, dash="dot"), legendgroup=f"r{r}", hoverinfo="skip"), 1, 1)
+        fig.add_trace(
+            go.Scatter(
+                x=s["global_step"],
+                y=s["step_s"],
+                mode="lines",
+                name=f"rank {r} step",
+                line=dict(color=c, width=1.8),
+                legendgroup=f"r{r}",
+                customdata=np.column_stack([s["compute_s"], s["allreduce_s"], s["atoms"], s["edges"]]),
+                hovertemplate=(
+                    f"rank {r}, step %{{x}}<br>step %{{y:.3f}} s: compute "
+                    "%{customdata[0]:.3f} s, all-reduce wait %{customdata[1]:.3f} s<br>"
+                    "%{customdata[2]:.0f} atoms, %{customdata[3]:.0f} edges<extra></extra>"
+                ),
+            ),
+            1,
+            1,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=s["global_step"],
+                y=s["compute_s"],
+                mode="lines",
+                name=f"rank {r} compute",
+                line=dict(color=c, width=1, dash="dot"),
+                legendgroup=f"r{r}",
+                hoverinfo="skip",
+            ),
+            1,
+            1,
+        )
     shares = rank_time_shares(series)
     ranks = [f"rank {r}" for r in shares]
-    for key, name, color in (("data_s", "data loading", "#BAB0AC"), ("compute_s", "compute", "#4C78A8"),
-                             ("allreduce_s", "all-reduce wait", "#E45756")):
-        fig.add_trace(go.Bar(y=ranks, x=[v[key] for v in shares.values()], orientation="h", name=name,
-                             marker_color=color, hovertemplate=f"%{{y}}: {name} %{{x:.3f}} s<extra></extra>"), 1, 2)
+    for key, name, color in (
+        ("data_s", "data loading", "#BAB0AC"),
+        ("compute_s", "compute", "#4C78A8"),
+        ("allreduce_s", "all-reduce wait", "#E45756"),
+    ):
+        fig.add_trace(
+            go.Bar(
+                y=ranks,
+                x=[v[key] for v in shares.values()],
+                orientation="h",
+                name=name,
+                marker_color=color,
+                hovertemplate=f"%{{y}}: {name} %{{x:.3f}} s<extra></extra>",
+            ),
+            1,
+            2,
+        )
     if not series:
         fig.add_annotation(text="no step logged yet", showarrow=False, xref="x domain", yref="y domain", x=0.5, y=0.5)
     fig.update_layout(barmode="stack")
@@ -127,17 +195,25 @@ def summary_html(run_dir, status: str | None = None) -> str:
     epochs = read_epochs(_run_dir(run_dir))
     steps = int(max((s["global_step"].max() for s in series.values() if s["global_step"].size), default=0))
     last = [s["loss"][-1] for s in series.values() if s["loss"].size]
-    badge = {"running": "#1B9E77", "pending": "#E6AB02", "done": "#4C78A8", "failed": "#D62728"}.get(status or "",
-                                                                                                      "#777")
-    st = (f"<span class='wb-run-status' style='background:{badge};color:white;border-radius:4px;padding:1px 6px'>"
-          f"{status}</span> " if status else "")
+    badge = {"running": "#1B9E77", "pending": "#E6AB02", "done": "#4C78A8", "failed": "#D62728"}.get(
+        status or "", "#777"
+    )
+    st = (
+        f"<span class='wb-run-status' style='background:{badge};color:white;border-radius:4px;padding:1px 6px'>"
+        f"{status}</span> "
+        if status
+        else ""
+    )
     from workbench.train.evaluate import family_table_html, last_validation
 
     valid = last_validation(epochs)
     table = family_table_html(valid, f"Validation errors per config_type (epoch {valid['epoch']})") if valid else ""
-    return (f"<div class='wb-run-summary' style='font-size:13px'>{st}<code>{_run_dir(run_dir)}</code> · "
-            f"{len(series)} rank(s) · {steps} steps · {len(epochs)} epoch(s) logged"
-            + (f" · last loss {np.mean(last):.4g}" if last else "") + f"</div>{table}")
+    return (
+        f"<div class='wb-run-summary' style='font-size:13px'>{st}<code>{_run_dir(run_dir)}</code> · "
+        f"{len(series)} rank(s) · {steps} steps · {len(epochs)} epoch(s) logged"
+        + (f" · last loss {np.mean(last):.4g}" if last else "")
+        + f"</div>{table}"
+    )
 
 
 class RunMonitor:
@@ -171,7 +247,7 @@ class RunMonitor:
         if callable(panel):
             try:
                 parts.append(panel())
-            except Exception as exc:  # noqa: BLE001 - a broken panel must not hide the plots
+            except Exception as exc:
                 parts.append(W.HTML(f"<i>launcher panel unavailable: {type(exc).__name__}: {exc}</i>"))
         parts += [self.refresh_button, self.loss, self.times]
         self.widget = W.VBox(parts)
@@ -204,7 +280,7 @@ class RunMonitor:
                 self.refresh()
                 break
 
-    def start(self) -> "RunMonitor":
+    def start(self) -> RunMonitor:
         """Poll in the background (no-op if already polling)."""
         if self._thread is None or not self._thread.is_alive():
             self._stop.clear()

@@ -78,8 +78,12 @@ def throughput(steps: list[dict], warmup: int = WARMUP_STEPS) -> dict:
     seconds = sum(max(r["step_s"] for r in recs) for recs in keep)
     graphs = sum(r["graphs"] for recs in keep for r in recs)
     atoms = sum(r["atoms"] for recs in keep for r in recs)
-    return {"steps": len(keep), "seconds": seconds, "graphs_per_s": graphs / seconds if seconds > 0 else float("nan"),
-            "atoms_per_s": atoms / seconds if seconds > 0 else float("nan")}
+    return {
+        "steps": len(keep),
+        "seconds": seconds,
+        "graphs_per_s": graphs / seconds if seconds > 0 else float("nan"),
+        "atoms_per_s": atoms / seconds if seconds > 0 else float("nan"),
+    }
 
 
 def packing_comparison(run_dir, info: dict) -> dict | None:
@@ -91,10 +95,21 @@ def packing_comparison(run_dir, info: dict) -> dict | None:
     if got is None:
         return None
     packing, sizes = got
-    base = pack(sizes["atoms"], packing.capacity, packing.num_replicas, algorithm="fixed-count", seed=packing.seed,
-                graphs_per_batch=int(info.get("batch_size") or 8))
-    return {"packing": packing, "sizes": sizes, "baseline": base,
-            "run": packing.metrics(randomness=False), "fixed": base.metrics(randomness=False)}
+    base = pack(
+        sizes["atoms"],
+        packing.capacity,
+        packing.num_replicas,
+        algorithm="fixed-count",
+        seed=packing.seed,
+        graphs_per_batch=int(info.get("batch_size") or 8),
+    )
+    return {
+        "packing": packing,
+        "sizes": sizes,
+        "baseline": base,
+        "run": packing.metrics(randomness=False),
+        "fixed": base.metrics(randomness=False),
+    }
 
 
 def run_summary(run_dir: str | os.PathLike) -> dict:
@@ -106,11 +121,20 @@ def run_summary(run_dir: str | os.PathLike) -> dict:
     info = read_run_record(run_dir)
     epochs = read_epochs(run_dir)
     steps = read_steps(run_dir)
-    shares = {k: float(np.mean([e[k] for e in epochs if e.get(k) is not None]))
-              for k in ("data_share", "compute_share", "allreduce_share") if any(e.get(k) is not None for e in epochs)}
-    return {"info": info, "epochs": epochs, "steps": steps, "valid": last_validation(epochs),
-            "throughput": throughput(steps) if steps else None, "shares": shares,
-            "packing": packing_comparison(run_dir, info)}
+    shares = {
+        k: float(np.mean([e[k] for e in epochs if e.get(k) is not None]))
+        for k in ("data_share", "compute_share", "allreduce_share")
+        if any(e.get(k) is not None for e in epochs)
+    }
+    return {
+        "info": info,
+        "epochs": epochs,
+        "steps": steps,
+        "valid": last_validation(epochs),
+        "throughput": throughput(steps) if steps else None,
+        "shares": shares,
+        "packing": packing_comparison(run_dir, info),
+    }
 
 
 def _what_ran(run_dir: Path, info: dict, summary: dict) -> str:
@@ -118,20 +142,35 @@ def _what_ran(run_dir: Path, info: dict, summary: dict) -> str:
     if not info:
         return "<p class=empty>This run has no run.json (written by runs since this report exists).</p>"
     sampler = info.get("sampler", "?")
-    batch = (f"{info.get('batch_size')} graphs per batch" if sampler == "fixed-count"
-             else f"capacity {info.get('capacity'):,} atoms per batch")
+    batch = (
+        f"{info.get('batch_size')} graphs per batch"
+        if sampler == "fixed-count"
+        else f"capacity {info.get('capacity'):,} atoms per batch"
+    )
     fams = d.get("families", [])
     rows = [
-        ("model", f"MACE {m.get('hidden_irreps')}, max_ell {m.get('max_ell')}, correlation {m.get('correlation')}, "
-                  f"{m.get('num_interactions')} interactions, cutoff {m.get('cutoff')} Å"),
-        ("data", f"{d.get('source')}: {d.get('train_graphs', 0):,} training graphs ({d.get('train_atoms', 0):,} atoms), "
-                 f"{d.get('valid_graphs', 0):,} validation graphs; {len(fams)} families ({', '.join(fams)})"),
+        (
+            "model",
+            f"MACE {m.get('hidden_irreps')}, max_ell {m.get('max_ell')}, correlation {m.get('correlation')}, "
+            f"{m.get('num_interactions')} interactions, cutoff {m.get('cutoff')} Å",
+        ),
+        (
+            "data",
+            f"{d.get('source')}: {d.get('train_graphs', 0):,} training graphs ({d.get('train_atoms', 0):,} atoms), "
+            f"{d.get('valid_graphs', 0):,} validation graphs; {len(fams)} families ({', '.join(fams)})",
+        ),
         ("ranks", f"{info.get('world_size')} on {info.get('device')} ({info.get('host')})"),
         ("sampler", f"{sampler}, {batch}"),
         ("precision / kernels", f"{info.get('dtype')} / {info.get('backend')}"),
-        ("trained", f"{len(summary['steps']) // max(1, int(info.get('world_size') or 1))} steps, "
-                    f"{sum(1 for e in summary['epochs'] if e.get('complete', True))} epochs, started {info.get('started')}"),
-        ("code", f"cfm-workbench {info.get('workbench')}, commit {info.get('commit') or 'unknown (not a git checkout)'}"),
+        (
+            "trained",
+            f"{len(summary['steps']) // max(1, int(info.get('world_size') or 1))} steps, "
+            f"{sum(1 for e in summary['epochs'] if e.get('complete', True))} epochs, started {info.get('started')}",
+        ),
+        (
+            "code",
+            f"cfm-workbench {info.get('workbench')}, commit {info.get('commit') or 'unknown (not a git checkout)'}",
+        ),
         ("run directory", str(run_dir)),
     ]
     body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
@@ -153,25 +192,50 @@ def _cards(summary: dict) -> str:
     cards = []
     v = summary["valid"]
     if v is not None:
-        cards.append(_card("validation energy MAE", f"{v['e_mae_mev_atom']:.1f}", f"meV/atom, epoch {v['epoch']}, "
-                           f"{v['graphs']} graphs"))
+        cards.append(
+            _card(
+                "validation energy MAE",
+                f"{v['e_mae_mev_atom']:.1f}",
+                f"meV/atom, epoch {v['epoch']}, {v['graphs']} graphs",
+            )
+        )
         cards.append(_card("validation force MAE", f"{v['f_mae_mev_a']:.1f}", "meV/Å"))
     t = summary["throughput"]
     if t is not None and math.isfinite(t["graphs_per_s"]):
-        cards.append(_card("throughput", f"{t['graphs_per_s']:,.1f} graphs/s",
-                           f"{t['atoms_per_s']:,.0f} atoms/s over {t['steps']} steps (all ranks)"))
+        cards.append(
+            _card(
+                "throughput",
+                f"{t['graphs_per_s']:,.1f} graphs/s",
+                f"{t['atoms_per_s']:,.0f} atoms/s over {t['steps']} steps (all ranks)",
+            )
+        )
     p = summary["packing"]
     if p is not None:
         same = p["packing"].algorithm == "fixed-count"
-        cards.append(_card("padding waste", f"{p['run']['padding_fraction']:.1%}",
-                           _versus(p["run"]["padding_fraction"], p["fixed"]["padding_fraction"], same)))
-        cards.append(_card("straggler share", f"{p['run']['straggler_share']:.1%}",
-                           _versus(p["run"]["straggler_share"], p["fixed"]["straggler_share"], same)
-                           + "<br>rank time waiting for the slowest rank (by load)"))
+        cards.append(
+            _card(
+                "padding waste",
+                f"{p['run']['padding_fraction']:.1%}",
+                _versus(p["run"]["padding_fraction"], p["fixed"]["padding_fraction"], same),
+            )
+        )
+        cards.append(
+            _card(
+                "straggler share",
+                f"{p['run']['straggler_share']:.1%}",
+                _versus(p["run"]["straggler_share"], p["fixed"]["straggler_share"], same)
+                + "<br>rank time waiting for the slowest rank (by load)",
+            )
+        )
     sh = summary["shares"]
     if "allreduce_share" in sh:
-        cards.append(_card("measured all-reduce wait", f"{sh['allreduce_share']:.1%}",
-                           f"of step time; data wait {sh.get('data_share', float('nan')):.1%}"))
+        cards.append(
+            _card(
+                "measured all-reduce wait",
+                f"{sh['allreduce_share']:.1%}",
+                f"of step time; data wait {sh.get('data_share', float('nan')):.1%}",
+            )
+        )
     return f"<div class=cards>{''.join(cards)}</div>" if cards else "<p class=empty>no step logged yet</p>"
 
 
@@ -192,9 +256,13 @@ def curves_figure(summary: dict):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08, column_widths=[0.44, 0.28, 0.28],
-                        subplot_titles=("training loss per step (mean over ranks)", "validation energy MAE",
-                                        "validation force MAE"))
+    fig = make_subplots(
+        rows=1,
+        cols=3,
+        horizontal_spacing=0.08,
+        column_widths=[0.44, 0.28, 0.28],
+        subplot_titles=("training loss per step (mean over ranks)", "validation energy MAE", "validation force MAE"),
+    )
     per: dict[int, list[float]] = {}
     for s in summary["steps"]:
         per.setdefault(int(s["global_step"]), []).append(float(s["loss"]))
@@ -202,25 +270,51 @@ def curves_figure(summary: dict):
         x = np.array(sorted(per))
         y = np.array([np.mean(per[g]) for g in x])
         fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name="loss", line=dict(color="#9ECAE9", width=1)), 1, 1)
-        fig.add_trace(go.Scatter(x=x, y=smooth(y), mode="lines", name="loss, smoothed",
-                                 line=dict(color="#1F4E79", width=2.4)), 1, 1)
+        fig.add_trace(
+            go.Scatter(x=x, y=smooth(y), mode="lines", name="loss, smoothed", line=dict(color="#1F4E79", width=2.4)),
+            1,
+            1,
+        )
         fig.update_yaxes(title_text="loss (weighted E + F)", row=1, col=1, **_loss_axis(y))
     ep = [e for e in summary["epochs"] if e.get("valid_e_mae_mev_atom") is not None]
     x = [e["global_step"] for e in ep]
-    for col, key, unit, color in ((2, "valid_e_mae_mev_atom", "meV/atom", "#4C78A8"),
-                                  (3, "valid_f_mae_mev_a", "meV/Å", "#E45756")):
+    for col, key, unit, color in (
+        (2, "valid_e_mae_mev_atom", "meV/atom", "#4C78A8"),
+        (3, "valid_f_mae_mev_a", "meV/Å", "#E45756"),
+    ):
         y = np.array([e[key] for e in ep], dtype=float)
         what = "energy" if col == 2 else "force"
-        fig.add_trace(go.Scatter(x=x, y=y, mode="markers+lines", name=f"valid {what} MAE", opacity=0.5,
-                                 line=dict(color=color, width=1), marker=dict(size=7)), 1, col)
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=y,
+                mode="markers+lines",
+                name=f"valid {what} MAE",
+                opacity=0.5,
+                line=dict(color=color, width=1),
+                marker=dict(size=7),
+            ),
+            1,
+            col,
+        )
         if y.size > 2:
-            fig.add_trace(go.Scatter(x=x, y=smooth(y, 0.6), mode="lines", name=f"valid {what} MAE, smoothed",
-                                     line=dict(color=color, width=2.4)), 1, col)
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=smooth(y, 0.6),
+                    mode="lines",
+                    name=f"valid {what} MAE, smoothed",
+                    line=dict(color=color, width=2.4),
+                ),
+                1,
+                col,
+            )
         fig.update_yaxes(title_text=f"MAE ({unit})", rangemode="tozero", tickformat="~g", row=1, col=col)
     fig.update_xaxes(title_text="optimizer step")
     style(fig, None, height=400)
-    fig.update_layout(legend=dict(orientation="h", yref="container", y=0, yanchor="bottom", x=0),
-                      margin=dict(t=40, b=90))
+    fig.update_layout(
+        legend=dict(orientation="h", yref="container", y=0, yanchor="bottom", x=0), margin=dict(t=40, b=90)
+    )
     return fig
 
 
@@ -233,10 +327,13 @@ def layout_figure(comparison: dict, step: int = 0):
     panels = [("fixed-count", layout_rectangles(base, min(step, base.n_steps - 1), sizes, ranks, cost=sizes["atoms"]))]
     if packing.algorithm != "fixed-count":
         panels.append((packing.algorithm, layout_rectangles(packing, step, sizes, ranks, cost=sizes["atoms"])))
-    fig = bin_layout_figure(panels, capacity=packing.capacity, title=f"Graphs per rank in step {step}",
-                            total_ranks=packing.num_replicas)
-    fig.update_layout(legend=dict(orientation="h", yref="container", y=0, yanchor="bottom", x=0,
-                                  title_text="family "), margin=dict(b=100))
+    fig = bin_layout_figure(
+        panels, capacity=packing.capacity, title=f"Graphs per rank in step {step}", total_ranks=packing.num_replicas
+    )
+    fig.update_layout(
+        legend=dict(orientation="h", yref="container", y=0, yanchor="bottom", x=0, title_text="family "),
+        margin=dict(b=100),
+    )
     return fig
 
 
@@ -259,13 +356,20 @@ def report_html(run_dir: str | os.PathLike) -> str:
         plotly_js["include_plotlyjs"] = False
         return f"<div class=figure>{out}</div>"
 
-    parts = [_section("what-ran", "What ran", _what_ran(run_dir, info, summary)),
-             _section("summary", "Summary", _cards(summary))]
+    parts = [
+        _section("what-ran", "What ran", _what_ran(run_dir, info, summary)),
+        _section("summary", "Summary", _cards(summary)),
+    ]
     if summary["steps"]:
         parts.append(_section("curves", "Loss and errors", fig_html(curves_figure(summary))))
     if summary["valid"] is not None:
-        parts.append(_section("families", "Validation errors per family",
-                              family_table_html(summary["valid"], f"epoch {summary['valid']['epoch']}")))
+        parts.append(
+            _section(
+                "families",
+                "Validation errors per family",
+                family_table_html(summary["valid"], f"epoch {summary['valid']['epoch']}"),
+            )
+        )
     if summary["steps"]:
         fig = step_time_figure(run_dir).update_layout(title=None, margin=dict(t=40))
         parts.append(_section("ranks", "Where each rank's time goes", fig_html(fig)))
@@ -273,10 +377,13 @@ def report_html(run_dir: str | os.PathLike) -> str:
         parts.append(_section("layout", "Packing layout", fig_html(layout_figure(summary["packing"]))))
     title = f"Run {html.escape(info.get('name', run_dir.name))}"
     sub = " · ".join(x for x in (info.get("sampler"), info.get("dtype"), info.get("started")) if x)
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{title} · cfm-workbench</title>"
-            f"<meta name=viewport content='width=device-width'><style>{CSS}</style></head><body><main>"
-            f"<h1>{title}</h1><div class=sub>cfm-workbench run report · {html.escape(sub)}</div>"
-            + "\n".join(parts) + "</main></body></html>")
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{title} · cfm-workbench</title>"
+        f"<meta name=viewport content='width=device-width'><style>{CSS}</style></head><body><main>"
+        f"<h1>{title}</h1><div class=sub>cfm-workbench run report · {html.escape(sub)}</div>"
+        + "\n".join(parts)
+        + "</main></body></html>"
+    )
 
 
 def write_report(run_dir: str | os.PathLike, path: str | os.PathLike | None = None) -> Path:
@@ -287,7 +394,9 @@ def write_report(run_dir: str | os.PathLike, path: str | os.PathLike | None = No
     if not run.path.is_dir():
         raise FileNotFoundError(f"{run.path}: no such run directory")
     if not run.step_logs() and not run.epoch_log.exists():
-        raise ValueError(f"{run.path}: holds no training logs (metrics/rank*.jsonl, metrics.jsonl); is it a run directory?")
+        raise ValueError(
+            f"{run.path}: holds no training logs (metrics/rank*.jsonl, metrics.jsonl); is it a run directory?"
+        )
     out = Path(path) if path is not None else run.report
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.write_text(report_html(run.path), encoding="utf-8")

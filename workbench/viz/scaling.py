@@ -10,9 +10,9 @@ printed on the figure.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -26,8 +26,12 @@ VARIANTS: tuple[tuple[str, str, bool], ...] = (
     ("packer (paper)", "paper", False),
     ("packer + kernels", "paper", True),
 )
-VARIANT_COLORS = {"baseline (fixed-count)": "#D95F02", "baseline + kernels": "#FDAE6B",
-                  "packer (paper)": "#1B9E77", "packer + kernels": "#7570B3"}
+VARIANT_COLORS = {
+    "baseline (fixed-count)": "#D95F02",
+    "baseline + kernels": "#FDAE6B",
+    "packer (paper)": "#1B9E77",
+    "packer + kernels": "#7570B3",
+}
 
 
 @dataclass(frozen=True)
@@ -36,8 +40,10 @@ class KernelSpeedup:
 
     atoms: float = 46.5 / 26.2
     edges: float = 181.0 / 31.4
-    source: str = ("H100 per-block replay at 3072 atoms, double backward, e3nn → cuEquivariance "
-                   "(products 46.5→26.2 ms, interactions 181→31.4 ms; DESIGN.md)")
+    source: str = (
+        "H100 per-block replay at 3072 atoms, double backward, e3nn → cuEquivariance "
+        "(products 46.5→26.2 ms, interactions 181→31.4 ms; DESIGN.md)"
+    )
 
     def apply(self, model):
         """The cost model with the kernels' speed-ups (constant term unchanged)."""
@@ -59,11 +65,16 @@ def kernel_speedup_from_results(records: list[dict] | None = None, pass_: str = 
         records, _ = read_kernel_results()
     default = KernelSpeedup()
     found = {}
-    for kind, match in (("atoms", lambda r: r["target"] == "contraction"),
-                        ("edges", lambda r: "tp" in str(r["bench"]).lower() or "tp" in str(r["target"]).lower())):
+    for kind, match in (
+        ("atoms", lambda r: r["target"] == "contraction"),
+        ("edges", lambda r: "tp" in str(r["bench"]).lower() or "tp" in str(r["target"]).lower()),
+    ):
         gpu = [r for r in records if r["gpu"] and r["pass"] == pass_ and r["dtype"] in (None, "float32") and match(r)]
-        t = {b: min(r["median_ms"] for r in gpu if r["backend"] == b) for b in ("e3nn", "numba")
-             if any(r["backend"] == b for r in gpu)}
+        t = {
+            b: min(r["median_ms"] for r in gpu if r["backend"] == b)
+            for b in ("e3nn", "numba")
+            if any(r["backend"] == b for r in gpu)
+        }
         if len(t) == 2 and t["numba"] > 0:
             found[kind] = (t["e3nn"] / t["numba"], next(r["file"] for r in gpu if r["backend"] == "numba"))
     if not found:
@@ -72,8 +83,9 @@ def kernel_speedup_from_results(records: list[dict] | None = None, pass_: str = 
     missing = [k for k in ("atoms", "edges") if k not in found]
     if missing:
         src += f"; {', '.join(missing)}: {default.source}"
-    return KernelSpeedup(atoms=found.get("atoms", (default.atoms,))[0], edges=found.get("edges", (default.edges,))[0],
-                         source=src)
+    return KernelSpeedup(
+        atoms=found.get("atoms", (default.atoms,))[0], edges=found.get("edges", (default.edges,))[0], source=src
+    )
 
 
 def fit_step_cost_model(run_dir: str | Path, skip_first: int = 2):
@@ -105,9 +117,16 @@ def projection_cost_model(run_dir: str | Path | None = None, root: str | Path = 
     return m, f"cost model: H100 anchor of workbench.packing.CostModel (no run with step times found): {m.describe()}"
 
 
-def project_scaling(sizes: np.ndarray, gpus: Sequence[int] = DEFAULT_GPUS, mode: str = "strong",
-                    capacity: int = 3072, cost_model=None, speedup: KernelSpeedup | None = None,
-                    allreduce: AllReduceModel | None = None, seed: int = 0) -> list[dict]:
+def project_scaling(
+    sizes: np.ndarray,
+    gpus: Sequence[int] = DEFAULT_GPUS,
+    mode: str = "strong",
+    capacity: int = 3072,
+    cost_model=None,
+    speedup: KernelSpeedup | None = None,
+    allreduce: AllReduceModel | None = None,
+    seed: int = 0,
+) -> list[dict]:
     """One row per (GPU count, variant): graphs, steps, compute, all-reduce and epoch seconds, speed-up.
 
     ``mode="strong"``: all graphs at every GPU count. ``mode="weak"``: graphs in
@@ -124,19 +143,30 @@ def project_scaling(sizes: np.ndarray, gpus: Sequence[int] = DEFAULT_GPUS, mode:
     speedup = speedup or KernelSpeedup()
     allreduce = allreduce or AllReduceModel()
     fast = speedup.apply(cost_model)
-    k = max(1, int(round(capacity / float(np.mean(sizes["atoms"])))))
+    k = max(1, round(capacity / float(np.mean(sizes["atoms"]))))
     rows = []
     for r in gpus:
-        n = sizes.size if mode == "strong" else max(int(r), int(round(sizes.size * r / max(gpus))))
+        n = sizes.size if mode == "strong" else max(int(r), round(sizes.size * r / max(gpus)))
         sub = sizes[:n]
-        packs = {"fixed-count": pack(sub, capacity, r, "fixed-count", seed, graphs_per_batch=k),
-                 "paper": pack(sub, capacity, r, "paper", seed)}
+        packs = {
+            "fixed-count": pack(sub, capacity, r, "fixed-count", seed, graphs_per_batch=k),
+            "paper": pack(sub, capacity, r, "paper", seed),
+        }
         base = None
         for name, algo, kernels in VARIANTS:
             sim = simulate_epoch(packs[algo], sub, fast if kernels else cost_model, allreduce)
             base = sim["epoch_s"] if base is None else base
-            rows.append(dict(gpus=int(r), variant=name, algorithm=algo, kernels=kernels, graphs=int(n),
-                             speedup=base / sim["epoch_s"], **sim))
+            rows.append(
+                dict(
+                    gpus=int(r),
+                    variant=name,
+                    algorithm=algo,
+                    kernels=kernels,
+                    graphs=int(n),
+                    speedup=base / sim["epoch_s"],
+                    **sim,
+                )
+            )
     return rows
 
 
@@ -147,55 +177,118 @@ def scaling_figure(rows: list[dict], mode: str = "strong", assumptions: Sequence
 
     gpus = sorted({r["gpus"] for r in rows})
     names = [v for v, _, _ in VARIANTS if any(r["variant"] == v for r in rows)]
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.56, 0.44], horizontal_spacing=0.1,
-                        subplot_titles=("epoch time (projected)", "speed-up over the baseline"))
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.56, 0.44],
+        horizontal_spacing=0.1,
+        subplot_titles=("epoch time (projected)", "speed-up over the baseline"),
+    )
     for v in names:
         mine = sorted((r for r in rows if r["variant"] == v), key=lambda r: r["gpus"])
-        fig.add_trace(go.Scatter(
-            x=[r["gpus"] for r in mine], y=[r["epoch_s"] for r in mine], mode="lines+markers", name=v,
-            legendgroup=v, line=dict(color=VARIANT_COLORS.get(v), width=2.5),
-            customdata=[[r["compute_s"], r["allreduce_s"], r["steps"], r["graphs"]] for r in mine],
-            hovertemplate=(f"<b>{v}</b><br>%{{x}} GPUs, %{{customdata[3]:,}} graphs<br>epoch %{{y:.4g}} s = "
-                           "compute %{customdata[0]:.4g} s + all-reduce %{customdata[1]:.3g} s<br>"
-                           "%{customdata[2]:,} steps<extra></extra>")), 1, 1)
-        fig.add_trace(go.Bar(x=[str(r["gpus"]) for r in mine], y=[r["speedup"] for r in mine], name=v, legendgroup=v,
-                             showlegend=False, marker_color=VARIANT_COLORS.get(v),
-                             hovertemplate=f"{v}<br>%{{x}} GPUs: %{{y:.2f}}× the baseline<extra></extra>"), 1, 2)
+        fig.add_trace(
+            go.Scatter(
+                x=[r["gpus"] for r in mine],
+                y=[r["epoch_s"] for r in mine],
+                mode="lines+markers",
+                name=v,
+                legendgroup=v,
+                line=dict(color=VARIANT_COLORS.get(v), width=2.5),
+                customdata=[[r["compute_s"], r["allreduce_s"], r["steps"], r["graphs"]] for r in mine],
+                hovertemplate=(
+                    f"<b>{v}</b><br>%{{x}} GPUs, %{{customdata[3]:,}} graphs<br>epoch %{{y:.4g}} s = "
+                    "compute %{customdata[0]:.4g} s + all-reduce %{customdata[1]:.3g} s<br>"
+                    "%{customdata[2]:,} steps<extra></extra>"
+                ),
+            ),
+            1,
+            1,
+        )
+        fig.add_trace(
+            go.Bar(
+                x=[str(r["gpus"]) for r in mine],
+                y=[r["speedup"] for r in mine],
+                name=v,
+                legendgroup=v,
+                showlegend=False,
+                marker_color=VARIANT_COLORS.get(v),
+                hovertemplate=f"{v}<br>%{{x}} GPUs: %{{y:.2f}}× the baseline<extra></extra>",
+            ),
+            1,
+            2,
+        )
     base = sorted((r for r in rows if r["variant"] == names[0]), key=lambda r: r["gpus"])
     if base:
         r0 = base[0]
         ideal = [r0["epoch_s"] * (r0["gpus"] / g if mode == "strong" else 1.0) for g in gpus]
-        fig.add_trace(go.Scatter(x=gpus, y=ideal, mode="lines", name="ideal (from the baseline's first point)",
-                                 line=dict(color="#999", dash="dash"), hoverinfo="skip"), 1, 1)
+        fig.add_trace(
+            go.Scatter(
+                x=gpus,
+                y=ideal,
+                mode="lines",
+                name="ideal (from the baseline's first point)",
+                line=dict(color="#999", dash="dash"),
+                hoverinfo="skip",
+            ),
+            1,
+            1,
+        )
     fig.update_xaxes(type="log", title_text="GPUs", tickvals=gpus, ticktext=[str(g) for g in gpus], row=1, col=1)
     fig.update_yaxes(type="log", dtick="D2", title_text="seconds per epoch (log)", row=1, col=1)
     fig.update_xaxes(title_text="GPUs", type="category", row=1, col=2)
     fig.update_yaxes(title_text="× faster than baseline (same GPUs)", row=1, col=2)
     fig.update_layout(barmode="group", legend=dict(orientation="h", y=-0.2, x=0))
-    label = "Strong scaling, the same graphs at every GPU count" if mode == "strong" else \
-        "Weak scaling, graphs grow with GPUs"
+    label = (
+        "Strong scaling, the same graphs at every GPU count"
+        if mode == "strong"
+        else "Weak scaling, graphs grow with GPUs"
+    )
     import textwrap
 
-    lines = [("• " if i == 0 else "   ") + part for a in assumptions
-             for i, part in enumerate(textwrap.wrap(a, 150))]
+    lines = [("• " if i == 0 else "   ") + part for a in assumptions for i, part in enumerate(textwrap.wrap(a, 150))]
     text = "<b>PROJECTION, not a measurement.</b> Assumptions:<br>" + "<br>".join(lines)
-    fig.add_annotation(text=text, xref="paper", yref="paper", x=0, y=-0.36, yanchor="top", xanchor="left",
-                       showarrow=False, align="left", font=dict(size=11, color="#444"),
-                       bordercolor="#ccc", borderwidth=1, bgcolor="#fcfcf4")
+    fig.add_annotation(
+        text=text,
+        xref="paper",
+        yref="paper",
+        x=0,
+        y=-0.36,
+        yanchor="top",
+        xanchor="left",
+        showarrow=False,
+        align="left",
+        font=dict(size=11, color="#444"),
+        bordercolor="#ccc",
+        borderwidth=1,
+        bgcolor="#fcfcf4",
+    )
     ns = sorted({r["graphs"] for r in rows})
     span = f"{ns[0]:,} graphs" if len(ns) == 1 else f"{ns[0]:,}–{ns[-1]:,} graphs"
-    style(fig, title or f"Projected {label[0].lower() + label[1:]} ({span})",
-          height=560 + 16 * len(lines))
+    style(fig, title or f"Projected {label[0].lower() + label[1:]} ({span})", height=560 + 16 * len(lines))
     fig.update_layout(margin=dict(b=140 + 16 * len(lines)))
     return fig
 
 
-def scaling_assumptions(cost_desc: str, speedup: KernelSpeedup, allreduce: AllReduceModel, capacity: int,
-                        mode: str, n: int, gpus: Sequence[int]) -> list[str]:
+def scaling_assumptions(
+    cost_desc: str,
+    speedup: KernelSpeedup,
+    allreduce: AllReduceModel,
+    capacity: int,
+    mode: str,
+    n: int,
+    gpus: Sequence[int],
+) -> list[str]:
     """The lines printed under a scaling figure."""
-    how = (f"all {n:,} graphs at every GPU count" if mode == "strong" else
-           f"graphs ∝ GPUs: {n:,} × R / {max(gpus)} (uniform prefix of the shuffled sizes)")
-    return [f"data: synthetic_sizes (Table-3 mixture), {how}; every step packed for real (pack())",
-            f"batches: paper packer at capacity {capacity} atoms; baseline fixed-count with the same mean atoms per batch",
-            "step time = slowest rank's batch time (straggler model), data loading free",
-            cost_desc, speedup.describe(), allreduce.describe()]
+    how = (
+        f"all {n:,} graphs at every GPU count"
+        if mode == "strong"
+        else f"graphs ∝ GPUs: {n:,} × R / {max(gpus)} (uniform prefix of the shuffled sizes)"
+    )
+    return [
+        f"data: synthetic_sizes (Table-3 mixture), {how}; every step packed for real (pack())",
+        f"batches: paper packer at capacity {capacity} atoms; baseline fixed-count with the same mean atoms per batch",
+        "step time = slowest rank's batch time (straggler model), data loading free",
+        cost_desc,
+        speedup.describe(),
+        allreduce.describe(),
+    ]

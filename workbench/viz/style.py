@@ -69,8 +69,7 @@ def family_order(names) -> list[str]:
 
 def style(fig, title: str | None = None, height: int | None = None):
     """Apply the workbench template, font and margins to a plotly figure (returns it)."""
-    kw = dict(template=TEMPLATE, font=FONT, margin=dict(l=60, r=20, t=70, b=50),
-              hoverlabel=dict(font_size=12))
+    kw = dict(template=TEMPLATE, font=FONT, margin=dict(l=60, r=20, t=70, b=50), hoverlabel=dict(font_size=12))
     if title is not None:
         kw["title"] = dict(text=title, x=0.01, xanchor="left")
     if height is not None:

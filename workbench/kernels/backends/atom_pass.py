@@ -37,15 +37,16 @@ bounds compile time: one kernel for each pass at the three configurations of iss
 from __future__ import annotations
 
 import os
-from functools import lru_cache
-from typing import Any, Sequence
+from collections.abc import Sequence
+from functools import cache
+from typing import Any
 
 import numpy as np
 
 from workbench.kernels.backends import segment, unrolled
 from workbench.kernels.descriptor.tables import TermTable
 
-__all__ = ["FUSED_SCALE", "MAX_KERNEL_TERMS", "kernel_source", "launch", "plan", "pass_kernels"]
+__all__ = ["FUSED_SCALE", "MAX_KERNEL_TERMS", "kernel_source", "launch", "pass_kernels", "plan"]
 
 #: the float32 register budget of a fused pass's parts, against a part launched alone: the
 #: parts share the kernel's row and channel offsets, which stay live from part to part
@@ -107,13 +108,19 @@ def kernel_source(parts: Sequence[Part], outputs: Sequence[int], dtype: str) -> 
     return "\n".join(consts.lines() + index.globals()) + "\n\n\n" + kernel
 
 
-@lru_cache(maxsize=None)
+@cache
 def _kernel(parts: tuple[Part, ...], outputs: tuple[int, ...], dtype: str) -> Any:
     return unrolled._compile(kernel_source(parts, outputs, dtype))
 
 
-def plan(compiled: Sequence[Any], arrays: list, species: Any, channels: int, outs: Sequence[Any],
-         kernels: tuple | None = None) -> tuple[list[tuple], tuple[int, ...]] | None:
+def plan(
+    compiled: Sequence[Any],
+    arrays: list,
+    species: Any,
+    channels: int,
+    outs: Sequence[Any],
+    kernels: tuple | None = None,
+) -> tuple[list[tuple], tuple[int, ...]] | None:
     """``([(kernel, blocks, threads_per_block, args)], fused)``: the fused kernels in launch
     order, where ``outs[k]`` is output ``k``'s array (for a species output, its per-atom
     partials) and ``fused`` the indices of the outputs they compute; None when nothing is fused.
@@ -131,9 +138,17 @@ def plan(compiled: Sequence[Any], arrays: list, species: Any, channels: int, out
     return [(_kernel(parts, ks, dtype), (n + tpb - 1) // tpb, tpb, args) for parts in kernels], ks
 
 
-def launch(compiled: Sequence[Any], arrays: list, species: Any, channels: int, outs: Sequence[Any],
-           partials: Sequence[Any], csr: tuple[Any, Any] | None, stream: Any = 0,
-           kernels: tuple | None = None) -> tuple[int, ...]:
+def launch(
+    compiled: Sequence[Any],
+    arrays: list,
+    species: Any,
+    channels: int,
+    outs: Sequence[Any],
+    partials: Sequence[Any],
+    csr: tuple[Any, Any] | None,
+    stream: Any = 0,
+    kernels: tuple | None = None,
+) -> tuple[int, ...]:
     """Launch the fused pass on ``stream``, then one per-species sum of each species output's
     ``partials[k]`` into ``outs[k]``; the indices of the outputs it computed (none when it does
     not apply). ``kernels``: as for :func:`plan`."""

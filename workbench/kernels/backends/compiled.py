@@ -4,14 +4,15 @@ and per-device copies (uploaded once, cached), as every backend takes them."""
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
+from workbench.kernels.backends.device import cudasim_enabled
 from workbench.kernels.descriptor.layout import EDGE_ROWS, row_codes
 from workbench.kernels.descriptor.polynomial import SparsePolynomial
 from workbench.kernels.descriptor.tables import term_table
-from workbench.kernels.backends.device import cudasim_enabled
 
 __all__ = ["CompiledPolynomial", "TransientCache"]
 
@@ -103,8 +104,9 @@ class CompiledPolynomial(TransientCache):
         tables = []
         for g in groups:
             keep = set(g)
-            sub = SparsePolynomial(self.poly.operands, self.poly.output,
-                                   {k: v for k, v in self.poly.terms.items() if k[0] in keep})
+            sub = SparsePolynomial(
+                self.poly.operands, self.poly.output, {k: v for k, v in self.poly.terms.items() if k[0] in keep}
+            )
             tables.append(term_table(sub, self.array_ids, codes))
         return tables
 
@@ -164,7 +166,17 @@ class CompiledPolynomial(TransientCache):
     def host_tables(self, dtype: str) -> tuple:
         """``(slot_arr, slot_rows, slot_off, slot_cs, t_out, t_fac, t_coef, out_off, out_cs)``."""
         t = self.table
-        return (t.slot_arr, t.slot_rows, t.slot_off, t.slot_cs, t.t_out, t.t_fac, self._coef[dtype], t.out_off, t.out_cs)
+        return (
+            t.slot_arr,
+            t.slot_rows,
+            t.slot_off,
+            t.slot_cs,
+            t.t_out,
+            t.t_fac,
+            self._coef[dtype],
+            t.out_off,
+            t.out_cs,
+        )
 
     def lean_tables(self, dtype: str, device: bool = True) -> tuple:
         """The atom table kernel's arguments in the smallest unsigned integers, so that its term
@@ -172,14 +184,24 @@ class CompiledPolynomial(TransientCache):
         slot_cs uint32, t_out uint16, t_fac uint16 flattened to [terms * degree], t_coef,
         out_off uint32, out_cs uint32)``; on the current CUDA device unless ``device`` is false
         or under the simulator."""
+
         def build() -> tuple:
             t = self.table
             if t.num_slots >= 2**16 - 1 or self.output.size >= 2**16:
-                raise ValueError(f"{self.output.name}: {t.num_slots} slots or {self.output.size} components do not fit "
-                                 "the table kernel's 16-bit indices")
-            return (t.slot_arr.astype(np.uint8), t.slot_off.astype(np.uint32), t.slot_cs.astype(np.uint32),
-                    t.t_out.astype(np.uint16), np.ascontiguousarray(t.t_fac.astype(np.uint16).reshape(-1)),
-                    self._coef[dtype], t.out_off.astype(np.uint32), t.out_cs.astype(np.uint32))
+                raise ValueError(
+                    f"{self.output.name}: {t.num_slots} slots or {self.output.size} components do not fit "
+                    "the table kernel's 16-bit indices"
+                )
+            return (
+                t.slot_arr.astype(np.uint8),
+                t.slot_off.astype(np.uint32),
+                t.slot_cs.astype(np.uint32),
+                t.t_out.astype(np.uint16),
+                np.ascontiguousarray(t.t_fac.astype(np.uint16).reshape(-1)),
+                self._coef[dtype],
+                t.out_off.astype(np.uint32),
+                t.out_cs.astype(np.uint32),
+            )
 
         host = self._cached(("lean", dtype), build)
         return self._on_device(("lean", dtype), host) if device else host
@@ -199,8 +221,9 @@ class CompiledPolynomial(TransientCache):
             return host
         from numba import cuda
 
-        return self._cached((*key, cuda.get_current_device().id),
-                            lambda: tuple(cuda.to_device(np.ascontiguousarray(a)) for a in host))
+        return self._cached(
+            (*key, cuda.get_current_device().id), lambda: tuple(cuda.to_device(np.ascontiguousarray(a)) for a in host)
+        )
 
 
 def _covers(poly: SparsePolynomial) -> bool:
@@ -216,4 +239,4 @@ def _covers(poly: SparsePolynomial) -> bool:
 def _equal_runs(terms: list, size: int) -> list[list]:
     """``terms`` cut into ``ceil(len / size)`` runs of equal length (the last shorter)."""
     n = -(-len(terms) // -(-len(terms) // size))
-    return [terms[i:i + n] for i in range(0, len(terms), n)]
+    return [terms[i : i + n] for i in range(0, len(terms), n)]

@@ -39,22 +39,35 @@ instruction set. Index arithmetic is unsigned, which lets LLVM vectorise the cha
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from workbench.kernels.backends.cpu_loops import NUM_ARRAYS, coefficients_by_row, drivers, sum_pieces
 from workbench.kernels.descriptor.program import VectorProgram, vector_program
 
-__all__ = ["NUM_ARRAYS", "PIECE", "SERIAL_WORK", "CpuPlan", "RowPass", "channels_last", "plan", "run_atom", "run_edge",
-           "run_pass", "species_pieces", "sum_pieces"]
+__all__ = [
+    "NUM_ARRAYS",
+    "PIECE",
+    "SERIAL_WORK",
+    "CpuPlan",
+    "RowPass",
+    "channels_last",
+    "plan",
+    "run_atom",
+    "run_edge",
+    "run_pass",
+    "species_pieces",
+    "sum_pieces",
+]
 
 
 #: rows per segment where segments are free to choose (species pieces, runs of edges)
 PIECE = 16
 #: below this many channel-instructions (rows x instructions x channels) a pass runs serially
-SERIAL_WORK = int(os.environ.get("WORKBENCH_CPU_SERIAL_WORK", 2_000_000))
+SERIAL_WORK = int(os.environ.get("WORKBENCH_CPU_SERIAL_WORK", "2_000_000"))
 #: how an operand row is found from an input row: the row itself, or through index 1 / 2
 #: (atom ops: species; edge ops: sender, receiver)
 ROW_SELF, ROW_IDX1, ROW_IDX2 = 0, 1, 2
@@ -102,8 +115,15 @@ class RowPass:
         return (k[:, 0].astype(np.int64), k[:, 1].astype(dtype), np.ascontiguousarray(k[:, 2:]).astype(np.int64))
 
 
-def make_pass(polys: Sequence, outputs: Sequence[int], array_ids: Sequence[int], row_code: dict[str, int],
-              channels: int, const_code: int, per_segment: Sequence[bool]) -> RowPass:
+def make_pass(
+    polys: Sequence,
+    outputs: Sequence[int],
+    array_ids: Sequence[int],
+    row_code: dict[str, int],
+    channels: int,
+    const_code: int,
+    per_segment: Sequence[bool],
+) -> RowPass:
     """The :class:`RowPass` of ``polys`` (outputs ``outputs`` of one op): ``array_ids[a]`` is
     operand ``a``'s kernel array, ``row_code`` maps an operand's rows to its row code, vector
     registers of ``const_code`` are loaded once per segment, ``per_segment[p]``: polynomial
@@ -124,15 +144,20 @@ def make_pass(polys: Sequence, outputs: Sequence[int], array_ids: Sequence[int],
         acc_cs.append(out.cstrides[o])
         acc_seg.append(int(bool(per_segment[p])))
     return RowPass(
-        program=prog, outputs=tuple(outputs), const_code=int(const_code),
-        vec_arr=np.array([array_ids[a] for a in prog.vec_operand], dtype=np.int64), vec_code=vec_code,
+        program=prog,
+        outputs=tuple(outputs),
+        const_code=int(const_code),
+        vec_arr=np.array([array_ids[a] for a in prog.vec_operand], dtype=np.int64),
+        vec_code=vec_code,
         vec_base=np.array([base(a, i) for a, i in zip(prog.vec_operand, prog.vec_comp)], dtype=np.int64),
         vec_const=(vec_code == const_code).astype(np.int64),
         sca_arr=np.array([array_ids[a] for a in prog.sca_operand], dtype=np.int64),
         sca_code=np.array([row_code[ops[a].rows] for a in prog.sca_operand], dtype=np.int64),
         sca_off=np.array([ops[a].offsets[i] for a, i in zip(prog.sca_operand, prog.sca_comp)], dtype=np.int64),
-        acc_out=np.array(acc_out, dtype=np.int64), acc_off=np.array(acc_off, dtype=np.int64),
-        acc_cs=np.array(acc_cs, dtype=np.int64), acc_seg=np.array(acc_seg, dtype=np.int64),
+        acc_out=np.array(acc_out, dtype=np.int64),
+        acc_off=np.array(acc_off, dtype=np.int64),
+        acc_cs=np.array(acc_cs, dtype=np.int64),
+        acc_seg=np.array(acc_seg, dtype=np.int64),
     )
 
 
@@ -146,8 +171,9 @@ def channels_last(op, channels: int) -> np.ndarray | None:
     return np.concatenate([off + c * cs for off, cs in zip(op.offsets, op.cstrides)])
 
 
-def row_coefficients(rp: RowPass, arrays: Sequence[np.ndarray], idx1: np.ndarray, idx2: np.ndarray, num_rows: int,
-                     dtype: str) -> np.ndarray:
+def row_coefficients(
+    rp: RowPass, arrays: Sequence[np.ndarray], idx1: np.ndarray, idx2: np.ndarray, num_rows: int, dtype: str
+) -> np.ndarray:
     """The coefficient registers of every input row, ``[num_rows, num_k]`` (``[1, num_k]``
     when the program has no broadcast operands): constants times the row's broadcast scalars."""
     k_reg, k_coef, k_fac = rp.coefficients(dtype)
@@ -163,8 +189,15 @@ def row_coefficients(rp: RowPass, arrays: Sequence[np.ndarray], idx1: np.ndarray
     return coefficients_by_row(S, k_reg, k_coef, k_fac, nk)
 
 
-def run_pass(rp: RowPass, arrays: Sequence[np.ndarray], idx1: np.ndarray, idx2: np.ndarray,
-             segments: tuple[np.ndarray, np.ndarray, np.ndarray], channels: int, outs: Sequence[np.ndarray]) -> None:
+def run_pass(
+    rp: RowPass,
+    arrays: Sequence[np.ndarray],
+    idx1: np.ndarray,
+    idx2: np.ndarray,
+    segments: tuple[np.ndarray, np.ndarray, np.ndarray],
+    channels: int,
+    outs: Sequence[np.ndarray],
+) -> None:
     """Run ``rp`` over ``segments = (ptr, perm, row)``: ``arrays`` the 10 kernel arrays (operands
     in channels-last layout where :func:`channels_last` says so), ``idx1`` / ``idx2`` the row
     indices of row codes 1 / 2, ``outs`` the pass's output arrays (at most 4)."""
@@ -179,18 +212,40 @@ def run_pass(rp: RowPass, arrays: Sequence[np.ndarray], idx1: np.ndarray, idx2: 
     K = row_coefficients(rp, arrays, idx1, idx2, int(perm.shape[0]), dtype)
     work = int(perm.shape[0]) * max(prog.num_instructions, 1) * channels
     parallel, serial = rp.drivers(dtype, channels)
-    (serial if work < SERIAL_WORK else parallel)(*arrays, idx1, idx2, ptr, perm, row, channels, prog.num_registers,
-                                                 rp.vec_arr, rp.vec_code, rp.vec_base, rp.vec_const, K, prog.ins,
-                                                 rp.acc_out, rp.acc_off, rp.acc_cs, rp.acc_seg, *outs)
+    (serial if work < SERIAL_WORK else parallel)(
+        *arrays,
+        idx1,
+        idx2,
+        ptr,
+        perm,
+        row,
+        channels,
+        prog.num_registers,
+        rp.vec_arr,
+        rp.vec_code,
+        rp.vec_base,
+        rp.vec_const,
+        K,
+        prog.ins,
+        rp.acc_out,
+        rp.acc_off,
+        rp.acc_cs,
+        rp.acc_seg,
+        *outs,
+    )
 
 
 #: row codes of each operand's rows, per kind of op
 _ROW_CODES = {"atom": ROW_SELF, "species": ROW_IDX1, "edge": ROW_SELF, "sender": ROW_IDX1, "receiver": ROW_IDX2}
 #: the row pass of each output rows, the row code loaded once per segment, and whether the
 #: output is stored per segment
-_PASS_OF = {"atom": ("atom", ROW_IDX1, False), "species": ("atom", ROW_IDX1, True),
-            "receiver": ("receiver", ROW_IDX2, True), "sender": ("sender", ROW_IDX1, True),
-            "edge": ("edge", -1, False)}
+_PASS_OF = {
+    "atom": ("atom", ROW_IDX1, False),
+    "species": ("atom", ROW_IDX1, True),
+    "receiver": ("receiver", ROW_IDX2, True),
+    "sender": ("sender", ROW_IDX1, True),
+    "edge": ("edge", -1, False),
+}
 
 
 @dataclass(frozen=True, eq=False)
@@ -218,8 +273,10 @@ def plan(polys: Sequence, array_ids: Sequence[int], channels: int) -> CpuPlan:
         if kind == "edge":  # walk the edges by the end point whose rows carry most of the vectors
             used = sorted({f for k in ks for _, fs in polys[k].terms for f in fs})
             ops = polys[ks[0]].operands
-            count = {code: sum(1 for a, _ in used if ops[a].rows == rows and any(ops[a].cstrides))
-                     for code, rows in ((ROW_IDX1, "sender"), (ROW_IDX2, "receiver"))}
+            count = {
+                code: sum(1 for a, _ in used if ops[a].rows == rows and any(ops[a].cstrides))
+                for code, rows in ((ROW_IDX1, "sender"), (ROW_IDX2, "receiver"))
+            }
             const = max(count, key=lambda code: (count[code], code)) if max(count.values()) else -1
         per_seg = [_PASS_OF[polys[k].output.rows][2] for k in ks]
         passes.append((kind, make_pass([polys[k] for k in ks], ks, array_ids, _ROW_CODES, channels, const, per_seg)))
@@ -237,10 +294,14 @@ def _host_arrays(cp: CpuPlan, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
 
 def _runs(n: int, size: int = PIECE) -> tuple[np.ndarray, np.ndarray]:
     """Segments of ``size`` consecutive rows: ``(ptr, perm)``."""
-    return np.minimum(np.arange(0, n + size, size, dtype=np.int64), n)[: -(-n // size) + 1], np.arange(n, dtype=np.int64)
+    return np.minimum(np.arange(0, n + size, size, dtype=np.int64), n)[: -(-n // size) + 1], np.arange(
+        n, dtype=np.int64
+    )
 
 
-def species_pieces(species: np.ndarray, num_species: int, size: int = PIECE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def species_pieces(
+    species: np.ndarray, num_species: int, size: int = PIECE
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Atoms grouped by species (ascending atom order), cut into pieces of at most ``size``:
     ``(seg_ptr [pieces + 1], perm [atoms], piece_ptr [num_species + 1])``; the pieces of species
     ``z`` are ``piece_ptr[z] .. piece_ptr[z+1] - 1``. Depends only on ``species``, so the sums
@@ -256,8 +317,14 @@ def species_pieces(species: np.ndarray, num_species: int, size: int = PIECE) -> 
     return np.array(seg + [species.shape[0]], dtype=np.int64), perm, piece_ptr
 
 
-def run_atom(cp: CpuPlan, arrays: Sequence[np.ndarray], species: np.ndarray, num_species: int, channels: int,
-             outs: Sequence[np.ndarray]) -> None:
+def run_atom(
+    cp: CpuPlan,
+    arrays: Sequence[np.ndarray],
+    species: np.ndarray,
+    num_species: int,
+    channels: int,
+    outs: Sequence[np.ndarray],
+) -> None:
     """Evaluate an atom op's outputs ``outs`` (atom rows, or species rows summed over atoms)."""
     arrays = _host_arrays(cp, arrays)
     ptr, perm, piece_ptr = species_pieces(species, num_species)
@@ -277,8 +344,16 @@ def run_atom(cp: CpuPlan, arrays: Sequence[np.ndarray], species: np.ndarray, num
             sum_pieces(part, piece_ptr, out)
 
 
-def run_edge(cp: CpuPlan, arrays: Sequence[np.ndarray], sender: np.ndarray, receiver: np.ndarray, csr, num_nodes: int,
-             channels: int, outs: Sequence[np.ndarray]) -> None:
+def run_edge(
+    cp: CpuPlan,
+    arrays: Sequence[np.ndarray],
+    sender: np.ndarray,
+    receiver: np.ndarray,
+    csr,
+    num_nodes: int,
+    channels: int,
+    outs: Sequence[np.ndarray],
+) -> None:
     """Evaluate an edge op's outputs ``outs``; ``csr(rows)`` gives ``(ptr, perm)`` of the edges
     grouped by their ``"sender"`` or ``"receiver"`` node."""
     arrays = _host_arrays(cp, arrays)

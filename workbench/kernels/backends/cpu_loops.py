@@ -19,7 +19,7 @@ accumulators. Everything a row does is written out in one function, :func:`drive
 from __future__ import annotations
 
 import hashlib
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,16 @@ from numba import njit
 
 from workbench.kernels.descriptor.program import ADD_AXPY, ADD_K, ADD_MUL, SET_AXPY, SET_K, SET_MUL
 
-__all__ = ["FASTMATH", "LANES", "NUM_ARRAYS", "NUM_OUTPUTS", "coefficients_by_row", "driver_source", "drivers",
-           "sum_pieces"]
+__all__ = [
+    "FASTMATH",
+    "LANES",
+    "NUM_ARRAYS",
+    "NUM_OUTPUTS",
+    "coefficients_by_row",
+    "driver_source",
+    "drivers",
+    "sum_pieces",
+]
 
 #: LLVM may fuse a multiply and an add (one rounding); nothing is reassociated
 FASTMATH = {"contract"}
@@ -39,9 +47,11 @@ LANES = 8
 NUM_ARRAYS = 10
 NUM_OUTPUTS = 4
 
-_ARGS = (", ".join(f"a{i}" for i in range(NUM_ARRAYS)) + ", idx1, idx2, seg_ptr, seg_perm, seg_row, C, nreg, "
-         "vec_arr, vec_code, vec_base, vec_const, K_rows, ins, acc_out, acc_off, acc_cs, acc_seg, "
-         + ", ".join(f"o{i}" for i in range(NUM_OUTPUTS)))
+_ARGS = (
+    ", ".join(f"a{i}" for i in range(NUM_ARRAYS)) + ", idx1, idx2, seg_ptr, seg_perm, seg_row, C, nreg, "
+    "vec_arr, vec_code, vec_base, vec_const, K_rows, ins, acc_out, acc_off, acc_cs, acc_seg, "
+    + ", ".join(f"o{i}" for i in range(NUM_OUTPUTS))
+)
 
 
 def _chain(selector: str, names: list[str], line: str, ind: str) -> list[str]:
@@ -65,12 +75,14 @@ _INTERPRETER = {
 
 
 def _interpreter_lines(ind: str) -> list[str]:
-    lines = [f"{ind}for i in range(ins.shape[0]):",
-             f"{ind}    op = ins[i, 0]",
-             f"{ind}    d = np.uint64(ins[i, 1])",
-             f"{ind}    a = np.uint64(ins[i, 2])",
-             f"{ind}    b = np.uint64(ins[i, 3])",
-             f"{ind}    k = K_rows[krow, ins[i, 4]]"]
+    lines = [
+        f"{ind}for i in range(ins.shape[0]):",
+        f"{ind}    op = ins[i, 0]",
+        f"{ind}    d = np.uint64(ins[i, 1])",
+        f"{ind}    a = np.uint64(ins[i, 2])",
+        f"{ind}    b = np.uint64(ins[i, 3])",
+        f"{ind}    k = K_rows[krow, ins[i, 4]]",
+    ]
     for n, (code, stmt) in enumerate(_INTERPRETER.items()):
         lines.append(f"{ind}    {'if' if n == 0 else 'elif'} op == {code}:")
         lines.append(f"{ind}        for c in range(n):")
@@ -80,24 +92,26 @@ def _interpreter_lines(ind: str) -> list[str]:
 
 def _store_lines(target_row: str, seg: int, ind: str) -> list[str]:
     outs = [f"o{i}" for i in range(NUM_OUTPUTS)]
-    lines = [f"{ind}for j in range(A):",
-             f"{ind}    if acc_seg[j] != {seg}:",
-             f"{ind}        continue",
-             f"{ind}    jj = np.uint64(V + j)",
-             f"{ind}    off = np.uint64(acc_off[j])",
-             f"{ind}    cs = acc_cs[j]",
-             f"{ind}    q = acc_out[j]",
-             f"{ind}    if cs == 0:  # summed over channels: LANES interleaved partial sums, fixed order",
-             f"{ind}        for lane in range(LANES):",
-             f"{ind}            lanes[lane] = 0.0",
-             f"{ind}        for c0 in range(np.uint64(0), full, np.uint64(LANES)):",
-             f"{ind}            for lane in range(np.uint64(LANES)):",
-             f"{ind}                lanes[lane] += R[jj, c0 + lane]",
-             f"{ind}        for c in range(full, n):",
-             f"{ind}            lanes[c - full] += R[jj, c]",
-             f"{ind}        total = lanes[0]",
-             f"{ind}        for lane in range(1, LANES):",
-             f"{ind}            total += lanes[lane]"]
+    lines = [
+        f"{ind}for j in range(A):",
+        f"{ind}    if acc_seg[j] != {seg}:",
+        f"{ind}        continue",
+        f"{ind}    jj = np.uint64(V + j)",
+        f"{ind}    off = np.uint64(acc_off[j])",
+        f"{ind}    cs = acc_cs[j]",
+        f"{ind}    q = acc_out[j]",
+        f"{ind}    if cs == 0:  # summed over channels: LANES interleaved partial sums, fixed order",
+        f"{ind}        for lane in range(LANES):",
+        f"{ind}            lanes[lane] = 0.0",
+        f"{ind}        for c0 in range(np.uint64(0), full, np.uint64(LANES)):",
+        f"{ind}            for lane in range(np.uint64(LANES)):",
+        f"{ind}                lanes[lane] += R[jj, c0 + lane]",
+        f"{ind}        for c in range(full, n):",
+        f"{ind}            lanes[c - full] += R[jj, c]",
+        f"{ind}        total = lanes[0]",
+        f"{ind}        for lane in range(1, LANES):",
+        f"{ind}            total += lanes[lane]",
+    ]
     lines += _chain("q", outs, f"X[{target_row}, off] = total", ind + "        ")
     lines.append(f"{ind}    elif cs == 1:")
     lines += _chain("q", outs, f"for c in range(n): X[{target_row}, off + c] = R[jj, c]", ind + "        ")
@@ -147,19 +161,31 @@ def driver_source(body: list[str] | None) -> str:
         "            src = vec_arr[j]",
     ]
     seg += _chain("src", arrays, "for c in range(n): R[jj, c] = X[r, base + c]", I3)
-    seg += ["        for j in range(A):",
-            "            if acc_seg[j] == 0:",
-            "                jj = np.uint64(V + j)",
-            "                for c in range(n):",
-            "                    R[jj, c] = 0.0"]
+    seg += [
+        "        for j in range(A):",
+        "            if acc_seg[j] == 0:",
+        "                jj = np.uint64(V + j)",
+        "                for c in range(n):",
+        "                    R[jj, c] = 0.0",
+    ]
     seg += _interpreter_lines(I2) if body is None else [I2 + line for line in body]
     seg += _store_lines("row", 0, I2)
     seg += _store_lines("seg_row[s]", 1, "    ")
     loop = f"segment(np.int64(s), {_ARGS})"
-    drivers_ = ["", "", "@njit(parallel=True, cache=True, fastmath=FASTMATH)", f"def run_parallel({_ARGS}):",
-                "    for s in prange(seg_ptr.shape[0] - 1):", f"        {loop}",
-                "", "", "@njit(cache=True, fastmath=FASTMATH)", f"def run_serial({_ARGS}):",
-                "    for s in range(seg_ptr.shape[0] - 1):", f"        {loop}"]
+    drivers_ = [
+        "",
+        "",
+        "@njit(parallel=True, cache=True, fastmath=FASTMATH)",
+        f"def run_parallel({_ARGS}):",
+        "    for s in prange(seg_ptr.shape[0] - 1):",
+        f"        {loop}",
+        "",
+        "",
+        "@njit(cache=True, fastmath=FASTMATH)",
+        f"def run_serial({_ARGS}):",
+        "    for s in range(seg_ptr.shape[0] - 1):",
+        f"        {loop}",
+    ]
     return "\n".join(seg + drivers_) + "\n"
 
 
@@ -173,13 +199,15 @@ def _version() -> str:
     return h.hexdigest()[:16]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _drivers(body: tuple[str, ...] | None) -> tuple[Any, Any]:
     from workbench.kernels.backends.generated import load_module
 
-    head = (f"# generated by workbench.kernels.backends.cpu_loops (version {_version()}); safe to delete\n"
-            "import numba\nimport numpy as np\nfrom numba import njit, prange\n"
-            "from workbench.kernels.backends.cpu_loops import FASTMATH, LANES\n\nf32 = numba.float32\n\n\n")
+    head = (
+        f"# generated by workbench.kernels.backends.cpu_loops (version {_version()}); safe to delete\n"
+        "import numba\nimport numpy as np\nfrom numba import njit, prange\n"
+        "from workbench.kernels.backends.cpu_loops import FASTMATH, LANES\n\nf32 = numba.float32\n\n\n"
+    )
     module = load_module(head + driver_source(None if body is None else list(body)), "workbench_cpu")
     return module.run_parallel, module.run_serial
 

@@ -52,7 +52,9 @@ def use_generated(program: VectorProgram) -> bool:
     mode = os.environ.get("WORKBENCH_CPU_KERNELS", "interpreter")
     if mode not in ("generated", "interpreter"):
         raise ValueError(f"WORKBENCH_CPU_KERNELS must be interpreter or generated, got {mode!r}")
-    return mode == "generated" and program.num_instructions <= int(os.environ.get("WORKBENCH_CPU_UNROLL_MAX", DEFAULT_MAX_INSTRUCTIONS))
+    return mode == "generated" and program.num_instructions <= int(
+        os.environ.get("WORKBENCH_CPU_UNROLL_MAX", DEFAULT_MAX_INSTRUCTIONS)
+    )
 
 
 def body_source(program: VectorProgram, channels: int, dtype: str, per_segment: np.ndarray) -> list[str]:

@@ -21,7 +21,7 @@ the simulator the same kernels run on numpy arrays (see ``WORKBENCH_KERNELS_CUDA
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -36,7 +36,7 @@ __all__ = ["cuda_available", "cudasim_enabled", "get_kernel", "launch", "plans",
 cuda = None  # numba.cuda, bound on first use (after NUMBA_ENABLE_CUDASIM is read)
 
 
-@lru_cache(maxsize=None)
+@cache
 def get_kernel(buffer_len: int, tpb: int, dtype: str, degree: int = 4) -> Any:
     """The fused table kernel for one configuration, compiled on first launch and cached.
 
@@ -59,9 +59,29 @@ def get_kernel(buffer_len: int, tpb: int, dtype: str, degree: int = 4) -> Any:
     NA = np.uint64(MAX_ATOM_ARRAYS)
 
     @cuda.jit
-    def sparse_poly_kernel(a0, a1, a2, a3, a4, a5, s0, s1, s2, s3, species, C,
-                           slot_src, slot_off, slot_cs, t_out, t_fac, t_coef,
-                           out, out_off, out_cs):
+    def sparse_poly_kernel(
+        a0,
+        a1,
+        a2,
+        a3,
+        a4,
+        a5,
+        s0,
+        s1,
+        s2,
+        s3,
+        species,
+        C,
+        slot_src,
+        slot_off,
+        slot_cs,
+        t_out,
+        t_fac,
+        t_coef,
+        out,
+        out_off,
+        out_cs,
+    ):
         v = cuda.shared.array((TPB, SP), nb_dtype)
         tid = u64(cuda.threadIdx.x)
         gid = u64(cuda.blockIdx.x) * u64(cuda.blockDim.x) + tid
@@ -114,8 +134,15 @@ def plans(compiled: Any, arrays: list, species: Any, channels: int, out: Any, ho
     parts = unrolled.unrolled_parts(compiled, dtype)
     if parts is not None:
         tpb = unrolled.block_size()
-        return [(unrolled.get_unrolled_kernel(t, "atom", dtype), (n + tpb - 1) // tpb, tpb, (*arrays, species, channels, out))
-                for t in parts]
+        return [
+            (
+                unrolled.get_unrolled_kernel(t, "atom", dtype),
+                (n + tpb - 1) // tpb,
+                tpb,
+                (*arrays, species, channels, out),
+            )
+            for t in parts
+        ]
     itemsize = np.dtype(out.dtype).itemsize
     buffer_len = compiled.num_slots + 1
     tpb = threads_per_block(buffer_len + (buffer_len + 1) % 2, itemsize)
@@ -131,12 +158,22 @@ def writes_every_element(compiled: Any, dtype: str) -> bool:
     return unrolled.unroll(compiled, dtype) and compiled.covers_output
 
 
-def launch(compiled: Any, arrays: list, species: Any, channels: int, out: Any, stream: Any = 0,
-           partial: Any = None, csr: tuple | None = None) -> None:
+def launch(
+    compiled: Any,
+    arrays: list,
+    species: Any,
+    channels: int,
+    out: Any,
+    stream: Any = 0,
+    partial: Any = None,
+    csr: tuple | None = None,
+) -> None:
     """Launch one compiled polynomial on ``stream`` (see :func:`plans`). A species output is two
     launches: the atom kernel into ``partial`` ``[num_atoms, width]``, then the per-species sum
     through ``csr = (ptr, perm)`` into ``out`` ``[num_species, width]``."""
-    for kernel, blocks, tpb, args in plans(compiled, arrays, species, channels, partial if compiled.species_output else out):
+    for kernel, blocks, tpb, args in plans(
+        compiled, arrays, species, channels, partial if compiled.species_output else out
+    ):
         kernel[blocks, tpb, stream](*args)
     if compiled.species_output:  # always: it writes every element of ``out``, zeros included
         s = segment.plan_segment_sum(partial, csr[0], csr[1], out)

@@ -17,7 +17,9 @@ _SHARED_BYTES = 48 * 1024
 def cudasim_enabled() -> bool:
     """True when numba's CUDA simulator is on and the workbench is asked to route CPU
     tensors through the CUDA kernels (``WORKBENCH_KERNELS_CUDASIM=1``), for CI."""
-    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1" and os.environ.get("WORKBENCH_KERNELS_CUDASIM", "0") == "1"
+    return (
+        os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1" and os.environ.get("WORKBENCH_KERNELS_CUDASIM", "0") == "1"
+    )
 
 
 @lru_cache(maxsize=1)
@@ -26,11 +28,11 @@ def cuda_status() -> tuple[bool, str]:
     simulator)? The reason names what failed, for the error a CUDA tensor then gets."""
     try:
         from numba import cuda
-    except Exception as exc:  # noqa: BLE001 - numba without CUDA support, or a broken toolkit
+    except Exception as exc:
         return False, f"numba's CUDA target does not import ({type(exc).__name__}: {exc})"
     try:
         ok = bool(cuda.is_available())
-    except Exception as exc:  # noqa: BLE001 - a driver that fails to initialise
+    except Exception as exc:
         return False, f"numba.cuda.is_available() failed ({type(exc).__name__}: {exc})"
     return ok, "" if ok else "numba sees no CUDA driver or GPU (numba.cuda.is_available() is False)"
 

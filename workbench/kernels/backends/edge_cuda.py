@@ -30,7 +30,7 @@ arrays.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -39,7 +39,7 @@ from workbench.kernels.backends import unrolled
 from workbench.kernels.backends.device import threads_per_block
 from workbench.kernels.backends.gather import cuda_edge_loader, cuda_split, cuda_term
 
-__all__ = ["get_edge_kernel", "get_node_kernel", "launch", "plan", "reduce_group", "writes_every_element"]
+__all__ = ["get_edge_kernel", "get_node_kernel", "launch", "plans", "reduce_group", "writes_every_element"]
 
 cuda = None  # numba.cuda, bound on first use (after NUMBA_ENABLE_CUDASIM is read)
 
@@ -65,7 +65,7 @@ def _setup(buffer_len: int, out_len: int, dtype: str) -> tuple:
     return nb_dtype, _odd(buffer_len + out_len), cuda_edge_loader(), cuda_split(), cuda_term()
 
 
-@lru_cache(maxsize=None)
+@cache
 def get_node_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str, reduce_channels: bool = False) -> Any:
     """Thread per (node, channel) walking the node's CSR segment; accumulators in shared memory.
     ``reduce_channels`` (a channel-summed node output, which training never launches) is fixed at
@@ -79,9 +79,31 @@ def get_node_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str, reduce_
     A0 = buffer_len  # accumulators start after the slots (and the constant 1)
 
     @cuda.jit
-    def edge_poly_node_kernel(a0, a1, a2, a3, a4, a5, a6, a7, sender, receiver, seg_ptr, seg_perm, C,
-                              slot_arr, slot_rows, slot_off, slot_cs, t_out, t_fac, t_coef,
-                              out, out_off, out_cs):
+    def edge_poly_node_kernel(
+        a0,
+        a1,
+        a2,
+        a3,
+        a4,
+        a5,
+        a6,
+        a7,
+        sender,
+        receiver,
+        seg_ptr,
+        seg_perm,
+        C,
+        slot_arr,
+        slot_rows,
+        slot_off,
+        slot_cs,
+        t_out,
+        t_fac,
+        t_coef,
+        out,
+        out_off,
+        out_cs,
+    ):
         v = cuda.shared.array((TPB, SP), nb_dtype)
         tid = cuda.threadIdx.x
         gid = cuda.blockIdx.x * cuda.blockDim.x + tid
@@ -112,7 +134,7 @@ def get_node_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str, reduce_
     return edge_poly_node_kernel
 
 
-@lru_cache(maxsize=None)
+@cache
 def get_edge_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
     """Thread per (edge, channel) or, for a channel-reduced output, per (edge, channel group)."""
     global cuda
@@ -123,9 +145,31 @@ def get_edge_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
     A0 = buffer_len
 
     @cuda.jit
-    def edge_poly_edge_kernel(a0, a1, a2, a3, a4, a5, a6, a7, sender, receiver, G, C,
-                              slot_arr, slot_rows, slot_off, slot_cs, t_out, t_fac, t_coef,
-                              out, out_off, out_cs, reduce_channels):
+    def edge_poly_edge_kernel(
+        a0,
+        a1,
+        a2,
+        a3,
+        a4,
+        a5,
+        a6,
+        a7,
+        sender,
+        receiver,
+        G,
+        C,
+        slot_arr,
+        slot_rows,
+        slot_off,
+        slot_cs,
+        t_out,
+        t_fac,
+        t_coef,
+        out,
+        out_off,
+        out_cs,
+        reduce_channels,
+    ):
         v = cuda.shared.array((TPB, SP), nb_dtype)
         tid = cuda.threadIdx.x
         gid = cuda.blockIdx.x * cuda.blockDim.x + tid
@@ -174,8 +218,16 @@ def get_edge_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
     return edge_poly_edge_kernel
 
 
-def plans(compiled: Any, arrays: list, sender: Any, receiver: Any, seg: tuple | None, channels: int,
-          out: Any, host: bool = False) -> list[tuple]:
+def plans(
+    compiled: Any,
+    arrays: list,
+    sender: Any,
+    receiver: Any,
+    seg: tuple | None,
+    channels: int,
+    out: Any,
+    host: bool = False,
+) -> list[tuple]:
     """``[(kernel, blocks, threads_per_block, args)]`` for one compiled edge polynomial
     (:class:`~workbench.kernels.backends.compiled.CompiledPolynomial`), empty when there is
     nothing to do: the unrolled kernel, or one per group of output components where the
@@ -214,9 +266,22 @@ def plans(compiled: Any, arrays: list, sender: Any, receiver: Any, seg: tuple | 
             args = (*arrays, sender, receiver, seg[0], seg[1], channels, out)
         else:
             args = (*arrays, sender, receiver, G, channels, out)
-        return [(unrolled.get_unrolled_kernel(t, shape, dtype, reduce_channels=reduce_, tpb=tpb,
-                                              group=G if reduce_ and not compiled.node_output else 0), blocks, tpb, args)
-                for t in parts]
+        return [
+            (
+                unrolled.get_unrolled_kernel(
+                    t,
+                    shape,
+                    dtype,
+                    reduce_channels=reduce_,
+                    tpb=tpb,
+                    group=G if reduce_ and not compiled.node_output else 0,
+                ),
+                blocks,
+                tpb,
+                args,
+            )
+            for t in parts
+        ]
     tables = compiled.host_tables(dtype) if host else compiled.device_tables(dtype)
     if compiled.node_output:
         kernel = get_node_kernel(buffer_len, out_len, tpb, dtype, reduce_)
@@ -231,12 +296,16 @@ def writes_every_element(compiled: Any, dtype: str) -> bool:
     """Whether the kernels :func:`plans` picks store every element of its output (the unrolled
     kernels, every component reached by a term, not the atomic channel-summed node output), so
     the output needs no zero fill."""
-    return (unrolled.unroll(compiled, dtype) and compiled.covers_output
-            and not (compiled.node_output and compiled.reduce_channels))
+    return (
+        unrolled.unroll(compiled, dtype)
+        and compiled.covers_output
+        and not (compiled.node_output and compiled.reduce_channels)
+    )
 
 
-def launch(compiled: Any, arrays: list, sender: Any, receiver: Any, seg: tuple | None, channels: int,
-           out: Any, stream: Any = 0) -> None:
+def launch(
+    compiled: Any, arrays: list, sender: Any, receiver: Any, seg: tuple | None, channels: int, out: Any, stream: Any = 0
+) -> None:
     """Launch one compiled edge polynomial on ``stream`` (see :func:`plans`)."""
     for kernel, blocks, tpb, args in plans(compiled, arrays, sender, receiver, seg, channels, out):
         kernel[blocks, tpb, stream](*args)

@@ -30,9 +30,10 @@ the caller.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from functools import lru_cache
-from typing import Any, Callable, Sequence
+from functools import cache
+from typing import Any
 
 import numpy as np
 
@@ -86,12 +87,15 @@ def layout(compiled: Sequence[Any]) -> PassLayout | None:
         off = np.asarray(c.out_off)
         if not c.covers_output or not np.array_equal(off, off[0] + np.arange(off.shape[0])):
             return None
-    return PassLayout(walk=walk,
-                      walked=tuple(k for k in live if compiled[k].node_output and compiled[k].out_rows == walk),
-                      edge=tuple(k for k in live if compiled[k].edge and not compiled[k].node_output
-                                 and not compiled[k].reduce_channels),
-                      reduce=reduce_[0] if reduce_ else None,
-                      other=tuple(k for k in live if compiled[k].node_output and compiled[k].out_rows != walk))
+    return PassLayout(
+        walk=walk,
+        walked=tuple(k for k in live if compiled[k].node_output and compiled[k].out_rows == walk),
+        edge=tuple(
+            k for k in live if compiled[k].edge and not compiled[k].node_output and not compiled[k].reduce_channels
+        ),
+        reduce=reduce_[0] if reduce_ else None,
+        other=tuple(k for k in live if compiled[k].node_output and compiled[k].out_rows != walk),
+    )
 
 
 def block_shape(channels: int) -> tuple[int, int]:
@@ -138,14 +142,16 @@ def _role1(lay: PassLayout) -> tuple[int, ...]:
 
 
 def _slot_keys(table: TermTable) -> list[tuple[int, int, int, int]]:
-    return [(int(a), int(k), int(o), int(s))
-            for a, k, o, s in zip(table.slot_arr, table.slot_rows, table.slot_off, table.slot_cs)]
+    return [
+        (int(a), int(k), int(o), int(s))
+        for a, k, o, s in zip(table.slot_arr, table.slot_rows, table.slot_off, table.slot_cs)
+    ]
 
 
 class _Slots:
     """One variable per distinct operand component of a role, loaded once per edge."""
 
-    def __init__(self, prefix: str, index: "unrolled._Index"):
+    def __init__(self, prefix: str, index: unrolled._Index):
         self.prefix, self.index = prefix, index
         self.names: dict[tuple[int, int, int, int], str] = {}
 
@@ -162,8 +168,9 @@ class _Slots:
         return names, loads
 
 
-def kernel_source(tables: Sequence[TermTable], lay: PassLayout, dtype: str, channels: int,
-                  npb: int | None = None) -> str:
+def kernel_source(
+    tables: Sequence[TermTable], lay: PassLayout, dtype: str, channels: int, npb: int | None = None
+) -> str:
     """Python source of the fused pass kernel for ``tables`` (one per output of the op, in its
     order) for ``npb`` nodes of ``channels`` channels per block (default :func:`block_shape`;
     the shared buffers are sized by them)."""
@@ -175,20 +182,40 @@ def kernel_source(tables: Sequence[TermTable], lay: PassLayout, dtype: str, chan
     ind, i2, i3, i4 = "    ", "    " * 2, "    " * 3, "    " * 4
     outs = ", ".join(f"out{k}" for k in range(len(tables)))
     xs = ", ".join(f"x{i}" for i in range(8))
-    src = [f"def kernel({xs}, sender, receiver, w_ptr, w_perm, o_ptr, o_perm, C, B1, {outs}):",
-           "tid = cuda.threadIdx.x", "go = C > 0"]
+    src = [
+        f"def kernel({xs}, sender, receiver, w_ptr, w_perm, o_ptr, o_perm, C, B1, {outs}):",
+        "tid = cuda.threadIdx.x",
+        "go = C > 0",
+    ]
     red_k = tables[lay.reduce].out_off.shape[0] if lay.reduce is not None else 0
     if lay.reduce is not None:
         src += [f"red = cuda.shared.array(({tpb}, {red_k}), {dt})", f"cnt = cuda.shared.array({npb}, numba.int64)"]
 
     # role 1: whole nodes per block, walking the `walk` segments
     slots = _Slots("v", index)
-    body = ["ln = tid // C", "c = tid - ln * C", f"n = cuda.blockIdx.x * {npb} + ln", "N = w_ptr.shape[0] - 1",
-            "start = 0", "count = 0", "if n < N:", f"{ind}start = w_ptr[n]", f"{ind}count = w_ptr[n + 1] - start",
-            "nu = u64(n)", "eu = u64(0)", "@CHANNELS@"]
+    body = [
+        "ln = tid // C",
+        "c = tid - ln * C",
+        f"n = cuda.blockIdx.x * {npb} + ln",
+        "N = w_ptr.shape[0] - 1",
+        "start = 0",
+        "count = 0",
+        "if n < N:",
+        f"{ind}start = w_ptr[n]",
+        f"{ind}count = w_ptr[n + 1] - start",
+        "nu = u64(n)",
+        "eu = u64(0)",
+        "@CHANNELS@",
+    ]
     if lay.reduce is not None:
-        body += ["if c == 0:", f"{ind}cnt[ln] = count", "cuda.syncthreads()", "L = cnt[0]",
-                 f"for b in range(1, {npb}):", f"{ind}L = max(L, cnt[b])"]
+        body += [
+            "if c == 0:",
+            f"{ind}cnt[ln] = count",
+            "cuda.syncthreads()",
+            "L = cnt[0]",
+            f"for b in range(1, {npb}):",
+            f"{ind}L = max(L, cnt[b])",
+        ]
     else:
         body.append("L = count")
     decl, loop, stores = _carried(tables, lay.walked, slots, i2, ind, consts, index, dtype)
@@ -197,7 +224,12 @@ def kernel_source(tables: Sequence[TermTable], lay: PassLayout, dtype: str, chan
         t = tables[k]
         names, loads = slots.of(t, i2)
         decl, lines, exprs = unrolled._sums_source(t, dtype, i2, consts, names=names, tag=f"a{k}")
-        loop += loads + decl + lines + [f"{i2}out{k}[eu, {index(t.out_off[o], t.out_cs[o])}] = {e}" for o, e in exprs.items()]
+        loop += (
+            loads
+            + decl
+            + lines
+            + [f"{i2}out{k}[eu, {index(t.out_off[o], t.out_cs[o])}] = {e}" for o, e in exprs.items()]
+        )
     reduce_tail: list[str] = []
     if lay.reduce is not None:
         k = lay.reduce
@@ -207,10 +239,16 @@ def kernel_source(tables: Sequence[TermTable], lay: PassLayout, dtype: str, chan
         comp = {o: j for j, o in enumerate(sorted(exprs))}
         loop += loads + decl + lines + [f"{i2}red[tid, {comp[o]}] = {e}" for o, e in exprs.items()]
         # the node's first K threads each sum one component over the C channel partials, ascending
-        reduce_tail = [f"{ind}cuda.syncthreads()", f"{ind}if j < count:",
-                       f"{i2}for q in range(c, {red_k}, C):", f"{i3}t = red[ln * C, q]",
-                       f"{i3}for i in range(1, C):", f"{i4}t += red[ln * C + i, q]",
-                       f"{i3}out{k}[eu, u64(q) + U{int(t.out_off[0])}] = t", f"{ind}cuda.syncthreads()"]
+        reduce_tail = [
+            f"{ind}cuda.syncthreads()",
+            f"{ind}if j < count:",
+            f"{i2}for q in range(c, {red_k}, C):",
+            f"{i3}t = red[ln * C, q]",
+            f"{i3}for i in range(1, C):",
+            f"{i4}t += red[ln * C + i, q]",
+            f"{i3}out{k}[eu, u64(q) + U{int(t.out_off[0])}] = t",
+            f"{ind}cuda.syncthreads()",
+        ]
         index.offsets.add(int(t.out_off[0]))
     body += ["for j in range(L):", f"{ind}if j < count:"] + unrolled.edge_rows(i2, "w_perm[start + j]")
     body += loop + reduce_tail
@@ -221,8 +259,15 @@ def kernel_source(tables: Sequence[TermTable], lay: PassLayout, dtype: str, chan
     # role 2: node outputs of the other rows, thread per (node, channel)
     if lay.other:
         slots2 = _Slots("w", index)
-        body2 = ["gid = (cuda.blockIdx.x - B1) * cuda.blockDim.x + tid", "if gid >= (o_ptr.shape[0] - 1) * C:",
-                 f"{ind}return", "n = gid // C", "c = gid - n * C", "nu = u64(n)", "@CHANNELS@"]
+        body2 = [
+            "gid = (cuda.blockIdx.x - B1) * cuda.blockDim.x + tid",
+            "if gid >= (o_ptr.shape[0] - 1) * C:",
+            f"{ind}return",
+            "n = gid // C",
+            "c = gid - n * C",
+            "nu = u64(n)",
+            "@CHANNELS@",
+        ]
         decl, loop2, stores2 = _carried(tables, lay.other, slots2, ind, "", consts, index, dtype)
         body2 += decl + ["for p in range(o_ptr[n], o_ptr[n + 1]):"] + unrolled.edge_rows(ind, "o_perm[p]")
         body2 += loop2 + stores2
@@ -231,7 +276,7 @@ def kernel_source(tables: Sequence[TermTable], lay: PassLayout, dtype: str, chan
     lines = []
     for line in src:
         if line.strip() == "@CHANNELS@":
-            lead = line[:len(line) - len(line.lstrip())]
+            lead = line[: len(line) - len(line.lstrip())]
             lines += [lead + c for c in chan]
         else:
             lines.append(line)
@@ -239,8 +284,16 @@ def kernel_source(tables: Sequence[TermTable], lay: PassLayout, dtype: str, chan
     return "\n".join(consts.lines() + index.globals()) + "\n\n\n" + kernel
 
 
-def _carried(tables: Sequence[TermTable], ks: Sequence[int], slots: _Slots, ind: str, store_ind: str,
-             consts: "unrolled._Definitions", index: "unrolled._Index", dtype: str) -> tuple[list[str], list[str], list[str]]:
+def _carried(
+    tables: Sequence[TermTable],
+    ks: Sequence[int],
+    slots: _Slots,
+    ind: str,
+    store_ind: str,
+    consts: unrolled._Definitions,
+    index: unrolled._Index,
+    dtype: str,
+) -> tuple[list[str], list[str], list[str]]:
     """Node outputs ``ks`` summed over a walk: ``(declarations before the loop, loop lines at
     ``ind``, stores after it at ``store_ind``)``."""
     decls: list[str] = []
@@ -256,13 +309,20 @@ def _carried(tables: Sequence[TermTable], ks: Sequence[int], slots: _Slots, ind:
     return decls, loop, stores
 
 
-@lru_cache(maxsize=None)
+@cache
 def _kernel(tables: tuple[TermTable, ...], lay: PassLayout, dtype: str, channels: int, npb: int) -> Any:
     return unrolled._compile(kernel_source(tables, lay, dtype, channels, npb))
 
 
-def plan(compiled: Sequence[Any], arrays: list, sender: Any, receiver: Any,
-         csr: Callable[[str], tuple[Any, Any]], channels: int, outs: Sequence[Any]) -> tuple | None:
+def plan(
+    compiled: Sequence[Any],
+    arrays: list,
+    sender: Any,
+    receiver: Any,
+    csr: Callable[[str], tuple[Any, Any]],
+    channels: int,
+    outs: Sequence[Any],
+) -> tuple | None:
     """``(kernel, blocks, threads_per_block, args, fused)`` of the fused pass, where ``fused``
     are the indices of the outputs it computes (the caller launches the others one by one), or
     None when nothing is fused (:func:`fused_layout`). ``csr(rows)`` gives the ``(ptr, perm)``
@@ -284,9 +344,16 @@ def plan(compiled: Sequence[Any], arrays: list, sender: Any, receiver: Any,
     return kernel, b1 + b2, tpb, args, _role1(lay) + lay.other
 
 
-def launch(compiled: Sequence[Any], arrays: list, sender: Any, receiver: Any,
-           csr: Callable[[str], tuple[Any, Any]], channels: int, outs: Sequence[Any],
-           stream: Any = 0) -> tuple[int, ...]:
+def launch(
+    compiled: Sequence[Any],
+    arrays: list,
+    sender: Any,
+    receiver: Any,
+    csr: Callable[[str], tuple[Any, Any]],
+    channels: int,
+    outs: Sequence[Any],
+    stream: Any = 0,
+) -> tuple[int, ...]:
     """Launch the fused pass on ``stream``; the indices of the outputs it computed (none when
     it does not apply)."""
     p = plan(compiled, arrays, sender, receiver, csr, channels, outs)

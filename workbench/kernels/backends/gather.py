@@ -9,7 +9,7 @@ array number ``src``. Atom kernels pass their 6 atom and 4 species arrays, edge 
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from numba import njit
@@ -55,15 +55,16 @@ def _device(fn):
     return cuda.jit(device=True, inline="always")(fn)
 
 
-@lru_cache(maxsize=None)
+@cache
 def cuda_pick() -> Any:
     """:func:`pick_py` as a CUDA device function, inlined into every kernel that calls it."""
     return _device(pick_py)
 
 
-@lru_cache(maxsize=None)
+@cache
 def cuda_split() -> Any:
     """Device function ``(gid, n) -> (gid // n, gid % n)``: a thread's row and its index in the row."""
+
     def split(gid, n):
         q = gid // n
         return q, gid - q * n
@@ -71,7 +72,7 @@ def cuda_split() -> Any:
     return _device(split)
 
 
-@lru_cache(maxsize=None)
+@cache
 def cuda_edge_loader() -> Any:
     """Device function filling row ``tid`` of the shared buffer ``v`` with the used operand
     components of edge ``e`` (sender ``s``, receiver ``r``) in channel ``c``."""
@@ -86,9 +87,10 @@ def cuda_edge_loader() -> Any:
     return _device(load)
 
 
-@lru_cache(maxsize=None)
+@cache
 def cuda_term() -> Any:
     """Device function: term ``t`` of a table, ``t_coef[t] * prod_j v[tid, t_fac[t, j]]``."""
+
     def term(v, tid, t_coef, t_fac, t):
         prod = t_coef[t]
         for j in range(t_fac.shape[1]):

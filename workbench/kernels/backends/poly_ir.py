@@ -86,19 +86,25 @@ class Program:
         """The program as one ASCII string (zlib + base64) for a generated module's source."""
         head = np.array([self.num_inputs, self.num_acc, len(self.ops), len(self.coefs)], dtype=np.int64)
         ops = np.asarray(self.ops, dtype=np.int32).reshape(-1, 4)
-        raw = head.tobytes() + ops.tobytes() + np.asarray(self.coefs, dtype=np.float64).tobytes() \
+        raw = (
+            head.tobytes()
+            + ops.tobytes()
+            + np.asarray(self.coefs, dtype=np.float64).tobytes()
             + np.asarray(self.outputs, dtype=np.int32).tobytes()
+        )
         return base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
 
     @classmethod
-    def decode(cls, code: str) -> "Program":
+    def decode(cls, code: str) -> Program:
         raw = zlib.decompress(base64.b64decode(code))
         s, a, n, k = (int(x) for x in np.frombuffer(raw[:32], dtype=np.int64))
         p = cls(s, a)
         at = 32
-        p.ops = [tuple(int(x) for x in row) for row in np.frombuffer(raw[at:at + 16 * n], dtype=np.int32).reshape(n, 4)]
+        p.ops = [
+            tuple(int(x) for x in row) for row in np.frombuffer(raw[at : at + 16 * n], dtype=np.int32).reshape(n, 4)
+        ]
         at += 16 * n
-        p.coefs = [float(x) for x in np.frombuffer(raw[at:at + 8 * k], dtype=np.float64)]
+        p.coefs = [float(x) for x in np.frombuffer(raw[at : at + 8 * k], dtype=np.float64)]
         at += 8 * k
         p.outputs = [int(x) for x in np.frombuffer(raw[at:], dtype=np.int32)]
         return p
@@ -133,7 +139,7 @@ class Program:
 
 def call_source(fn: str, acc: str, names: list[str]) -> str:
     """Source of the call ``fn(acc, ((v0, ...), ...))`` on the operand variables ``names``."""
-    chunks = ["(" + "".join(f"{x}, " for x in names[i:i + CHUNK]) + ")" for i in range(0, len(names), CHUNK)]
+    chunks = ["(" + "".join(f"{x}, " for x in names[i : i + CHUNK]) + ")" for i in range(0, len(names), CHUNK)]
     if len(chunks) > 30:
         raise ValueError(f"polynomial: {len(names)} operand components exceed {30 * CHUNK}")
     return f"{fn}({acc}, (" + "".join(f"{c}, " for c in chunks) + "))"
@@ -144,7 +150,7 @@ def _python_function(program: Program, scalar: type) -> Any:
         return x * y + z
 
     namespace = {"K": [scalar(c) for c in program.coefs], "fma": fma}
-    exec(compile(program.python_source(), "<workbench polynomial>", "exec"), namespace)  # noqa: S102 (generated above)
+    exec(compile(program.python_source(), "<workbench polynomial>", "exec"), namespace)
     return namespace["poly"]
 
 
@@ -179,8 +185,10 @@ def _intrinsic(program: Program, scalar: type, intrinsic: Any = None) -> Any:
     def poly(typingctx, acc, v):
         if not (isinstance(acc, types.UniTuple) and acc.count == a and acc.dtype == nb):
             raise TypeError(f"polynomial: accumulators must be a tuple of {a} {nb}, got {acc}")
-        chunks = [t.count if isinstance(t, types.UniTuple) and t.dtype == nb else -1
-                  for t in (v.types if isinstance(v, types.BaseTuple) else ())]
+        chunks = [
+            t.count if isinstance(t, types.UniTuple) and t.dtype == nb else -1
+            for t in (v.types if isinstance(v, types.BaseTuple) else ())
+        ]
         if min(chunks, default=-1) < 0 or sum(chunks) != s:
             raise TypeError(f"polynomial: operands must be a tuple of tuples of {s} {nb} in all, got {v}")
 

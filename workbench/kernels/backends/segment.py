@@ -23,7 +23,7 @@ zero fill. The order of additions is fixed: the same inputs give the same bits o
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 __all__ = ["COLUMNS", "LANES", "THREADS_PER_BLOCK", "get_segment_sum_kernel", "lanes", "plan_segment_sum"]
@@ -47,7 +47,7 @@ def lanes() -> int:
     return int(env) if env else (1 if cudasim_enabled() else LANES)
 
 
-@lru_cache(maxsize=None)
+@cache
 def get_segment_sum_kernel(dtype: str, L: int = LANES) -> Any:
     """``segment_sum(partial, ptr, perm, out)`` for ``dtype`` with ``L`` row lanes (compiled on
     first launch); launched on ``num_segments * ceil(width / COLUMNS)`` blocks of

@@ -9,9 +9,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 __all__ = ["assembled", "find_nvdisasm", "find_ptxas"]
 
@@ -42,15 +42,20 @@ def find_nvdisasm() -> str | None:
 
 
 @contextmanager
-def assembled(ptx: str, cc: tuple[int, int], ptxas: str, verbose: bool = False,
-              timeout: float = 600) -> Iterator[tuple[Path, str]]:
+def assembled(
+    ptx: str, cc: tuple[int, int], ptxas: str, verbose: bool = False, timeout: float = 600
+) -> Iterator[tuple[Path, str]]:
     """``ptx`` assembled by ``ptxas`` for ``sm_<cc>``: yields the cubin's path (a temporary file,
     gone after the block) and ptxas's log (its resource report with ``verbose``)."""
     with tempfile.TemporaryDirectory() as d:
         src, cubin = Path(d) / "k.ptx", Path(d) / "k.cubin"
         src.write_text(ptx)
-        res = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", *(["-v"] if verbose else []), "-o", str(cubin), str(src)],
-                             capture_output=True, text=True, timeout=timeout)
+        res = subprocess.run(
+            [ptxas, f"-arch=sm_{cc[0]}{cc[1]}", *(["-v"] if verbose else []), "-o", str(cubin), str(src)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if res.returncode != 0:
             raise RuntimeError(f"ptxas failed ({ptxas}): {res.stderr.strip()[-2000:]}")
         yield cubin, res.stdout + res.stderr

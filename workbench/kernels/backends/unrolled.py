@@ -49,18 +49,37 @@ from __future__ import annotations
 
 import hashlib
 import os
-from functools import lru_cache
-from pathlib import Path
-from typing import Any, Sequence
+from collections.abc import Sequence
+from functools import cache
+from typing import Any
 
 from workbench.kernels.backends.device import cudasim_enabled
-from workbench.kernels.backends.generated import load_module, source_dir
+from workbench.kernels.backends.generated import load_module
 from workbench.kernels.backends.poly_ir import Program, call_source
 from workbench.kernels.descriptor.tables import TermTable
 
-__all__ = ["ATOM_ROW_VARS", "atom_head", "atom_lines", "block_size", "kernel_source", "get_unrolled_kernel", "live_slots", "unroll", "unroll_cost", "unrolled_parts", "use_unrolled",
-           "DEFAULT_MAX_TERMS", "MAX_PARTS", "SPLIT_FULL_SLOTS", "MAX_PARTS_F64", "MAX_PART_SLOTS_F64", "SPLIT_PART_TERMS",
-           "SPLIT_PART_TERMS_F64", "SPLIT_WEIGHT_TERMS_F64", "MAX_WEIGHT_PARTS_F64"]
+__all__ = [
+    "ATOM_ROW_VARS",
+    "DEFAULT_MAX_TERMS",
+    "MAX_PARTS",
+    "MAX_PARTS_F64",
+    "MAX_PART_SLOTS_F64",
+    "MAX_WEIGHT_PARTS_F64",
+    "SPLIT_FULL_SLOTS",
+    "SPLIT_PART_TERMS",
+    "SPLIT_PART_TERMS_F64",
+    "SPLIT_WEIGHT_TERMS_F64",
+    "atom_head",
+    "atom_lines",
+    "block_size",
+    "get_unrolled_kernel",
+    "kernel_source",
+    "live_slots",
+    "unroll",
+    "unroll_cost",
+    "unrolled_parts",
+    "use_unrolled",
+]
 
 #: largest :func:`unroll_cost` unrolled in one kernel. At the paper configuration (sm_90, one
 #: core) float32 unrolls every kernel but the double backward's d(x) (9053 terms: 2.8 KB of
@@ -125,8 +144,7 @@ def unroll_cost(num_terms: int, accumulators: int = 0, itemsize: int = 4) -> flo
     return num_terms * (1.0 + accumulators / ACCUMULATOR_WEIGHT) * itemsize / 4
 
 
-def use_unrolled(num_terms: int, accumulators: int = 0, slots: int = 0, itemsize: int = 4,
-                 scale: float = 1.0) -> bool:
+def use_unrolled(num_terms: int, accumulators: int = 0, slots: int = 0, itemsize: int = 4, scale: float = 1.0) -> bool:
     """Whether to launch the generated kernel for a polynomial of ``num_terms`` terms over
     ``slots`` operand components into ``accumulators`` output components, in values of
     ``itemsize`` bytes: when :func:`unroll_cost` is at most ``WORKBENCH_UNROLL_MAX_TERMS``
@@ -309,7 +327,11 @@ class _Grouped:
                 tail = self.chain(sub, level + 1, tail, emit)
                 continue
             f = emit.product(mono_)
-            inner = emit.const(sum(c for c, _ in sub)) if level + 1 == len(self.rank) else self.chain(sub, level + 1, None, emit)
+            inner = (
+                emit.const(sum(c for c, _ in sub))
+                if level + 1 == len(self.rank)
+                else self.chain(sub, level + 1, None, emit)
+            )
             tail = emit.mul(f, inner) if tail is None else emit.fma(f, inner, tail)
         return tail
 
@@ -317,7 +339,7 @@ class _Grouped:
 class _SourceEmit:
     """:meth:`_Grouped.chain` as numba source text."""
 
-    def __init__(self, v: Sequence[str], consts: "_Definitions"):
+    def __init__(self, v: Sequence[str], consts: _Definitions):
         self.v, self.const = v, consts
 
     def product(self, mono_: tuple[int, ...]) -> str:
@@ -384,14 +406,25 @@ def _program(table: TermTable) -> tuple[Program, list[int]]:
                 acc[k] = prog.fma(m, prog.const(sum(c for c, _ in terms)), acc[k])
                 continue
             for i in range(0, len(terms), CHUNK):
-                chunk = terms[i:i + CHUNK]
-                acc[k] = prog.fma(m, g.chain(chunk, 1, None, emit), acc[k]) if m is not None else g.chain(chunk, 1, acc[k], emit)
+                chunk = terms[i : i + CHUNK]
+                acc[k] = (
+                    prog.fma(m, g.chain(chunk, 1, None, emit), acc[k])
+                    if m is not None
+                    else g.chain(chunk, 1, acc[k], emit)
+                )
     prog.outputs = acc
     return prog, g.outs
 
 
-def _sums(table: TermTable, dtype: str, ind: str, consts: _Definitions, decl_ind: str | None = None,
-          names: Sequence[str] | None = None, tag: str = "") -> tuple[list[str], list[str], dict[int, str]]:
+def _sums(
+    table: TermTable,
+    dtype: str,
+    ind: str,
+    consts: _Definitions,
+    decl_ind: str | None = None,
+    names: Sequence[str] | None = None,
+    tag: str = "",
+) -> tuple[list[str], list[str], dict[int, str]]:
     """``(declarations, lines, exprs)``: the accumulators' declaration (zeroed; at ``decl_ind``,
     default ``ind``, so that a loop can carry them), the line adding every term to them, and per
     output component the expression holding it. ``names``: the variable holding each slot
@@ -411,8 +444,15 @@ def _sums(table: TermTable, dtype: str, ind: str, consts: _Definitions, decl_ind
     return decl, lines, {o: f"{tag}acc[{k}]" for k, o in enumerate(outs)}
 
 
-def _sums_source(table: TermTable, dtype: str, ind: str, consts: "_Definitions", decl_ind: str | None = None,
-                 names: Sequence[str] | None = None, tag: str = "") -> tuple[list[str], list[str], dict[int, str]]:
+def _sums_source(
+    table: TermTable,
+    dtype: str,
+    ind: str,
+    consts: _Definitions,
+    decl_ind: str | None = None,
+    names: Sequence[str] | None = None,
+    tag: str = "",
+) -> tuple[list[str], list[str], dict[int, str]]:
     r"""As :func:`_sums`, but the terms written out as numba source, for the message kernels
     (node, edge, :mod:`~workbench.kernels.backends.edge_pass`): ``(declarations, lines, exprs)``:
     the accumulators' declarations (zeroed; at ``decl_ind``,
@@ -465,7 +505,9 @@ def _sums_source(table: TermTable, dtype: str, ind: str, consts: "_Definitions",
         decl.append(f"{di}{tag}pre = cuda.local.array({len(prefixes)}, {_dtype_name(dtype)})")
         for i in range(0, len(prefixes), LINES_PER_BLOCK):
             blocks.append(f"{ind}if go:")
-            blocks += [f"{ind}    {tag}pre[{pre[t]}] = {v[t[0]]} * {v[t[1]]}" for t in prefixes[i:i + LINES_PER_BLOCK]]
+            blocks += [
+                f"{ind}    {tag}pre[{pre[t]}] = {v[t[0]]} * {v[t[1]]}" for t in prefixes[i : i + LINES_PER_BLOCK]
+            ]
     made = 0
     block: list[str] = []
     weight = 0
@@ -480,14 +522,18 @@ def _sums_source(table: TermTable, dtype: str, ind: str, consts: "_Definitions",
                 if len(mono_) >= 2 and mono_ not in local:
                     local[mono_] = f"{tag}m{made}"  # defined once, used in this block only
                     made += 1
-                    block.append(f"{local[mono_]} = {tag}pre[{pre[mono_[:2]]}]" + "".join(f" * {v[q]}" for q in mono_[2:]))
+                    block.append(
+                        f"{local[mono_]} = {tag}pre[{pre[mono_[:2]]}]" + "".join(f" * {v[q]}" for q in mono_[2:])
+                    )
                 m = local[mono_] if len(mono_) >= 2 else (v[mono_[0]] if mono_ else None)
                 if mono_ and len(rank) == 1:  # the monomial is the whole term
                     block.append(f"{a} = cuda.fma({m}, {consts(sum(c for c, _ in terms))}, {a})")
                     weight += 1
                     break
-                chunk = terms[i:i + CHUNK]
-                block.append(f"{a} = cuda.fma({m}, {chain(chunk, 1, None)}, {a})" if m else f"{a} = {chain(chunk, 1, a)}")
+                chunk = terms[i : i + CHUNK]
+                block.append(
+                    f"{a} = cuda.fma({m}, {chain(chunk, 1, None)}, {a})" if m else f"{a} = {chain(chunk, 1, a)}"
+                )
                 weight += len(chunk)
     if block:
         blocks += [f"{ind}if go:"] + [f"{ind}    {line}" for line in block]
@@ -547,21 +593,30 @@ ATOM_ROW_VARS = {0: "bu", 1: "zu"}
 def atom_head(outs: str) -> list[str]:
     """The signature and first lines of an atom kernel writing ``outs`` (its output arguments)."""
     args = ", ".join(f"x{i}" for i in range(10))
-    return [f"def kernel({args}, species, C, {outs}):",
-            "gid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
-            "if gid >= species.shape[0] * C:", "    return",
-            "b = gid // C", "c = gid - b * C", "bu = u64(b)", "zu = u64(species[b])"]
+    return [
+        f"def kernel({args}, species, C, {outs}):",
+        "gid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
+        "if gid >= species.shape[0] * C:",
+        "    return",
+        "b = gid // C",
+        "c = gid - b * C",
+        "bu = u64(b)",
+        "zu = u64(species[b])",
+    ]
 
 
-def atom_lines(table: TermTable, dtype: str, consts: "_Definitions", index: "_Index", out: str = "out",
-               tag: str = "") -> list[str]:
+def atom_lines(
+    table: TermTable, dtype: str, consts: _Definitions, index: _Index, out: str = "out", tag: str = ""
+) -> list[str]:
     """The body lines of one atom polynomial: load its operand components, add its terms (one
     generated polynomial), store each output component of row ``bu`` of ``out`` once (a later run
     of a term split adds to what the first stored). ``tag`` prefixes the local names, so that
     several tables can follow one another in one kernel."""
     names = [f"{tag}v{q}" for q in range(table.num_slots)]
-    lines = [f"{names[q]} = {index.row(f'x{a}', ATOM_ROW_VARS[int(k)])}[{index(off, cs)}]"
-             for q, (a, k, off, cs) in enumerate(zip(table.slot_arr, table.slot_rows, table.slot_off, table.slot_cs))]
+    lines = [
+        f"{names[q]} = {index.row(f'x{a}', ATOM_ROW_VARS[int(k)])}[{index(off, cs)}]"
+        for q, (a, k, off, cs) in enumerate(zip(table.slot_arr, table.slot_rows, table.slot_off, table.slot_cs))
+    ]
     decl, sums, exprs = _sums(table, dtype, "", consts, names=names, tag=tag)
     lines += decl + sums
     row = index.row(out, "bu")
@@ -571,8 +626,15 @@ def atom_lines(table: TermTable, dtype: str, consts: "_Definitions", index: "_In
     return lines
 
 
-def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: bool = False,
-                  tpb: int = THREADS_PER_BLOCK, group: int = 0) -> str:
+def kernel_source(
+    table: TermTable,
+    shape: str,
+    dtype: str,
+    *,
+    reduce_channels: bool = False,
+    tpb: int = THREADS_PER_BLOCK,
+    group: int = 0,
+) -> str:
     """Python source of the unrolled kernel ``kernel`` for ``table``.
 
     ``shape``: ``"atom"`` (arrays ``x0..x9``: 0-5 per atom, 6-9 per species; the output has one
@@ -595,29 +657,47 @@ def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: 
         args = ", ".join(f"x{i}" for i in range(8))
         rows = EDGE_ROW_VARS
         if shape == "node":
-            head = [f"def kernel({args}, sender, receiver, seg_ptr, seg_perm, C, out):",
-                    "gid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
-                    "if gid >= (seg_ptr.shape[0] - 1) * C:", "    return",
-                    "n = gid // C", "c = gid - n * C", "nu = u64(n)"]
+            head = [
+                f"def kernel({args}, sender, receiver, seg_ptr, seg_perm, C, out):",
+                "gid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
+                "if gid >= (seg_ptr.shape[0] - 1) * C:",
+                "    return",
+                "n = gid // C",
+                "c = gid - n * C",
+                "nu = u64(n)",
+            ]
         elif reduce_channels:
             # no early return: every thread of the block reaches the barrier
-            head = [f"def kernel({args}, sender, receiver, G, C, out):",
-                    f"red = cuda.shared.array(({tpb}, {max(table.out_off.shape[0], 1)}), {_dtype_name(dtype)})",
-                    "tid = cuda.threadIdx.x",
-                    "gid = cuda.blockIdx.x * cuda.blockDim.x + tid",
-                    "valid = gid < sender.shape[0] * G",
-                    "e = gid // G", "g = gid - e * G", "eu = u64(e)"]
+            head = [
+                f"def kernel({args}, sender, receiver, G, C, out):",
+                f"red = cuda.shared.array(({tpb}, {max(table.out_off.shape[0], 1)}), {_dtype_name(dtype)})",
+                "tid = cuda.threadIdx.x",
+                "gid = cuda.blockIdx.x * cuda.blockDim.x + tid",
+                "valid = gid < sender.shape[0] * G",
+                "e = gid // G",
+                "g = gid - e * G",
+                "eu = u64(e)",
+            ]
         else:
-            head = [f"def kernel({args}, sender, receiver, G, C, out):",
-                    "gid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
-                    "if gid >= sender.shape[0] * G:", "    return",
-                    "e = gid // G", "c = gid - e * G", "eu = u64(e)", "su = u64(sender[e])", "ru = u64(receiver[e])"]
+            head = [
+                f"def kernel({args}, sender, receiver, G, C, out):",
+                "gid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
+                "if gid >= sender.shape[0] * G:",
+                "    return",
+                "e = gid // G",
+                "c = gid - e * G",
+                "eu = u64(e)",
+                "su = u64(sender[e])",
+                "ru = u64(receiver[e])",
+            ]
     else:
         raise ValueError(f"unknown kernel shape {shape!r}")
 
     def loads(prefix: str) -> list[str]:
-        return [f"{prefix}v{q} = x{a}[{rows[int(k)]}, {index(off, cs)}]"
-                for q, (a, k, off, cs) in enumerate(zip(table.slot_arr, table.slot_rows, table.slot_off, table.slot_cs))]
+        return [
+            f"{prefix}v{q} = x{a}[{rows[int(k)]}, {index(off, cs)}]"
+            for q, (a, k, off, cs) in enumerate(zip(table.slot_arr, table.slot_rows, table.slot_off, table.slot_cs))
+        ]
 
     if shape != "atom":
         body.append("go = C > 0")  # the ``if go:`` blocks of _sums_source
@@ -629,8 +709,7 @@ def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: 
         # accumulators carried over the node's edges, stored once at the end
         decl, lines, exprs = _sums_source(table, dtype, ind, consts, decl_ind="")
         body += decl
-        body += ["for p in range(seg_ptr[n], seg_ptr[n + 1]):",
-                 *edge_rows(ind, "seg_perm[p]")]
+        body += ["for p in range(seg_ptr[n], seg_ptr[n + 1]):", *edge_rows(ind, "seg_perm[p]")]
         body += loads(ind) + lines
         for o, expr in exprs.items():
             idx = index(table.out_off[o], table.out_cs[o])
@@ -652,8 +731,12 @@ def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: 
                 total = " + ".join([f"red[tid, {k}]"] + [f"red[tid + {j}, {k}]" for j in range(1, group)])
                 body.append(f"{ind}out[eu, {index(table.out_off[o], 0)}] = {total}")
                 continue
-            body += [f"{ind}t{o} = red[tid, {k}]", f"{ind}for j in range(1, G):", f"{i2}t{o} += red[tid + j, {k}]",
-                     f"{ind}out[eu, {index(table.out_off[o], 0)}] = t{o}"]
+            body += [
+                f"{ind}t{o} = red[tid, {k}]",
+                f"{ind}for j in range(1, G):",
+                f"{i2}t{o} += red[tid + j, {k}]",
+                f"{ind}out[eu, {index(table.out_off[o], 0)}] = t{o}",
+            ]
     else:  # edge, channelwise output: G == C, one channel per thread
         decl, lines, exprs = _sums_source(table, dtype, "", consts)
         body += loads("") + decl + lines
@@ -663,7 +746,7 @@ def kernel_source(table: TermTable, shape: str, dtype: str, *, reduce_channels: 
     chan = index.channel_lines() + index.view_lines()
     if "@CHANNELS@" in body:
         k = body.index("@CHANNELS@")
-        body[k:k + 1] = [f"{i2}{line}" for line in chan]
+        body[k : k + 1] = [f"{i2}{line}" for line in chan]
     else:
         body[0:0] = chan
     kernel = "\n".join([head[0]] + [ind + line for line in head[1:] + body]) + "\n"
@@ -692,7 +775,7 @@ u64 = numba.uint64
 GENERATED_PREFIX = "workbench_unrolled"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _compile(source: str) -> Any:
     """The kernel of ``source``, written once to a module file so that numba can cache its
     machine code on disk (``cache=True``): a configuration compiles once per machine, not once
@@ -704,15 +787,22 @@ def _compile(source: str) -> Any:
     name = f"{GENERATED_PREFIX}_{digest}"
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or cudasim_enabled() or os.environ.get("WORKBENCH_CACHE") == "0":
         namespace: dict = {}
-        exec(compile(_HEADER + source, f"<{name}>", "exec"), namespace)  # noqa: S102 (generated above)
+        exec(compile(_HEADER + source, f"<{name}>", "exec"), namespace)
         return cuda.jit(namespace["kernel"])
     text = _HEADER + source.replace("\ndef kernel(", "\n@cuda.jit(cache=True)\ndef kernel(", 1)
     return load_module(text, GENERATED_PREFIX).kernel
 
 
-@lru_cache(maxsize=None)
-def get_unrolled_kernel(table: TermTable, shape: str, dtype: str, *, reduce_channels: bool = False,
-                        tpb: int = THREADS_PER_BLOCK, group: int = 0) -> Any:
+@cache
+def get_unrolled_kernel(
+    table: TermTable,
+    shape: str,
+    dtype: str,
+    *,
+    reduce_channels: bool = False,
+    tpb: int = THREADS_PER_BLOCK,
+    group: int = 0,
+) -> Any:
     """The compiled unrolled kernel for ``table``: cached per table object, so a launch does not
     regenerate the source (tables from another process, e.g. unpickled, share the compiled
     kernel through the per-source cache)."""

@@ -12,10 +12,19 @@ operand component (a *slot*), a row code saying which row of its array the threa
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-__all__ = ["ATOM_ROWS", "EDGE_ROWS", "MAX_ATOM_ARRAYS", "MAX_EDGE_ARRAYS", "MAX_SPECIES_ARRAYS",
-           "ROWS", "ROW_CODES", "array_ids", "row_codes"]
+__all__ = [
+    "ATOM_ROWS",
+    "EDGE_ROWS",
+    "MAX_ATOM_ARRAYS",
+    "MAX_EDGE_ARRAYS",
+    "MAX_SPECIES_ARRAYS",
+    "ROWS",
+    "ROW_CODES",
+    "array_ids",
+    "row_codes",
+]
 
 #: how an operand's rows are indexed: atom ops ("atom", "species"), edge ops ("edge", "sender", "receiver")
 ATOM_ROWS: tuple[str, ...] = ("atom", "species")

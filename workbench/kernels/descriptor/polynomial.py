@@ -24,16 +24,16 @@ merged, which exploits the symmetry of MACE's products :math:`x_{i_1} \cdots x_{
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["Operand", "ROWS", "SparsePolynomial"]
+from workbench.kernels.descriptor.layout import ROWS
+
+__all__ = ["ROWS", "Operand", "SparsePolynomial"]
 
 Factor = tuple[int, int]  # (operand position, component index)
-
-from workbench.kernels.descriptor.layout import ROWS
 
 
 @dataclass(frozen=True)
@@ -78,18 +78,22 @@ class Operand:
         return self.rows
 
     @staticmethod
-    def channel_major(name: str, size: int, channels: int, rows: str = "atom", *, batch: str | None = None) -> "Operand":
+    def channel_major(name: str, size: int, channels: int, rows: str = "atom", *, batch: str | None = None) -> Operand:
         """Layout ``[rows, channels, size]`` (MACE's ``[atoms, channels, (lmax+1)^2]`` features);
         ``batch`` is the former name of ``rows``."""
         return Operand(name, size, batch or rows, tuple(range(size)), (size,) * size, channels * size)
 
     @staticmethod
-    def component_major(name: str, size: int, channels: int, rows: str = "species", *, batch: str | None = None) -> "Operand":
+    def component_major(
+        name: str, size: int, channels: int, rows: str = "species", *, batch: str | None = None
+    ) -> Operand:
         """Layout ``[rows, size, channels]`` (MACE's ``[elements, k, channels]`` weights);
         ``batch`` is the former name of ``rows``."""
-        return Operand(name, size, batch or rows, tuple(k * channels for k in range(size)), (1,) * size, size * channels)
+        return Operand(
+            name, size, batch or rows, tuple(k * channels for k in range(size)), (1,) * size, size * channels
+        )
 
-    def renamed(self, name: str) -> "Operand":
+    def renamed(self, name: str) -> Operand:
         return Operand(name, self.size, self.rows, self.offsets, self.cstrides, self.width)
 
 
@@ -119,7 +123,7 @@ class SparsePolynomial:
         output: Operand,
         terms: Iterable[tuple[int, Sequence[Factor], float]],
         rtol: float = 1e-14,
-    ) -> "SparsePolynomial":
+    ) -> SparsePolynomial:
         """Canonicalise ``(o, factors, coefficient)`` triples: sort factors, merge equal
         monomials, drop coefficients below ``rtol * max|coefficient|`` (exact cancellations)."""
         names = [op.name for op in operands]
@@ -141,7 +145,7 @@ class SparsePolynomial:
                 return k
         raise KeyError(f"no operand {name!r} in {[op.name for op in self.operands]}")
 
-    def vjp(self, wrt: str, cotangent: Operand | None = None) -> "SparsePolynomial":
+    def vjp(self, wrt: str, cotangent: Operand | None = None) -> SparsePolynomial:
         r"""Vector-Jacobian product with respect to operand ``wrt``.
 
         .. math::
@@ -169,14 +173,14 @@ class SparsePolynomial:
         out = self.operands[a].renamed(f"d({wrt})")
         return SparsePolynomial.from_terms(self.operands + (cotangent,), out, new_terms)
 
-    def with_operands(self, operands: Sequence[Operand]) -> "SparsePolynomial":
+    def with_operands(self, operands: Sequence[Operand]) -> SparsePolynomial:
         """The same polynomial over a larger operand list (matched by name)."""
         pos = {op.name: k for k, op in enumerate(operands)}
         remap = [pos[op.name] for op in self.operands]
         terms = {(o, tuple(sorted((remap[a], i) for a, i in f))): c for (o, f), c in self.terms.items()}
         return SparsePolynomial(tuple(operands), self.output, terms)
 
-    def __add__(self, other: "SparsePolynomial") -> "SparsePolynomial":
+    def __add__(self, other: SparsePolynomial) -> SparsePolynomial:
         if (other.output.size, other.output.rows) != (self.output.size, self.output.rows):
             raise ValueError("can only add polynomials with the same output")
         ops = list(self.operands)
@@ -187,7 +191,7 @@ class SparsePolynomial:
         terms = [(o, f, c) for (o, f), c in lhs.terms.items()] + [(o, f, c) for (o, f), c in rhs.terms.items()]
         return SparsePolynomial.from_terms(ops, self.output, terms)
 
-    def scaled(self, alpha: float) -> "SparsePolynomial":
+    def scaled(self, alpha: float) -> SparsePolynomial:
         return SparsePolynomial(self.operands, self.output, {k: alpha * v for k, v in self.terms.items()})
 
     # ------------------------------------------------------------------ inspection

@@ -45,8 +45,8 @@ sum a program over several rows, e.g. all edges of a receiver), then temporaries
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -133,8 +133,14 @@ class VectorProgram:
         for r, c, s1, s2, s3 in self.k_terms:
             K[int(r)] += c * s[int(s1)] * s[int(s2)] * s[int(s3)]
         for op, d, a, b, k in self.ins:
-            val = {SET_MUL: K[k] * R[a] * R[b], ADD_MUL: R[d] + K[k] * R[a] * R[b], SET_AXPY: K[k] * R[a],
-                   ADD_AXPY: R[d] + K[k] * R[a], SET_K: np.full(C, K[k]), ADD_K: R[d] + K[k]}[int(op)]
+            val = {
+                SET_MUL: K[k] * R[a] * R[b],
+                ADD_MUL: R[d] + K[k] * R[a] * R[b],
+                SET_AXPY: K[k] * R[a],
+                ADD_AXPY: R[d] + K[k] * R[a],
+                SET_K: np.full(C, K[k]),
+                ADD_K: R[d] + K[k],
+            }[int(op)]
             R[d] = val
         outs = [np.zeros((o.size, C)) for o in self.outputs]
         V = self.num_vectors
@@ -178,7 +184,9 @@ class _Builder:
             r = len(self.k_of)
             for sc, c in key:
                 if len(sc) > MAX_SCALAR_FACTORS:
-                    raise ValueError(f"a term has {len(sc)} broadcast factors; the vector program takes at most {MAX_SCALAR_FACTORS}")
+                    raise ValueError(
+                        f"a term has {len(sc)} broadcast factors; the vector program takes at most {MAX_SCALAR_FACTORS}"
+                    )
                 pad = list(sc) + [self.one] * (MAX_SCALAR_FACTORS - len(sc))
                 self.k_rows.append((r, c, *pad))
             self.k_of[key] = r
@@ -320,10 +328,17 @@ def vector_program(polys: Sequence[SparsePolynomial]) -> VectorProgram:
     k = np.array(b.k_rows, dtype=np.float64).reshape(-1, 2 + MAX_SCALAR_FACTORS)
     ins = np.array(b.ins, dtype=np.int64).reshape(-1, 5)
     return VectorProgram(
-        operands=tuple(operands), outputs=tuple(p.output for p in polys),
-        vec_operand=np.array([a for a, _ in vec], dtype=np.int64), vec_comp=np.array([i for _, i in vec], dtype=np.int64),
-        sca_operand=np.array([a for a, _ in sca], dtype=np.int64), sca_comp=np.array([i for _, i in sca], dtype=np.int64),
-        num_registers=b.top, k_terms=k, num_k=len(b.k_of), ins=ins,
-        acc_output=np.array([p for p, _ in accs], dtype=np.int64), acc_comp=np.array([o for _, o in accs], dtype=np.int64),
+        operands=tuple(operands),
+        outputs=tuple(p.output for p in polys),
+        vec_operand=np.array([a for a, _ in vec], dtype=np.int64),
+        vec_comp=np.array([i for _, i in vec], dtype=np.int64),
+        sca_operand=np.array([a for a, _ in sca], dtype=np.int64),
+        sca_comp=np.array([i for _, i in sca], dtype=np.int64),
+        num_registers=b.top,
+        k_terms=k,
+        num_k=len(b.k_of),
+        ins=ins,
+        acc_output=np.array([p for p, _ in accs], dtype=np.int64),
+        acc_comp=np.array([o for _, o in accs], dtype=np.int64),
         num_terms=sum(p.num_terms for p in polys),
     )

@@ -14,8 +14,8 @@ Every kernel (CPU loops, table-driven CUDA, unrolled CUDA) reads the same tables
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -54,8 +54,10 @@ class TermTable:
     def monomials(self) -> list[tuple[int, float, tuple[int, ...]]]:
         """``(output component, coefficient, used slots)`` per term, padding slots dropped."""
         S = self.num_slots
-        return [(int(o), float(a), tuple(int(q) for q in f if q != S))
-                for o, a, f in zip(self.t_out, self.coef64, self.t_fac)]
+        return [
+            (int(o), float(a), tuple(int(q) for q in f if q != S))
+            for o, a, f in zip(self.t_out, self.coef64, self.t_fac)
+        ]
 
 
 def term_table(poly: SparsePolynomial, array_of: Sequence[int], rows_of: Sequence[int]) -> TermTable:

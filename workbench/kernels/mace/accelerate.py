@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
-__all__ = ["accelerate", "AVAILABLE_OPS", "KERNEL_BACKENDS", "model_ops", "precompile_model"]
+__all__ = ["AVAILABLE_OPS", "KERNEL_BACKENDS", "accelerate", "model_ops", "precompile_model"]
 
 #: ops :func:`accelerate` can swap
 AVAILABLE_OPS: tuple[str, ...] = ("symmetric_contraction", "channelwise_tp")
@@ -49,8 +49,9 @@ def _swap_channelwise_tps(model: torch.nn.Module, backend: str) -> int:
     return sum(unfuse_conv_tp(b) for b in blocks)
 
 
-def accelerate(model: torch.nn.Module, backend: str = "numba", ops: Iterable[str] | None = None,
-               precompile: bool | None = None) -> torch.nn.Module:
+def accelerate(
+    model: torch.nn.Module, backend: str = "numba", ops: Iterable[str] | None = None, precompile: bool | None = None
+) -> torch.nn.Module:
     """Swap the hot ops of a mace-torch model (``MACE``, ``ScaleShiftMACE``, ...).
 
     Parameters
@@ -103,7 +104,8 @@ def accelerate(model: torch.nn.Module, backend: str = "numba", ops: Iterable[str
             raise ValueError(
                 f"accelerate: found nothing to swap for {', '.join(missing)} in this {type(model).__name__}: it holds "
                 "no mace SymmetricContraction / interaction block with e3nn's tensor product (a model converted "
-                "to cuEquivariance must go back to e3nn first, e.g. with mace's mace_cueq_to_e3nn)")
+                "to cuEquivariance must go back to e3nn first, e.g. with mace's mace_cueq_to_e3nn)"
+            )
         if precompile or (precompile is None and _precompile_by_default(model)):
             precompile_model(model)
     return model
@@ -172,17 +174,22 @@ def precompile_model(model: torch.nn.Module, progress: bool = True, modules: Ite
     dtype = "float64" if p.dtype == torch.float64 else "float32"
     target = kwargs.pop("target", "device")
     if target == "device" and (p.device.type != "cuda" or not cuda_available()):
-        raise ValueError("precompile_model: the model is not on a CUDA device numba can launch on "
-                         f"(parameters on {p.device}); move it first, or pass target='ptx' to compile for a GPU elsewhere")
+        raise ValueError(
+            "precompile_model: the model is not on a CUDA device numba can launch on "
+            f"(parameters on {p.device}); move it first, or pass target='ptx' to compile for a GPU elsewhere"
+        )
     ops = model_ops(model)
     if modules is not None:
         prefixes = tuple(modules)
         ops = [o for o in ops if o.label.startswith(prefixes)]
         if not ops:
-            raise ValueError(f"precompile_model: no accelerated module starts with {prefixes}; "
-                             f"the model's are {[o.label for o in model_ops(model)]}")
-    return precompile(ops, dtype, device=p.device if target == "device" else None, target=target,
-                      progress=progress, **kwargs)
+            raise ValueError(
+                f"precompile_model: no accelerated module starts with {prefixes}; "
+                f"the model's are {[o.label for o in model_ops(model)]}"
+            )
+    return precompile(
+        ops, dtype, device=p.device if target == "device" else None, target=target, progress=progress, **kwargs
+    )
 
 
 def _accelerated(model: torch.nn.Module) -> dict[str, bool]:
@@ -192,5 +199,7 @@ def _accelerated(model: torch.nn.Module) -> dict[str, bool]:
 
     fused = _fused_class()
     mods = list(model.modules())
-    return {"symmetric_contraction": any(isinstance(m, SymmetricContraction) for m in mods),
-            "channelwise_tp": any(_is_interaction_block(m) and isinstance(m.conv_tp, fused) for m in mods)}
+    return {
+        "symmetric_contraction": any(isinstance(m, SymmetricContraction) for m in mods),
+        "channelwise_tp": any(_is_interaction_block(m) and isinstance(m.conv_tp, fused) for m in mods),
+    }

@@ -34,8 +34,8 @@ swap is exact for every block class with the hook; :func:`unfuse_conv_tp` revert
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -44,9 +44,9 @@ from workbench.kernels.descriptor import Operand, SparsePolynomial
 from workbench.kernels.ops import EdgeGraph, EdgePolyOp, apply_edge_poly_op
 
 __all__ = [
-    "ChannelwiseTPStats",
-    "FusedChannelwiseTensorProduct",
     "SUPPORTED_INTERACTION_BLOCKS",
+    "ChannelwiseTPStats",
+    "FusedChannelwiseTensorProduct",  # noqa: F822  (built on first access by the module __getattr__)
     "channelwise_tp_op",
     "channelwise_tp_polynomial",
     "fuse_conv_tp",
@@ -103,7 +103,9 @@ def _irreps_layout(irreps, channels: int) -> tuple[list[int], list[int], list[tu
     return offsets, cstrides, blocks
 
 
-def channelwise_tp_polynomial(irreps_in1, irreps_in2, irreps_out, instructions: Sequence) -> tuple[SparsePolynomial, ChannelwiseTPStats]:
+def channelwise_tp_polynomial(
+    irreps_in1, irreps_in2, irreps_out, instructions: Sequence
+) -> tuple[SparsePolynomial, ChannelwiseTPStats]:
     r"""Sparse edge polynomial of an e3nn ``TensorProduct`` with ``"uvu"`` instructions, fused
     with the gather of ``in1`` at the sender and the scatter-sum of the output to the receiver.
 
@@ -151,10 +153,12 @@ def channelwise_tp_polynomial(irreps_in1, irreps_in2, irreps_out, instructions: 
         (a1, _), (a2, _), (a3, _) = x_blocks[ins.i_in1], y_blocks[ins.i_in2], o_blocks[ins.i_out]
         nz = np.argwhere(cg != 0.0)
         for i, j, m in nz:
-            terms.append((a3 + int(m), [(0, a1 + int(i)), (1, a2 + int(j)), (2, k)], float(ins.path_weight) * float(cg[i, j, m])))
+            terms.append(
+                (a3 + int(m), [(0, a1 + int(i)), (1, a2 + int(j)), (2, k)], float(ins.path_weight) * float(cg[i, j, m]))
+            )
         dense += cg.size
         nonzero += len(nz)
-        per_ins.append((l1, l2, l3, int(cg.size), int(len(nz))))
+        per_ins.append((l1, l2, l3, int(cg.size), len(nz)))
     x = Operand("x", len(x_off), "sender", tuple(x_off), tuple(x_cs), irreps_in1.dim)
     Y = Operand("Y", comp, "edge", tuple(range(comp)), (0,) * comp, irreps_in2.dim)
     W = Operand("W", len(w_off), "edge", tuple(w_off), (1,) * len(w_off), off)
@@ -166,8 +170,10 @@ def channelwise_tp_polynomial(irreps_in1, irreps_in2, irreps_out, instructions: 
 def channelwise_tp_op(tp: torch.nn.Module) -> tuple[EdgePolyOp, ChannelwiseTPStats]:
     """The (cached) :class:`EdgePolyOp` of an e3nn ``TensorProduct``; shared by every module
     with the same irreps and instructions, so derivatives are derived once."""
-    ins = tuple((i.i_in1, i.i_in2, i.i_out, i.connection_mode, i.has_weight, float(i.path_weight), tuple(i.path_shape))
-                for i in tp.instructions)
+    ins = tuple(
+        (i.i_in1, i.i_in2, i.i_out, i.connection_mode, i.has_weight, float(i.path_weight), tuple(i.path_shape))
+        for i in tp.instructions
+    )
     key = (str(tp.irreps_in1), str(tp.irreps_in2), str(tp.irreps_out), ins)
     with _OP_CACHE_LOCK:
         if key not in _OP_CACHE:
@@ -199,7 +205,7 @@ def _make_fused_class():
         ``state_dict`` keys and pickling are e3nn's.
         """
 
-        def forward(self, x, y, weight=None, edge_index=None):  # noqa: D102
+        def forward(self, x, y, weight=None, edge_index=None):
             if edge_index is None:
                 return super().forward(x, y, weight)
             op, _ = self.channelwise_op()
@@ -258,7 +264,7 @@ def _check_block(block: torch.nn.Module) -> None:
 
 def _is_interaction_block(m: torch.nn.Module) -> bool:
     # anything that owns a conv_tp the way mace's interaction blocks do
-    return hasattr(m, "conv_tp") and isinstance(getattr(m, "conv_tp"), torch.nn.Module) and hasattr(m, "conv_tp_weights")
+    return hasattr(m, "conv_tp") and isinstance(m.conv_tp, torch.nn.Module) and hasattr(m, "conv_tp_weights")
 
 
 def fuse_conv_tp(block: torch.nn.Module) -> bool:

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -62,8 +62,8 @@ class SymmetricContractionStats:
 def _u_blocks(U_list: Sequence[Sequence[np.ndarray]], out_dims: Sequence[int]):
     # normalise scalar-output U (mace squeezes the M axis when 2L+1 == 1)
     for j, (Us, d) in enumerate(zip(U_list, out_dims)):
-        for nu, U in enumerate(Us, start=1):
-            U = np.asarray(U, dtype=np.float64)
+        for nu, U_raw in enumerate(Us, start=1):
+            U = np.asarray(U_raw, dtype=np.float64)
             if U.ndim == nu + 1:
                 U = U[None]
             assert U.shape[0] == d and U.ndim == nu + 2, (U.shape, d, nu)
@@ -71,9 +71,7 @@ def _u_blocks(U_list: Sequence[Sequence[np.ndarray]], out_dims: Sequence[int]):
 
 
 def symmetric_contraction_polynomial(
-    U_list: Sequence[Sequence[np.ndarray]],
-    out_dims: Sequence[int],
-    channels: int,
+    U_list: Sequence[Sequence[np.ndarray]], out_dims: Sequence[int], channels: int
 ) -> tuple[SparsePolynomial, SymmetricContractionStats, list[list[tuple[int, int]]]]:
     r"""Sparse polynomial of a MACE symmetric contraction.
 
@@ -95,7 +93,7 @@ def symmetric_contraction_polynomial(
     blocks = list(_u_blocks(U_list, out_dims))
     for j, Us in enumerate(U_list):
         k_slices.append([])
-        for nu, U in enumerate(Us, start=1):
+        for U in Us:
             K = np.asarray(U).shape[-1]
             k_slices[j].append((k0, k0 + K))
             k0 += K
@@ -172,8 +170,10 @@ def one_hot_species(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]
     bad = ~empty & ((picked != 1) | (total != 1))
     if bool(bad.any()):
         row = int(torch.nonzero(bad)[0])
-        raise ValueError(f"node_attrs row {row} is not one-hot ({y[row].tolist()[:8]}...): the numba symmetric "
-                         "contraction needs one species per atom; use backend='e3nn' for mixed attributes")
+        raise ValueError(
+            f"node_attrs row {row} is not one-hot ({y[row].tolist()[:8]}...): the numba symmetric "
+            "contraction needs one species per atom; use backend='e3nn' for mixed attributes"
+        )
     return species, (empty if bool(empty.any()) else None)
 
 
@@ -197,7 +197,7 @@ class SymmetricContraction(torch.nn.Module):
         self._op: PolyOp | None = None
 
     @classmethod
-    def from_mace(cls, src: torch.nn.Module) -> "SymmetricContraction":
+    def from_mace(cls, src: torch.nn.Module) -> SymmetricContraction:
         """Wrap a mace ``SymmetricContraction``, sharing its parameters and buffers."""
         return cls(src)
 
@@ -230,7 +230,10 @@ class SymmetricContraction(torch.nn.Module):
         return self.contractions[0].num_features
 
     def polynomial(self) -> tuple[SparsePolynomial, SymmetricContractionStats, list]:
-        U_list = [[c.U_tensors(nu).detach().cpu().double().numpy() for nu in range(1, c.correlation + 1)] for c in self.contractions]
+        U_list = [
+            [c.U_tensors(nu).detach().cpu().double().numpy() for nu in range(1, c.correlation + 1)]
+            for c in self.contractions
+        ]
         out_dims = [ir.dim for _, ir in self.irreps_out]
         return symmetric_contraction_polynomial(U_list, out_dims, self.num_channels)
 
@@ -239,7 +242,11 @@ class SymmetricContraction(torch.nn.Module):
         if getattr(self, "_op", None) is None:
             # U depends only on the irreps: share one op (and its cached derivatives) between
             # every module with the same coupling tensors and channel count
-            Us = [c.U_tensors(nu).detach().cpu().double().numpy() for c in self.contractions for nu in range(1, c.correlation + 1)]
+            Us = [
+                c.U_tensors(nu).detach().cpu().double().numpy()
+                for c in self.contractions
+                for nu in range(1, c.correlation + 1)
+            ]
             h = hashlib.sha1()
             for U in Us:
                 h.update(np.ascontiguousarray(U).tobytes())
@@ -253,7 +260,7 @@ class SymmetricContraction(torch.nn.Module):
         return self._op
 
     def stats(self) -> SymmetricContractionStats:
-        self.op
+        _ = self.op  # builds the op and its stats on first use
         return self._stats
 
     def __getstate__(self):  # the compiled op is rebuilt from the buffers after loading

@@ -6,22 +6,45 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["add_common_arguments", "compare_with_e3nn", "kernel_variant", "use_backend_kernels", "backend_model", "measure_pass", "parity", "peak_memory", "precompile_for_bench",
-           "random_scaleshift_mace", "record_outputs", "run_versions", "snapshot", "timer", "with_backend"]
+__all__ = [
+    "add_common_arguments",
+    "backend_model",
+    "compare_with_e3nn",
+    "kernel_variant",
+    "measure_pass",
+    "parity",
+    "peak_memory",
+    "precompile_for_bench",
+    "random_scaleshift_mace",
+    "record_outputs",
+    "run_versions",
+    "snapshot",
+    "timer",
+    "use_backend_kernels",
+    "with_backend",
+]
 
 #: packages whose versions a benchmark result records (besides torch and python)
 RECORDED_PACKAGES = ("mace", "e3nn", "numba", "cuequivariance_torch", "openequivariance")
 
 
-def random_scaleshift_mace(hidden: str, max_ell: int, correlation: int, atomic_numbers: Sequence[int],
-                           avg_num_neighbors: float, dtype: torch.dtype, device: str | torch.device,
-                           perturb: float = 0.1, seed: int = 0) -> torch.nn.Module:
+def random_scaleshift_mace(
+    hidden: str,
+    max_ell: int,
+    correlation: int,
+    atomic_numbers: Sequence[int],
+    avg_num_neighbors: float,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    perturb: float = 0.1,
+    seed: int = 0,
+) -> torch.nn.Module:
     """A 2-layer ``ScaleShiftMACE`` (residual interaction blocks, 8 Bessel functions, 4.5 Å) in ``dtype``.
 
     ``perturb`` adds ``perturb * N(0, 1)`` to every trainable parameter, so that no kernel is
@@ -36,12 +59,23 @@ def random_scaleshift_mace(hidden: str, max_ell: int, correlation: int, atomic_n
         torch.manual_seed(seed)
         block = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
         model = modules.ScaleShiftMACE(
-            r_max=4.5, num_bessel=8, num_polynomial_cutoff=5, max_ell=max_ell, interaction_cls=block,
-            interaction_cls_first=block, num_interactions=2, num_elements=len(atomic_numbers),
-            hidden_irreps=o3.Irreps(hidden), MLP_irreps=o3.Irreps("16x0e"),
-            atomic_energies=np.zeros(len(atomic_numbers)), avg_num_neighbors=avg_num_neighbors,
-            atomic_numbers=list(atomic_numbers), correlation=correlation, gate=torch.nn.functional.silu,
-            atomic_inter_scale=1.0, atomic_inter_shift=0.0,
+            r_max=4.5,
+            num_bessel=8,
+            num_polynomial_cutoff=5,
+            max_ell=max_ell,
+            interaction_cls=block,
+            interaction_cls_first=block,
+            num_interactions=2,
+            num_elements=len(atomic_numbers),
+            hidden_irreps=o3.Irreps(hidden),
+            MLP_irreps=o3.Irreps("16x0e"),
+            atomic_energies=np.zeros(len(atomic_numbers)),
+            avg_num_neighbors=avg_num_neighbors,
+            atomic_numbers=list(atomic_numbers),
+            correlation=correlation,
+            gate=torch.nn.functional.silu,
+            atomic_inter_scale=1.0,
+            atomic_inter_shift=0.0,
         )
         if perturb:
             with torch.no_grad():
@@ -128,7 +162,7 @@ def run_versions() -> dict[str, str]:
     for mod in RECORDED_PACKAGES:
         try:
             versions[mod] = __import__(mod).__version__
-        except Exception as exc:  # noqa: BLE001 (record why, keep going)
+        except Exception as exc:
             versions[mod] = f"unavailable: {type(exc).__name__}"
     return versions
 
@@ -140,9 +174,13 @@ def add_common_arguments(ap: argparse.ArgumentParser, passes: Sequence[str]) -> 
     ap.add_argument("--max-ell", type=int, default=3)
     ap.add_argument("--correlation", type=int, default=3)
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
-    ap.add_argument("--backends", nargs="+", default=["numba", "numba-table", "e3nn", "cueq"],
-                    help="numba: the kernels the dispatcher picks (unrolled up to WORKBENCH_UNROLL_MAX_TERMS terms); "
-                         "numba-table / numba-unrolled: one kind forced")
+    ap.add_argument(
+        "--backends",
+        nargs="+",
+        default=["numba", "numba-table", "e3nn", "cueq"],
+        help="numba: the kernels the dispatcher picks (unrolled up to WORKBENCH_UNROLL_MAX_TERMS terms); "
+        "numba-table / numba-unrolled: one kind forced",
+    )
     ap.add_argument("--passes", nargs="+", default=list(passes))
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=25)
@@ -232,13 +270,15 @@ def measure_pass(make_fn, device: str, warmup: int, repeats: int, entry: dict) -
             ts = timer(device, fn, warmup, repeats)
         entry.update(median_ms=statistics.median(ts), min_ms=min(ts), times_ms=ts, **mem)
         return record_outputs(entry, fn)
-    except Exception as exc:  # noqa: BLE001 (an error row; the other passes go on)
+    except Exception as exc:
         entry["error"] = f"{type(exc).__name__}: {exc}"
         entry["traceback"] = traceback.format_exc()[-2000:]
         return None
 
 
-def backend_model(base: torch.nn.Module, backend: str, modules: Sequence[str], results: dict, dtype: str) -> torch.nn.Module:
+def backend_model(
+    base: torch.nn.Module, backend: str, modules: Sequence[str], results: dict, dtype: str
+) -> torch.nn.Module:
     """``base`` on ``backend`` for a benchmark: the kernel switches its name asks for, a copy
     (:func:`with_backend`), and for numba on a GPU its kernels of ``modules`` compiled ahead
     (the report goes to ``results["precompile"]``)."""

@@ -61,8 +61,11 @@ def register(subparsers) -> None:
     from workbench.kernels.tools.precompile_cli import register as register_precompile
     from workbench.kernels.tools.resources import register as register_resources
 
-    p = subparsers.add_parser("kernels", help="kernel tools: static resource report (PTX + ptxas, no GPU needed), "
-                                              "compile a configuration's kernels into the cache")
+    p = subparsers.add_parser(
+        "kernels",
+        help="kernel tools: static resource report (PTX + ptxas, no GPU needed), "
+        "compile a configuration's kernels into the cache",
+    )
     ks = p.add_subparsers(dest="kernels_cmd", metavar="CMD")
     register_resources(ks)
     register_precompile(ks)

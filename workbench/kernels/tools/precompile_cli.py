@@ -43,18 +43,24 @@ def _main(args) -> int:
     if target == "auto":
         target = "device" if torch.cuda.is_available() else "ptx"
     if target == "device" and not torch.cuda.is_available():
-        raise ValueError("--target device: torch sees no CUDA device here; use --target ptx to check the compile without a GPU")
+        raise ValueError(
+            "--target device: torch sees no CUDA device here; use --target ptx to check the compile without a GPU"
+        )
     reports = {}
     for dtype in args.dtype:
-        model = _model(args.hidden, args.max_ell, args.correlation, args.elements, dtype,
-                       "cuda" if target == "device" else "cpu")
+        model = _model(
+            args.hidden, args.max_ell, args.correlation, args.elements, dtype, "cuda" if target == "device" else "cpu"
+        )
         cc = tuple(int(v) for v in args.cc.split(".")) if target == "ptx" else None
         modules = [m.strip() for m in args.modules.split(",") if m.strip()] if args.modules else None
         r = precompile_model(model, target=target, cc=cc, workers=args.workers, modules=modules)
         reports[dtype] = r.as_dict()
-        print(f"{args.hidden} {dtype}: {r.jobs} kernels, {r.compiled} compiled, {r.cached} already in the cache, "
-              f"{r.workers} processes, {r.seconds:.1f} s" + (f", waited {r.waited_s:.1f} s for another process" if r.waited_s > 1 else ""),
-              flush=True)
+        print(
+            f"{args.hidden} {dtype}: {r.jobs} kernels, {r.compiled} compiled, {r.cached} already in the cache, "
+            f"{r.workers} processes, {r.seconds:.1f} s"
+            + (f", waited {r.waited_s:.1f} s for another process" if r.waited_s > 1 else ""),
+            flush=True,
+        )
         for label, err in r.errors:
             print(f"  failed: {label}: {err}", file=sys.stderr)
     print(f"kernel cache: {source_dir()}")
@@ -72,12 +78,23 @@ def register(ks) -> None:
     p.add_argument("--correlation", type=int, default=3)
     p.add_argument("--elements", type=int, default=10, help="number of chemical elements of the model")
     p.add_argument("--dtype", nargs="+", choices=("float32", "float64"), default=["float32"])
-    p.add_argument("--target", choices=("auto", "device", "ptx"), default="auto",
-                   help="device: this GPU, into the cache; ptx: PTX + ptxas, no GPU needed (nothing loadable is cached)")
+    p.add_argument(
+        "--target",
+        choices=("auto", "device", "ptx"),
+        default="auto",
+        help="device: this GPU, into the cache; ptx: PTX + ptxas, no GPU needed (nothing loadable is cached)",
+    )
     p.add_argument("--cc", default="9.0", help="compute capability for --target ptx (default %(default)s)")
     p.add_argument("--workers", type=int, default=None, help="compile processes (default: the usable cores)")
-    p.add_argument("--cache", default=None, help="kernel cache folder (default $WORKBENCH_KERNEL_CACHE or ~/.cache/cfm-workbench/kernels)")
-    p.add_argument("--modules", default=None,
-                   help="only these modules' kernels, comma-separated name prefixes (e.g. products.0.,interactions.1.)")
+    p.add_argument(
+        "--cache",
+        default=None,
+        help="kernel cache folder (default $WORKBENCH_KERNEL_CACHE or ~/.cache/cfm-workbench/kernels)",
+    )
+    p.add_argument(
+        "--modules",
+        default=None,
+        help="only these modules' kernels, comma-separated name prefixes (e.g. products.0.,interactions.1.)",
+    )
     p.add_argument("--json", default=None, help="write the reports here")
     p.set_defaults(func=_main)

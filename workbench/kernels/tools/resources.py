@@ -26,16 +26,27 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from workbench.kernels.backends.toolkit import assembled, find_nvdisasm, find_ptxas
 from workbench.kernels.launches import launches, training_ops
 
-__all__ = ["KernelResources", "training_ops", "kernel_resources", "find_nvdisasm", "find_ptxas", "occupancy", "paper_ops",
-           "format_table", "launches_per_pass", "sass_counts", "term_loop_sass"]
+__all__ = [
+    "KernelResources",
+    "find_nvdisasm",
+    "find_ptxas",
+    "format_table",
+    "kernel_resources",
+    "launches_per_pass",
+    "occupancy",
+    "paper_ops",
+    "sass_counts",
+    "term_loop_sass",
+    "training_ops",
+]
 
 #: per-SM limits used for the occupancy estimate, by compute capability (Hopper, Ampere)
 SM_LIMITS = {
@@ -79,8 +90,9 @@ class KernelResources:
 #: one SASS instruction line of nvdisasm: ``/*0080*/  @!P0 FFMA R4, R5, R6, R7 ;``
 _SASS = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)(?:\.[A-Z0-9_.]+)?\b")
 #: floating-point arithmetic opcodes (fp32, fp64, fp16x2)
-FP_OPCODES = frozenset({"FFMA", "FMUL", "FADD", "FFMA2", "FMUL2", "FADD2", "DFMA", "DMUL", "DADD",
-                        "HFMA2", "HMUL2", "HADD2"})
+FP_OPCODES = frozenset(
+    {"FFMA", "FMUL", "FADD", "FFMA2", "FMUL2", "FADD2", "DFMA", "DMUL", "DADD", "HFMA2", "HMUL2", "HADD2"}
+)
 
 
 def sass_counts(listing: str) -> tuple[int, int]:
@@ -115,7 +127,7 @@ def term_loop_sass(listing: str, degree: int) -> float | None:
     for k, (_, line) in enumerate(ops):
         m = _BRANCH.search(line)
         if m and labels.get(m.group(1), k + 1) <= k:
-            body = ops[labels[m.group(1)]:k + 1]
+            body = ops[labels[m.group(1)] : k + 1]
             lds = sum(op == "LDS" for op, _ in body)
             if lds and (best is None or lds > best[0]):
                 best = (lds, len(body))
@@ -180,9 +192,16 @@ def _kernel_variant(variant: str) -> Iterator[None]:
             os.environ["WORKBENCH_CUDA_KERNELS"] = old
 
 
-def kernel_resources(ops: Sequence[tuple[str, object]], dtype: str, variant: str = "auto",
-                     cc: tuple[int, int] = (9, 0), ptxas: str | None = "auto", channels: int = 128,
-                     progress: bool = False, family: str = "") -> list[KernelResources]:
+def kernel_resources(
+    ops: Sequence[tuple[str, object]],
+    dtype: str,
+    variant: str = "auto",
+    cc: tuple[int, int] = (9, 0),
+    ptxas: str | None = "auto",
+    channels: int = 128,
+    progress: bool = False,
+    family: str = "",
+) -> list[KernelResources]:
     """Compile every kernel of ``ops`` (``(label, PolyOp or EdgePolyOp)``) to PTX for ``cc``
     and, with ``ptxas``, assemble it and read off its resources.
 
@@ -205,9 +224,20 @@ def kernel_resources(ops: Sequence[tuple[str, object]], dtype: str, variant: str
                 t0 = time.perf_counter()
                 ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=cc)
                 dt = time.perf_counter() - t0
-                r = KernelResources(family=family, op=label, output=launch.output, variant=launch.variant, dtype=dtype,
-                                    terms=launch.terms, slots=launch.slots, threads_per_block=tpb,
-                                    ptx_lines=ptx.count("\n"), compile_s=round(dt, 2), kernel=launch.kernel, mode=variant)
+                r = KernelResources(
+                    family=family,
+                    op=label,
+                    output=launch.output,
+                    variant=launch.variant,
+                    dtype=dtype,
+                    terms=launch.terms,
+                    slots=launch.slots,
+                    threads_per_block=tpb,
+                    ptx_lines=ptx.count("\n"),
+                    compile_s=round(dt, 2),
+                    kernel=launch.kernel,
+                    mode=variant,
+                )
                 if ptxas:
                     for k, v in _ptxas(ptx, cc, ptxas, nvdisasm, launch.degree).items():
                         setattr(r, k, v)
@@ -215,13 +245,22 @@ def kernel_resources(ops: Sequence[tuple[str, object]], dtype: str, variant: str
                 r.finish()
                 rows.append(r)
                 if progress:
-                    print(f"  {label:16s} {launch.output:14s} {launch.variant:8s} {dtype}: {launch.terms} terms, "
-                          f"compiled in {dt:.1f} s", file=sys.stderr, flush=True)
+                    print(
+                        f"  {label:16s} {launch.output:14s} {launch.variant:8s} {dtype}: {launch.terms} terms, "
+                        f"compiled in {dt:.1f} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     return rows
 
 
-def paper_ops(families: Sequence[str] = ("symmetric_contraction", "channelwise_tp"), hidden: str = "128x0e+128x1o",
-              max_ell: int = 3, correlation: int = 3, num_elements: int = 4) -> dict[str, list[tuple[str, object]]]:
+def paper_ops(
+    families: Sequence[str] = ("symmetric_contraction", "channelwise_tp"),
+    hidden: str = "128x0e+128x1o",
+    max_ell: int = 3,
+    correlation: int = 3,
+    num_elements: int = 4,
+) -> dict[str, list[tuple[str, object]]]:
     """The ops of the paper configuration: ``products[0]``'s symmetric contraction and
     ``interactions[1]``'s channelwise message op, each with its training derivatives."""
     import torch
@@ -246,8 +285,10 @@ def paper_ops(families: Sequence[str] = ("symmetric_contraction", "channelwise_t
 
 def format_table(rows: Sequence[KernelResources]) -> str:
     """The per-kernel table, then the launches per pass of each op (one op instance)."""
-    head = (f"{'op':21s} {'pass':16s} {'output':10s} {'kernel':12s} {'variant':8s} {'dtype':7s} {'terms':>6s} "
-            f"{'SASS':>6s} {'FP':>6s} {'/term':>6s} {'regs':>5s} {'spill B':>8s} {'smem B':>7s} {'occ.':>5s} {'compile':>8s}")
+    head = (
+        f"{'op':21s} {'pass':16s} {'output':10s} {'kernel':12s} {'variant':8s} {'dtype':7s} {'terms':>6s} "
+        f"{'SASS':>6s} {'FP':>6s} {'/term':>6s} {'regs':>5s} {'spill B':>8s} {'smem B':>7s} {'occ.':>5s} {'compile':>8s}"
+    )
     lines = [head, "-" * len(head)]
 
     def opt(v, fmt="{}"):
@@ -255,15 +296,22 @@ def format_table(rows: Sequence[KernelResources]) -> str:
 
     for r in rows:
         spill = "-" if r.spill_stores is None else str(r.spill_stores + r.spill_loads)
-        lines.append(f"{r.family:21s} {r.op:16s} {r.output[:10]:10s} {r.kernel:12s} {r.variant:8s} {r.dtype:7s} {r.terms:6d} "
-                     f"{opt(r.sass_instructions):>6s} {opt(r.sass_fp):>6s} {opt(r.sass_per_term, '{:.1f}'):>6s} "
-                     f"{opt(r.registers):>5s} {spill:>8s} {opt(r.shared_bytes):>7s} {opt(r.occupancy, '{:.2f}'):>5s} "
-                     f"{r.compile_s:7.1f}s")
+        lines.append(
+            f"{r.family:21s} {r.op:16s} {r.output[:10]:10s} {r.kernel:12s} {r.variant:8s} {r.dtype:7s} {r.terms:6d} "
+            f"{opt(r.sass_instructions):>6s} {opt(r.sass_fp):>6s} {opt(r.sass_per_term, '{:.1f}'):>6s} "
+            f"{opt(r.registers):>5s} {spill:>8s} {opt(r.shared_bytes):>7s} {opt(r.occupancy, '{:.2f}'):>5s} "
+            f"{r.compile_s:7.1f}s"
+        )
     per_pass = launches_per_pass(rows)
     if per_pass:
-        lines += ["", "launches per pass (one op instance; a training step runs forward, backward and double backward):"]
-        lines += [f"  {fam} [{variant}, {dtype}]: " + ", ".join(f"{p} {n}" for p, n in passes.items())
-                  for (fam, variant, dtype), passes in per_pass.items()]
+        lines += [
+            "",
+            "launches per pass (one op instance; a training step runs forward, backward and double backward):",
+        ]
+        lines += [
+            f"  {fam} [{variant}, {dtype}]: " + ", ".join(f"{p} {n}" for p, n in passes.items())
+            for (fam, variant, dtype), passes in per_pass.items()
+        ]
     return "\n".join(lines)
 
 
@@ -280,12 +328,19 @@ def register(ks) -> None:
     """``workbench kernels resources`` (``ks``: the ``kernels`` command's subparsers)."""
     r = ks.add_parser("resources", help="compile the paper config's kernels to PTX; registers, spills, occupancy")
     r.add_argument("--cc", default="9.0", help="compute capability (default 9.0, H100)")
-    r.add_argument("--variant", choices=("auto", "unrolled", "table", "both"), default="both",
-                   help="auto: the kernels the dispatcher launches; both: auto and table (default)")
+    r.add_argument(
+        "--variant",
+        choices=("auto", "unrolled", "table", "both"),
+        default="both",
+        help="auto: the kernels the dispatcher launches; both: auto and table (default)",
+    )
     r.add_argument("--dtype", choices=("float32", "float64", "both"), default="both")
     r.add_argument("--ops", default="symmetric_contraction,channelwise_tp")
-    r.add_argument("--hidden", default="128x0e+128x1o",
-                   help="hidden irreps (the channel count is their multiplicity; default: the paper's %(default)s)")
+    r.add_argument(
+        "--hidden",
+        default="128x0e+128x1o",
+        help="hidden irreps (the channel count is their multiplicity; default: the paper's %(default)s)",
+    )
     r.add_argument("--max-ell", type=int, default=3, help="spherical harmonics degree (default %(default)s)")
     r.add_argument("--correlation", type=int, default=3, help="body order of the contraction (default %(default)s)")
     r.add_argument("--json", default="kernels/results/kernel_resources_sm{cc}.json", help="output JSON ('' for none)")
@@ -298,8 +353,10 @@ def _main(args) -> int:
     cc = tuple(int(v) for v in args.cc.split("."))
     ptxas = find_ptxas()
     if ptxas is None:
-        print("note: ptxas not found (install the nvidia-cuda-nvcc wheel or set PTXAS): PTX only, no resource counts",
-              file=sys.stderr)
+        print(
+            "note: ptxas not found (install the nvidia-cuda-nvcc wheel or set PTXAS): PTX only, no resource counts",
+            file=sys.stderr,
+        )
     variants = ("auto", "table") if args.variant == "both" else (args.variant,)
     dtypes = ("float32", "float64") if args.dtype == "both" else (args.dtype,)
     wanted = [o.strip() for o in args.ops.split(",") if o.strip()]
@@ -311,23 +368,29 @@ def _main(args) -> int:
     for name in wanted:
         for variant in variants:
             for dtype in dtypes:
-                rows += kernel_resources(all_ops[name], dtype, variant, cc, ptxas, progress=True, family=name,
-                                         channels=channels)
+                rows += kernel_resources(
+                    all_ops[name], dtype, variant, cc, ptxas, progress=True, family=name, channels=channels
+                )
     print(format_table(rows))
     if args.json:
         path = Path(args.json.format(cc=f"{cc[0]}{cc[1]}"))
         path.parent.mkdir(parents=True, exist_ok=True)
         import numba
 
-        meta = {"cc": list(cc), "ptxas": ptxas, "numba": numba.__version__, "machine": platform.node(),
-                "config": f"{'paper: ' if args.hidden == '128x0e+128x1o' and args.max_ell == 3 and args.correlation == 3 else ''}"
-                          f"{args.hidden}, max_ell {args.max_ell}, correlation {args.correlation}, 4 elements, "
-                          f"{channels} channels"}
+        meta = {
+            "cc": list(cc),
+            "ptxas": ptxas,
+            "numba": numba.__version__,
+            "machine": platform.node(),
+            "config": f"{'paper: ' if args.hidden == '128x0e+128x1o' and args.max_ell == 3 and args.correlation == 3 else ''}"
+            f"{args.hidden}, max_ell {args.max_ell}, correlation {args.correlation}, 4 elements, "
+            f"{channels} channels",
+        }
         try:
             from importlib.metadata import version
 
             meta["numba_cuda"] = version("numba-cuda")
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
         path.write_text(json.dumps({"meta": meta, "kernels": [asdict(r) for r in rows]}, indent=1))
         print(f"wrote {path}")
