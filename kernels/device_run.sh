@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every GPU number issue 31 asks for, in two device calls made back to back on a warm machine
+# Every GPU number the kernel notes record (cold start, train step and its profile, per-pass tables
+# of three configurations), in two device calls made back to back on a warm machine
 # (one call carries at most 64 MiB; the wheels are 82 MB: kernels/device_wheels.sh splits them).
 #
 #   bash kernels/device_run.sh install   # carry .whl-a: install into runs/device-site (stays on the
@@ -120,9 +121,9 @@ stage_bench() {
   has passes || return 0
   for c in $CONFIGS; do
     t=$(config_tag "$c")
-    step "contraction_$t" 80 "$PY" kernels/bench_symmetric_contraction.py $SC_ARGS --dtypes ${PASS_DTYPES:-float32 float64} --hidden "$c" \
+    step "contraction_$t" 80 "$PY" -m workbench.cli bench symmetric-contraction $SC_ARGS --dtypes ${PASS_DTYPES:-float32 float64} --hidden "$c" \
       --backends numba e3nn cueq --out "$RES/symmetric_contraction_gpu_$t.json"
-    step "tp_$t" 80 "$PY" kernels/bench_channelwise_tp.py $TP_ARGS --dtypes ${PASS_DTYPES:-float32 float64} --hidden "$c" \
+    step "tp_$t" 80 "$PY" -m workbench.cli bench channelwise-tp $TP_ARGS --dtypes ${PASS_DTYPES:-float32 float64} --hidden "$c" \
       --backends numba e3nn cueq --out "$RES/channelwise_tp_gpu_$t.json"
     if has step && { [ "$t" = paper ] || [ "$t" = smoke ]; }; then
       step train_step_f64 90 "$PY" -m workbench.cli bench step $STEP_ARGS --dtypes float64 --parts steps \
@@ -130,7 +131,7 @@ stage_bench() {
     fi
   done
   if has oeq && grep -q "oeq built: True" runs/device-cache/background.log 2>/dev/null; then
-    step tp_oeq_paper 70 env PYTHONPATH="$OEQ_SITE:$PYTHONPATH" "$PY" kernels/bench_channelwise_tp.py $TP_ARGS \
+    step tp_oeq_paper 70 env PYTHONPATH="$OEQ_SITE:$PYTHONPATH" "$PY" -m workbench.cli bench channelwise-tp $TP_ARGS \
       --backends oeq e3nn --out "$RES/channelwise_tp_gpu_paper_oeq.json"
   else
     echo "== oeq not built (see background.log): no oeq row" | tee -a "$LOG"

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import workbench  # noqa: F401
-from workbench.train.bench_cpu import bench_cpu, format_table, hot_op_timer, system_batch
+from workbench.bench.cpu import bench_cpu, format_table, hot_op_timer
+from workbench.bench.workloads import system_batch
 
 BIN = Path(sys.executable).parent
 
@@ -72,7 +73,7 @@ def test_mixed_batch_is_packed_from_several_families():
 def test_hot_op_timer_counts_every_pass():
     import torch
 
-    from workbench.train.bench_cpu import _models, train_step
+    from workbench.bench.cpu import _models, train_step
 
     batch, zs, info = system_batch("water-24", "float64")
     models = _models("small", zs, info, "float64")

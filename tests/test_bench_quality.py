@@ -5,9 +5,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from workbench.bench.quality import PRESETS, base_config, mace_command, write_split
+from workbench.bench.quality_summary import summarise
 from workbench.data.embedded import EMBEDDED_PATH
 from workbench.train import TrainConfig
-from workbench.train.bench_quality import PRESETS, base_config, mace_command, summarise, write_split
 
 pytestmark = pytest.mark.skipif(not EMBEDDED_PATH.exists(), reason="embedded dataset missing")
 
@@ -111,7 +112,7 @@ def test_verdicts_by_hand():
 def test_resume_keeps_finished_runs_only_under_the_same_settings(tmp_path):
     import json
 
-    from workbench.train.bench_quality import _resumed_rows
+    from workbench.bench.quality import _resumed_rows
 
     settings = {"preset": "standard", "preset_config": {"epochs": 3}, "dtype": "float64", "batch_size": 8}
     assert _resumed_rows(tmp_path, settings) is None  # nothing there: start afresh
@@ -128,7 +129,7 @@ def test_resume_keeps_finished_runs_only_under_the_same_settings(tmp_path):
 
 
 def test_partial_bench_table_says_so():
-    from workbench.train.bench_quality import format_table
+    from workbench.bench.quality import format_table
 
     rows = _rows("mace_run_train", "fixed 8", [70.0], [50.0])
     for r in rows:
@@ -153,7 +154,7 @@ def test_parity_interval_matches_welch_and_sizes_the_seeds():
     interval (normal quantile, same standard deviations) fits inside ±5%."""
     from scipy import stats
 
-    from workbench.train.bench_quality import ratio_interval
+    from workbench.bench.quality_summary import ratio_interval
 
     rng = np.random.default_rng()
     e_m, f_m = rng.uniform(50, 110, 4), rng.uniform(45, 60, 4)
@@ -181,7 +182,7 @@ def test_paired_parity_is_a_t_interval_on_the_per_seed_ratios():
     Student-t interval (scipy's one-sample interval), not on the spread between seeds."""
     from scipy import stats
 
-    from workbench.train.bench_quality import format_table
+    from workbench.bench.quality import format_table
 
     rng = np.random.default_rng()
     e_m, f_m = rng.uniform(50, 110, 3), rng.uniform(45, 60, 3)
@@ -211,3 +212,11 @@ def test_paired_parity_is_a_t_interval_on_the_per_seed_ratios():
         "summary": summarise(rows),
     }
     assert "parity, paired seed by seed" in format_table(res)
+
+
+def test_the_mace_order_sampler_name_matches_the_trainers():
+    """The bench names mace-order without importing its module (which imports torch)."""
+    from workbench.bench.quality_summary import MACE_ORDER
+    from workbench.train.mace_order import NAME
+
+    assert MACE_ORDER == NAME

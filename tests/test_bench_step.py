@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import workbench  # noqa: F401
-from workbench.train import bench_step as bs
-from workbench.train.bench_step_profile import GAPS, OPTIMIZER, WORKBENCH, category, gpu_breakdown, union_length
+from workbench.bench import step as bs
+from workbench.bench.step_profile import GAPS, OPTIMIZER, WORKBENCH, category, gpu_breakdown, union_length
 
 BIN = Path(sys.executable).parent
 #: loss_first agreement of numba and e3nn (same weights and batch)
@@ -236,7 +236,7 @@ def test_category_names(name, cat):
 def test_large_water_boxes_repeat_the_768_atom_box():
     import numpy as np
 
-    from workbench.train.bench_cpu import water_box
+    from workbench.bench.workloads import water_box
 
     small = water_box(768, np.random.default_rng(0))
     for n, reps in ((1536, (2, 1, 1)), (3072, (2, 2, 1)), (6144, (2, 2, 2))):

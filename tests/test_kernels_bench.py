@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.kernels.tools.bench import parity, snapshot
+from workbench.bench.harness import parity, snapshot
 
 
 def test_parity_is_the_worst_relative_error_over_comparable_tensors():

@@ -98,9 +98,7 @@ def test_accelerate_arguments():
             accelerate(model, backend="cueq")
     assert accelerate(model, ops=("symmetric_contraction",)) is model
     assert accelerate(model) is model  # again: already on the workbench kernels, nothing to say
-    with pytest.raises(
-        ValueError, match="nothing to swap for symmetric_contraction, channelwise_tp in this Sequential"
-    ):
+    with pytest.raises(TypeError, match="Sequential: no registered model family holds it"):
         accelerate(torch.nn.Sequential(torch.nn.Linear(3, 3)))
 
 

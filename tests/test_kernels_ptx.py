@@ -18,10 +18,7 @@ import pytest
 import torch
 from kernel_fixtures import build_model
 
-from workbench.kernels import accelerate
-from workbench.kernels.backends import unrolled
-from workbench.kernels.mace.channelwise_tp import channelwise_tp_op
-from workbench.kernels.tools.resources import (
+from workbench.bench.resources import (
     find_nvdisasm,
     find_ptxas,
     kernel_resources,
@@ -30,6 +27,9 @@ from workbench.kernels.tools.resources import (
     term_loop_sass,
     training_ops,
 )
+from workbench.kernels import accelerate
+from workbench.kernels.backends import unrolled
+from workbench.kernels.mace.channelwise_tp import channelwise_tp_op
 
 
 @pytest.fixture(scope="module")
@@ -415,8 +415,8 @@ def test_training_kernels_leave_the_table_path(config, monkeypatch):
     stays on the table kernel."""
     from e3nn import o3
 
+    from workbench.bench.resources import paper_ops
     from workbench.kernels.backends import edge_pass
-    from workbench.kernels.tools.resources import paper_ops
 
     for var in ("WORKBENCH_CUDA_KERNELS", "WORKBENCH_UNROLL_PARTS", "WORKBENCH_UNROLL_MAX_TERMS", "WORKBENCH_CUDA_TPB"):
         monkeypatch.delenv(var, raising=False)

@@ -95,7 +95,7 @@ def test_several_ranks_and_prepared_datasets_are_refused(tmp_path):
 
     cfg = tiny(tmp_path, "mo", sampler="mace-order")
     with pytest.raises(ValueError, match="one rank, not 2"):
-        loop.make_sampler(cfg, np.full(40, 10), np.full(40, 50), num_replicas=2, rank=0)
+        loop.make_sampler(cfg, np.full(40, 10), num_replicas=2, rank=0)
 
 
 @needs_data
@@ -151,7 +151,7 @@ def test_a_mace_order_run_pairs_with_mace_run_train_step_for_step(tmp_path):
     """Real mace_run_train and the workbench on the same split files, seed and recipe in float64:
     every step's training loss agrees, and so do the final models' validation errors (mace
     keeps its best epoch; the workbench with keep="best" too)."""
-    from workbench.train.bench_quality import PRESETS, base_config, run_mace, run_workbench, write_split
+    from workbench.bench.quality import PRESETS, base_config, run_mace, run_workbench, write_split
     from workbench.train.evaluate import evaluate_file
 
     cfg = replace(

@@ -19,10 +19,10 @@ import torch
 from kernel_fixtures import build_model
 
 from workbench.kernels import accelerate
+from workbench.kernels.acceleration import model_ops, precompile_model
 from workbench.kernels.backends import generated
 from workbench.kernels.backends.toolkit import find_ptxas
 from workbench.kernels.launches import launches, training_ops
-from workbench.kernels.mace.accelerate import model_ops, precompile_model
 from workbench.kernels.precompile import decode_types, encode_types, kernel_jobs, precompile, target_id
 
 pytestmark = pytest.mark.skipif(find_ptxas() is None, reason="ptxas (nvidia-cuda-nvcc wheel) not installed")
@@ -79,7 +79,7 @@ unrolled._compile = recorded
 from kernel_fixtures import build_model, random_batch
 from workbench.kernels import accelerate
 from workbench.kernels.launches import launches, training_ops
-from workbench.kernels.mace.accelerate import model_ops
+from workbench.kernels.acceleration import model_ops
 model = accelerate(build_model("ScaleShiftMACE", "4x0e+4x1o", 2, 2, 3, dtype=torch.float32), precompile=False)
 batch = random_batch(3, dtype=torch.float32)
 out = model(dict(batch), training=True, compute_force=True)

@@ -342,7 +342,7 @@ def test_large_structure_file_points_to_prepare(monkeypatch):
 
 
 def test_bench_prepare_rows_and_anchors(tmp_path):
-    from workbench.train.bench_data import _targets, bench_prepare, format_table
+    from workbench.bench.data import _targets, bench_prepare, format_table
 
     res = bench_prepare(tmp_path, frames=2000, workers=(1, 2))
     rows = res["rows"]

@@ -60,12 +60,12 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path):
 def test_device_cuda_without_gpu_is_a_clear_error(tmp_path):
     import torch
 
-    from workbench.train.loop import _device
+    from workbench.train.distributed import pick_device
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible here")
     with pytest.raises(ValueError, match=r"TrainConfig.device: 'cuda', but no CUDA GPU is visible"):
-        _device(TrainConfig(device="cuda"), 0)
+        pick_device(TrainConfig(device="cuda"), 0)
 
 
 def test_cli_error_convention(tmp_path):

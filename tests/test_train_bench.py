@@ -3,8 +3,8 @@
 import json
 import math
 
+from workbench.bench.train import bench_structures, bench_train, format_table
 from workbench.train import TrainConfig
-from workbench.train.bench import bench_structures, bench_train, format_table
 
 
 def test_bench_structures_tiles_with_rattled_copies():

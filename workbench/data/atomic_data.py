@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import ase
-import numpy as np
 
 from workbench.data.io import ENERGY_KEY, FORCES_KEY
 
@@ -58,8 +57,3 @@ def to_atomic_data(
         config = config_from_atoms(atoms, key_specification=spec, head_name=head)
         out.append(AtomicData.from_config(config, z_table=z_table, cutoff=cutoff, heads=[head]))
     return out
-
-
-def edges_of(data) -> int:
-    """Directed edge count of one ``AtomicData`` (for checks against :func:`graph_sizes`)."""
-    return int(np.asarray(data.edge_index).shape[1])

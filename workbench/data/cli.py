@@ -149,11 +149,7 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub) -> None:
-    p = sub.add_parser("data", help="generate, inspect and measure structure datasets")
-    dsub = p.add_subparsers(dest="data_command", metavar="ACTION")
-    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
-
+def _add_make(dsub) -> None:
     from workbench.data.embedded import EMBEDDED_N, EMBEDDED_PATH, EMBEDDED_SEED
 
     m = dsub.add_parser("make", help="generate the labelled Table-3 mixture and write extxyz(.gz)")
@@ -167,6 +163,8 @@ def register(sub) -> None:
     m.add_argument("--cutoff", type=float, default=4.5)
     m.set_defaults(func=_make)
 
+
+def _add_verify(dsub) -> None:
     v = dsub.add_parser(
         "verify", help="rebuild frames of a mixture file from their seeds and compare (tolerances in the dataset card)"
     )
@@ -177,6 +175,8 @@ def register(sub) -> None:
     )
     v.set_defaults(func=_verify)
 
+
+def _add_info_stats(dsub) -> None:
     for name, fn, text in (
         ("info", _info, "per-family summary of a structure file"),
         ("stats", _stats, "measure edges per atom per family (feeds synthetic_sizes)"),
@@ -190,6 +190,8 @@ def register(sub) -> None:
             q.add_argument("--out", help="JSON path (default: workbench/data/edge_stats.json)")
         q.set_defaults(func=fn)
 
+
+def _add_prepare(dsub) -> None:
     from workbench.data.io import ENERGY_KEY, FORCES_KEY
     from workbench.data.prepare import DEFAULT_SHARD_SIZE, ON_ERROR
 
@@ -222,6 +224,8 @@ def register(sub) -> None:
     )
     pr.set_defaults(func=_prepare)
 
+
+def _add_sizes(dsub) -> None:
     s = dsub.add_parser("sizes", help="write a sizes .npy (atoms, edges, family) from a file or synthetic")
     s.add_argument("path", nargs="?")
     s.add_argument("--synthetic", type=int, default=0, help="draw this many synthetic sizes instead")
@@ -229,3 +233,12 @@ def register(sub) -> None:
     s.add_argument("--cutoff", type=float, default=4.5)
     s.add_argument("--out", required=True)
     s.set_defaults(func=_sizes)
+
+
+def register(sub) -> None:
+    """``workbench data ACTION``: make, verify, info, stats, prepare, sizes (in this order in ``--help``)."""
+    p = sub.add_parser("data", help="generate, inspect and measure structure datasets")
+    dsub = p.add_subparsers(dest="data_command", metavar="ACTION")
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+    for add in (_add_make, _add_verify, _add_info_stats, _add_prepare, _add_sizes):
+        add(dsub)

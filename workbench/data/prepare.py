@@ -24,17 +24,25 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from workbench.data.extxyz import iter_frames, parse_frames
-from workbench.data.io import ENERGY_KEY, FORCES_KEY, MIN_DISTANCE, StructureError
+from workbench.data.io import ENERGY_KEY, FORCES_KEY, StructureError
+from workbench.data.prepare_sources import H5_SUFFIXES, Chunk, fingerprint, iter_chunks, resolve_sources
+from workbench.data.prepare_worker import (
+    DEFAULT_SHARD_SIZE,
+    ON_ERROR,
+    Settings,
+    measure,
+    part_path,
+    run_chunk,
+    worker_init,
+)
 from workbench.data.store import (
     COUNTS,
     FORMAT,
@@ -47,292 +55,23 @@ from workbench.data.store import (
     ORIGIN_DTYPE,
     SHARDS,
     SKIPPED,
-    Graph,
     GraphStore,
     shard_name,
-    write_shard,
 )
 
-ON_ERROR = ("fail", "skip")
-H5_SUFFIXES = (".h5", ".hdf5")
-DEFAULT_SHARD_SIZE = 2048
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What decides the prepared content: a resume must use the same."""
-
-    cutoff: float = 4.5
-    energy_key: str = ENERGY_KEY
-    forces_key: str = FORCES_KEY
-    shard_size: int = DEFAULT_SHARD_SIZE
-    on_error: str = "fail"
-    min_distance: float = MIN_DISTANCE
-
-
-# -- sources -----------------------------------------------------------------------------------
-
-
-def resolve_sources(sources: Sequence[str | os.PathLike]) -> list[Path]:
-    """Files as given; a directory stands for its ``*.h5`` / ``*.hdf5`` files (mace shards), sorted."""
-    out: list[Path] = []
-    for src in sources:
-        p = Path(src)
-        if p.is_dir():
-            found = sorted(q for q in p.iterdir() if q.suffix in H5_SUFFIXES)
-            if not found:
-                raise FileNotFoundError(f"{p}: directory holds no .h5/.hdf5 files (mace preprocess_data shards)")
-            out.extend(found)
-        elif p.is_file():
-            if p.stat().st_size == 0:
-                raise StructureError(p, None, "file is empty: it contains no structures")
-            out.append(p)
-        else:
-            raise FileNotFoundError(f"{p}: no such structure file or directory")
-    if not out:
-        raise ValueError("data prepare: no sources given")
-    return out
-
-
-def _fingerprint(path: Path) -> dict:
-    st = path.stat()
-    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def _is_h5(path: Path) -> bool:
-    return path.suffix in H5_SUFFIXES
-
-
-@dataclass
-class Chunk:
-    source: int
-    chunk: int
-    first_frame: int
-    n_frames: int
-    payload: object  # extxyz: the frames' text; mace HDF5: list of (batch, config) keys
-    done_bytes: int  # input bytes consumed up to the end of this chunk (progress)
-
-
-def _extxyz_chunks(source: int, path: Path, shard_size: int) -> Iterator[Chunk]:
-    """Consecutive frames of an extxyz file (framed by :func:`workbench.data.extxyz.iter_frames`)."""
-    texts: list[bytes] = []
-    first = chunk_no = 0
-    for frame, text, done in iter_frames(path):
-        if not texts:
-            first = frame
-        texts.append(text)
-        if len(texts) == shard_size:
-            yield Chunk(source, chunk_no, first, len(texts), texts, done)
-            chunk_no, texts = chunk_no + 1, []
-    if texts:
-        yield Chunk(source, chunk_no, first, len(texts), texts, path.stat().st_size)
-
-
-def _mace_h5_keys(path: Path) -> list[tuple[str, str]]:
-    import h5py
-
-    def num(name: str) -> int:
-        return int(name.rsplit("_", 1)[-1]) if name.rsplit("_", 1)[-1].isdigit() else -1
-
-    try:
-        with h5py.File(path, "r", locking=False) as f:
-            keys = []
-            for b in sorted(f.keys(), key=num):
-                if not b.startswith("config_batch_"):
-                    raise StructureError(
-                        path, None, f"not a mace preprocess_data file: top-level group {b!r} (expected config_batch_N)"
-                    )
-                keys.extend((b, c) for c in sorted(f[b].keys(), key=num))
-    except OSError as exc:
-        raise StructureError(path, None, f"cannot open as HDF5 ({exc})") from None
-    return keys
-
-
-def _h5_chunks(source: int, path: Path, shard_size: int) -> Iterator[Chunk]:
-    keys = _mace_h5_keys(path)
-    size = path.stat().st_size
-    for chunk_no, k in enumerate(range(0, len(keys), shard_size)):
-        part = keys[k : k + shard_size]
-        yield Chunk(source, chunk_no, k, len(part), part, int(size * (k + len(part)) / max(len(keys), 1)))
-
-
-def iter_chunks(paths: Sequence[Path], shard_size: int) -> Iterator[Chunk]:
-    for source, path in enumerate(paths):
-        yield from (_h5_chunks if _is_h5(path) else _extxyz_chunks)(source, path, shard_size)
-
-
-# -- one chunk, in a worker ---------------------------------------------------------------------
-
-
-def _read_mace_h5(path: Path, first: int, keys: list[tuple[str, str]]) -> list[tuple[int, object]]:
-    """mace ``preprocess_data`` configurations as ``ase.Atoms`` with REF-style labels."""
-    import ase
-    import h5py
-
-    def value(x):
-        x = x[()]
-        x = x.decode() if isinstance(x, bytes) else x
-        return None if isinstance(x, str) and x == "None" else x
-
-    out: list[tuple[int, object]] = []
-    with h5py.File(path, "r", locking=False) as f:
-        for k, (b, c) in enumerate(keys):
-            frame = first + k
-            try:
-                g = f[b][c]
-                props = {name: value(g["properties"][name]) for name in g["properties"]}
-                weights = {name: value(g["property_weights"][name]) for name in g.get("property_weights", {})}
-                cell, pbc = value(g["cell"]), value(g["pbc"])
-                atoms = ase.Atoms(
-                    numbers=np.asarray(value(g["atomic_numbers"]), dtype=int),
-                    positions=np.asarray(value(g["positions"]), dtype=float),
-                    cell=np.zeros((3, 3)) if cell is None else np.asarray(cell, dtype=float),
-                    pbc=False if pbc is None else np.asarray(pbc, dtype=bool),
-                )
-                if props.get("energy") is not None:
-                    atoms.info[ENERGY_KEY] = float(props["energy"])
-                if props.get("forces") is not None:
-                    atoms.arrays[FORCES_KEY] = np.asarray(props["forces"], dtype=float)
-                atoms.info["config_type"] = value(g["config_type"]) or "Default"
-                weight = value(g["weight"]) if "weight" in g else None
-                atoms.info["config_weight"] = 1.0 if weight is None else float(weight)
-                for name in ("energy", "forces"):
-                    if weights.get(name) is not None:
-                        atoms.info[f"config_{name}_weight"] = float(weights[name])
-                out.append((frame, atoms))
-            except Exception as exc:
-                out.append(
-                    (
-                        frame,
-                        StructureError(
-                            path, frame, f"malformed mace configuration {b}/{c} ({type(exc).__name__}: {exc})"
-                        ),
-                    )
-                )
-    return out
-
-
-def _labels_from_calc(atoms, settings: Settings) -> None:
-    # ASE moves extxyz keys named like calculator results (energy, forces) onto a calculator.
-    calc = getattr(atoms, "calc", None)
-    if calc is None:
-        return
-    results = getattr(calc, "results", {})
-    if settings.energy_key not in atoms.info and settings.energy_key in results:
-        atoms.info[settings.energy_key] = results[settings.energy_key]
-    if settings.forces_key not in atoms.arrays and settings.forces_key in results:
-        atoms.arrays[settings.forces_key] = np.asarray(results[settings.forces_key])
-
-
-def measure(atoms, settings: Settings, path: Path | None = None, frame: int | None = None) -> tuple[Graph, dict]:
-    """Validate one structure and return its stored arrays and index fields.
-
-    One count-only pass at the cutoff (:func:`~workbench.data.neighbours.neighbour_stats`) gives
-    the edge count, the connected atoms and the close-pair check; the geometry is checked once,
-    before it.
-    """
-    from workbench.data.io import check_geometry, check_labels, close_pair_error
-    from workbench.data.neighbours import neighbour_stats
-
-    _labels_from_calc(atoms, settings)
-    check_geometry(atoms, path=path, frame=frame)
-    n = len(atoms)
-    positions, cell, pbc = atoms.positions, atoms.cell.array, atoms.pbc
-    nb = neighbour_stats(positions, cell, pbc, settings.cutoff, settings.min_distance)
-    if nb.closest is not None:
-        raise close_pair_error(*nb.closest, nb.close_pairs, settings.min_distance, path=path, frame=frame)
-    info = atoms.info
-    labelled = bool(info.get("labelled", True))
-    if labelled:
-        check_labels(atoms, path=path, frame=frame, energy_key=settings.energy_key, forces_key=settings.forces_key)
-        energy = float(info[settings.energy_key])
-        forces = np.asarray(atoms.arrays[settings.forces_key], dtype=np.float64)
-    else:
-        energy, forces = float("nan"), np.full((n, 3), np.nan)
-    weights = np.array(
-        [
-            float(info.get("config_weight", 1.0)),
-            float(info.get("config_energy_weight", 1.0)) if labelled else 0.0,
-            float(info.get("config_forces_weight", 1.0)) if labelled else 0.0,
-        ]
-    )
-    graph = Graph(
-        numbers=atoms.numbers.astype(np.int64),
-        positions=positions.copy(),
-        forces=forces,
-        cell=cell.copy(),
-        pbc=pbc.copy(),
-        energy=energy,
-        weights=weights,
-        family=str(info.get("config_type", "Default")),
-    )
-    fields = {
-        "atoms": n,
-        "edges": nb.edges,
-        "connected": nb.connected,
-        "labelled": labelled,
-        "energy": energy,
-        "fsq": float(np.sum(forces * forces)) if labelled else float("nan"),
-    }
-    return graph, fields
-
-
-def _worker_init() -> None:
-    # Nothing here needs torch (2-3 s to import per process); keep it out should a library reach for it.
-    sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
-
-
-def _part_path(out: Path, source: int, chunk: int) -> Path:
-    return out / SHARDS / shard_name(source, chunk).replace(".h5", ".part.npz")
-
-
-def run_chunk(job: tuple) -> dict:
-    """Worker: parse, validate and measure one chunk; write its shard and index part."""
-    out, path, chunk, settings, fingerprint = job
-    out, path = Path(out), Path(path)
-    reader = _read_mace_h5 if _is_h5(path) else parse_frames
-    graphs: list[Graph] = []
-    records: list[dict] = []
-    frames: list[int] = []
-    skipped: list[dict] = []
-    for frame, item in reader(path, chunk.first_frame, chunk.payload):
-        try:
-            if isinstance(item, StructureError):
-                raise item
-            graph, fields = measure(item, settings, path, frame)
-        except StructureError as exc:
-            if settings.on_error == "fail":
-                raise
-            skipped.append({"source": str(path), "frame": frame, "reason": exc.reason})
-            continue
-        graphs.append(graph)
-        records.append(fields)
-        frames.append(frame)
-    write_shard(out / SHARDS / shard_name(chunk.source, chunk.chunk), graphs)
-    families = sorted({g.family for g in graphs})
-    code = {f: k for k, f in enumerate(families)}
-    counts = np.zeros((len(graphs), MAX_Z + 1), dtype=np.uint32)
-    for k, g in enumerate(graphs):
-        counts[k] = np.bincount(g.numbers, minlength=MAX_Z + 1)
-    part = _part_path(out, chunk.source, chunk.chunk)
-    tmp = part.with_name(f".{part.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as fh:
-        np.savez_compressed(
-            fh,
-            **{
-                k: np.array([r[k] for r in records], dtype=INDEX_DTYPE[k])
-                for k in ("atoms", "edges", "connected", "labelled", "energy", "fsq")
-            },
-            family=np.array([code[g.family] for g in graphs], dtype=np.int64),
-            families=np.array(families, dtype=str),
-            counts=counts,
-            frame=np.array(frames, dtype=np.int64),
-            skipped=np.array(json.dumps(skipped)),
-            fingerprint=np.array(json.dumps(fingerprint)),
-        )
-    os.replace(tmp, part)  # last: marks the chunk done
-    return {"graphs": len(graphs), "skipped": len(skipped)}
-
+#: the public names; sources, chunks and the per-chunk work live in prepare_sources / prepare_worker
+__all__ = [
+    "DEFAULT_SHARD_SIZE",
+    "H5_SUFFIXES",
+    "ON_ERROR",
+    "Chunk",
+    "Settings",
+    "iter_chunks",
+    "measure",
+    "prepare",
+    "resolve_sources",
+    "run_chunk",
+]
 
 # -- the whole prepare ---------------------------------------------------------------------------
 
@@ -361,7 +100,7 @@ def _check_resume(out: Path, settings: Settings, paths: list[Path]) -> dict | No
             f"{out}: was prepared from other sources ({len(old_paths)} file(s): {old_paths[:3]}...); "
             "use a new --out, or the same sources to resume"
         )
-    if data.get("complete") and data["sources"] == [_fingerprint(p) for p in paths]:
+    if data.get("complete") and data["sources"] == [fingerprint(p) for p in paths]:
         return data
     return None
 
@@ -416,7 +155,7 @@ def prepare(
     paths = resolve_sources(sources)
     if _check_resume(out, settings, paths) is not None:
         return GraphStore(out)
-    fingerprints = [_fingerprint(p) for p in paths]
+    fingerprints = [fingerprint(p) for p in paths]
     (out / SHARDS).mkdir(parents=True, exist_ok=True)
     _write_manifest(
         out,
@@ -463,7 +202,7 @@ def _run_pool(
     for k in range(1, len(paths)):
         base[k] = base[k - 1] + fingerprints[k - 1]["size"]
     position = 0
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_worker_init) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=worker_init) as pool:
         pending: dict = {}
         try:
             for chunk in iter_chunks(paths, settings.shard_size):
@@ -521,34 +260,33 @@ def _write_manifest(out: Path, data: dict) -> None:
     os.replace(tmp, out / MANIFEST)
 
 
-def _merge(
-    out: Path,
-    settings: Settings,
-    paths: list[Path],
-    fingerprints: list[dict],
-    chunk_ids: list[tuple[int, int]],
-    seconds: float,
-) -> GraphStore:
-    """Concatenate the parts in input order into index, counts and origin (bounded memory)."""
+def _scan_parts(out: Path, chunk_ids: list[tuple[int, int]]) -> tuple[list[str], np.ndarray, int]:
+    """First pass over the parts: sorted family names, the elements present, the graph count."""
     families: set[str] = set()
     present = np.zeros(MAX_Z + 1, dtype=bool)
     n_total = 0
     for source, chunk in chunk_ids:
-        with np.load(_part_path(out, source, chunk)) as z:
+        with np.load(part_path(out, source, chunk)) as z:
             families.update(str(f) for f in z["families"])
             present |= z["counts"].any(axis=0)
             n_total += int(z["atoms"].shape[0])
-    skipped_lines: list[str] = []
-    family_names = sorted(families)
-    elements = np.flatnonzero(present)
+    return sorted(families), np.flatnonzero(present), n_total
+
+
+def _fill_arrays(
+    out: Path, chunk_ids: list[tuple[int, int]], family_names: list[str], elements: np.ndarray, n_total: int
+) -> list[str]:
+    """Second pass: write index, counts and origin (memory-mapped, to temporary names, then renamed
+    into place); returns the skipped frames' JSON lines in input order."""
     index = np.lib.format.open_memmap(out / f".{INDEX}.tmp", mode="w+", dtype=INDEX_DTYPE, shape=(n_total,))
     counts = np.lib.format.open_memmap(
         out / f".{COUNTS}.tmp", mode="w+", dtype=np.uint32, shape=(n_total, elements.size)
     )
     origin = np.lib.format.open_memmap(out / f".{ORIGIN}.tmp", mode="w+", dtype=ORIGIN_DTYPE, shape=(n_total,))
+    skipped_lines: list[str] = []
     at = 0
     for code, (source, chunk) in enumerate(chunk_ids):
-        with np.load(_part_path(out, source, chunk)) as z:
+        with np.load(part_path(out, source, chunk)) as z:
             n = int(z["atoms"].shape[0])
             sl = slice(at, at + n)
             for key in ("atoms", "edges", "connected", "labelled", "energy", "fsq"):
@@ -567,6 +305,20 @@ def _merge(
     del index, counts, origin
     for name in (INDEX, COUNTS, ORIGIN):
         os.replace(out / f".{name}.tmp", out / name)
+    return skipped_lines
+
+
+def _merge(
+    out: Path,
+    settings: Settings,
+    paths: list[Path],
+    fingerprints: list[dict],
+    chunk_ids: list[tuple[int, int]],
+    seconds: float,
+) -> GraphStore:
+    """Concatenate the parts in input order into index, counts and origin (bounded memory)."""
+    family_names, elements, n_total = _scan_parts(out, chunk_ids)
+    skipped_lines = _fill_arrays(out, chunk_ids, family_names, elements, n_total)
     (out / SKIPPED).write_text("".join(line + "\n" for line in skipped_lines))
     if n_total == 0:
         raise StructureError(

@@ -35,6 +35,56 @@ from workbench.data.store import (
 )
 
 
+def _reusable(out: Path, tiled: dict) -> bool:
+    """True when ``out`` already holds this complete tiling; raise when it holds anything else."""
+    manifest = out / MANIFEST
+    if not manifest.exists():
+        return False
+    data = json.loads(manifest.read_text())
+    if data.get("complete") and data.get("tiled", {}) == tiled:
+        return True
+    raise ValueError(f"{out}: holds another dataset; remove it or choose another directory")
+
+
+def _jittered(graphs: list[Graph], pick: np.ndarray, rng: np.random.Generator, jitter: float) -> list[Graph]:
+    """Copies of ``graphs[k]`` for ``k`` in ``pick``, each coordinate moved uniformly by up to ``jitter`` Å."""
+    batch = []
+    for k in pick:
+        g = graphs[k]
+        batch.append(
+            Graph(
+                g.numbers,
+                g.positions + rng.uniform(-jitter, jitter, g.positions.shape),
+                g.forces,
+                g.cell,
+                g.pbc,
+                g.energy,
+                g.weights,
+                g.family,
+            )
+        )
+    return batch
+
+
+def _tiled_manifest(src: GraphStore, names: list[str], n: int, tiled: dict) -> dict:
+    """The manifest of a finished tiling: ``src``'s settings and families, one pseudo-source."""
+    return {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "complete": True,
+        "settings": src.manifest["settings"],
+        "cutoff": src.cutoff,
+        "sources": [{"path": str(src.path), "size": 0, "mtime_ns": 0}],
+        "families": list(src.families),
+        "elements": list(src.elements),
+        "shards": names,
+        "n_graphs": n,
+        "n_skipped": 0,
+        "seconds": 0.0,
+        "tiled": tiled,
+    }
+
+
 def tile_prepared(
     src: GraphStore,
     out: str | os.PathLike,
@@ -46,18 +96,12 @@ def tile_prepared(
     progress: bool = True,
 ) -> GraphStore:
     """Write ``n`` jittered copies of ``src``'s labelled graphs to ``out`` (reused when complete)."""
+    from workbench.progress import bar as progress_bar
+
     out = Path(out)
-    manifest = out / MANIFEST
-    if manifest.exists():
-        data = json.loads(manifest.read_text())
-        if data.get("complete") and data.get("tiled", {}) == {
-            "from": str(src.path),
-            "n": n,
-            "seed": seed,
-            "jitter": jitter,
-        }:
-            return GraphStore(out)
-        raise ValueError(f"{out}: holds another dataset; remove it or choose another directory")
+    tiled = {"from": str(src.path), "n": n, "seed": seed, "jitter": jitter}
+    if _reusable(out, tiled):
+        return GraphStore(out)
     rows = np.flatnonzero(src.index["labelled"])
     if rows.size == 0:
         raise ValueError(f"{src.path}: no labelled graphs to tile")
@@ -69,28 +113,11 @@ def tile_prepared(
     all_counts = np.lib.format.open_memmap(out / COUNTS, mode="w+", dtype=np.uint32, shape=(n, counts.shape[1]))
     origin = np.lib.format.open_memmap(out / ORIGIN, mode="w+", dtype=ORIGIN_DTYPE, shape=(n,))
     names = []
-    from workbench.progress import bar as progress_bar
-
     bar = progress_bar(total=n, unit="graph", desc="tile", disable=not progress)
     for code, start in enumerate(range(0, n, shard_size)):
         pick = np.arange(start, min(start + shard_size, n)) % rows.size
-        batch = []
-        for k in pick:
-            g = graphs[k]
-            batch.append(
-                Graph(
-                    g.numbers,
-                    g.positions + rng.uniform(-jitter, jitter, g.positions.shape),
-                    g.forces,
-                    g.cell,
-                    g.pbc,
-                    g.energy,
-                    g.weights,
-                    g.family,
-                )
-            )
         name = shard_name(0, code)
-        write_shard(out / SHARDS / name, batch)
+        write_shard(out / SHARDS / name, _jittered(graphs, pick, rng, jitter))
         names.append(name)
         sl = slice(start, start + pick.size)
         index[sl] = src.index[rows[pick]]
@@ -105,20 +132,5 @@ def tile_prepared(
         arr.flush()
     del index, all_counts, origin
     (out / SKIPPED).write_text("")
-    body = {
-        "format": FORMAT,
-        "version": FORMAT_VERSION,
-        "complete": True,
-        "settings": src.manifest["settings"],
-        "cutoff": src.cutoff,
-        "sources": [{"path": str(src.path), "size": 0, "mtime_ns": 0}],
-        "families": list(src.families),
-        "elements": list(src.elements),
-        "shards": names,
-        "n_graphs": n,
-        "n_skipped": 0,
-        "seconds": 0.0,
-        "tiled": {"from": str(src.path), "n": n, "seed": seed, "jitter": jitter},
-    }
-    manifest.write_text(json.dumps(body, indent=1) + "\n")
+    (out / MANIFEST).write_text(json.dumps(_tiled_manifest(src, names, n, tiled), indent=1) + "\n")
     return GraphStore(out)

@@ -25,22 +25,45 @@ Layers (imports run one way, top to bottom):
 * :mod:`~workbench.kernels.tools` - resource report, CLI, benchmark fixtures.
 """
 
-from workbench.kernels.descriptor import Operand, SparsePolynomial
-from workbench.kernels.mace.accelerate import AVAILABLE_OPS, KERNEL_BACKENDS, accelerate
-from workbench.kernels.mace.channelwise_tp import (
-    SUPPORTED_INTERACTION_BLOCKS,
-    ChannelwiseTPStats,
-    channelwise_tp_op,
-    channelwise_tp_polynomial,
-    fuse_conv_tp,
-    unfuse_conv_tp,
-)
-from workbench.kernels.mace.symmetric_contraction import (
-    SymmetricContraction,
-    SymmetricContractionStats,
-    symmetric_contraction_polynomial,
-)
-from workbench.kernels.ops import EdgeGraph, EdgePolyOp, PolyOp, apply_edge_poly_op, apply_poly_op
+import importlib
+from typing import Any
+
+#: public name -> the module that owns it; imported on first access (PEP 562), so that reading
+#: the registries (:mod:`workbench.kernels.registry`) or building the CLI does not import torch
+_OWNERS = {
+    "AVAILABLE_OPS": "workbench.kernels.acceleration",
+    "KERNEL_BACKENDS": "workbench.kernels.acceleration",
+    "accelerate": "workbench.kernels.acceleration",
+    "Operand": "workbench.kernels.descriptor",
+    "SparsePolynomial": "workbench.kernels.descriptor",
+    "SUPPORTED_INTERACTION_BLOCKS": "workbench.kernels.mace.channelwise_tp",
+    "ChannelwiseTPStats": "workbench.kernels.mace.channelwise_tp",
+    "channelwise_tp_op": "workbench.kernels.mace.channelwise_tp",
+    "channelwise_tp_polynomial": "workbench.kernels.mace.channelwise_tp",
+    "fuse_conv_tp": "workbench.kernels.mace.channelwise_tp",
+    "unfuse_conv_tp": "workbench.kernels.mace.channelwise_tp",
+    "SymmetricContraction": "workbench.kernels.mace.symmetric_contraction",
+    "SymmetricContractionStats": "workbench.kernels.mace.symmetric_contraction",
+    "symmetric_contraction_polynomial": "workbench.kernels.mace.symmetric_contraction",
+    "EdgeGraph": "workbench.kernels.ops",
+    "EdgePolyOp": "workbench.kernels.ops",
+    "PolyOp": "workbench.kernels.ops",
+    "apply_edge_poly_op": "workbench.kernels.ops",
+    "apply_poly_op": "workbench.kernels.ops",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _OWNERS:
+        raise AttributeError(f"module 'workbench.kernels' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_OWNERS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_OWNERS])
+
 
 __all__ = [
     "AVAILABLE_OPS",

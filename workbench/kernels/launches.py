@@ -13,12 +13,13 @@ their sizes, so four rows plan the same kernels as a 3072-atom batch.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from workbench.kernels.options import kernel_options
 
 __all__ = ["Launch", "OpSite", "launches", "training_ops"]
 
@@ -85,7 +86,6 @@ def _host(shape: tuple, dtype: str) -> np.ndarray:
 
 def _edge_launches(op, dtype: str, channels: int, alloc: Callable, host: bool) -> Iterator[Launch]:
     from workbench.kernels.backends import edge_cuda, edge_pass
-    from workbench.kernels.ops import FUSE_ENV
 
     rows = 4
     dummy = alloc((1, 1), dtype)
@@ -96,7 +96,7 @@ def _edge_launches(op, dtype: str, channels: int, alloc: Callable, host: bool) -
     outs = [alloc((rows, comp.output.width), dtype) for comp in op.compiled]
     fused = (
         None
-        if os.environ.get(FUSE_ENV, "1") == "0"
+        if not kernel_options().fuse_passes
         else edge_pass.plan(op.compiled, arrays, idx, idx, lambda _: seg, channels, outs)
     )
     done: tuple[int, ...] = ()
@@ -123,7 +123,6 @@ def _edge_launches(op, dtype: str, channels: int, alloc: Callable, host: bool) -
 def _atom_launches(op, dtype: str, channels: int, alloc: Callable, host: bool) -> Iterator[Launch]:
     from workbench.kernels.backends import atom_pass, segment
     from workbench.kernels.backends import cuda as _cuda
-    from workbench.kernels.ops import FUSE_ENV
 
     rows = 4
     idx = alloc((rows,), "int64")
@@ -131,7 +130,7 @@ def _atom_launches(op, dtype: str, channels: int, alloc: Callable, host: bool) -
     for aid, o in zip(op.array_ids, op.operands):
         arrays[aid] = alloc((rows, o.width), dtype)
     outs = [alloc((rows, comp.output.width), dtype) for comp in op.compiled]
-    pk = None if os.environ.get(FUSE_ENV, "1") == "0" else atom_pass.pass_kernels(op.compiled, dtype)
+    pk = None if not kernel_options().fuse_passes else atom_pass.pass_kernels(op.compiled, dtype)
     fused = None if pk is None else atom_pass.plan(op.compiled, arrays, idx, channels, outs, pk)
     done: tuple[int, ...] = ()
     if fused is not None:  # one launch for these outputs (all their parts) per kernel, then the species sums

@@ -29,7 +29,6 @@ vector programs, SIMD over channels).
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,14 +43,10 @@ from workbench.kernels.backends import edge_cuda as _ecuda
 from workbench.kernels.backends import edge_pass as _epass
 from workbench.kernels.backends.compiled import CompiledPolynomial, TransientCache
 from workbench.kernels.backends.device import cuda_available, cudasim_enabled
-from workbench.kernels.descriptor.layout import (
-    EDGE_ROWS,
-    MAX_ATOM_ARRAYS,
-    MAX_EDGE_ARRAYS,
-    MAX_SPECIES_ARRAYS,
-    array_ids,
-)
+from workbench.kernels.descriptor.layout import EDGE_ROWS, array_ids
 from workbench.kernels.descriptor.polynomial import Operand, SparsePolynomial
+from workbench.kernels.options import ENV, kernel_options
+from workbench.kernels.rows import EdgeGraph, RowIndex, SpeciesIndex
 
 __all__ = [
     "CompiledPolynomial",
@@ -73,9 +68,9 @@ def _warn_once(msg: str) -> None:
 
 
 #: set to 0 to launch an op's outputs (and their parts) one kernel each instead of one fused kernel per pass
-FUSE_ENV = "WORKBENCH_FUSE_PASSES"
+FUSE_ENV = ENV["fuse_passes"][0]
 #: set to 1 to let CUDA tensors run the CPU kernels on host copies when numba has no CUDA target
-HOST_FALLBACK_ENV = "WORKBENCH_KERNELS_HOST_FALLBACK"
+HOST_FALLBACK_ENV = ENV["host_fallback"][0]
 
 
 def _no_cuda_target(device: torch.device) -> None:
@@ -83,99 +78,13 @@ def _no_cuda_target(device: torch.device) -> None:
     from workbench.kernels.backends.device import cuda_status
 
     why = cuda_status()[1]
-    if os.environ.get(HOST_FALLBACK_ENV, "0") != "1":
+    if not kernel_options().host_fallback:
         raise RuntimeError(
             f"workbench.kernels: {device} tensors, but {why}. Install numba-cuda (the [cuda] extra) with a "
             f"working driver, convert back with accelerate(model, backend='e3nn'), or set {HOST_FALLBACK_ENV}=1 "
             "to run the CPU kernels on host copies (correct, slow)"
         )
     _warn_once(f"workbench.kernels: {device} tensors run the CPU kernels on host copies ({HOST_FALLBACK_ENV}=1): {why}")
-
-
-class SpeciesIndex:
-    """Row index of atom ops: ``species`` ``[num_atoms]`` picks the row of every ``"species"``
-    operand (of ``num_species`` rows)."""
-
-    num_arrays = MAX_ATOM_ARRAYS + MAX_SPECIES_ARRAYS
-
-    def __init__(self, species: torch.Tensor, num_species: int):
-        self.species = species
-        self.num_species = int(num_species)
-        self._csr: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def csr(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(ptr [num_species + 1], perm [num_atoms])``: atoms ``perm[ptr[z]:ptr[z+1]]`` (ascending)
-        are those of species ``z``; what the CUDA kernels sum weight gradients over."""
-        if self._csr is None:
-            self._csr = _csr(self.species.detach().to(torch.int64), self.num_species)
-        return self._csr
-
-    def num_rows(self, rows: str) -> int:
-        return self.num_species if rows == "species" else int(self.species.shape[0])
-
-    def check(self, operands: Sequence[Operand], tensors: Sequence[torch.Tensor]) -> None:
-        pass  # species rows are read through the index: shapes are the caller's
-
-    def cpu(self) -> SpeciesIndex:
-        return SpeciesIndex(self.species.cpu(), self.num_species)
-
-    def arrays(self, comp: CompiledPolynomial, convert: Callable[[torch.Tensor], Any]) -> tuple:
-        return (convert(self.species.detach().to(torch.int64).contiguous()),)
-
-
-class EdgeGraph:
-    r"""Row index of edge ops: edges ``edge_index`` ``[2, num_edges]`` (row 0 sender, row 1
-    receiver, as in MACE) over ``num_nodes`` nodes, with the CSR segments the node kernels walk,
-    built lazily on the tensors' device and shared by the forward and every backward launch of
-    one call.
-    """
-
-    num_arrays = MAX_EDGE_ARRAYS
-
-    def __init__(self, edge_index: torch.Tensor, num_nodes: int):
-        if edge_index.dim() != 2 or edge_index.shape[0] != 2:
-            raise ValueError(f"edge_index must be [2, num_edges], got {tuple(edge_index.shape)}")
-        ei = edge_index.detach().to(torch.int64)
-        self.sender = ei[0].contiguous()
-        self.receiver = ei[1].contiguous()
-        self.num_nodes = int(num_nodes)
-        self.num_edges = int(ei.shape[1])
-        self._csr: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def csr(self, rows: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(ptr [num_nodes + 1], perm [num_edges])``: edges ``perm[ptr[n]:ptr[n+1]]`` have
-        their ``rows`` node (``"sender"`` or ``"receiver"``) equal to ``n``."""
-        if rows not in self._csr:
-            self._csr[rows] = _csr(self.sender if rows == "sender" else self.receiver, self.num_nodes)
-        return self._csr[rows]
-
-    def num_rows(self, rows: str) -> int:
-        return self.num_edges if rows == "edge" else self.num_nodes
-
-    def check(self, operands: Sequence[Operand], tensors: Sequence[torch.Tensor]) -> None:
-        for op, t in zip(operands, tensors):
-            rows = self.num_rows(op.rows)
-            if t.dim() != 2 or t.shape[0] != rows or t.shape[1] != op.width:
-                raise ValueError(f"operand {op.name}: expected [{rows}, {op.width}], got {tuple(t.shape)}")
-
-    def cpu(self) -> EdgeGraph:
-        return EdgeGraph(torch.stack([self.sender.cpu(), self.receiver.cpu()]), self.num_nodes)
-
-    def arrays(self, comp: CompiledPolynomial, convert: Callable[[torch.Tensor], Any]) -> tuple:
-        seg = tuple(convert(a) for a in self.csr(comp.out_rows)) if comp.node_output else None
-        return convert(self.sender), convert(self.receiver), seg
-
-
-RowIndex = SpeciesIndex | EdgeGraph
-
-
-def _csr(idx: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(ptr, perm)`` grouping the positions of ``idx`` by value, ascending within a group. Built
-    with a stable sort and a binary search on the device, so no host sync (``bincount`` would
-    read the maximum back); values outside ``[0, num_rows)`` fall in no group."""
-    perm = torch.argsort(idx, stable=True)
-    bounds = torch.arange(num_rows + 1, dtype=idx.dtype, device=idx.device)
-    return torch.searchsorted(idx[perm], bounds), perm
 
 
 class PolyOp(TransientCache):
@@ -248,8 +157,11 @@ class PolyOp(TransientCache):
         ``[num_atoms]`` and ``num_species``, edge ops ``graph`` (see the module docstring)."""
         return self.evaluate_rows(tensors, graph if graph is not None else SpeciesIndex(species, num_species))
 
-    def evaluate_rows(self, tensors: Sequence[torch.Tensor], index: RowIndex) -> list[torch.Tensor]:
-        """:meth:`evaluate` with the row index given as one object."""
+    def evaluate_rows(
+        self, tensors: Sequence[torch.Tensor], index: RowIndex, backend: str = "numba"
+    ) -> list[torch.Tensor]:
+        """:meth:`evaluate` with the row index given as one object; ``backend``: a registered
+        ``"descriptor"`` backend (:mod:`workbench.kernels.registry`), numba's dispatch by default."""
         if isinstance(index, EdgeGraph) != self.edge:
             raise TypeError(f"{'edge' if self.edge else 'atom'} op evaluated with a {type(index).__name__}")
         ref = tensors[0]
@@ -266,6 +178,8 @@ class PolyOp(TransientCache):
                 torch.zeros((index.num_rows(c.out_rows), c.output.width), dtype=dtype, device=device)
                 for c in self.compiled
             ]
+        if backend != "numba":
+            return _evaluator(backend)([c.poly for c in self.compiled], tensors, index, channels)
         outs = [self._output(c, index, dtype, device, kernels) for c in self.compiled]
         if on_gpu:
             self._run_cuda(tensors, index, channels, outs)
@@ -369,7 +283,7 @@ class PolyOp(TransientCache):
         :mod:`~workbench.kernels.backends.atom_pass`: then a per-species sum of each weight
         gradient) when it applies (``WORKBENCH_FUSE_PASSES=0``: never); the indices of those it
         computed."""
-        if os.environ.get(FUSE_ENV, "1") == "0":
+        if not kernel_options().fuse_passes:
             return ()
         if not self.edge:
             kernels = _apass.pass_kernels(self.compiled, _dtype_name(outs[0].dtype))
@@ -426,16 +340,29 @@ class PolyOp(TransientCache):
         )
 
 
+def _evaluator(backend: str) -> Callable:
+    """The evaluate function of a registered descriptor backend."""
+    from workbench.kernels.registry import backend_names, get_backend
+
+    b = get_backend(backend)
+    evaluate = b.evaluator()
+    if b.kind != "descriptor" or evaluate is None:
+        raise ValueError(
+            f"backend {backend!r} does not evaluate descriptor polynomials; choose one of {backend_names('descriptor')}"
+        )
+    return evaluate
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return "float64" if dtype == torch.float64 else "float32"
 
 
 #: set to 1 to fill the CPU kernels' uninitialised outputs with NaN (the tests do)
-POISON_ENV = "WORKBENCH_KERNELS_POISON"
+POISON_ENV = ENV["poison"][0]
 
 
 def _cpu_output(shape: tuple, dtype) -> torch.Tensor:
-    if os.environ.get(POISON_ENV, "0") == "1":
+    if kernel_options().poison:
         return torch.full(shape, float("nan"), dtype=dtype)
     return torch.empty(shape, dtype=dtype)
 
@@ -470,35 +397,38 @@ class _SparsePolyFunction(torch.autograd.Function):
     function, so every order of derivative is differentiable."""
 
     @staticmethod
-    def forward(ctx, op: PolyOp, index: RowIndex, *tensors: torch.Tensor):
-        outs = op.evaluate_rows(tensors, index)
+    def forward(ctx, op: PolyOp, index: RowIndex, backend: str, *tensors: torch.Tensor):
+        outs = op.evaluate_rows(tensors, index, backend)
         ctx.set_materialize_grads(False)  # None cotangents let the derivative skip whole outputs
         ctx.op = op
         ctx.index = index
+        ctx.backend = backend
         ctx.save_for_backward(*tensors)
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads):
         tensors = ctx.saved_tensors
-        needed = tuple(bool(n) for n in ctx.needs_input_grad[2:])
+        needed = tuple(bool(n) for n in ctx.needs_input_grad[3:])
         present = tuple(g is not None for g in grads)
         if not any(needed) or not any(present):
-            return (None, None) + (None,) * len(tensors)
+            return (None, None, None) + (None,) * len(tensors)
         d = ctx.op.derivative(needed, present)
         cot = [g for g in grads if g is not None]
-        res = list(_SparsePolyFunction.apply(d, ctx.index, *tensors, *cot))
+        res = list(_SparsePolyFunction.apply(d, ctx.index, ctx.backend, *tensors, *cot))
         out = [res.pop(0) if n else None for n in needed]
-        return (None, None) + tuple(out)
+        return (None, None, None) + tuple(out)
 
 
 def apply_poly_op(
-    op: PolyOp, species: torch.Tensor, num_species: int, *tensors: torch.Tensor
+    op: PolyOp, species: torch.Tensor, num_species: int, *tensors: torch.Tensor, backend: str = "numba"
 ) -> tuple[torch.Tensor, ...]:
-    """Differentiable evaluation of an atom ``op`` (see :class:`PolyOp`)."""
-    return _SparsePolyFunction.apply(op, SpeciesIndex(species, num_species), *tensors)
+    """Differentiable evaluation of an atom ``op`` (see :class:`PolyOp`) with a descriptor ``backend``."""
+    return _SparsePolyFunction.apply(op, SpeciesIndex(species, num_species), backend, *tensors)
 
 
-def apply_edge_poly_op(op: PolyOp, graph: EdgeGraph, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def apply_edge_poly_op(
+    op: PolyOp, graph: EdgeGraph, *tensors: torch.Tensor, backend: str = "numba"
+) -> tuple[torch.Tensor, ...]:
     """Differentiable evaluation of an edge ``op`` (an :class:`EdgePolyOp`) on ``graph``."""
-    return _SparsePolyFunction.apply(op, graph, *tensors)
+    return _SparsePolyFunction.apply(op, graph, backend, *tensors)

@@ -43,6 +43,7 @@ from typing import Any
 
 from workbench.kernels.backends.unrolled import GENERATED_PREFIX
 from workbench.kernels.launches import OpSite
+from workbench.kernels.options import ENV, kernel_options
 
 __all__ = [
     "PRECOMPILE_ENV",
@@ -57,9 +58,9 @@ __all__ = [
 ]
 
 #: ``0`` turns ahead-of-time compilation off (kernels then compile at their first launch)
-PRECOMPILE_ENV = "WORKBENCH_PRECOMPILE"
+PRECOMPILE_ENV = ENV["precompile"][0]
 #: worker processes (default: the cores this process may use)
-WORKERS_ENV = "WORKBENCH_PRECOMPILE_WORKERS"
+WORKERS_ENV = ENV["precompile_workers"][0]
 
 
 @dataclass(frozen=True)
@@ -345,7 +346,7 @@ def precompile(
         todo = [j for j in jobs if not _marker(folder, tid, j).exists()]
         report.cached = len(jobs) - len(todo)
         if todo:
-            report.workers = max(1, min(len(todo), workers or int(os.environ.get(WORKERS_ENV) or 0) or usable_cores()))
+            report.workers = max(1, min(len(todo), workers or kernel_options().precompile_workers or usable_cores()))
             index = getattr(device, "index", None) if target == "device" else None
             _compile_all(todo, report.workers, target, cc, folder, tid, report, progress, index)
     report.seconds = round(time.perf_counter() - t0, 3)

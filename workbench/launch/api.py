@@ -14,7 +14,6 @@ from typing import Any
 from workbench.launch import local, slurm
 from workbench.launch.errors import LaunchError
 from workbench.launch.run import Run, _pid_start_time, attach, load_info
-from workbench.train import mace_order
 from workbench.train.rundir import RunDir
 
 LAUNCH_BACKENDS = ("local", "slurm")
@@ -69,6 +68,13 @@ def _prepare_run_dir(config, fresh: bool) -> Path:
     return run_dir
 
 
+def _check_sampler_ranks(sampler: str, nodes: int, gpus_per_node: int) -> None:
+    from workbench.train import mace_order  # here: building the CLI parser must not import torch
+
+    if sampler == mace_order.NAME:
+        mace_order.check_ranks(nodes * gpus_per_node, f" (nodes={nodes}, gpus_per_node={gpus_per_node})")
+
+
 def launch(
     config,
     backend: str,
@@ -117,8 +123,7 @@ def launch(
     gpus_per_node = _positive_int("gpus_per_node", gpus_per_node)
     env = {str(k): str(v) for k, v in (env or {}).items()}
     config = _absolute(_as_config(config))
-    if config.sampler == mace_order.NAME:
-        mace_order.check_ranks(nodes * gpus_per_node, f" (nodes={nodes}, gpus_per_node={gpus_per_node})")
+    _check_sampler_ranks(config.sampler, nodes, gpus_per_node)
     if backend == "local":
         if slurm_options:
             raise ValueError(f"SLURM option(s) {sorted(slurm_options)} given with backend='local'")

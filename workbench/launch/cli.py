@@ -12,49 +12,51 @@ def _config(args: argparse.Namespace):
     return (TrainConfig.from_yaml(args.config) if args.config else TrainConfig()).with_overrides(args.set)
 
 
+#: SLURM options that map one to one onto ``launch(...)`` keywords
+SLURM_KEYS = (
+    "account",
+    "partition",
+    "qos",
+    "time",
+    "constraint",
+    "gpus_per_task",
+    "cpus_per_task",
+    "mem",
+    "signal_delay_s",
+)
+
+
+def _slurm_options(args: argparse.Namespace) -> dict:
+    """The SLURM keywords for ``launch``; with another backend, refuse any SLURM option given."""
+    if args.backend != "slurm":
+        given = [k for k in (*SLURM_KEYS, "sbatch", "setup") if getattr(args, k)]
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} is a SLURM option; use --backend slurm")
+        return {}
+    opts = {k: getattr(args, k) for k in SLURM_KEYS if getattr(args, k) is not None}
+    if args.sbatch:
+        opts["sbatch_lines"] = args.sbatch
+    if args.setup:
+        opts["setup"] = args.setup
+    return opts
+
+
+def _report(run, wait: bool) -> int:
+    """Print where the run started; with ``wait``, wait for it and print how it ended."""
+    where = f"SLURM job {run.job_id}" if run.backend == "slurm" else f"torchrun pid {run.pid}"
+    print(f"launched {run.name}: {where}; run directory {run.run_dir}")
+    if not wait:
+        return 0
+    status = run.wait()
+    m = run.metrics()
+    print(f"{status}: {run.reason}; {m.global_step} steps, last loss {m.last_loss}")
+    return 0 if status == "done" else 1
+
+
 def _run(args: argparse.Namespace) -> int:
     from workbench.launch import LaunchError, RunFailed, launch
 
-    slurm_opts = {}
-    if args.backend == "slurm":
-        for key in (
-            "account",
-            "partition",
-            "qos",
-            "time",
-            "constraint",
-            "gpus_per_task",
-            "cpus_per_task",
-            "mem",
-            "signal_delay_s",
-        ):
-            value = getattr(args, key)
-            if value is not None:
-                slurm_opts[key] = value
-        if args.sbatch:
-            slurm_opts["sbatch_lines"] = args.sbatch
-        if args.setup:
-            slurm_opts["setup"] = args.setup
-    else:
-        given = [
-            k
-            for k in (
-                "account",
-                "partition",
-                "qos",
-                "time",
-                "constraint",
-                "gpus_per_task",
-                "cpus_per_task",
-                "mem",
-                "signal_delay_s",
-                "sbatch",
-                "setup",
-            )
-            if getattr(args, k)
-        ]
-        if given:
-            raise ValueError(f"--{given[0].replace('_', '-')} is a SLURM option; use --backend slurm")
+    slurm_opts = _slurm_options(args)
     try:
         out = launch(
             _config(args),
@@ -68,15 +70,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.dry_run:
             print(out, end="" if out.endswith("\n") else "\n")
             return 0
-        run = out
-        where = f"SLURM job {run.job_id}" if run.backend == "slurm" else f"torchrun pid {run.pid}"
-        print(f"launched {run.name}: {where}; run directory {run.run_dir}")
-        if not args.wait:
-            return 0
-        status = run.wait()
-        m = run.metrics()
-        print(f"{status}: {run.reason}; {m.global_step} steps, last loss {m.last_loss}")
-        return 0 if status == "done" else 1
+        return _report(out, args.wait)
     except (LaunchError, RunFailed) as exc:
         print(f"workbench: error: {exc}", file=sys.stderr)
         return 1

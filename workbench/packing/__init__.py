@@ -7,8 +7,7 @@ resolved in :mod:`workbench.packing.paper`; ``shuffled-paper`` restores
 randomness across epochs). :class:`BinPackingBatchSampler` is the DDP sampler.
 """
 
-from workbench.packing.api import ALGORITHMS, Algorithm, pack
-from workbench.packing.core import Packing
+from workbench.packing.api import ALGORITHMS, Algorithm, Packing, pack
 from workbench.packing.cost import CostModel
 from workbench.packing.metrics import lower_bound_bins, packing_metrics, pair_repeat_fraction, step_imbalance
 

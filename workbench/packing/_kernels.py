@@ -1,4 +1,4 @@
-"""Small numba kernels shared by the packers: stable counting sorts, CSR moves, step leveling."""
+"""Small numba kernels shared by the packers: stable counting sorts, bin ids to CSR, step leveling."""
 
 from __future__ import annotations
 
@@ -46,24 +46,6 @@ def csr_from_assign(assign: np.ndarray, n_bins: int) -> tuple:
         flat[pos[b]] = i
         pos[b] += 1
     return flat, offsets
-
-
-@njit(cache=True)
-def csr_take_kernel(flat: np.ndarray, offsets: np.ndarray, bin_order: np.ndarray) -> tuple:
-    """New bin ``j`` = old bin ``bin_order[j]``."""
-    n_bins = bin_order.shape[0]
-    new_offsets = np.zeros(n_bins + 1, dtype=np.int64)
-    for j in range(n_bins):
-        b = bin_order[j]
-        new_offsets[j + 1] = new_offsets[j] + offsets[b + 1] - offsets[b]
-    out = np.empty(new_offsets[-1], dtype=np.int64)
-    for j in range(n_bins):
-        b = bin_order[j]
-        p = new_offsets[j]
-        for q in range(offsets[b], offsets[b + 1]):
-            out[p] = flat[q]
-            p += 1
-    return out, new_offsets
 
 
 @njit(cache=True)

@@ -1,87 +1,148 @@
-"""``pack``: one entry point for every packing algorithm."""
+"""``pack``: one entry point for every packing algorithm, the registry of those algorithms
+(:data:`ALGORITHMS`) and the :class:`Packing` it returns.
+
+Every list of algorithms elsewhere (command-line choices, the capacity grid, the benchmarks,
+the demo, the figures' order and colours, the trainer's samplers) is derived from
+:data:`ALGORITHMS`: adding an algorithm is a function returning ``(assign, n_bins)`` plus one
+entry here.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from workbench.packing import baselines
 from workbench.packing._kernels import level_steps as level_step_kernel
-from workbench.packing.core import Packing, assign_to_csr, check_inputs, oversize_mask, round_to_replicas
+from workbench.packing.core import PackingData, assign_to_csr, check_inputs, oversize_mask, round_to_replicas
 from workbench.packing.cost import CostModel
+from workbench.packing.metrics import packing_metrics
 from workbench.packing.paper import paper_bins
 from workbench.packing.shuffled import shuffled_paper_bins
 
+#: ``run(costs, capacity, num_replicas, rng, **options) -> (assign, n_bins)``: ``assign[i]`` is the
+#: bin of graph ``i``, bins numbered ``0..n_bins-1`` in the algorithm's natural order.
+Runner = Callable[..., tuple[np.ndarray, int]]
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, kw_only=True)
 class Algorithm:
     """A packing algorithm and the properties it guarantees.
 
-    ``run(costs, capacity, num_replicas, rng, **options) -> (assign, n_bins)``.
-    ``respects_capacity``: no batch exceeds capacity (count-based batchers cannot
-    promise it). ``randomized``: batches change with ``(seed, epoch)``.
-    ``order_steps_by_load``: bins are ordered by load before being cut into steps.
+    ``run``: see :data:`Runner`. ``respects_capacity``: no batch exceeds the capacity (count-based
+    batchers cannot promise it), and graphs above it are refused or set apart (``oversize``).
+    ``count_bound``: batches are cut by graph count, set by the ``graphs_per_batch`` option (the
+    trainer passes ``TrainConfig.batch_size``), and it bounds every ``"batch"``, or every
+    ``"step"`` (its ``R`` batches together hold at most ``R * graphs_per_batch`` graphs, their
+    split balanced by load, not count); None: no such option. ``randomized``: batches change
+    with ``(seed, epoch)``. ``order_steps_by_load``: bins are ordered by load before being cut
+    into steps.
     """
 
     name: str
-    run: Callable
+    run: Runner
     respects_capacity: bool
+    count_bound: Literal["batch", "step"] | None = None
     randomized: bool
-    order_steps_by_load: bool
+    order_steps_by_load: bool = False
     description: str
 
+    @property
+    def takes_graphs_per_batch(self) -> bool:
+        """Whether the algorithm batches by count (``graphs_per_batch``)."""
+        return self.count_bound is not None
 
+
+#: The packing algorithms, in the order tables and figures show them: the packers, then the baselines.
 ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
         Algorithm(
-            "paper",
-            lambda c, cap, r, rng, **o: paper_bins(c, cap, r, **o),
-            True,
-            False,
-            True,
-            "Algorithm 1 of the paper (cyclic dealing of size-sorted graphs, adaptive reopening)",
+            name="paper",
+            run=lambda c, cap, r, rng, **o: paper_bins(c, cap, r, **o),
+            respects_capacity=True,
+            randomized=False,
+            order_steps_by_load=True,
+            description="Algorithm 1 of the paper (cyclic dealing of size-sorted graphs, adaptive reopening)",
         ),
         Algorithm(
-            "shuffled-paper",
-            shuffled_paper_bins,
-            True,
-            True,
-            True,
-            "Algorithm 1 on a per-epoch window-shuffled size order (ours)",
+            name="shuffled-paper",
+            run=shuffled_paper_bins,
+            respects_capacity=True,
+            randomized=True,
+            order_steps_by_load=True,
+            description="Algorithm 1 on a per-epoch window-shuffled size order (ours)",
         ),
         Algorithm(
-            "fixed-count",
-            lambda c, cap, r, rng, **o: baselines.fixed_count(c, r, rng, **o),
-            False,
-            True,
-            False,
-            "PyG default: fixed graphs per batch, shuffled, split like DistributedSampler",
+            name="ffd",
+            run=lambda c, cap, r, rng, **o: baselines.ffd(c, cap, **o),
+            respects_capacity=True,
+            randomized=False,
+            description="first-fit decreasing",
         ),
         Algorithm(
-            "dynamic",
-            lambda c, cap, r, rng, **o: baselines.dynamic(c, cap, rng, **o),
-            True,
-            True,
-            False,
-            "PyG DynamicBatchSampler: greedy next-fit up to max_num on shuffled graphs",
+            name="dynamic",
+            run=lambda c, cap, r, rng, **o: baselines.dynamic(c, cap, rng, **o),
+            respects_capacity=True,
+            randomized=True,
+            description="PyG DynamicBatchSampler: greedy next-fit up to max_num on shuffled graphs",
         ),
         Algorithm(
-            "ffd", lambda c, cap, r, rng, **o: baselines.ffd(c, cap, **o), True, False, False, "first-fit decreasing"
+            name="lpt",
+            run=lambda c, cap, r, rng, **o: baselines.lpt(c, r, rng, **o),
+            respects_capacity=False,
+            count_bound="step",
+            randomized=True,
+            description="fairchem-style: shuffled global batch per step, LPT-balanced across ranks",
         ),
         Algorithm(
-            "lpt",
-            lambda c, cap, r, rng, **o: baselines.lpt(c, r, rng, **o),
-            False,
-            True,
-            False,
-            "fairchem-style: shuffled global batch per step, LPT-balanced across ranks",
+            name="fixed-count",
+            run=lambda c, cap, r, rng, **o: baselines.fixed_count(c, r, rng, **o),
+            respects_capacity=False,
+            count_bound="batch",
+            randomized=True,
+            description="PyG default: fixed graphs per batch, shuffled, split like DistributedSampler",
         ),
     )
 }
+
+
+def algorithm_named(name: str) -> Algorithm:
+    """The registered algorithm ``name``; a ``KeyError`` lists the choices."""
+    if name not in ALGORITHMS:
+        raise KeyError(f"unknown packing algorithm {name!r}; choose from {', '.join(ALGORITHMS)}")
+    return ALGORITHMS[name]
+
+
+class Packing(PackingData):
+    """What :func:`pack` returns: :class:`~workbench.packing.core.PackingData` plus the next
+    epoch's packing and the quality metrics."""
+
+    def next_epoch(self) -> Packing:
+        """The packing the same call gives at ``epoch + 1`` (for the randomness metric)."""
+        return pack(
+            self.costs,
+            self.capacity,
+            self.num_replicas,
+            algorithm=self.algorithm,
+            seed=self.seed,
+            epoch=self.epoch + 1,
+            atoms=self.atoms,
+            edges=self.edges,
+            cost_model=self.cost_model,
+            **self.options,
+        )
+
+    def metrics(self, *, randomness: bool = True, next_packing: PackingData | None = None) -> dict:
+        """Quality metrics (:func:`workbench.packing.metrics.packing_metrics`); ``randomness`` adds
+        ``pair_repeat_fraction`` against ``next_packing`` (default: :meth:`next_epoch`)."""
+        if randomness and next_packing is None:
+            next_packing = self.next_epoch()
+        return packing_metrics(self, next_packing=next_packing if randomness else None)
 
 
 def _layout(
@@ -107,8 +168,11 @@ def _layout(
     return flat, offsets
 
 
-def _resolve_costs(costs, cost_field: str, atoms, edges):
-    """Accept a plain array or a structured sizes array (fields atoms, edges, family)."""
+def _inputs(
+    costs, cost_field: str, atoms: np.ndarray | None, edges: np.ndarray | None, capacity: float, num_replicas: int
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Validated ``(costs, atoms, edges)`` from a plain cost array or a structured sizes array
+    (fields atoms, edges, family; ``cost_field`` picks the cost column)."""
     arr = np.asarray(costs)
     if arr.dtype.names:
         names = arr.dtype.names
@@ -119,7 +183,37 @@ def _resolve_costs(costs, cost_field: str, atoms, edges):
         if edges is None and "edges" in names:
             edges = arr["edges"]
         arr = np.ascontiguousarray(arr[cost_field])
+    arr = check_inputs(arr, capacity, num_replicas)
+    n = arr.shape[0]
+    for name, per_graph in (("atoms", atoms), ("edges", edges)):
+        if per_graph is not None and np.shape(per_graph) != (n,):
+            raise ValueError(f"{name} must have one entry per graph ({n}), got shape {np.shape(per_graph)}")
     return arr, atoms, edges
+
+
+def _assign(
+    spec: Algorithm,
+    raw: np.ndarray,
+    capacity: float,
+    num_replicas: int,
+    rng: np.random.Generator,
+    big: np.ndarray,
+    options: dict,
+) -> tuple[np.ndarray, int]:
+    """Run ``spec``; the graphs marked ``big`` (above capacity, ``oversize="alone"``) get a bin
+    each, after the others'."""
+    n = raw.shape[0]
+    if not big.any():
+        return spec.run(raw, capacity, num_replicas, rng, **options)
+    keep = np.flatnonzero(~big)
+    if keep.size:
+        sub_assign, sub_bins = spec.run(raw[keep], capacity, 1, rng, **options)
+    else:
+        sub_assign, sub_bins = np.empty(0, dtype=np.int64), 0
+    assign = np.empty(n, dtype=np.int64)
+    assign[keep] = sub_assign
+    assign[big] = sub_bins + np.arange(int(big.sum()))
+    return assign, sub_bins + int(big.sum())
 
 
 def pack(
@@ -156,43 +250,17 @@ def pack(
     level_steps : after ordering bins by load, re-deal (LPT) the graphs of any
         step whose max/mean load exceeds 1.001, if that keeps capacity. Default:
         on for the algorithms that order steps by load (paper, shuffled-paper).
-    options : algorithm options, e.g. ``graphs_per_batch`` (fixed-count, lpt),
-        ``order`` (paper), ``window`` (shuffled-paper).
+    options : algorithm options, e.g. ``graphs_per_batch`` (the algorithms that
+        ``takes_graphs_per_batch``), ``order`` (paper), ``window`` (shuffled-paper).
     """
-    if algorithm not in ALGORITHMS:
-        raise KeyError(f"unknown packing algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
-    spec = ALGORITHMS[algorithm]
-    raw, atoms, edges = _resolve_costs(costs, cost_field, atoms, edges)
-    raw = check_inputs(raw, capacity, num_replicas)
-    n = raw.shape[0]
-    for name, arr in (("atoms", atoms), ("edges", edges)):
-        if arr is not None and np.shape(arr) != (n,):
-            raise ValueError(f"{name} must have one entry per graph ({n}), got shape {np.shape(arr)}")
+    spec = algorithm_named(algorithm)
+    raw, atoms, edges = _inputs(costs, cost_field, atoms, edges, capacity, num_replicas)
     t0 = time.perf_counter()
-    big = oversize_mask(raw, capacity, oversize) if spec.respects_capacity else np.zeros(n, dtype=bool)
+    big = oversize_mask(raw, capacity, oversize) if spec.respects_capacity else np.zeros(raw.shape[0], dtype=bool)
     rng = np.random.default_rng([int(seed), int(epoch)])
-    if big.any():
-        keep = np.flatnonzero(~big)
-        if keep.size:
-            sub_assign, sub_bins = spec.run(raw[keep], capacity, 1, rng, **options)
-        else:
-            sub_assign, sub_bins = np.empty(0, dtype=np.int64), 0
-        assign = np.empty(n, dtype=np.int64)
-        assign[keep] = sub_assign
-        assign[big] = sub_bins + np.arange(int(big.sum()))
-        n_bins = sub_bins + int(big.sum())
-    else:
-        assign, n_bins = spec.run(raw, capacity, num_replicas, rng, **options)
-    flat, offsets = _layout(
-        assign,
-        n_bins,
-        raw,
-        int(num_replicas),
-        float(capacity),
-        spec.order_steps_by_load,
-        spec.order_steps_by_load if level_steps is None else level_steps,
-    )
-    seconds = time.perf_counter() - t0
+    assign, n_bins = _assign(spec, raw, capacity, num_replicas, rng, big, options)
+    level = spec.order_steps_by_load if level_steps is None else level_steps
+    flat, offsets = _layout(assign, n_bins, raw, int(num_replicas), float(capacity), spec.order_steps_by_load, level)
     return Packing(
         flat=flat,
         offsets=offsets,
@@ -205,6 +273,6 @@ def pack(
         atoms=None if atoms is None else np.asarray(atoms),
         edges=None if edges is None else np.asarray(edges),
         cost_model=cost_model,
-        pack_seconds=seconds,
+        pack_seconds=time.perf_counter() - t0,
         options=dict(options, oversize=oversize, level_steps=level_steps),
     )

@@ -1,4 +1,4 @@
-"""``workbench pack`` and ``workbench bench packing``.
+"""``workbench pack``.
 
 ``workbench pack SIZES`` reads a dataset (``.extxyz[.gz]``, sizes computed with
 ``workbench.data.graph_sizes``) or a sizes file (``.npy``/``.npz``: a structured
@@ -56,8 +56,15 @@ def load_sizes(path: str | Path) -> np.ndarray:
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
-    from workbench.packing import CostModel, pack
+    from workbench.packing.api import ALGORITHMS, pack
+    from workbench.packing.cost import CostModel
 
+    options = {}
+    if args.graphs_per_batch is not None:
+        if not ALGORITHMS[args.algorithm].takes_graphs_per_batch:
+            counted = ", ".join(a.name for a in ALGORITHMS.values() if a.takes_graphs_per_batch)
+            raise ValueError(f"--graphs-per-batch: {args.algorithm} packs to capacity; it applies to {counted}")
+        options["graphs_per_batch"] = args.graphs_per_batch
     sizes = load_sizes(args.sizes)
     names = sizes.dtype.names
     atoms = np.asarray(sizes["atoms"])
@@ -82,6 +89,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         edges=edges,
         cost_model=model,
         oversize=args.oversize,
+        **options,
     )
     m = p.metrics(randomness=not args.no_randomness)
     if args.json:
@@ -95,24 +103,6 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     p.save(out)
     print(f"wrote {out} ({p.n_bins} batches, {p.n_steps} steps x {p.num_replicas} ranks)")
-    return 0
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from workbench.packing import bench
-
-    bench.run(
-        n=args.n,
-        capacity=args.capacity,
-        replicas=args.replicas,
-        real_replicas=args.real_replicas,
-        seed=args.seed,
-        real_path=args.real,
-        pyg_n=args.pyg_n,
-        do_sweep=not args.no_sweep,
-        repeats=args.repeats,
-        out=args.out,
-    )
     return 0
 
 
@@ -131,12 +121,23 @@ def register(subparsers) -> None:
         "--capacity", type=float, default=3072, help="max cost per batch (default 3072; in seconds with --cost model)"
     )
     p.add_argument("--replicas", type=int, default=1, help="number of DDP ranks (default 1)")
-    p.add_argument("--algorithm", default="paper", choices=list(ALGORITHMS))
+    p.add_argument(
+        "--algorithm",
+        default="paper",
+        choices=list(ALGORITHMS),
+        help="; ".join(f"{a.name}: {a.description}" for a in ALGORITHMS.values()),
+    )
     p.add_argument(
         "--cost",
         default="atoms",
         choices=("atoms", "edges", "model"),
         help="per-graph cost: atoms, edges, or the cost model's b*atoms + c*edges",
+    )
+    p.add_argument(
+        "--graphs-per-batch",
+        type=int,
+        default=None,
+        help="graphs per batch, for the algorithms that batch by count (default: theirs, 8)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epoch", type=int, default=0)
@@ -152,23 +153,3 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-randomness", action="store_true", help="skip the epoch-to-epoch repeat metric")
     p.set_defaults(func=_cmd_pack)
-
-
-def register_bench(bench_subparsers) -> None:
-    """Add ``workbench bench packing``."""
-    p = bench_subparsers.add_parser("packing", help="packing algorithms vs anchors at the paper's scale")
-    p.add_argument("--n", type=int, default=2_650_000, help="synthetic graphs (default 2,650,000)")
-    p.add_argument("--capacity", type=float, default=3072)
-    p.add_argument("--replicas", type=int, default=740)
-    p.add_argument("--real-replicas", type=int, default=4)
-    p.add_argument(
-        "--real",
-        default=None,
-        help="dataset or sizes file for the real-data table (default: the embedded data/mixture.extxyz.gz)",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--pyg-n", type=int, default=50_000, help="graphs for the real PyG DynamicBatchSampler check")
-    p.add_argument("--repeats", type=int, default=3, help="timing repeats (best of)")
-    p.add_argument("--no-sweep", action="store_true", help="skip the capacity x replicas sweep")
-    p.add_argument("--out", default="runs/bench/packing.json")
-    p.set_defaults(func=_cmd_bench)

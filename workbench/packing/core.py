@@ -19,20 +19,25 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
 
-from workbench.packing._kernels import csr_from_assign, csr_take_kernel
+from workbench.packing._kernels import csr_from_assign
+from workbench.packing.cost import CostModel
+
+P = TypeVar("P", bound="PackingData")
 
 
 @dataclass
-class Packing:
-    """Result of :func:`workbench.packing.pack`.
+class PackingData:
+    """A packing as data: the batches in CSR form and the settings that made them.
 
     ``flat``/``offsets`` hold the batches in CSR form; ``batches`` gives them as a
     list of int64 index arrays. ``costs`` is the packing cost per graph;
-    ``atoms``/``edges`` (optional) feed the straggler cost model of ``metrics``.
+    ``atoms``/``edges`` (optional) feed the straggler cost model of the metrics.
+    :class:`workbench.packing.api.Packing`, what :func:`~workbench.packing.api.pack`
+    returns, adds what needs the packers (the next epoch's packing, the metrics).
     """
 
     flat: np.ndarray
@@ -45,7 +50,7 @@ class Packing:
     epoch: int = 0
     atoms: np.ndarray | None = None
     edges: np.ndarray | None = None
-    cost_model: Any = None
+    cost_model: CostModel | None = None
     pack_seconds: float = 0.0
     options: dict = field(default_factory=dict)
     _batches: list | None = field(default=None, repr=False)
@@ -78,29 +83,6 @@ class Packing:
         """The batches rank ``rank`` runs, in step order."""
         return self.batches[rank :: self.num_replicas]
 
-    def next_epoch(self) -> Packing:
-        """The packing the same call gives at ``epoch + 1`` (for the randomness metric)."""
-        from workbench.packing.api import pack
-
-        return pack(
-            self.costs,
-            self.capacity,
-            self.num_replicas,
-            algorithm=self.algorithm,
-            seed=self.seed,
-            epoch=self.epoch + 1,
-            atoms=self.atoms,
-            edges=self.edges,
-            cost_model=self.cost_model,
-            **self.options,
-        )
-
-    def metrics(self, *, randomness: bool = True, next_packing: Packing | None = None) -> dict:
-        """Quality metrics; see :func:`workbench.packing.metrics.packing_metrics`."""
-        from workbench.packing.metrics import packing_metrics
-
-        return packing_metrics(self, randomness=randomness, next_packing=next_packing)
-
     def save(self, path, **arrays) -> None:
         """Write the packing to ``.npz`` (``flat``, ``offsets``, ``costs`` and the settings), with
         ``arrays`` stored beside them (:meth:`load` ignores them)."""
@@ -123,7 +105,7 @@ class Packing:
         )
 
     @classmethod
-    def load(cls, path) -> Packing:
+    def load(cls: type[P], path) -> P:
         """Read a packing written by :meth:`save`."""
         with np.load(path, allow_pickle=False) as z:
             return cls(
@@ -149,17 +131,6 @@ def batch_sums(values: np.ndarray, flat: np.ndarray, offsets: np.ndarray) -> np.
 def assign_to_csr(assign: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
     """Bin id per graph -> CSR (graphs keep index order inside a bin)."""
     return csr_from_assign(np.ascontiguousarray(assign, dtype=np.int64), int(n_bins))
-
-
-def csr_take(flat: np.ndarray, offsets: np.ndarray, bin_order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Reorder the bins of a CSR packing: new bin ``j`` is old bin ``bin_order[j]``."""
-    return csr_take_kernel(flat, offsets, np.ascontiguousarray(bin_order, dtype=np.int64))
-
-
-def order_by_load(flat: np.ndarray, offsets: np.ndarray, costs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Bins by load, descending (stable): each step's ``R`` batches get neighbouring loads."""
-    loads = batch_sums(costs, flat, offsets)
-    return csr_take(flat, offsets, np.argsort(-loads, kind="stable"))
 
 
 def _split_two(members: np.ndarray, costs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -4,7 +4,7 @@ A data-parallel step ends when its slowest rank ends, so an epoch takes
 
     T = sum over steps s of  max over ranks r of  t(batch[s, r]).
 
-Default coefficients are placeholders anchored on one measurement (DESIGN.md):
+Default coefficients are placeholders anchored on one measurement:
 an H100 train step of the paper's MACE model (e3nn) at 3072 atoms / 143k edges
 takes ~286 ms. We split it as a 10 ms constant (launch, optimizer, all-reduce
 latency), 16 ms atom-proportional (linear layers, product block) and 260 ms
@@ -20,6 +20,7 @@ When only one cost array is known, edges are estimated as
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -118,18 +119,26 @@ class AllReduceModel:
         )
 
 
-def simulate_epoch(packing, sizes: np.ndarray, cost_model: CostModel, allreduce: AllReduceModel | None = None) -> dict:
+class _Batches(Protocol):
+    """What :func:`simulate_epoch` reads of a packing (:class:`workbench.packing.core.PackingData`)."""
+
+    num_replicas: int
+
+    def loads(self, values: np.ndarray | None = None) -> np.ndarray: ...
+
+
+def simulate_epoch(
+    packing: _Batches, sizes: np.ndarray, cost_model: CostModel, allreduce: AllReduceModel | None = None
+) -> dict:
     """Epoch time of a packing: every step lasts as long as its slowest rank, plus one all-reduce.
 
     ``sizes``: structured array with ``atoms`` and ``edges`` per graph. Returns ``compute_s``
     (sum of per-step maxima, :meth:`CostModel.epoch_seconds`), ``balanced_s`` (sum of per-step
     means: the same work with perfect balance), ``allreduce_s``, ``epoch_s`` and ``steps``.
     """
-    from workbench.packing.core import batch_sums
-
     r = packing.num_replicas
-    atoms = batch_sums(sizes["atoms"], packing.flat, packing.offsets).reshape(-1, r)
-    edges = batch_sums(sizes["edges"], packing.flat, packing.offsets).reshape(-1, r)
+    atoms = packing.loads(sizes["atoms"]).reshape(-1, r)
+    edges = packing.loads(sizes["edges"]).reshape(-1, r)
     steps = atoms.shape[0]
     ar = (allreduce or AllReduceModel()).seconds(r) * steps
     compute = cost_model.epoch_seconds(atoms, edges)

@@ -5,9 +5,10 @@ on one core, too slow for a slider; :func:`precompute_grid` computes every point
 writes one ``.npz`` with the fingerprint of the sizes and of this package's code, and
 :class:`workbench.viz.capacity.CapacityStudy` reads it. Nothing is interpolated.
 
-Baseline: ``fixed-count`` (PyG's default) with ``round(capacity / mean atoms)`` graphs per
-batch, i.e. the same mean atoms per batch as the packers, so both have about the same
-number of steps and differ only in how sizes are spread.
+Baseline: ``fixed-count`` (PyG's default). It and the other algorithms that take a graph count
+(``takes_graphs_per_batch`` in the registry) get ``round(capacity / mean atoms)`` graphs per
+batch, i.e. the same mean atoms per batch as the packers, so all have about the same number
+of steps and differ only in how sizes are spread.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
+from workbench.packing.api import ALGORITHMS, pack
+from workbench.packing.metrics import step_imbalance
+
 GRID_CAPACITIES: tuple[int, ...] = (800, 1024, 1280, 1536, 1792, 2048, 2304, 2560, 2816, 3072, 3328, 3584, 3840, 4096)
 GRID_GPUS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 740, 1024)
-GRID_ALGORITHMS: tuple[str, ...] = ("paper", "shuffled-paper", "ffd", "dynamic", "lpt", "fixed-count")
+GRID_ALGORITHMS: tuple[str, ...] = tuple(ALGORITHMS)
 BASELINE = "fixed-count"
 METRICS: tuple[str, ...] = (
     "n_bins",
@@ -56,10 +60,8 @@ def sizes_fingerprint(sizes: np.ndarray) -> str:
 
 def packing_code_hash() -> str:
     """SHA-1 of ``workbench/packing/*.py``: tells whether the packers changed since a grid was made."""
-    import workbench.packing as wp
-
     h = hashlib.sha1()
-    for f in sorted(Path(wp.__file__).parent.glob("*.py")):
+    for f in sorted(Path(__file__).parent.glob("*.py")):
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()
@@ -71,14 +73,12 @@ def baseline_graphs_per_batch(sizes: np.ndarray, capacity: float) -> int:
 
 
 def _options(sizes: np.ndarray, capacity: float, algorithm: str) -> dict:
-    if algorithm in ("fixed-count", "lpt"):
+    if ALGORITHMS[algorithm].takes_graphs_per_batch:
         return {"graphs_per_batch": baseline_graphs_per_batch(sizes, capacity)}
     return {}
 
 
 def _step_indices(packing) -> dict[str, int]:
-    from workbench.packing import step_imbalance
-
     imb = step_imbalance(packing.loads(), packing.num_replicas)
     return {"first": 0, "middle": packing.n_steps // 2, "worst": int(np.argmax(imb))}
 
@@ -92,8 +92,6 @@ def compute_point(
     ``layouts[kind] = (step, [graph indices of rank 0, rank 1, ...])`` for the
     first ``layout_ranks`` ranks.
     """
-    from workbench.packing import pack
-
     t0 = time.perf_counter()
     p = pack(sizes, capacity, num_gpus, algorithm, seed, **_options(sizes, capacity, algorithm))
     m = p.metrics(randomness=False)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.packing.core import Packing, batch_sums
+from workbench.packing.core import PackingData, batch_sums
 from workbench.packing.cost import CostModel
 
 
@@ -43,14 +43,14 @@ def step_imbalance(loads: np.ndarray, num_replicas: int) -> np.ndarray:
     return out
 
 
-def batch_ids(p: Packing) -> np.ndarray:
+def batch_ids(p: PackingData) -> np.ndarray:
     """Batch index of every graph."""
     ids = np.empty(p.flat.shape[0], dtype=np.int64)
     ids[p.flat] = np.repeat(np.arange(p.n_bins, dtype=np.int64), p.batch_sizes())
     return ids
 
 
-def pair_repeat_fraction(a: Packing, b: Packing) -> float:
+def pair_repeat_fraction(a: PackingData, b: PackingData) -> float:
     """Fraction of pairs co-batched in ``a`` that are co-batched again in ``b``."""
     ia, ib = batch_ids(a), batch_ids(b)
     sizes = a.batch_sizes().astype(np.float64)
@@ -63,8 +63,12 @@ def pair_repeat_fraction(a: Packing, b: Packing) -> float:
     return float((counts * (counts - 1) / 2).sum() / total)
 
 
-def packing_metrics(p: Packing, *, randomness: bool = True, next_packing: Packing | None = None) -> dict:
-    """All metrics of a packing as a flat dict (see the module docstring)."""
+def packing_metrics(p: PackingData, *, next_packing: PackingData | None = None) -> dict:
+    """All metrics of a packing as a flat dict (see the module docstring).
+
+    ``pair_repeat_fraction`` is included when ``next_packing`` (the next epoch's) is given;
+    :meth:`workbench.packing.api.Packing.metrics` computes it.
+    """
     r = p.num_replicas
     loads = p.loads()
     lb = lower_bound_bins(p.costs, p.capacity, r)
@@ -97,7 +101,6 @@ def packing_metrics(p: Packing, *, randomness: bool = True, next_packing: Packin
         "est_epoch_seconds": est,
         "pack_seconds": float(p.pack_seconds),
     }
-    if randomness:
-        nxt = next_packing if next_packing is not None else p.next_epoch()
-        out["pair_repeat_fraction"] = pair_repeat_fraction(p, nxt)
+    if next_packing is not None:
+        out["pair_repeat_fraction"] = pair_repeat_fraction(p, next_packing)
     return out

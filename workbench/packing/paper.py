@@ -128,6 +128,43 @@ def _stable_order(active: np.ndarray, remaining: np.ndarray, integer: bool, cap:
 
 
 @njit(cache=True)
+def _drop_full(active: np.ndarray, is_full: np.ndarray, n_new_full: int) -> np.ndarray:
+    """``active`` without the bins marked full (order kept)."""
+    keep = np.empty(active.shape[0] - n_new_full, dtype=np.int64)
+    j = 0
+    for k in range(active.shape[0]):
+        if not is_full[active[k]]:
+            keep[j] = active[k]
+            j += 1
+    return keep
+
+
+@njit(cache=True)
+def _reopen(
+    active: np.ndarray, full: np.ndarray, n_full: int, remaining: np.ndarray, is_full: np.ndarray
+) -> tuple[np.ndarray, int]:
+    """Adaptive reopening: when an active bin now holds more than some full bin, every full bin
+    returns to the active pool, after the active bins in the order they were marked full.
+    Returns the new ``(active, n_full)``."""
+    min_rem_active = np.inf
+    for k in range(active.shape[0]):
+        if remaining[active[k]] < min_rem_active:
+            min_rem_active = remaining[active[k]]
+    max_rem_full = -np.inf
+    for k in range(n_full):
+        if remaining[full[k]] > max_rem_full:
+            max_rem_full = remaining[full[k]]
+    if min_rem_active >= max_rem_full:
+        return active, n_full
+    merged = np.empty(active.shape[0] + n_full, dtype=np.int64)
+    merged[: active.shape[0]] = active
+    for k in range(n_full):
+        merged[active.shape[0] + k] = full[k]
+        is_full[full[k]] = False
+    return merged, 0
+
+
+@njit(cache=True)
 def _paper_round(
     order: np.ndarray,
     sizes: np.ndarray,
@@ -170,31 +207,9 @@ def _paper_round(
                 n_full += 1
                 n_new_full += 1
         if n_new_full > 0:
-            keep = np.empty(active.shape[0] - n_new_full, dtype=np.int64)
-            j = 0
-            for k in range(active.shape[0]):
-                if not is_full[active[k]]:
-                    keep[j] = active[k]
-                    j += 1
-            active = keep
-        # Adaptive reopening: an active bin now holds more than some full bin.
+            active = _drop_full(active, is_full, n_new_full)
         if n_full > 0 and active.shape[0] > 0 and g < n:
-            min_rem_active = np.inf
-            for k in range(active.shape[0]):
-                if remaining[active[k]] < min_rem_active:
-                    min_rem_active = remaining[active[k]]
-            max_rem_full = -np.inf
-            for k in range(n_full):
-                if remaining[full[k]] > max_rem_full:
-                    max_rem_full = remaining[full[k]]
-            if min_rem_active < max_rem_full:
-                merged = np.empty(active.shape[0] + n_full, dtype=np.int64)
-                merged[: active.shape[0]] = active
-                for k in range(n_full):
-                    merged[active.shape[0] + k] = full[k]
-                    is_full[full[k]] = False
-                active = merged
-                n_full = 0
+            active, n_full = _reopen(active, full, n_full, remaining, is_full)
     for b in range(n_bins):
         load[first_bin + b] = cap - remaining[b]
     return g

@@ -23,8 +23,7 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from workbench.packing.api import ALGORITHMS, pack
-from workbench.packing.core import Packing
+from workbench.packing.api import Packing, algorithm_named, pack
 
 
 class EpochBatchSampler(Sampler[list[int]]):
@@ -108,8 +107,7 @@ class BinPackingBatchSampler(EpochBatchSampler):
             rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank must be in [0, {num_replicas - 1}], got {rank}")
-        if algorithm not in ALGORITHMS:
-            raise KeyError(f"unknown packing algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
+        self.spec = algorithm_named(algorithm)
         self.costs = costs
         self.capacity = capacity
         self.num_replicas = int(num_replicas)
@@ -125,7 +123,7 @@ class BinPackingBatchSampler(EpochBatchSampler):
         """The packing of ``epoch`` (default: the current one), before step shuffling."""
         epoch = self.epoch if epoch is None else epoch
         # Deterministic algorithms give the same packing every epoch: compute it once.
-        key = epoch if (ALGORITHMS[self.algorithm].randomized and self.shuffle) else 0
+        key = epoch if (self.spec.randomized and self.shuffle) else 0
         if self._cache is None or self._cache[0] != key:
             p = pack(
                 self.costs,

@@ -19,13 +19,16 @@ from typing import Any
 
 import yaml
 
+from workbench.kernels.registry import backend_names
 from workbench.packing.api import ALGORITHMS
-from workbench.train import mace_order
+from workbench.train.mace_order import NAME as MACE_ORDER
 from workbench.train.values import ConfigError, Interval, coerce, load_yaml
 
-#: The packing algorithms, and mace_run_train's own batch order (workbench.train.mace_order).
-SAMPLERS: tuple[str, ...] = (*ALGORITHMS, mace_order.NAME)
-MODEL_BACKENDS = ("e3nn", "numba", "cueq")  # how the model's hot ops run (workbench.kernels.accelerate)
+#: The trainer's samplers: the packing algorithms of the registry, and mace_run_train's own batch
+#: order (workbench.train.mace_order). workbench.train.samplers.make_sampler builds them.
+SAMPLERS: tuple[str, ...] = (*ALGORITHMS, MACE_ORDER)
+#: how the model's hot ops run: the kernel backends of workbench.kernels.registry (no torch import)
+MODEL_BACKENDS: tuple[str, ...] = backend_names()
 DTYPES = ("float32", "float64")
 
 #: Numeric fields and their accepted ranges (non-finite values are always rejected).
@@ -117,7 +120,7 @@ class TrainConfig:
     dtype: str = "float32"
     # optimisation
     lr: float = 0.005
-    weight_decay: float = 0.0  # > 0: on the parameters mace-torch decays (loop.param_groups)
+    weight_decay: float = 0.0  # > 0: on the parameters mace-torch decays (workbench.train.build.param_groups)
     amsgrad: bool = True
     ema_decay: float | None = 0.99  # None disables EMA
     energy_weight: float = 1.0
@@ -127,8 +130,10 @@ class TrainConfig:
     clip_grad: float | None = 10.0
     # batching
     sampler: str = "paper"
-    capacity: int = 3072  # atoms per batch for the packers
-    batch_size: int = 8  # graphs per batch for fixed-count
+    capacity: int = 3072  # atoms per batch, for the samplers that respect a capacity (paper, ffd, ...)
+    batch_size: int = (
+        8  # graphs per batch for the samplers that batch by count (fixed-count, mace-order; lpt: per rank on average)
+    )
     # kernels
     backend: str = "e3nn"
     kernel_cache: str = (

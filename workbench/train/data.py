@@ -153,9 +153,8 @@ def prepare_data(config: TrainConfig, structures: list | None = None) -> TrainDa
     A prepared dataset (``config.dataset`` is its directory) is split from its index, and its
     graphs are built lazily.
     """
-    import torch
-
     from workbench.data.store import is_prepared
+    from workbench.dtypes import default_dtype  # imports torch: not at module level
 
     if structures is None and config.dataset and Path(config.dataset).is_dir():
         if not is_prepared(config.dataset):
@@ -164,12 +163,8 @@ def prepare_data(config: TrainConfig, structures: list | None = None) -> TrainDa
                 f"'workbench data prepare SRC... --out {config.dataset}' (or run that again to resume)"
             )
         return _from_store(config)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(getattr(torch, config.dtype))  # mace builds AtomicData in the default dtype
-    try:
+    with default_dtype(config.dtype):  # mace builds AtomicData in the default dtype
         return _from_structures(config, structures)
-    finally:
-        torch.set_default_dtype(previous)
 
 
 #: bytes an in-memory AtomicData spends per directed edge (edge_index, shifts, unit_shifts)
@@ -290,18 +285,14 @@ class StoreGraphs:
         )
 
     def __getitem__(self, k: int):
-        import torch
         from mace.data import AtomicData
+
+        from workbench.dtypes import default_dtype
 
         if not -len(self) <= k < len(self):
             raise IndexError(f"graph {k} out of range for {len(self)} graphs")
-        dtype = getattr(torch, self.dtype)
-        previous = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)  # mace builds AtomicData in the default dtype
-        try:
+        with default_dtype(self.dtype):  # mace builds AtomicData in the default dtype
             return AtomicData.from_config(self.configuration(k), z_table=self.z_table, cutoff=self.cutoff)
-        finally:
-            torch.set_default_dtype(previous)
 
 
 def _from_store(config: TrainConfig) -> TrainData:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from workbench.dtypes import default_dtype
+
 METRICS = ("e_mae_mev_atom", "e_rmse_mev_atom", "f_mae_mev_a", "f_rmse_mev_a")
 
 
@@ -153,17 +155,13 @@ def evaluate_file(
     if not structures:
         raise ValueError(f"{structures_path}: no labelled structures to evaluate on")
     dtype = next(model.parameters()).dtype
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
+    with default_dtype(dtype):
         z_table = AtomicNumberTable([int(z) for z in model.atomic_numbers])
         data = to_atomic_data(
             structures, cutoff=float(model.r_max), z_table=z_table, energy_key=energy_key, forces_key=forces_key
         )
         families = [str(a.info.get("config_type", "Default")) for a in structures]
         return evaluate(model, data, device, batch_size=batch_size, families=families)
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def family_table_html(result: dict, caption: str = "Validation errors per config_type") -> str:

@@ -15,7 +15,7 @@ that pass out.
 
 The draws depend on :math:`n`, :math:`b` and the seed only, so replaying the same torch loader
 over ``range(n)`` gives mace's indices without touching a graph. With the same split, seed and
-initial weights (:func:`workbench.train.loop.build_training`), a ``mace-order`` run sees the
+initial weights (:func:`workbench.train.build.build_training`), a ``mace-order`` run sees the
 same batches in the same order as ``mace_run_train``, and
 :meth:`MaceOrderSampler.statistics_rows` gives the graphs mace's statistics saw.
 ``workbench bench quality`` uses this to compare the two trainers seed by seed instead of

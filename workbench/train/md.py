@@ -115,6 +115,88 @@ def _read_structure(path, index: int):
     return atoms
 
 
+def _check_md_args(ensemble: str, steps: int, timestep_fs: float, temperature: float, write_every: int) -> None:
+    if ensemble not in ENSEMBLES:
+        raise ValueError(f"ensemble {ensemble!r}: choose one of {', '.join(ENSEMBLES)}")
+    if steps < 1 or timestep_fs <= 0 or temperature < 0 or write_every < 1:
+        raise ValueError("steps and write_every must be >= 1, timestep_fs > 0 and temperature >= 0")
+
+
+def _thermalise(atoms, temperature: float, seed: int) -> None:
+    """Maxwell-Boltzmann velocities at ``temperature`` (seeded), no centre-of-mass motion, no
+    rotation for a molecule (a periodic cell has no rotation to remove)."""
+    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary, ZeroRotation
+
+    MaxwellBoltzmannDistribution(atoms, temperature_K=temperature, rng=np.random.default_rng(seed))
+    Stationary(atoms)
+    if not atoms.pbc.any():
+        ZeroRotation(atoms)
+
+
+def _integrator(atoms, ensemble: str, timestep_fs: float, temperature: float, seed: int):
+    """Velocity Verlet for ``nve``; Langevin at ``temperature`` for ``nvt`` (its own seeded stream)."""
+    from ase import units
+    from ase.md.langevin import Langevin
+    from ase.md.verlet import VelocityVerlet
+
+    dt = timestep_fs * units.fs
+    if ensemble == "nve":
+        return VelocityVerlet(atoms, timestep=dt)
+    return Langevin(
+        atoms,
+        timestep=dt,
+        temperature_K=temperature,
+        friction=LANGEVIN_FRICTION_PER_FS / units.fs,
+        rng=np.random.default_rng(seed + 1),
+    )
+
+
+def _fresh_trajectory(trajectory: str | os.PathLike | None) -> Path | None:
+    """The trajectory path, its directory made and an old file removed (frames are appended)."""
+    if not trajectory:
+        return None
+    path = Path(trajectory)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    return path
+
+
+class _Recorder:
+    """Called by ASE after every step (and at step 0): energies, temperature, a wall-clock stamp,
+    and every ``write_every``-th frame to the trajectory."""
+
+    def __init__(self, atoms, dyn, timestep_fs: float, traj_path: Path | None, write_every: int, progress_bar):
+        from ase import units
+
+        self.atoms, self.dyn, self.timestep_fs = atoms, dyn, timestep_fs
+        self.traj_path, self.write_every, self.progress_bar = traj_path, write_every, progress_bar
+        self.kinetic_per_kelvin = 1.5 * len(atoms) * units.kB  # equipartition: E_kin = 3/2 N k_B T
+        self.rec: dict[str, list[float]] = {"t": [], "etot": [], "epot": [], "T": []}
+        self.stamps: list[float] = []
+
+    def __call__(self) -> None:
+        import ase.io
+
+        atoms, dyn, rec = self.atoms, self.dyn, self.rec
+        epot = float(atoms.get_potential_energy())
+        ekin = float(atoms.get_kinetic_energy())
+        rec["t"].append(dyn.nsteps * self.timestep_fs / 1000.0)
+        rec["epot"].append(epot)
+        rec["etot"].append(epot + ekin)
+        rec["T"].append(ekin / self.kinetic_per_kelvin)
+        if self.traj_path is not None and dyn.nsteps % self.write_every == 0:
+            ase.io.write(self.traj_path, atoms, format="extxyz", append=True)
+        self.stamps.append(time.perf_counter())
+        if dyn.nsteps:
+            self.progress_bar.update(1)
+
+    def seconds_per_step(self) -> float:
+        """Median wall time of a step, the first (which compiles) left out when there are others."""
+        stamps = self.stamps
+        timed = np.diff(stamps[1:]) if len(stamps) > 2 else np.diff(stamps)
+        return float(np.median(timed)) if timed.size else float("nan")
+
+
 def run_md(
     model: str | os.PathLike,
     structure: Any,
@@ -133,63 +215,22 @@ def run_md(
 ) -> MDResult:
     """Integrate ``steps`` steps of ``ensemble`` MD of ``structure`` (an ``ase.Atoms``, or a file
     and its frame ``index``) with the model; write every ``write_every``-th frame to ``trajectory`` (extxyz) when given."""
-    import ase.io
-    from ase import units
-    from ase.md.langevin import Langevin
-    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary, ZeroRotation
-    from ase.md.verlet import VelocityVerlet
-
     from workbench.progress import bar
 
-    if ensemble not in ENSEMBLES:
-        raise ValueError(f"ensemble {ensemble!r}: choose one of {', '.join(ENSEMBLES)}")
-    if steps < 1 or timestep_fs <= 0 or temperature < 0 or write_every < 1:
-        raise ValueError("steps and write_every must be >= 1, timestep_fs > 0 and temperature >= 0")
+    _check_md_args(ensemble, steps, timestep_fs, temperature, write_every)
     atoms = _read_structure(structure, index)
     atoms.calc = load_calculator(model, backend=backend, device=device, dtype=dtype)
-    MaxwellBoltzmannDistribution(atoms, temperature_K=temperature, rng=np.random.default_rng(seed))
-    Stationary(atoms)
-    if not atoms.pbc.any():
-        ZeroRotation(atoms)
-    dt = timestep_fs * units.fs
-    if ensemble == "nve":
-        dyn = VelocityVerlet(atoms, timestep=dt)
-    else:
-        dyn = Langevin(
-            atoms,
-            timestep=dt,
-            temperature_K=temperature,
-            friction=LANGEVIN_FRICTION_PER_FS / units.fs,
-            rng=np.random.default_rng(seed + 1),
-        )
-    n = len(atoms)
-    rec: dict[str, list[float]] = {"t": [], "etot": [], "epot": [], "T": []}
-    traj_path = Path(trajectory) if trajectory else None
-    if traj_path is not None:
-        traj_path.parent.mkdir(parents=True, exist_ok=True)
-        traj_path.unlink(missing_ok=True)
-    stamps: list[float] = []
+    _thermalise(atoms, temperature, seed)
+    dyn = _integrator(atoms, ensemble, timestep_fs, temperature, seed)
+    traj_path = _fresh_trajectory(trajectory)
     progress_bar = bar(total=steps, desc=f"md {ensemble}", unit="step", disable=not progress)
-
-    def observe() -> None:
-        epot = float(atoms.get_potential_energy())
-        ekin = float(atoms.get_kinetic_energy())
-        rec["t"].append(dyn.nsteps * timestep_fs / 1000.0)
-        rec["epot"].append(epot)
-        rec["etot"].append(epot + ekin)
-        rec["T"].append(ekin / (1.5 * n * units.kB))
-        if traj_path is not None and dyn.nsteps % write_every == 0:
-            ase.io.write(traj_path, atoms, format="extxyz", append=True)
-        stamps.append(time.perf_counter())
-        if dyn.nsteps:
-            progress_bar.update(1)
-
-    dyn.attach(observe, interval=1)  # ASE calls it at step 0 too
+    recorder = _Recorder(atoms, dyn, timestep_fs, traj_path, write_every, progress_bar)
+    dyn.attach(recorder, interval=1)  # ASE calls it at step 0 too
     dyn.run(steps)
     progress_bar.close()
+    rec, n = recorder.rec, len(atoms)
     drift, excursion = energy_drift(np.array(rec["t"]), np.array(rec["etot"]), n)
-    timed = np.diff(stamps[1:]) if len(stamps) > 2 else np.diff(stamps)
-    per_step = float(np.median(timed)) if timed.size else float("nan")
+    per_step = recorder.seconds_per_step()
     return MDResult(
         model=str(model),
         structure=str(structure) if isinstance(structure, (str, os.PathLike)) else atoms.get_chemical_formula(),
@@ -241,7 +282,7 @@ def _cli(args: Any) -> int:
 
 
 def register(sub) -> None:
-    from workbench.kernels.mace.accelerate import KERNEL_BACKENDS
+    from workbench.kernels.registry import BACKENDS
 
     p = sub.add_parser(
         "md", help="molecular dynamics with a mace model (NVE energy drift, ns/day) on the workbench kernels"
@@ -258,7 +299,7 @@ def register(sub) -> None:
     p.add_argument(
         "--backend",
         default="numba",
-        choices=[b for b in KERNEL_BACKENDS if b != "cueq"],
+        choices=[n for n, b in BACKENDS.items() if b.kind != "convert"],  # swapped in place, in the calculator
         help="kernels for the model's hot ops (default: %(default)s)",
     )
     p.add_argument("--dtype", choices=["float32", "float64"], help="default: the model's own")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from workbench.dtypes import default_dtype
 from workbench.train.config import TrainConfig
 from workbench.train.stats import ModelStats
 
@@ -16,9 +17,7 @@ def build_model(config: TrainConfig, stats: ModelStats) -> torch.nn.Module:
     from mace import modules
 
     dtype = getattr(torch, config.dtype)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # mace builds buffers in the default dtype
-    try:
+    with default_dtype(dtype):  # mace builds buffers in the default dtype
         model = modules.ScaleShiftMACE(
             r_max=config.cutoff,
             num_bessel=config.num_bessel,
@@ -39,6 +38,4 @@ def build_model(config: TrainConfig, stats: ModelStats) -> torch.nn.Module:
             atomic_inter_scale=stats.scale,
             atomic_inter_shift=stats.shift,
         )
-    finally:
-        torch.set_default_dtype(previous)
     return model.to(dtype)

@@ -264,28 +264,10 @@ def capacity_curves_figure(
     return go.FigureWidget(fig) if figure_widget else fig
 
 
-def capacity_app(
-    sizes: np.ndarray,
-    grid: str | Path | None = "auto",
-    capacity: int = 3072,
-    num_gpus: int = 64,
-    algorithm: str = "paper",
-    seed: int = 0,
-    label: str | None = None,
-):
-    """Sliders for capacity (800-4096), GPUs (1-1024) and algorithm; live metric cards and figures.
-
-    Shows padding waste, batches against the lower bound, step imbalance and the
-    estimated epoch time against the fixed-count baseline (default
-    :class:`~workbench.packing.CostModel`), plus the graphs per GPU of the
-    first, middle or least balanced step for the first 8 GPUs.
-    """
+def _capacity_controls(study: CapacityStudy, capacity: int, num_gpus: int, algorithm: str) -> tuple:
+    """The app's sliders and toggles: ``(capacity, GPUs, algorithm, step)``, nearest grid points picked."""
     import ipywidgets as W
 
-    from workbench.viz.layout import bin_layout_figure, rectangles_from_batches
-
-    study = sizes if isinstance(sizes, CapacityStudy) else CapacityStudy(sizes, grid=grid, seed=seed, label=label)
-    sizes = study.sizes
     caps, gps = study.capacities, study.gpus
     dstyle = {"description_width": "90px"}
     cap_w = W.SelectionSlider(
@@ -313,42 +295,75 @@ def capacity_app(
     )
     cap_w.add_class("wb-capacity-slider")
     gpu_w.add_class("wb-gpus-slider")
+    return cap_w, gpu_w, algo_w, step_w
+
+
+def _replace_figure(fig_w, new) -> None:
+    """Swap the traces and layout of the widget ``fig_w`` for those of ``new``."""
+    new.update_layout(width=WIDGET_WIDTH)  # widgets do not always size to the cell; be explicit
+    with fig_w.batch_update():
+        fig_w.data = []
+    fig_w.add_traces(list(new.data))
+    fig_w.layout = new.layout
+
+
+def _step_panels(base: dict, point: dict, algorithm: str, step: str, sizes: np.ndarray) -> list[tuple]:
+    """The baseline's and ``algorithm``'s graphs per GPU at ``step`` (first, middle, worst), as layout panels."""
+    from workbench.viz.layout import rectangles_from_batches
+
+    panels = []
+    for name, q in (
+        (f"{BASELINE} ({int(base['metrics']['graphs_per_batch_mean'] + 0.5)} graphs/batch)", base),
+        (algorithm, point),
+    ):
+        s, batches = q["layouts"][step]
+        panels.append(
+            (f"{name}: step {s + 1:,} of {q['metrics']['n_steps']:,.0f}", rectangles_from_batches(batches, sizes))
+        )
+    return panels
+
+
+def capacity_app(
+    sizes: np.ndarray,
+    grid: str | Path | None = "auto",
+    capacity: int = 3072,
+    num_gpus: int = 64,
+    algorithm: str = "paper",
+    seed: int = 0,
+    label: str | None = None,
+):
+    """Sliders for capacity (800-4096), GPUs (1-1024) and algorithm; live metric cards and figures.
+
+    Shows padding waste, batches against the lower bound, step imbalance and the
+    estimated epoch time against the fixed-count baseline (default
+    :class:`~workbench.packing.CostModel`), plus the graphs per GPU of the
+    first, middle or least balanced step for the first 8 GPUs.
+    """
+    import ipywidgets as W
+
+    from workbench.viz.layout import bin_layout_figure
+
+    study = sizes if isinstance(sizes, CapacityStudy) else CapacityStudy(sizes, grid=grid, seed=seed, label=label)
+    cap_w, gpu_w, algo_w, step_w = _capacity_controls(study, capacity, num_gpus, algorithm)
     cards = W.HTML()
     cards.add_class("wb-capacity-cards")
     layout_fig = bin_layout_figure([(BASELINE, None), (algorithm, None)], capacity, figure_widget=True)
     curves = capacity_curves_figure(study, gpu_w.value, algo_w.value, cap_w.value, figure_widget=True)
     layout_fig.add_class("wb-capacity-layout")
     curves.add_class("wb-capacity-curves")
-
-    def replace(fig_w, new) -> None:
-        new.update_layout(width=WIDGET_WIDTH)  # widgets do not always size to the cell; be explicit
-        with fig_w.batch_update():
-            fig_w.data = []
-        fig_w.add_traces(list(new.data))
-        fig_w.layout = new.layout
-
     curves_for: dict = {}  # the first update builds the curves
 
     def update(*_):
         c, r, a = cap_w.value, gpu_w.value, algo_w.value
-        pt = study.query(c, r, a)
-        base = study.query(c, r, BASELINE)
+        pt, base = study.query(c, r, a), study.query(c, r, BASELINE)
         cards.value = metrics_html(pt, base, a, c, r, study.describe())
-        panels = []
-        for name, q in (
-            (f"{BASELINE} ({int(base['metrics']['graphs_per_batch_mean'] + 0.5)} graphs/batch)", base),
-            (a, pt),
-        ):
-            s, batches = q["layouts"][step_w.value]
-            panels.append(
-                (f"{name}: step {s + 1:,} of {q['metrics']['n_steps']:,.0f}", rectangles_from_batches(batches, sizes))
-            )
-        replace(
+        panels = _step_panels(base, pt, a, step_w.value, study.sizes)
+        _replace_figure(
             layout_fig,
             bin_layout_figure(panels, c, title=f"Graphs per GPU, capacity {c:,} atoms, {r:,} GPUs", total_ranks=r),
         )
         if curves_for.get("key") != (r, a):  # the curves depend on GPUs and algorithm only
-            replace(curves, capacity_curves_figure(study, r, a, c))
+            _replace_figure(curves, capacity_curves_figure(study, r, a, c))
             curves_for["key"] = (r, a)
         else:  # a capacity move only shifts the marker lines
             with curves.batch_update():

@@ -26,9 +26,48 @@ def distribution_stats(sizes: np.ndarray) -> list[dict]:
     return out
 
 
+def _share_bars(stats: list[dict], names: list[str], colors: list[str]):
+    """Horizontal bars: graphs per family, labelled with their share."""
+    import plotly.graph_objects as go
+
+    return go.Bar(
+        y=names,
+        x=[s["graphs"] for s in stats],
+        orientation="h",
+        marker_color=colors,
+        text=[f"{100 * s['share']:.1f}%" for s in stats],
+        textposition="outside",
+        cliponaxis=False,
+        customdata=[s["share"] * 100 for s in stats],
+        showlegend=False,
+        hovertemplate="%{y}: %{x:,} graphs (%{customdata:.1f}%)<extra></extra>",
+    )
+
+
+def _size_box(d: dict, name: str, color: str):
+    """One family's distribution of a size (min, quartiles, max, mean) as a precomputed box."""
+    import plotly.graph_objects as go
+
+    return go.Box(
+        y=[name],
+        q1=[d["q1"]],
+        median=[d["median"]],
+        q3=[d["q3"]],
+        lowerfence=[d["min"]],
+        upperfence=[d["max"]],
+        mean=[d["mean"]],
+        orientation="h",
+        name=name,
+        marker_color=color,
+        fillcolor=color,
+        line=dict(color="#333", width=1),
+        showlegend=False,
+        hoverinfo="x+name",
+    )
+
+
 def dataset_figure(sizes: np.ndarray, title: str | None = None, log: bool = True):
     """Three panels: share of graphs, atoms per graph, edges per graph, one colour per family."""
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     stats = distribution_stats(sizes)
@@ -41,45 +80,10 @@ def dataset_figure(sizes: np.ndarray, title: str | None = None, log: bool = True
     )
     names = [family_label(s["family"]) for s in stats]
     colors = [family_color(s["family"]) for s in stats]
-    fig.add_trace(
-        go.Bar(
-            y=names,
-            x=[s["graphs"] for s in stats],
-            orientation="h",
-            marker_color=colors,
-            text=[f"{100 * s['share']:.1f}%" for s in stats],
-            textposition="outside",
-            cliponaxis=False,
-            customdata=[s["share"] * 100 for s in stats],
-            showlegend=False,
-            hovertemplate="%{y}: %{x:,} graphs (%{customdata:.1f}%)<extra></extra>",
-        ),
-        1,
-        1,
-    )
+    fig.add_trace(_share_bars(stats, names, colors), 1, 1)
     for col, field in ((2, "atoms"), (3, "edges")):
         for s, name, color in zip(stats, names, colors):
-            d = s[field]
-            fig.add_trace(
-                go.Box(
-                    y=[name],
-                    q1=[d["q1"]],
-                    median=[d["median"]],
-                    q3=[d["q3"]],
-                    lowerfence=[d["min"]],
-                    upperfence=[d["max"]],
-                    mean=[d["mean"]],
-                    orientation="h",
-                    name=name,
-                    marker_color=color,
-                    fillcolor=color,
-                    line=dict(color="#333", width=1),
-                    showlegend=False,
-                    hoverinfo="x+name",
-                ),
-                1,
-                col,
-            )
+            fig.add_trace(_size_box(s[field], name, color), 1, col)
     fig.update_yaxes(autorange="reversed", categoryorder="array", categoryarray=names)
     fig.update_yaxes(showticklabels=False, col=2)
     fig.update_yaxes(showticklabels=False, col=3)

@@ -90,14 +90,63 @@ def _gone_marker(fig, groups: list[list[dict]], stub: float, row: int, col: int)
     )
 
 
+def _bar_style(backend: str) -> dict:
+    """Keywords shared by a backend's measured bars and its stubs."""
+    # One offsetgroup per backend: its stubs stand in its own slot, not in a fourth one.
+    return dict(
+        legendgroup=backend,
+        offsetgroup=backend,
+        textposition="outside",
+        cliponaxis=False,
+        hoverinfo="text",
+        constraintext="none",
+        textfont=dict(size=10),
+    )
+
+
+def _measured_bar(backend: str, have: list[dict], shown: set) -> go.Bar:
+    """The measured slots of ``backend``: solid, hatched where recovered from a log."""
+    import plotly.graph_objects as go
+
+    return go.Bar(
+        x=[s["x"] for s in have],
+        y=[s["y"] for s in have],
+        name=backend,
+        showlegend=backend not in shown,
+        marker=dict(
+            color=BACKEND_COLORS.get(backend, "#777"),
+            pattern=dict(shape=["/" if s["status"] == FROM_LOG else "" for s in have], fgcolor="white"),
+        ),
+        text=[_label(s["y"]) for s in have],
+        hovertext=[s["hover"] for s in have],
+        **_bar_style(backend),
+    )
+
+
+def _stub_bar(backend: str, miss: list[dict], stub: float) -> go.Bar:
+    """The missing slots of ``backend``: empty hatched stubs of height ``stub``, labelled with the reason."""
+    import plotly.graph_objects as go
+
+    color = BACKEND_COLORS.get(backend, "#777")
+    return go.Bar(
+        x=[s["x"] for s in miss],
+        y=[stub] * len(miss),
+        name=f"{backend} ({NOT_MEASURED})",
+        showlegend=False,
+        marker=dict(color="rgba(0,0,0,0)", line=dict(color=color, width=1.5), pattern=dict(shape="x", fgcolor=color)),
+        text=[_stub_text(s["reason"]) for s in miss],
+        textangle=-90,
+        hovertext=[s["hover"] for s in miss],
+        **_bar_style(backend),
+    )
+
+
 def _bars(fig, slots: list[dict], row: int, col: int, shown: set) -> tuple[float, float]:
     """Grouped bars per backend; a missing slot gets an empty hatched stub below every measured bar.
 
     ``slots``: ``x, backend, y`` (None = missing), ``status, reason, hover`` (escaped). Returns the
     smallest (the stub) and largest bar height, for the caller's axis range.
     """
-    import plotly.graph_objects as go
-
     ys = [s["y"] for s in slots if s["y"]]
     stub = min(ys) / 3 if ys else 1.0
     groups = {x: [s for s in slots if s["x"] == x] for x in dict.fromkeys(s["x"] for s in slots)}
@@ -106,54 +155,11 @@ def _bars(fig, slots: list[dict], row: int, col: int, shown: set) -> tuple[float
     for b in GPU_BACKENDS:
         have = [s for s in slots if s["backend"] == b and s["y"] is not None]
         miss = [s for s in slots if s["backend"] == b and s["y"] is None and s["x"] not in gone_x]
-        color = BACKEND_COLORS.get(b, "#777")
-        # One offsetgroup per backend: its stubs stand in its own slot, not in a fourth one.
-        common = dict(
-            legendgroup=b,
-            offsetgroup=b,
-            textposition="outside",
-            cliponaxis=False,
-            hoverinfo="text",
-            constraintext="none",
-            textfont=dict(size=10),
-        )
         if have:
-            fig.add_trace(
-                go.Bar(
-                    x=[s["x"] for s in have],
-                    y=[s["y"] for s in have],
-                    name=b,
-                    showlegend=b not in shown,
-                    marker=dict(
-                        color=color,
-                        pattern=dict(shape=["/" if s["status"] == FROM_LOG else "" for s in have], fgcolor="white"),
-                    ),
-                    text=[_label(s["y"]) for s in have],
-                    hovertext=[s["hover"] for s in have],
-                    **common,
-                ),
-                row=row,
-                col=col,
-            )
+            fig.add_trace(_measured_bar(b, have, shown), row=row, col=col)
             shown.add(b)
         if miss:
-            fig.add_trace(
-                go.Bar(
-                    x=[s["x"] for s in miss],
-                    y=[stub] * len(miss),
-                    name=f"{b} ({NOT_MEASURED})",
-                    showlegend=False,
-                    marker=dict(
-                        color="rgba(0,0,0,0)", line=dict(color=color, width=1.5), pattern=dict(shape="x", fgcolor=color)
-                    ),
-                    text=[_stub_text(s["reason"]) for s in miss],
-                    textangle=-90,
-                    hovertext=[s["hover"] for s in miss],
-                    **common,
-                ),
-                row=row,
-                col=col,
-            )
+            fig.add_trace(_stub_bar(b, miss, stub), row=row, col=col)
     if gone:
         _gone_marker(fig, gone, stub, row, col)
     return stub, max(ys, default=stub)

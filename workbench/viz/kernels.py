@@ -201,6 +201,79 @@ def kernel_timings_figure(records: list[dict], title: str = "Kernel timings (med
     return style(fig, title, height=max(320, 300 * rows))
 
 
+PASS_SYMBOLS = {"forward": "circle", "forward_backward": "square", "double_backward": "diamond"}
+
+
+def _roof_traces(fig, lo: float, hi: float, bandwidth: float, fp32_flops: float, fp64_flops: float) -> None:
+    """The FP32 and FP64 roofs: min(peak, intensity x bandwidth) over ``[lo, hi]`` FLOP/byte."""
+    import numpy as np
+    import plotly.graph_objects as go
+
+    ai = np.logspace(np.log10(lo), np.log10(hi), 200)
+    for peak, name, dash in ((fp32_flops, "FP32", "solid"), (fp64_flops, "FP64", "dot")):
+        fig.add_trace(
+            go.Scatter(
+                x=ai,
+                y=np.minimum(peak, ai * bandwidth) / 1e9,
+                mode="lines",
+                line=dict(color="#444", dash=dash, width=1.5),
+                name=f"H100 roof {name} ({peak / 1e12:.0f} TFLOP/s, {bandwidth / 1e12:.2f} TB/s)",
+                hoverinfo="skip",
+            )
+        )
+
+
+def _roofline_point(r: dict, bandwidth: float, fp32_flops: float, fp64_flops: float):
+    """One record as a marker: colour by backend, shape by pass, hollow for CPU runs; hover gives % of roof."""
+    import plotly.graph_objects as go
+
+    mark = dict(size=11, color=BACKEND_COLORS.get(r["backend"], "#777"), symbol=PASS_SYMBOLS.get(r["pass"], "x"))
+    if not r["gpu"]:
+        mark.update(symbol=mark["symbol"] + "-open", line=dict(width=2, color=mark["color"]))
+    roof = min(fp32_flops if r["dtype"] != "float64" else fp64_flops, r["intensity"] * bandwidth)
+    pct = 100 * r["gflops"] * 1e9 / roof
+    return go.Scatter(
+        x=[r["intensity"]],
+        y=[r["gflops"]],
+        mode="markers",
+        marker=mark,
+        showlegend=False,
+        name=f"{r['backend']} {r['pass']}",
+        hovertemplate=(
+            f"<b>{r['backend']}</b> {PASS_LABELS.get(r['pass'], r['pass'])} ({r['dtype']}, "
+            f"{'GPU' if r['gpu'] else 'CPU'} {r['device_name']})<br>{r['median_ms']:.3g} ms · "
+            f"%{{y:.3g}} GFLOP/s · {r['gbps']:.3g} GB/s<br>intensity %{{x:.2f}} FLOP/byte · "
+            f"{pct:.2g}% of the H100 roof<extra>{r['bench']}</extra>"
+        ),
+    )
+
+
+def _roofline_notes(fig, empty: bool) -> None:
+    """Marker legend under the plot, log axes, and a note when nothing has counts yet."""
+    fig.add_annotation(
+        text="filled: GPU run · hollow: CPU smoke run · ● forward ■ +backward ◆ double backward",
+        xref="paper",
+        yref="paper",
+        x=0,
+        y=-0.22,
+        showarrow=False,
+        font=dict(size=11),
+        xanchor="left",
+    )
+    fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP / byte, minimum bytes moved)")
+    fig.update_yaxes(type="log", title_text="achieved GFLOP/s (non-zero CG terms)")
+    if empty:
+        fig.add_annotation(
+            text="no results with FLOP and byte counts yet",
+            showarrow=False,
+            xref="paper",
+            yref="paper",
+            x=0.5,
+            y=0.5,
+            font_size=15,
+        )
+
+
 def roofline_figure(
     records: list[dict],
     bandwidth: float = H100_BANDWIDTH,
@@ -214,85 +287,22 @@ def roofline_figure(
     count the non-zero CG terms and the minimum bytes each pass must move).
     CPU smoke runs are drawn hollow: they show the position, not an H100 result.
     """
-    import numpy as np
     import plotly.graph_objects as go
 
     pts = [r for r in records if r.get("intensity") and r.get("gflops")]
     fig = go.Figure()
     lo = min([r["intensity"] for r in pts] + [0.5]) / 2
     hi = max([r["intensity"] for r in pts] + [200.0]) * 2
-    ai = np.logspace(np.log10(lo), np.log10(hi), 200)
-    for peak, name, dash in ((fp32_flops, "FP32", "solid"), (fp64_flops, "FP64", "dot")):
-        fig.add_trace(
-            go.Scatter(
-                x=ai,
-                y=np.minimum(peak, ai * bandwidth) / 1e9,
-                mode="lines",
-                line=dict(color="#444", dash=dash, width=1.5),
-                name=f"H100 roof {name} ({peak / 1e12:.0f} TFLOP/s, {bandwidth / 1e12:.2f} TB/s)",
-                hoverinfo="skip",
-            )
-        )
+    _roof_traces(fig, lo, hi, bandwidth, fp32_flops, fp64_flops)
     for r in pts:
-        mark = dict(
-            size=11,
-            color=BACKEND_COLORS.get(r["backend"], "#777"),
-            symbol={"forward": "circle", "forward_backward": "square", "double_backward": "diamond"}.get(
-                r["pass"], "x"
-            ),
-        )
-        if not r["gpu"]:
-            mark.update(symbol=mark["symbol"] + "-open", line=dict(width=2, color=mark["color"]))
-        pct = (
-            100
-            * r["gflops"]
-            * 1e9
-            / min(fp32_flops if r["dtype"] != "float64" else fp64_flops, r["intensity"] * bandwidth)
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=[r["intensity"]],
-                y=[r["gflops"]],
-                mode="markers",
-                marker=mark,
-                showlegend=False,
-                name=f"{r['backend']} {r['pass']}",
-                hovertemplate=(
-                    f"<b>{r['backend']}</b> {PASS_LABELS.get(r['pass'], r['pass'])} ({r['dtype']}, "
-                    f"{'GPU' if r['gpu'] else 'CPU'} {r['device_name']})<br>{r['median_ms']:.3g} ms · "
-                    f"%{{y:.3g}} GFLOP/s · {r['gbps']:.3g} GB/s<br>intensity %{{x:.2f}} FLOP/byte · "
-                    f"{pct:.2g}% of the H100 roof<extra>{r['bench']}</extra>"
-                ),
-            )
-        )
+        fig.add_trace(_roofline_point(r, bandwidth, fp32_flops, fp64_flops))
     for b in sorted({r["backend"] for r in pts}):
         fig.add_trace(
             go.Scatter(
                 x=[None], y=[None], mode="markers", name=b, marker=dict(size=10, color=BACKEND_COLORS.get(b, "#777"))
             )
         )
-    fig.add_annotation(
-        text="filled: GPU run · hollow: CPU smoke run · ● forward ■ +backward ◆ double backward",
-        xref="paper",
-        yref="paper",
-        x=0,
-        y=-0.22,
-        showarrow=False,
-        font=dict(size=11),
-        xanchor="left",
-    )
-    fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP / byte, minimum bytes moved)")
-    fig.update_yaxes(type="log", title_text="achieved GFLOP/s (non-zero CG terms)")
-    if not pts:
-        fig.add_annotation(
-            text="no results with FLOP and byte counts yet",
-            showarrow=False,
-            xref="paper",
-            yref="paper",
-            x=0.5,
-            y=0.5,
-            font_size=15,
-        )
+    _roofline_notes(fig, empty=not pts)
     return style(fig, title or "Symmetric contraction against the H100 roofline", height=460)
 
 
@@ -374,9 +384,3 @@ def kernel_app(directory: str | Path | None = None, repeats: int = 10):
     refresh_b.on_click(load)
     load()
     return W.VBox([W.HBox([run_b, refresh_b]), notes, bars, roof, log])
-
-
-def results_table(records: list[dict]) -> list[dict]:
-    """Compact rows for printing: bench, device, backend, dtype, target, pass, ms, GFLOP/s, GB/s."""
-    keys = ("bench", "device_name", "backend", "dtype", "target", "pass", "median_ms", "gflops", "gbps")
-    return [{k: r.get(k) for k in keys} for r in records]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from workbench.packing.api import ALGORITHMS, algorithm_named, pack
 from workbench.viz.style import family_color, family_label, family_order, style
 
 
@@ -119,6 +120,59 @@ def _add_rectangles(fig, rects: Rectangles, row: int, col: int, shown: set, unit
         shown.add(fam)
 
 
+def _no_step(fig, col: int) -> None:
+    fig.add_annotation(
+        text="no such step:<br>this epoch is shorter",
+        showarrow=False,
+        font_size=14,
+        xref=f"x{col if col > 1 else ''} domain",
+        yref="y domain",
+        x=0.5,
+        y=0.5,
+    )
+
+
+def _panel(fig, col: int, rects: Rectangles, capacity: float | None, shown: set, unit: str) -> float:
+    """Draw one panel's rectangles, mark its slowest rank and the capacity; returns its longest row."""
+    _add_rectangles(fig, rects, 1, col, shown, unit)
+    loads = rects.rank_loads()
+    longest = 0.0
+    if loads.size:
+        longest = float(loads.max())
+        worst = int(np.argmax(loads))
+        fig.add_annotation(
+            x=float(loads[worst]),
+            y=worst,
+            text=" slowest",
+            showarrow=False,
+            xanchor="left",
+            font=dict(size=11, color="#555"),
+            row=1,
+            col=col,
+        )
+    if capacity:
+        fig.add_vline(x=float(capacity), line=dict(dash="dash", color="#333", width=1.2), row=1, col=col)
+    return longest
+
+
+def _axes(fig, nrows: int, total_ranks: int | None, capacity: float | None, unit: str, xmax: float) -> None:
+    fig.update_layout(
+        barmode="overlay", bargap=0.25, legend=dict(orientation="h", y=-0.18, x=0), height=max(260, 130 + 34 * nrows)
+    )
+    fig.update_yaxes(
+        autorange="reversed",
+        tickmode="array",
+        tickvals=list(range(nrows)),
+        ticktext=[f"GPU {r}" for r in range(nrows)],
+        range=[nrows - 0.5, -0.5],
+    )
+    fig.update_yaxes(
+        title_text="rank" + (f" (first {nrows} of {total_ranks})" if total_ranks and total_ranks > nrows else ""), col=1
+    )
+    cap_note = f" (dashed: capacity {capacity:,.0f})" if capacity else ""
+    fig.update_xaxes(title_text=f"{unit} in the batch{cap_note}", range=[0, 1.08 * max(xmax, 1.0)])
+
+
 def bin_layout_figure(
     panels: Sequence[tuple[str, Rectangles | None]],
     capacity: float | None = None,
@@ -143,53 +197,45 @@ def bin_layout_figure(
     xmax = float(capacity or 0)
     for c, (_, rects) in enumerate(panels, start=1):
         if rects is None:
-            fig.add_annotation(
-                text="no such step:<br>this epoch is shorter",
-                showarrow=False,
-                font_size=14,
-                xref=f"x{c if c > 1 else ''} domain",
-                yref="y domain",
-                x=0.5,
-                y=0.5,
-            )
-            continue
-        _add_rectangles(fig, rects, 1, c, shown, unit)
-        loads = rects.rank_loads()
-        if loads.size:
-            xmax = max(xmax, float(loads.max()))
-            worst = int(np.argmax(loads))
-            fig.add_annotation(
-                x=float(loads[worst]),
-                y=worst,
-                text=" slowest",
-                showarrow=False,
-                xanchor="left",
-                font=dict(size=11, color="#555"),
-                row=1,
-                col=c,
-            )
-        if capacity:
-            fig.add_vline(x=float(capacity), line=dict(dash="dash", color="#333", width=1.2), row=1, col=c)
-    fig.update_layout(
-        barmode="overlay", bargap=0.25, legend=dict(orientation="h", y=-0.18, x=0), height=max(260, 130 + 34 * nrows)
-    )
-    fig.update_yaxes(
-        autorange="reversed",
-        tickmode="array",
-        tickvals=list(range(nrows)),
-        ticktext=[f"GPU {r}" for r in range(nrows)],
-        range=[nrows - 0.5, -0.5],
-    )
-    fig.update_yaxes(
-        title_text="rank" + (f" (first {nrows} of {total_ranks})" if total_ranks and total_ranks > nrows else ""), col=1
-    )
-    cap_note = f" (dashed: capacity {capacity:,.0f})" if capacity else ""
-    fig.update_xaxes(title_text=f"{unit} in the batch{cap_note}", range=[0, 1.08 * max(xmax, 1.0)])
+            _no_step(fig, c)
+        else:
+            xmax = max(xmax, _panel(fig, c, rects, capacity, shown, unit))
+    _axes(fig, nrows, total_ranks, capacity, unit, xmax)
     style(fig, title)
     fig.update_layout(margin=dict(t=80))
     if figure_widget:
         return go.FigureWidget(fig)
     return fig
+
+
+#: The packers the layout app offers: the registered algorithms that respect a capacity.
+LAYOUT_PACKERS: tuple[str, ...] = tuple(name for name, a in ALGORITHMS.items() if a.respects_capacity)
+
+
+def _controls(capacity: int, algorithm: str) -> dict:
+    """The app's widgets: capacity slider, packer dropdown, step slider and its play button, info line."""
+    import ipywidgets as W
+
+    label = {"description_width": "80px"}
+    slider = dict(style=label, layout=W.Layout(width="420px"))
+    w = {
+        "capacity": W.IntSlider(
+            value=capacity, min=800, max=4096, step=64, description="capacity", continuous_update=False, **slider
+        ),
+        "algorithm": W.Dropdown(options=list(LAYOUT_PACKERS), value=algorithm, description="packer", style=label),
+        "step": W.IntSlider(value=0, min=0, max=1, description="step", continuous_update=True, **slider),
+        "play": W.Play(value=0, min=0, max=1, interval=600, description="play"),
+        "info": W.HTML(),
+    }
+    W.jslink((w["play"], "value"), (w["step"], "value"))
+    return w
+
+
+def _baseline_options(algorithm: str, baseline: str, graphs_per_batch: int) -> dict:
+    """Check the app's two algorithms; the baseline's options (its graph count, when it takes one)."""
+    if algorithm not in LAYOUT_PACKERS:
+        raise ValueError(f"algorithm {algorithm!r}: the app shows one of {', '.join(LAYOUT_PACKERS)}")
+    return {"graphs_per_batch": graphs_per_batch} if algorithm_named(baseline).takes_graphs_per_batch else {}
 
 
 def bin_layout_app(
@@ -204,59 +250,30 @@ def bin_layout_app(
 ):
     """Figure-12 explorer: baseline and packer side by side, a slider steps through the epoch.
 
-    Packs live (meant for datasets up to ~100k graphs, e.g. the embedded one):
-    sliders for capacity and step, a dropdown for the algorithm. The baseline
-    (``fixed-count`` with ``baseline_graphs_per_batch`` graphs, PyG's default,
-    as in the paper's figure) does not depend on the capacity.
+    Packs live (meant for datasets up to ~100k graphs, e.g. the embedded one): sliders for
+    capacity and step, a dropdown for the packer (:data:`LAYOUT_PACKERS`). The baseline, any
+    registered algorithm (default ``fixed-count`` with ``baseline_graphs_per_batch`` graphs,
+    PyG's default, as in the paper's figure), gets the same capacity; a count-based one ignores it.
     """
     import ipywidgets as W
 
-    from workbench.packing import pack
-
-    state: dict = {}
-    cap_w = W.IntSlider(
-        value=capacity,
-        min=800,
-        max=4096,
-        step=64,
-        description="capacity",
-        continuous_update=False,
-        style={"description_width": "80px"},
-        layout=W.Layout(width="420px"),
-    )
-    algo_w = W.Dropdown(
-        options=["paper", "shuffled-paper", "ffd", "dynamic"],
-        value=algorithm,
-        description="packer",
-        style={"description_width": "80px"},
-    )
-    step_w = W.IntSlider(
-        value=0,
-        min=0,
-        max=1,
-        description="step",
-        continuous_update=True,
-        style={"description_width": "80px"},
-        layout=W.Layout(width="420px"),
-    )
-    play = W.Play(value=0, min=0, max=1, interval=600, description="play")
-    W.jslink((play, "value"), (step_w, "value"))
-    info = W.HTML()
+    b_opts = _baseline_options(algorithm, baseline, baseline_graphs_per_batch)
+    w = _controls(capacity, algorithm)
+    cap_w, algo_w, step_w, play, info = (w[k] for k in ("capacity", "algorithm", "step", "play", "info"))
+    state: dict = {}  # the two packings at the current capacity
     fig = bin_layout_figure([(baseline, None), (algorithm, None)], capacity, figure_widget=True)
 
     def repack(*_):
-        b_opts = {"graphs_per_batch": baseline_graphs_per_batch} if baseline in ("fixed-count", "lpt") else {}
         state["base"] = pack(sizes, cap_w.value, num_replicas, baseline, seed, **b_opts)
         state["pack"] = pack(sizes, cap_w.value, num_replicas, algo_w.value, seed)
-        n = max(state["base"].n_steps, state["pack"].n_steps)
-        step_w.max = play.max = n - 1
+        step_w.max = play.max = max(state["base"].n_steps, state["pack"].n_steps) - 1
         redraw()
 
     def redraw(*_):
         s = step_w.value
         panels = []
         for key, label in (
-            ("base", f"{baseline} ({baseline_graphs_per_batch} graphs/batch)"),
+            ("base", f"{baseline} ({baseline_graphs_per_batch} graphs/batch)" if b_opts else baseline),
             ("pack", f"{algo_w.value} (capacity {cap_w.value:,})"),
         ):
             p = state[key]
@@ -269,23 +286,25 @@ def bin_layout_app(
             fig.data = []
             fig.add_traces(list(new.data))
             fig.layout = new.layout
-        mb, mp = (state[k] for k in ("base", "pack"))
-        lb, lp = mb.loads(), mp.loads()
-        info.value = (
-            f"<div class='wb-layout-info'>{baseline}: <b>{mb.n_steps}</b> steps per epoch · "
-            f"{algo_w.value}: <b>{mp.n_steps}</b> steps · slowest GPU at this step: "
-            + " vs ".join(f"<b>{_step_max(l, num_replicas, s):,.0f}</b>" for l in (lb, lp))
-            + " atoms</div>"
-        )
+        info.value = _info(baseline, algo_w.value, state["base"], state["pack"], num_replicas, s)
 
-    cap_w.observe(repack, "value")
-    algo_w.observe(repack, "value")
-    step_w.observe(redraw, "value")
+    for widget, handler in ((cap_w, repack), (algo_w, repack), (step_w, redraw)):
+        widget.observe(handler, "value")
     repack()
     fig.add_class("wb-layout-figure")
     app = W.VBox([W.HBox([cap_w, algo_w]), W.HBox([step_w, play]), info, fig])
     app.add_class("wb-layout-app")
     return app
+
+
+def _info(baseline: str, packer: str, base, packed, r: int, step: int) -> str:
+    """The line under the controls: steps per epoch of both, and the slowest GPU at this step."""
+    return (
+        f"<div class='wb-layout-info'>{baseline}: <b>{base.n_steps}</b> steps per epoch · "
+        f"{packer}: <b>{packed.n_steps}</b> steps · slowest GPU at this step: "
+        + " vs ".join(f"<b>{_step_max(p.loads(), r, step):,.0f}</b>" for p in (base, packed))
+        + " atoms</div>"
+    )
 
 
 def _step_max(loads: np.ndarray, r: int, step: int) -> float:

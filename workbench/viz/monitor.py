@@ -112,19 +112,10 @@ def loss_figure(run_dir, title: str | None = None):
     return style(fig, title or f"Run {_run_dir(run_dir).name}: loss", height=360)
 
 
-def step_time_figure(run_dir, title: str | None = None):
-    """Step time per rank and step, and per rank the mean split into data / compute / all-reduce wait."""
+def _rank_step_traces(fig, series: dict) -> None:
+    """Per rank: step time (solid, hover splits it) and compute time (dotted) against the step."""
     import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
 
-    series = step_series(run_dir)
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        column_widths=[0.62, 0.38],
-        horizontal_spacing=0.1,
-        subplot_titles=("step time per rank", "where each rank's time goes (mean per step)"),
-    )
     for r, s in series.items():
         c = RANK_COLORS[r % len(RANK_COLORS)]
         fig.add_trace(
@@ -158,6 +149,12 @@ def step_time_figure(run_dir, title: str | None = None):
             1,
             1,
         )
+
+
+def _rank_share_bars(fig, series: dict) -> None:
+    """Per rank, the mean step split into data loading, compute and all-reduce wait (stacked bars)."""
+    import plotly.graph_objects as go
+
     shares = rank_time_shares(series)
     ranks = [f"rank {r}" for r in shares]
     for key, name, color in (
@@ -177,6 +174,22 @@ def step_time_figure(run_dir, title: str | None = None):
             1,
             2,
         )
+
+
+def step_time_figure(run_dir, title: str | None = None):
+    """Step time per rank and step, and per rank the mean split into data / compute / all-reduce wait."""
+    from plotly.subplots import make_subplots
+
+    series = step_series(run_dir)
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.62, 0.38],
+        horizontal_spacing=0.1,
+        subplot_titles=("step time per rank", "where each rank's time goes (mean per step)"),
+    )
+    _rank_step_traces(fig, series)
+    _rank_share_bars(fig, series)
     if not series:
         fig.add_annotation(text="no step logged yet", showarrow=False, xref="x domain", yref="y domain", x=0.5, y=0.5)
     fig.update_layout(barmode="stack")

@@ -251,32 +251,29 @@ def _loss_axis(y: np.ndarray) -> dict:
     return dict(type="linear", tickformat="~g", nticks=6)
 
 
-def curves_figure(summary: dict):
-    """Loss per step (mean over ranks) and validation energy and force MAE per epoch, raw and smoothed."""
+def _loss_traces(fig, steps: list[dict]) -> None:
+    """Training loss per optimizer step, averaged over ranks, raw and smoothed, in the first panel."""
     import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
 
-    fig = make_subplots(
-        rows=1,
-        cols=3,
-        horizontal_spacing=0.08,
-        column_widths=[0.44, 0.28, 0.28],
-        subplot_titles=("training loss per step (mean over ranks)", "validation energy MAE", "validation force MAE"),
-    )
     per: dict[int, list[float]] = {}
-    for s in summary["steps"]:
+    for s in steps:
         per.setdefault(int(s["global_step"]), []).append(float(s["loss"]))
-    if per:
-        x = np.array(sorted(per))
-        y = np.array([np.mean(per[g]) for g in x])
-        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name="loss", line=dict(color="#9ECAE9", width=1)), 1, 1)
-        fig.add_trace(
-            go.Scatter(x=x, y=smooth(y), mode="lines", name="loss, smoothed", line=dict(color="#1F4E79", width=2.4)),
-            1,
-            1,
-        )
-        fig.update_yaxes(title_text="loss (weighted E + F)", row=1, col=1, **_loss_axis(y))
-    ep = [e for e in summary["epochs"] if e.get("valid_e_mae_mev_atom") is not None]
+    if not per:
+        return
+    x = np.array(sorted(per))
+    y = np.array([np.mean(per[g]) for g in x])
+    fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name="loss", line=dict(color="#9ECAE9", width=1)), 1, 1)
+    fig.add_trace(
+        go.Scatter(x=x, y=smooth(y), mode="lines", name="loss, smoothed", line=dict(color="#1F4E79", width=2.4)), 1, 1
+    )
+    fig.update_yaxes(title_text="loss (weighted E + F)", row=1, col=1, **_loss_axis(y))
+
+
+def _validation_traces(fig, epochs: list[dict]) -> None:
+    """Validation energy (panel 2) and force (panel 3) MAE per epoch; smoothed once there are 3 points."""
+    import plotly.graph_objects as go
+
+    ep = [e for e in epochs if e.get("valid_e_mae_mev_atom") is not None]
     x = [e["global_step"] for e in ep]
     for col, key, unit, color in (
         (2, "valid_e_mae_mev_atom", "meV/atom", "#4C78A8"),
@@ -310,6 +307,21 @@ def curves_figure(summary: dict):
                 col,
             )
         fig.update_yaxes(title_text=f"MAE ({unit})", rangemode="tozero", tickformat="~g", row=1, col=col)
+
+
+def curves_figure(summary: dict):
+    """Loss per step (mean over ranks) and validation energy and force MAE per epoch, raw and smoothed."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(
+        rows=1,
+        cols=3,
+        horizontal_spacing=0.08,
+        column_widths=[0.44, 0.28, 0.28],
+        subplot_titles=("training loss per step (mean over ranks)", "validation energy MAE", "validation force MAE"),
+    )
+    _loss_traces(fig, summary["steps"])
+    _validation_traces(fig, summary["epochs"])
     fig.update_xaxes(title_text="optimizer step")
     style(fig, None, height=400)
     fig.update_layout(

@@ -1,4 +1,4 @@
-"""One look for every view: family colours, algorithm colours, a plotly template.
+"""One look for every view: family colours, algorithm colours and order, a plotly template.
 
 Every figure in :mod:`workbench.viz` colours a chemical family the same way, so a
 reader who learned "orange is TMD" in the dataset view reads the bin layout and
@@ -8,6 +8,7 @@ the molecule gallery without a legend hunt.
 from __future__ import annotations
 
 from workbench.data.families import FAMILY_NAMES
+from workbench.packing.api import ALGORITHMS
 
 #: Colour of each Table-3 family (colour-blind-safe, Tableau-like; water families in blues).
 FAMILY_COLORS: dict[str, str] = {
@@ -34,7 +35,8 @@ FAMILY_LABELS: dict[str, str] = {
     "al_hcl": "Al-HCl(aq)",
 }
 
-#: Colour of each packing algorithm / scaling variant.
+#: Colour of each registered packing algorithm (:data:`workbench.packing.api.ALGORITHMS`); a
+#: test checks that every registered one has its own.
 ALGORITHM_COLORS: dict[str, str] = {
     "paper": "#1B9E77",
     "shuffled-paper": "#66A61E",
@@ -43,6 +45,7 @@ ALGORITHM_COLORS: dict[str, str] = {
     "lpt": "#A6761D",
     "fixed-count": "#D95F02",
 }
+UNKNOWN_ALGORITHM_COLOR = "#333333"
 
 #: Colour of each kernel backend.
 BACKEND_COLORS: dict[str, str] = {"e3nn": "#D95F02", "numba": "#1B9E77", "cueq": "#7570B3"}
@@ -65,6 +68,17 @@ def family_order(names) -> list[str]:
     """Families in Table-3 order, unknown names after them, sorted."""
     present = set(map(str, names))
     return [f for f in FAMILY_NAMES if f in present] + sorted(present - set(FAMILY_NAMES))
+
+
+def algorithm_color(name: str) -> str:
+    """Colour of packing algorithm ``name`` (dark grey for a name outside the registry)."""
+    return ALGORITHM_COLORS.get(str(name), UNKNOWN_ALGORITHM_COLOR)
+
+
+def algorithm_order(names) -> list[str]:
+    """Algorithms in the registry's order, unknown names after them, sorted."""
+    present = set(map(str, names))
+    return [a for a in ALGORITHMS if a in present] + sorted(present - set(ALGORITHMS))
 
 
 def style(fig, title: str | None = None, height: int | None = None):

@@ -30,13 +30,13 @@ one kernel of them spilled 1.2 KB (paper backward) to 2.8 KB (double backward) w
 launched apart spill at most 32 B. A float32 pass is fused when every live output runs
 unrolled (the others are launched apart by the caller). Its parts go into as few kernels as
 keep each within ``WORKBENCH_PASS_MAX_TERMS`` terms (default :data:`MAX_KERNEL_TERMS`), which
-bounds compile time: one kernel for each pass at the three configurations of issue 17.
+bounds compile time: one kernel for each pass at the three benchmark configurations (the paper's,
+128x0e+128x1o+128x2e and 256x0e+256x1o).
 ``WORKBENCH_FUSE_PASSES=0`` turns fusion off (:data:`workbench.kernels.ops.FUSE_ENV`).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
@@ -45,6 +45,7 @@ import numpy as np
 
 from workbench.kernels.backends import segment, unrolled
 from workbench.kernels.descriptor.tables import TermTable
+from workbench.kernels.options import kernel_options
 
 __all__ = ["FUSED_SCALE", "MAX_KERNEL_TERMS", "kernel_source", "launch", "pass_kernels", "plan"]
 
@@ -78,7 +79,7 @@ def pass_kernels(compiled: Sequence[Any], dtype: str) -> tuple[tuple[int, ...], 
             parts += [(k, t) for t in p]
     if len(parts) < 2:
         return None
-    most = int(os.environ.get("WORKBENCH_PASS_MAX_TERMS", MAX_KERNEL_TERMS))
+    most = kernel_options().pass_max_terms or MAX_KERNEL_TERMS
     kernels: list[list[Part]] = [[]]
     terms = 0
     for part in parts:

@@ -38,7 +38,6 @@ instruction set. Index arithmetic is unsigned, which lets LLVM vectorise the cha
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +46,7 @@ import numpy as np
 
 from workbench.kernels.backends.cpu_loops import NUM_ARRAYS, coefficients_by_row, drivers, sum_pieces
 from workbench.kernels.descriptor.program import VectorProgram, vector_program
+from workbench.kernels.options import kernel_options
 
 __all__ = [
     "NUM_ARRAYS",
@@ -67,7 +67,8 @@ __all__ = [
 #: rows per segment where segments are free to choose (species pieces, runs of edges)
 PIECE = 16
 #: below this many channel-instructions (rows x instructions x channels) a pass runs serially
-SERIAL_WORK = int(os.environ.get("WORKBENCH_CPU_SERIAL_WORK", "2_000_000"))
+#: (``KernelOptions.cpu_serial_work`` overrides it)
+SERIAL_WORK = 2_000_000
 #: how an operand row is found from an input row: the row itself, or through index 1 / 2
 #: (atom ops: species; edge ops: sender, receiver)
 ROW_SELF, ROW_IDX1, ROW_IDX2 = 0, 1, 2
@@ -212,7 +213,7 @@ def run_pass(
     K = row_coefficients(rp, arrays, idx1, idx2, int(perm.shape[0]), dtype)
     work = int(perm.shape[0]) * max(prog.num_instructions, 1) * channels
     parallel, serial = rp.drivers(dtype, channels)
-    (serial if work < SERIAL_WORK else parallel)(
+    (serial if work < (kernel_options().cpu_serial_work or SERIAL_WORK) else parallel)(
         *arrays,
         idx1,
         idx2,

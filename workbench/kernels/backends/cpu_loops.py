@@ -171,8 +171,13 @@ def driver_source(body: list[str] | None) -> str:
     seg += _interpreter_lines(I2) if body is None else [I2 + line for line in body]
     seg += _store_lines("row", 0, I2)
     seg += _store_lines("seg_row[s]", 1, "    ")
+    return "\n".join(seg + _run_lines()) + "\n"
+
+
+def _run_lines() -> list[str]:
+    """``run_parallel`` and ``run_serial``: ``segment`` over every segment, with and without ``prange``."""
     loop = f"segment(np.int64(s), {_ARGS})"
-    drivers_ = [
+    return [
         "",
         "",
         "@njit(parallel=True, cache=True, fastmath=FASTMATH)",
@@ -186,7 +191,6 @@ def driver_source(body: list[str] | None) -> str:
         "    for s in range(seg_ptr.shape[0] - 1):",
         f"        {loop}",
     ]
-    return "\n".join(seg + drivers_) + "\n"
 
 
 def _version() -> str:

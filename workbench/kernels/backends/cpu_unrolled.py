@@ -30,11 +30,10 @@ compiled with numba's on-disk cache, so a configuration compiles once per machin
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from workbench.kernels.descriptor.program import ADD_AXPY, ADD_K, ADD_MUL, SET_AXPY, SET_K, SET_MUL, VectorProgram
+from workbench.kernels.options import kernel_options
 
 __all__ = ["DEFAULT_MAX_INSTRUCTIONS", "body_source", "use_generated"]
 
@@ -49,11 +48,9 @@ def use_generated(program: VectorProgram) -> bool:
     the contraction's forward runs 2x slower (its ~100 live vectors spill) and its 6161-
     instruction backward took 208 s to compile; the default interpreter is within 20% of the
     generated code everywhere and compiles once for every program."""
-    mode = os.environ.get("WORKBENCH_CPU_KERNELS", "interpreter")
-    if mode not in ("generated", "interpreter"):
-        raise ValueError(f"WORKBENCH_CPU_KERNELS must be interpreter or generated, got {mode!r}")
-    return mode == "generated" and program.num_instructions <= int(
-        os.environ.get("WORKBENCH_CPU_UNROLL_MAX", DEFAULT_MAX_INSTRUCTIONS)
+    options = kernel_options()
+    return options.cpu_kernels == "generated" and program.num_instructions <= (
+        options.cpu_unroll_max or DEFAULT_MAX_INSTRUCTIONS
     )
 
 

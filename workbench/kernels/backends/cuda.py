@@ -52,13 +52,12 @@ def get_kernel(buffer_len: int, tpb: int, dtype: str, degree: int = 4) -> Any:
 
     nb_dtype = numba.float64 if dtype == "float64" else numba.float32
     SP = buffer_len if buffer_len % 2 == 1 else buffer_len + 1  # odd row stride: no bank conflicts
-    TPB = tpb
-    pick = cuda_pick()
-    u64 = numba.uint64
-    D = np.uint64(degree)
-    NA = np.uint64(MAX_ATOM_ARRAYS)
+    return _table_kernel(nb_dtype, SP, tpb, cuda_pick(), numba.uint64, np.uint64(degree), np.uint64(MAX_ATOM_ARRAYS))
 
-    @cuda.jit
+
+def _table_kernel(nb_dtype: Any, SP: int, TPB: int, pick: Any, u64: Any, D: np.uint64, NA: np.uint64) -> Any:
+    """The table kernel with its compile-time constants (:func:`get_kernel`) as closure variables."""
+
     def sparse_poly_kernel(
         a0,
         a1,
@@ -113,7 +112,7 @@ def get_kernel(buffer_len: int, tpb: int, dtype: str, degree: int = 4) -> Any:
             base += D
         out[b, u64(out_off[cur]) + c * u64(out_cs[cur])] += acc
 
-    return sparse_poly_kernel
+    return cuda.jit(sparse_poly_kernel)
 
 
 def plans(compiled: Any, arrays: list, species: Any, channels: int, out: Any, host: bool = False) -> list[tuple]:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-__all__ = ["cuda_available", "cuda_status", "cudasim_enabled", "threads_per_block"]
+from workbench.kernels.options import kernel_options
+
+__all__ = ["cuda_available", "cuda_status", "cudasim_enabled", "numba_unavailable", "threads_per_block"]
 
 _SHARED_BYTES = 48 * 1024
 
@@ -17,9 +19,7 @@ _SHARED_BYTES = 48 * 1024
 def cudasim_enabled() -> bool:
     """True when numba's CUDA simulator is on and the workbench is asked to route CPU
     tensors through the CUDA kernels (``WORKBENCH_KERNELS_CUDASIM=1``), for CI."""
-    return (
-        os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1" and os.environ.get("WORKBENCH_KERNELS_CUDASIM", "0") == "1"
-    )
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1" and kernel_options().cudasim
 
 
 @lru_cache(maxsize=1)
@@ -44,11 +44,20 @@ def cuda_available() -> bool:
 
 def threads_per_block(buffer_len: int, itemsize: int) -> int:
     """Largest power of two <= 128 whose shared buffer ``[tpb, buffer_len]`` fits in 48 KiB."""
-    env = os.environ.get("WORKBENCH_CUDA_TPB")
-    if env:
-        return int(env)
+    forced = kernel_options().threads_per_block
+    if forced:
+        return forced
     fit = max(1, _SHARED_BYTES // (buffer_len * itemsize))
     tpb = 1
     while tpb * 2 <= min(fit, 128):
         tpb *= 2
     return tpb
+
+
+def numba_unavailable() -> str | None:
+    """Why numba's kernels cannot run here (its CPU target is always there when numba imports)."""
+    try:
+        import numba  # noqa: F401
+    except ImportError as exc:
+        return f"numba does not import ({exc})"
+    return None

@@ -37,7 +37,7 @@ import numpy as np
 
 from workbench.kernels.backends import unrolled
 from workbench.kernels.backends.device import threads_per_block
-from workbench.kernels.backends.gather import cuda_edge_loader, cuda_split, cuda_term
+from workbench.kernels.backends.gather import _device, cuda_edge_loader, cuda_split, cuda_term
 
 __all__ = ["get_edge_kernel", "get_node_kernel", "launch", "plans", "reduce_group", "writes_every_element"]
 
@@ -74,11 +74,13 @@ def get_node_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str, reduce_
     from numba import cuda
 
     nb_dtype, SP, load, split, term = _setup(buffer_len, out_len, dtype)
-    TPB = tpb
-    REDUCE = bool(reduce_channels)
-    A0 = buffer_len  # accumulators start after the slots (and the constant 1)
+    # accumulators start after the slots (and the constant 1)
+    return _node_kernel(nb_dtype, SP, tpb, bool(reduce_channels), buffer_len, load, split, term)
 
-    @cuda.jit
+
+def _node_kernel(nb_dtype: Any, SP: int, TPB: int, REDUCE: bool, A0: int, load: Any, split: Any, term: Any) -> Any:
+    """The node kernel with its compile-time constants (:func:`get_node_kernel`) as closure variables."""
+
     def edge_poly_node_kernel(
         a0,
         a1,
@@ -131,7 +133,35 @@ def get_node_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str, reduce_
             else:
                 out[n, out_off[o] + c * out_cs[o]] = v[tid, A0 + o]
 
-    return edge_poly_node_kernel
+    return cuda.jit(edge_poly_node_kernel)
+
+
+@cache
+def _cuda_channel_terms() -> Any:
+    """Device function adding the terms of channel ``c`` of edge ``e`` to the output: each run of
+    terms of one output component summed in a register, then added to the edge's accumulator row
+    in shared memory (``reduce_channels``: a channel-summed output) or to the output element."""
+    term = cuda_term()
+
+    def channel_terms(v, tid, out, e, c, A0, zero, t_out, t_fac, t_coef, out_off, out_cs, reduce_channels):
+        cur = t_out[0]
+        acc = zero
+        for t in range(t_out.shape[0]):
+            o = t_out[t]
+            if o != cur:
+                if reduce_channels:
+                    v[tid, A0 + cur] += acc
+                else:
+                    out[e, out_off[cur] + c * out_cs[cur]] += acc
+                acc = zero
+                cur = o
+            acc += term(v, tid, t_coef, t_fac, t)
+        if reduce_channels:
+            v[tid, A0 + cur] += acc
+        else:
+            out[e, out_off[cur] + c * out_cs[cur]] += acc
+
+    return _device(channel_terms)
 
 
 @cache
@@ -140,11 +170,13 @@ def get_edge_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
     global cuda
     from numba import cuda
 
-    nb_dtype, SP, load, split, term = _setup(buffer_len, out_len, dtype)
-    TPB = tpb
-    A0 = buffer_len
+    nb_dtype, SP, load, split, _ = _setup(buffer_len, out_len, dtype)
+    return _edge_kernel(nb_dtype, SP, tpb, buffer_len, load, split, _cuda_channel_terms())
 
-    @cuda.jit
+
+def _edge_kernel(nb_dtype: Any, SP: int, TPB: int, A0: int, load: Any, split: Any, channel_terms: Any) -> Any:
+    """The edge kernel with its compile-time constants (:func:`get_edge_kernel`) as closure variables."""
+
     def edge_poly_edge_kernel(
         a0,
         a1,
@@ -186,25 +218,9 @@ def get_edge_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
                 for o in range(O):
                     v[tid, A0 + o] = zero
             v[tid, S] = 1.0
-            T = t_out.shape[0]
             for c in range(g, C, G):  # strided: consecutive threads read consecutive channels
                 load(v, tid, a0, a1, a2, a3, a4, a5, a6, a7, e, s, r, c, slot_arr, slot_rows, slot_off, slot_cs)
-                cur = t_out[0]
-                acc = zero
-                for t in range(T):
-                    o = t_out[t]
-                    if o != cur:
-                        if reduce_channels:
-                            v[tid, A0 + cur] += acc
-                        else:
-                            out[e, out_off[cur] + c * out_cs[cur]] += acc
-                        acc = zero
-                        cur = o
-                    acc += term(v, tid, t_coef, t_fac, t)
-                if reduce_channels:
-                    v[tid, A0 + cur] += acc
-                else:
-                    out[e, out_off[cur] + c * out_cs[cur]] += acc
+                channel_terms(v, tid, out, e, c, A0, zero, t_out, t_fac, t_coef, out_off, out_cs, reduce_channels)
         if reduce_channels:
             # the edge's G partials, added in a fixed order by its first thread: deterministic
             cuda.syncthreads()
@@ -215,7 +231,7 @@ def get_edge_kernel(buffer_len: int, out_len: int, tpb: int, dtype: str) -> Any:
                         total += v[tid + j, A0 + o]
                     out[e, out_off[o]] = total
 
-    return edge_poly_edge_kernel
+    return cuda.jit(edge_poly_edge_kernel)
 
 
 def plans(
@@ -252,44 +268,29 @@ def plans(
     else:
         tpb = threads_per_block(_odd(buffer_len + out_len), np.dtype(out.dtype).itemsize)
     if compiled.node_output:
-        n = (seg[0].shape[0] - 1) * channels
+        n, rows = (seg[0].shape[0] - 1) * channels, (seg[0], seg[1])
     else:
         # thread per (edge, channel), or G threads per edge for a channel-summed output
         G = reduce_group(channels, tpb) if reduce_ else channels
-        n = sender.shape[0] * G
+        n, rows = sender.shape[0] * G, (G,)
     if n == 0:
         return []
     blocks = (n + tpb - 1) // tpb
+    head = (*arrays, sender, receiver, *rows, channels)
     if parts is not None:
         shape = "node" if compiled.node_output else "edge"
-        if compiled.node_output:
-            args = (*arrays, sender, receiver, seg[0], seg[1], channels, out)
-        else:
-            args = (*arrays, sender, receiver, G, channels, out)
-        return [
-            (
-                unrolled.get_unrolled_kernel(
-                    t,
-                    shape,
-                    dtype,
-                    reduce_channels=reduce_,
-                    tpb=tpb,
-                    group=G if reduce_ and not compiled.node_output else 0,
-                ),
-                blocks,
-                tpb,
-                args,
-            )
-            for t in parts
+        group = G if reduce_ and not compiled.node_output else 0
+        args = (*head, out)
+        kernels = [
+            unrolled.get_unrolled_kernel(t, shape, dtype, reduce_channels=reduce_, tpb=tpb, group=group) for t in parts
         ]
+        return [(kernel, blocks, tpb, args) for kernel in kernels]
     tables = compiled.host_tables(dtype) if host else compiled.device_tables(dtype)
     if compiled.node_output:
         kernel = get_node_kernel(buffer_len, out_len, tpb, dtype, reduce_)
-        args = (*arrays, sender, receiver, seg[0], seg[1], channels, *tables[:7], out, tables[7], tables[8])
-    else:
-        kernel = get_edge_kernel(buffer_len, out_len, tpb, dtype)
-        args = (*arrays, sender, receiver, G, channels, *tables[:7], out, tables[7], tables[8], reduce_)
-    return [(kernel, blocks, tpb, args)]
+        return [(kernel, blocks, tpb, (*head, *tables[:7], out, tables[7], tables[8]))]
+    kernel = get_edge_kernel(buffer_len, out_len, tpb, dtype)
+    return [(kernel, blocks, tpb, (*head, *tables[:7], out, tables[7], tables[8], reduce_))]
 
 
 def writes_every_element(compiled: Any, dtype: str) -> bool:

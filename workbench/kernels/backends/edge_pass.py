@@ -20,7 +20,7 @@ to the incoming cotangent :math:`\bar M`), which a second *role* of the same lau
   as the node kernel of :mod:`~workbench.kernels.backends.unrolled`.
 
 Operand components are read with unsigned indices (no wraparound, offsets folded into the
-loads) and shared by every output of a role (:func:`~workbench.kernels.backends.unrolled._sums`
+loads) and shared by every output of a role (:func:`~workbench.kernels.backends.unrolled_sums.sums_source`
 with one slot namespace). A pass is fused when every output runs unrolled on its own, the
 role-1 union fits (:func:`fused_layout`), there is at most one channel-summed output with
 contiguous components, and ``C <= 256`` when it has one (a node's threads share a block, and
@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 
 from workbench.kernels.backends import unrolled
+from workbench.kernels.backends.unrolled_source import EDGE_ROW_VARS, Index, edge_rows
+from workbench.kernels.backends.unrolled_sums import Definitions, dtype_name, sums_source
 from workbench.kernels.descriptor.tables import TermTable
 
 __all__ = ["PassLayout", "block_shape", "fused_layout", "kernel_source", "launch", "layout", "plan"]
@@ -48,6 +50,7 @@ MAX_REDUCE_CHANNELS = 256
 MAX_CHANNELS = 1024
 #: the partials of the channel-summed output live in static shared memory (48 KB a block)
 MAX_SHARED_BYTES = 48 * 1024
+IND = "    "
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,7 @@ def _slot_keys(table: TermTable) -> list[tuple[int, int, int, int]]:
 class _Slots:
     """One variable per distinct operand component of a role, loaded once per edge."""
 
-    def __init__(self, prefix: str, index: unrolled._Index):
+    def __init__(self, prefix: str, index: Index):
         self.prefix, self.index = prefix, index
         self.names: dict[tuple[int, int, int, int], str] = {}
 
@@ -163,7 +166,7 @@ class _Slots:
             if key not in self.names:
                 self.names[key] = f"{self.prefix}{len(self.names)}"
                 a, k, off, cs = key
-                loads.append(f"{ind}{self.names[key]} = x{a}[{unrolled.EDGE_ROW_VARS[k]}, {self.index(off, cs)}]")
+                loads.append(f"{ind}{self.names[key]} = x{a}[{EDGE_ROW_VARS[k]}, {self.index(off, cs)}]")
             names.append(self.names[key])
         return names, loads
 
@@ -175,11 +178,8 @@ def kernel_source(
     order) for ``npb`` nodes of ``channels`` channels per block (default :func:`block_shape`;
     the shared buffers are sized by them)."""
     npb = block_shape(channels)[0] if npb is None else npb
-    tpb = npb * channels
-    consts = unrolled._Definitions(dtype)
-    index = unrolled._Index()
-    dt = unrolled._dtype_name(dtype)
-    ind, i2, i3, i4 = "    ", "    " * 2, "    " * 3, "    " * 4
+    consts = Definitions(dtype)
+    index = Index()
     outs = ", ".join(f"out{k}" for k in range(len(tables)))
     xs = ", ".join(f"x{i}" for i in range(8))
     src = [
@@ -187,11 +187,26 @@ def kernel_source(
         "tid = cuda.threadIdx.x",
         "go = C > 0",
     ]
-    red_k = tables[lay.reduce].out_off.shape[0] if lay.reduce is not None else 0
     if lay.reduce is not None:
-        src += [f"red = cuda.shared.array(({tpb}, {red_k}), {dt})", f"cnt = cuda.shared.array({npb}, numba.int64)"]
+        red_k = tables[lay.reduce].out_off.shape[0]
+        dt = dtype_name(dtype)
+        src += [
+            f"red = cuda.shared.array(({npb * channels}, {red_k}), {dt})",
+            f"cnt = cuda.shared.array({npb}, numba.int64)",
+        ]
+    body = _walk_body(tables, lay, npb, consts, index, dtype)
+    src += ["if cuda.blockIdx.x < B1:"] + [IND + line for line in body]
+    if lay.other:
+        src += ["else:"] + [IND + line for line in _other_body(tables, lay, consts, index, dtype)]
+    return _module(src, consts, index)
 
-    # role 1: whole nodes per block, walking the `walk` segments
+
+def _walk_body(
+    tables: Sequence[TermTable], lay: PassLayout, npb: int, consts: Definitions, index: Index, dtype: str
+) -> list[str]:
+    """Role 1: whole nodes per block, walking the ``walk`` segments; node outputs carried over
+    the walk, per-edge outputs stored (channelwise) or summed over the node's threads."""
+    i2 = IND * 2
     slots = _Slots("v", index)
     body = [
         "ln = tid // C",
@@ -201,77 +216,83 @@ def kernel_source(
         "start = 0",
         "count = 0",
         "if n < N:",
-        f"{ind}start = w_ptr[n]",
-        f"{ind}count = w_ptr[n + 1] - start",
+        f"{IND}start = w_ptr[n]",
+        f"{IND}count = w_ptr[n + 1] - start",
         "nu = u64(n)",
         "eu = u64(0)",
         "@CHANNELS@",
     ]
-    if lay.reduce is not None:
-        body += [
-            "if c == 0:",
-            f"{ind}cnt[ln] = count",
-            "cuda.syncthreads()",
-            "L = cnt[0]",
-            f"for b in range(1, {npb}):",
-            f"{ind}L = max(L, cnt[b])",
-        ]
+    if lay.reduce is not None:  # the block walks to its longest segment: every thread meets the barriers
+        body += ["if c == 0:", f"{IND}cnt[ln] = count", "cuda.syncthreads()", "L = cnt[0]"]
+        body += [f"for b in range(1, {npb}):", f"{IND}L = max(L, cnt[b])"]
     else:
         body.append("L = count")
-    decl, loop, stores = _carried(tables, lay.walked, slots, i2, ind, consts, index, dtype)
+    decl, loop, stores = _carried(tables, lay.walked, slots, i2, IND, consts, index, dtype)
     body += decl
     for k in lay.edge:
         t = tables[k]
         names, loads = slots.of(t, i2)
-        decl, lines, exprs = unrolled._sums_source(t, dtype, i2, consts, names=names, tag=f"a{k}")
-        loop += (
-            loads
-            + decl
-            + lines
-            + [f"{i2}out{k}[eu, {index(t.out_off[o], t.out_cs[o])}] = {e}" for o, e in exprs.items()]
-        )
+        decl, lines, exprs = sums_source(t, dtype, i2, consts, names=names, tag=f"a{k}")
+        stored = [f"{i2}out{k}[eu, {index(t.out_off[o], t.out_cs[o])}] = {e}" for o, e in exprs.items()]
+        loop += loads + decl + lines + stored
     reduce_tail: list[str] = []
     if lay.reduce is not None:
-        k = lay.reduce
-        t = tables[k]
-        names, loads = slots.of(t, i2)
-        decl, lines, exprs = unrolled._sums_source(t, dtype, i2, consts, names=names, tag=f"a{k}")
-        comp = {o: j for j, o in enumerate(sorted(exprs))}
-        loop += loads + decl + lines + [f"{i2}red[tid, {comp[o]}] = {e}" for o, e in exprs.items()]
-        # the node's first K threads each sum one component over the C channel partials, ascending
-        reduce_tail = [
-            f"{ind}cuda.syncthreads()",
-            f"{ind}if j < count:",
-            f"{i2}for q in range(c, {red_k}, C):",
-            f"{i3}t = red[ln * C, q]",
-            f"{i3}for i in range(1, C):",
-            f"{i4}t += red[ln * C + i, q]",
-            f"{i3}out{k}[eu, u64(q) + U{int(t.out_off[0])}] = t",
-            f"{ind}cuda.syncthreads()",
-        ]
-        index.offsets.add(int(t.out_off[0]))
-    body += ["for j in range(L):", f"{ind}if j < count:"] + unrolled.edge_rows(i2, "w_perm[start + j]")
+        lines, reduce_tail = _reduced(tables[lay.reduce], lay.reduce, slots, consts, index, dtype)
+        loop += lines
+    body += ["for j in range(L):", f"{IND}if j < count:"] + edge_rows(i2, "w_perm[start + j]")
     body += loop + reduce_tail
     if stores:
         body += ["if n < N:"] + stores
-    src += ["if cuda.blockIdx.x < B1:"] + [ind + line for line in body]
+    return body
 
-    # role 2: node outputs of the other rows, thread per (node, channel)
-    if lay.other:
-        slots2 = _Slots("w", index)
-        body2 = [
-            "gid = (cuda.blockIdx.x - B1) * cuda.blockDim.x + tid",
-            "if gid >= (o_ptr.shape[0] - 1) * C:",
-            f"{ind}return",
-            "n = gid // C",
-            "c = gid - n * C",
-            "nu = u64(n)",
-            "@CHANNELS@",
-        ]
-        decl, loop2, stores2 = _carried(tables, lay.other, slots2, ind, "", consts, index, dtype)
-        body2 += decl + ["for p in range(o_ptr[n], o_ptr[n + 1]):"] + unrolled.edge_rows(ind, "o_perm[p]")
-        body2 += loop2 + stores2
-        src += ["else:"] + [ind + line for line in body2]
+
+def _reduced(
+    t: TermTable, k: int, slots: _Slots, consts: Definitions, index: Index, dtype: str
+) -> tuple[list[str], list[str]]:
+    """The channel-summed output ``k`` of role 1: ``(lines in the walk, after each edge)``. Each
+    thread stores its partials in shared memory; then the node's first ``K`` threads each sum
+    one component over the ``C`` channel partials, ascending."""
+    i2, i3, i4 = IND * 2, IND * 3, IND * 4
+    names, loads = slots.of(t, i2)
+    decl, lines, exprs = sums_source(t, dtype, i2, consts, names=names, tag=f"a{k}")
+    comp = {o: j for j, o in enumerate(sorted(exprs))}
+    loop = loads + decl + lines + [f"{i2}red[tid, {comp[o]}] = {e}" for o, e in exprs.items()]
+    tail = [
+        f"{IND}cuda.syncthreads()",
+        f"{IND}if j < count:",
+        f"{i2}for q in range(c, {t.out_off.shape[0]}, C):",
+        f"{i3}t = red[ln * C, q]",
+        f"{i3}for i in range(1, C):",
+        f"{i4}t += red[ln * C + i, q]",
+        f"{i3}out{k}[eu, u64(q) + U{int(t.out_off[0])}] = t",
+        f"{IND}cuda.syncthreads()",
+    ]
+    index.offsets.add(int(t.out_off[0]))
+    return loop, tail
+
+
+def _other_body(
+    tables: Sequence[TermTable], lay: PassLayout, consts: Definitions, index: Index, dtype: str
+) -> list[str]:
+    """Role 2: node outputs of the other rows, thread per (node, channel)."""
+    slots = _Slots("w", index)
+    body = [
+        "gid = (cuda.blockIdx.x - B1) * cuda.blockDim.x + tid",
+        "if gid >= (o_ptr.shape[0] - 1) * C:",
+        f"{IND}return",
+        "n = gid // C",
+        "c = gid - n * C",
+        "nu = u64(n)",
+        "@CHANNELS@",
+    ]
+    decl, loop, stores = _carried(tables, lay.other, slots, IND, "", consts, index, dtype)
+    body += decl + ["for p in range(o_ptr[n], o_ptr[n + 1]):"] + edge_rows(IND, "o_perm[p]")
+    return body + loop + stores
+
+
+def _module(src: list[str], consts: Definitions, index: Index) -> str:
+    """The definitions, offsets and the kernel ``src``, with the per-thread channel offsets of
+    every role (once the strides are known) at each ``@CHANNELS@``."""
     chan = index.channel_lines()
     lines = []
     for line in src:
@@ -280,7 +301,7 @@ def kernel_source(
             lines += [lead + c for c in chan]
         else:
             lines.append(line)
-    kernel = "\n".join([lines[0]] + [ind + line for line in lines[1:]]) + "\n"
+    kernel = "\n".join([lines[0]] + [IND + line for line in lines[1:]]) + "\n"
     return "\n".join(consts.lines() + index.globals()) + "\n\n\n" + kernel
 
 
@@ -290,8 +311,8 @@ def _carried(
     slots: _Slots,
     ind: str,
     store_ind: str,
-    consts: unrolled._Definitions,
-    index: unrolled._Index,
+    consts: Definitions,
+    index: Index,
     dtype: str,
 ) -> tuple[list[str], list[str], list[str]]:
     """Node outputs ``ks`` summed over a walk: ``(declarations before the loop, loop lines at
@@ -302,7 +323,7 @@ def _carried(
     for k in ks:
         t = tables[k]
         names, loads = slots.of(t, ind)
-        decl, lines, exprs = unrolled._sums_source(t, dtype, ind, consts, decl_ind="", names=names, tag=f"a{k}")
+        decl, lines, exprs = sums_source(t, dtype, ind, consts, decl_ind="", names=names, tag=f"a{k}")
         decls += decl
         loop += loads + lines
         stores += [f"{store_ind}out{k}[nu, {index(t.out_off[o], t.out_cs[o])}] = {e}" for o, e in exprs.items()]

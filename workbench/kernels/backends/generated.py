@@ -11,20 +11,23 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from workbench.kernels.options import ENV, kernel_options
+
 __all__ = ["KERNEL_CACHE_ENV", "load_module", "source_dir"]
 
 
 #: the kernel cache folder; a cluster may point it at a shared filesystem, so that a kernel one
 #: job compiled is loaded by the next
-KERNEL_CACHE_ENV = "WORKBENCH_KERNEL_CACHE"
+KERNEL_CACHE_ENV = ENV["kernel_cache"][0]
 
 
 def source_dir() -> Path:
     """Where generated kernel modules (and numba's cache of their machine code) live:
     ``$WORKBENCH_KERNEL_CACHE``, else ``$WORKBENCH_CACHE_DIR/kernels`` (default
     ``~/.cache/cfm-workbench/kernels``)."""
-    if os.environ.get(KERNEL_CACHE_ENV):
-        return Path(os.environ[KERNEL_CACHE_ENV]).expanduser()
+    cache = kernel_options().kernel_cache
+    if cache:
+        return Path(cache).expanduser()
     return Path(os.environ.get("WORKBENCH_CACHE_DIR") or Path.home() / ".cache" / "cfm-workbench") / "kernels"
 
 

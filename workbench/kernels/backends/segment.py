@@ -26,6 +26,8 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from workbench.kernels.options import kernel_options
+
 __all__ = ["COLUMNS", "LANES", "THREADS_PER_BLOCK", "get_segment_sum_kernel", "lanes", "plan_segment_sum"]
 
 #: columns per block: a warp reads 32 consecutive columns of one row
@@ -39,12 +41,9 @@ cuda = None  # numba.cuda, bound on first use (after NUMBA_ENABLE_CUDASIM is rea
 def lanes() -> int:
     """Row lanes per column: :data:`LANES`; 1 under the simulator (it runs every thread in Python,
     and the other tests launch many sums), unless ``WORKBENCH_SEGMENT_LANES`` says otherwise."""
-    import os
-
     from workbench.kernels.backends.device import cudasim_enabled
 
-    env = os.environ.get("WORKBENCH_SEGMENT_LANES")
-    return int(env) if env else (1 if cudasim_enabled() else LANES)
+    return kernel_options().segment_lanes or (1 if cudasim_enabled() else LANES)
 
 
 @cache

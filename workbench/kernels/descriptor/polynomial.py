@@ -203,9 +203,6 @@ class SparsePolynomial:
     def max_degree(self) -> int:
         return max((len(f) for _, f in self.terms), default=0)
 
-    def used_operands(self) -> list[int]:
-        return sorted({a for _, f in self.terms for a, _ in f})
-
     def flops_per_channel(self) -> int:
         """Multiplications plus additions per (row, channel) for a plain term-by-term evaluation."""
         return sum(len(f) + 1 for _, f in self.terms)

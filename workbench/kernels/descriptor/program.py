@@ -234,6 +234,103 @@ class _Builder:
         return r, r
 
 
+def _broadcast(operands: Sequence[Operand]) -> list[bool]:
+    """Per operand, whether it is broadcast over channels (zero channel stride: a scalar per
+    component) rather than channelwise (a vector per component); one of the two in every component."""
+    broadcast = []
+    for op in operands:
+        zero = [cs == 0 for cs in op.cstrides]
+        if any(zero) and not all(zero):
+            raise ValueError(f"operand {op.name}: channelwise in some components and broadcast in others")
+        broadcast.append(bool(zero) and all(zero))
+    return broadcast
+
+
+class _Horner:
+    """The factoring of :func:`vector_program`: registers of the used factors (vector operand
+    components, scalars, accumulators), the vector operands ranked by how often they occur as
+    factors, and the multivariate Horner form emitted through a :class:`_Builder`."""
+
+    def __init__(self, polys: Sequence[SparsePolynomial], broadcast: list[bool]):
+        self.broadcast = broadcast
+        used = sorted({f for p in polys for _, fs in p.terms for f in fs})
+        self.vec = [f for f in used if not broadcast[f[0]]]
+        self.sca = [f for f in used if broadcast[f[0]]]
+        self.vreg = {f: j for j, f in enumerate(self.vec)}
+        self.sreg = {f: j for j, f in enumerate(self.sca)}
+        self.accs = sorted({(p_i, o) for p_i, p in enumerate(polys) for o, _ in p.terms})
+        V = len(self.vec)
+        self.acc_reg = {key: V + j for j, key in enumerate(self.accs)}
+        count: dict[int, int] = defaultdict(int)
+        for p in polys:
+            for _, fs in p.terms:
+                for a, _ in fs:
+                    if not broadcast[a]:
+                        count[a] += 1
+        self.rank = sorted(count, key=lambda a: (-count[a], a))
+        self.b = _Builder(V, len(self.accs), len(self.sca))
+
+    def split(self, fs) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+        """A term's factors as ``(vector registers per ranked operand, scalar registers)``."""
+        key = tuple(tuple(self.vreg[f] for f in fs if f[0] == a) for a in self.rank)
+        return key, tuple(self.sreg[f] for f in fs if self.broadcast[f[0]])
+
+    def rest_is_empty(self, group, level: int) -> bool:
+        return all(not any(key[lv] for lv in range(level, len(self.rank))) for _, key, _ in group)
+
+    def add_group(self, target: int, mono: tuple[int, ...], group: list, level: int, prefix: dict | None) -> None:
+        """``target += Π mono * (Σ over group of the factors from rank[level:])``."""
+        b = self.b
+        if not mono:
+            if self.rest_is_empty(group, level):
+                b._emit(SET_K, target, 0, 0, b.coef([(c, sc) for c, _, sc in group]))
+            else:
+                self.emit(target, group, level)
+            return
+        if self.rest_is_empty(group, level):
+            k = b.coef([(c, sc) for c, _, sc in group])
+            if len(mono) == 2 and prefix is None:
+                b.mul(target, mono[0], mono[1], k)
+                return
+            m, tmp = b.product(mono, prefix)
+            b.axpy(target, m, k)
+            b.release(tmp)
+            return
+        m, tmp = b.product(mono, prefix)
+        deeper = {tuple(f for lv in range(level, len(self.rank)) for f in key[lv]) for _, key, _ in group}
+        if len(deeper) == 1 and len(next(iter(deeper))) == 1:  # one more factor, the same in every term
+            b.mul(target, m, next(iter(deeper))[0], b.coef([(c, sc) for c, _, sc in group]))
+        else:
+            t = b.temp()
+            self.emit(t, group, level)
+            b.mul(target, m, t, b.coef([(1.0, ())]))
+            b.release(t)
+        b.release(tmp)
+
+    def emit(self, target: int, group: list, level: int) -> None:
+        """``target (+)= Σ over group`` of the factors from rank[level:] (Horner, recursively)."""
+        groups: dict[tuple[int, ...], list] = defaultdict(list)
+        for item in group:
+            groups[item[1][level]].append(item)
+        for mono in sorted(groups):
+            self.add_group(target, mono, groups[mono], level + 1, None)
+
+    def run(self, polys: Sequence[SparsePolynomial]) -> None:
+        """Emit every term of ``polys``, grouped by its monomial in the first ranked operand."""
+        top: dict[tuple[int, ...], dict[tuple[int, int], list]] = defaultdict(lambda: defaultdict(list))
+        for p_i, p in enumerate(polys):
+            for (o, fs), c in p.terms.items():
+                key, sc = self.split(fs)
+                top[key[0] if key else ()][(p_i, o)].append((c, key, sc))
+        prefix: dict = {}
+        for mono in sorted(top):  # sorted: monomials with a common prefix are consecutive
+            # a monomial of the first operand is built once and serves every output
+            m, tmp = self.b.product(mono, prefix) if len(mono) >= 2 else (None, None)
+            for acc_key, group in sorted(top[mono].items()):
+                self.add_group(self.acc_reg[acc_key], mono if m is None else (m,), group, 1, None)
+            self.b.release(tmp)
+
+
 def vector_program(polys: Sequence[SparsePolynomial]) -> VectorProgram:
     """The :class:`VectorProgram` evaluating every polynomial of ``polys`` (one operand list).
 
@@ -244,101 +341,23 @@ def vector_program(polys: Sequence[SparsePolynomial]) -> VectorProgram:
     operands = polys[0].operands
     if any(p.operands != operands for p in polys):
         raise ValueError("the polynomials of one program must share their operand list")
-    broadcast = []
-    for op in operands:
-        zero = [cs == 0 for cs in op.cstrides]
-        if any(zero) and not all(zero):
-            raise ValueError(f"operand {op.name}: channelwise in some components and broadcast in others")
-        broadcast.append(bool(zero) and all(zero))
-    used = sorted({f for p in polys for _, fs in p.terms for f in fs})
-    vec = [f for f in used if not broadcast[f[0]]]
-    sca = [f for f in used if broadcast[f[0]]]
-    vreg = {f: j for j, f in enumerate(vec)}
-    sreg = {f: j for j, f in enumerate(sca)}
-    accs = sorted({(p_i, o) for p_i, p in enumerate(polys) for o, _ in p.terms})
-    V = len(vec)
-    acc_reg = {key: V + j for j, key in enumerate(accs)}
-
-    count: dict[int, int] = defaultdict(int)
-    for p in polys:
-        for _, fs in p.terms:
-            for a, _ in fs:
-                if not broadcast[a]:
-                    count[a] += 1
-    rank = sorted(count, key=lambda a: (-count[a], a))
-
-    def split(fs) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
-        key = tuple(tuple(vreg[f] for f in fs if f[0] == a) for a in rank)
-        return key, tuple(sreg[f] for f in fs if broadcast[f[0]])
-
-    b = _Builder(V, len(accs), len(sca))
-
-    def rest_is_empty(group, level: int) -> bool:
-        return all(not any(key[lv] for lv in range(level, len(rank))) for _, key, _ in group)
-
-    def add_group(target: int, mono: tuple[int, ...], group: list, level: int, prefix: dict | None) -> None:
-        """``target += Π mono * (Σ over group of the factors from rank[level:])``."""
-        if not mono:
-            if rest_is_empty(group, level):
-                b._emit(SET_K, target, 0, 0, b.coef([(c, sc) for c, _, sc in group]))
-            else:
-                emit(target, group, level)
-            return
-        if rest_is_empty(group, level):
-            k = b.coef([(c, sc) for c, _, sc in group])
-            if len(mono) == 2 and prefix is None:
-                b.mul(target, mono[0], mono[1], k)
-                return
-            m, tmp = b.product(mono, prefix)
-            b.axpy(target, m, k)
-            b.release(tmp)
-            return
-        m, tmp = b.product(mono, prefix)
-        deeper = {tuple(f for lv in range(level, len(rank)) for f in key[lv]) for _, key, _ in group}
-        if len(deeper) == 1 and len(next(iter(deeper))) == 1:  # one more factor, the same in every term
-            b.mul(target, m, next(iter(deeper))[0], b.coef([(c, sc) for c, _, sc in group]))
-        else:
-            t = b.temp()
-            emit(t, group, level)
-            b.mul(target, m, t, b.coef([(1.0, ())]))
-            b.release(t)
-        b.release(tmp)
-
-    def emit(target: int, group: list, level: int) -> None:
-        """``target (+)= Σ over group`` of the factors from rank[level:] (Horner, recursively)."""
-        groups: dict[tuple[int, ...], list] = defaultdict(list)
-        for item in group:
-            groups[item[1][level]].append(item)
-        for mono in sorted(groups):
-            add_group(target, mono, groups[mono], level + 1, None)
-
-    top: dict[tuple[int, ...], dict[tuple[int, int], list]] = defaultdict(lambda: defaultdict(list))
-    for p_i, p in enumerate(polys):
-        for (o, fs), c in p.terms.items():
-            key, sc = split(fs)
-            top[key[0] if key else ()][(p_i, o)].append((c, key, sc))
-    prefix: dict = {}
-    for mono in sorted(top):  # sorted: monomials with a common prefix are consecutive
-        # a monomial of the first operand is built once and serves every output
-        m, tmp = b.product(mono, prefix) if len(mono) >= 2 else (None, None)
-        for acc_key, group in sorted(top[mono].items()):
-            add_group(acc_reg[acc_key], mono if m is None else (m,), group, 1, None)
-        b.release(tmp)
-
+    h = _Horner(polys, _broadcast(operands))
+    h.run(polys)
+    b = h.b
     k = np.array(b.k_rows, dtype=np.float64).reshape(-1, 2 + MAX_SCALAR_FACTORS)
     ins = np.array(b.ins, dtype=np.int64).reshape(-1, 5)
     return VectorProgram(
         operands=tuple(operands),
         outputs=tuple(p.output for p in polys),
-        vec_operand=np.array([a for a, _ in vec], dtype=np.int64),
-        vec_comp=np.array([i for _, i in vec], dtype=np.int64),
-        sca_operand=np.array([a for a, _ in sca], dtype=np.int64),
-        sca_comp=np.array([i for _, i in sca], dtype=np.int64),
+        vec_operand=np.array([a for a, _ in h.vec], dtype=np.int64),
+        vec_comp=np.array([i for _, i in h.vec], dtype=np.int64),
+        sca_operand=np.array([a for a, _ in h.sca], dtype=np.int64),
+        sca_comp=np.array([i for _, i in h.sca], dtype=np.int64),
         num_registers=b.top,
         k_terms=k,
         num_k=len(b.k_of),
         ins=ins,
-        acc_output=np.array([p for p, _ in accs], dtype=np.int64),
-        acc_comp=np.array([o for _, o in accs], dtype=np.int64),
+        acc_output=np.array([p for p, _ in h.accs], dtype=np.int64),
+        acc_comp=np.array([o for _, o in h.accs], dtype=np.int64),
         num_terms=sum(p.num_terms for p in polys),
     )

@@ -103,6 +103,27 @@ def _irreps_layout(irreps, channels: int) -> tuple[list[int], list[int], list[tu
     return offsets, cstrides, blocks
 
 
+def _edge_irreps_layout(irreps) -> tuple[list[tuple[int, int]], int]:
+    """Per irrep of the spherical harmonics (one copy each, broadcast over channels) ``(first
+    component, dim)``, and the number of components."""
+    blocks, comp = [], 0
+    for mul, ir in irreps:
+        if mul != 1:
+            raise ValueError(f"channelwise TP needs one copy of each edge irrep, got {irreps}")
+        blocks.append((comp, ir.dim))
+        comp += ir.dim
+    return blocks, comp
+
+
+def _check_instruction(k: int, ins, channels: int) -> None:
+    """Refuse an instruction the channelwise polynomial does not describe: not weighted ``"uvu"``,
+    or a path shape other than ``(channels, 1)``."""
+    if ins.connection_mode != "uvu" or not ins.has_weight:
+        raise ValueError(f"instruction {k}: only weighted 'uvu' instructions are supported, got {ins}")
+    if tuple(ins.path_shape) != (channels, 1):
+        raise ValueError(f"instruction {k}: path shape {ins.path_shape} != ({channels}, 1)")
+
+
 def channelwise_tp_polynomial(
     irreps_in1, irreps_in2, irreps_out, instructions: Sequence
 ) -> tuple[SparsePolynomial, ChannelwiseTPStats]:
@@ -130,22 +151,14 @@ def channelwise_tp_polynomial(
     C = irreps_in1[0].mul
     x_off, x_cs, x_blocks = _irreps_layout(irreps_in1, C)
     o_off, o_cs, o_blocks = _irreps_layout(irreps_out, C)
-    y_blocks, comp = [], 0
-    for mul, ir in irreps_in2:
-        if mul != 1:
-            raise ValueError(f"channelwise TP needs one copy of each edge irrep, got {irreps_in2}")
-        y_blocks.append((comp, ir.dim))
-        comp += ir.dim
+    y_blocks, comp = _edge_irreps_layout(irreps_in2)
     w_off = []
     off = 0
     terms = []
     dense = nonzero = 0
     per_ins = []
     for k, ins in enumerate(instructions):
-        if ins.connection_mode != "uvu" or not ins.has_weight:
-            raise ValueError(f"instruction {k}: only weighted 'uvu' instructions are supported, got {ins}")
-        if tuple(ins.path_shape) != (C, 1):
-            raise ValueError(f"instruction {k}: path shape {ins.path_shape} != ({C}, 1)")
+        _check_instruction(k, ins, C)
         w_off.append(off)
         off += C
         l1, l2, l3 = irreps_in1[ins.i_in1].ir.l, irreps_in2[ins.i_in2].ir.l, irreps_out[ins.i_out].ir.l
@@ -210,7 +223,7 @@ def _make_fused_class():
                 return super().forward(x, y, weight)
             op, _ = self.channelwise_op()
             graph = EdgeGraph(edge_index, x.shape[0])
-            (out,) = apply_edge_poly_op(op, graph, x, y, weight)
+            (out,) = apply_edge_poly_op(op, graph, x, y, weight, backend=self.__dict__.get("kernel_backend", "numba"))
             return out
 
         def channelwise_op(self):
@@ -298,6 +311,7 @@ def unfuse_conv_tp(block: torch.nn.Module) -> bool:
         return False
     tp.__class__ = _e3nn_tp_class()
     tp.__dict__.pop("_wb_op", None)
+    tp.__dict__.pop("kernel_backend", None)
     if getattr(block, "conv_fusion", None) == _FUSION_TAG:
         del block.conv_fusion
     return True

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from workbench.dtypes import default_dtype
 from workbench.kernels.descriptor import Operand, SparsePolynomial
 from workbench.kernels.ops import PolyOp, apply_poly_op
 
@@ -70,6 +71,47 @@ def _u_blocks(U_list: Sequence[Sequence[np.ndarray]], out_dims: Sequence[int]):
             yield j, nu, U
 
 
+def _k_slices(U_list: Sequence[Sequence[np.ndarray]]) -> tuple[list[list[tuple[int, int]]], int]:
+    """``(k_slices, K_total)``: the range of the concatenated weight axis that holds each
+    :math:`W^{L_j \\nu}` (``k_slices[j][nu-1]``), and the axis length."""
+    k_slices: list[list[tuple[int, int]]] = []
+    k0 = 0
+    for j, Us in enumerate(U_list):
+        k_slices.append([])
+        for U in Us:
+            K = np.asarray(U).shape[-1]
+            k_slices[j].append((k0, k0 + K))
+            k0 += K
+    return k_slices, k0
+
+
+def _merged_entries(U: np.ndarray, nu: int) -> tuple[dict[tuple[int, tuple[int, ...], int], float], int]:
+    """The non-zero entries of one coupling tensor ``[M, i_1, ..., i_nu, k]`` as
+    ``{(M, sorted (i_1..i_nu), k): coefficient}`` (entries equal by the symmetry of
+    :math:`x_{i_1} \\cdots x_{i_\\nu}` added up), and the number of non-zero entries."""
+    idx = np.nonzero(U)
+    vals = U[idx]
+    merged: dict[tuple[int, tuple[int, ...], int], float] = {}
+    for n in range(vals.shape[0]):
+        M = int(idx[0][n])
+        ii = tuple(sorted(int(idx[1 + p][n]) for p in range(nu)))
+        k = int(idx[nu + 1][n])
+        key = (M, ii, k)
+        merged[key] = merged.get(key, 0.0) + float(vals[n])
+    return merged, int(vals.shape[0])
+
+
+def _output_operand(out_dims: Sequence[int], M_starts: np.ndarray, C: int) -> Operand:
+    """The output ``[atoms, sum_j C * (2L_j+1)]``, irrep ``j``'s component ``m`` of channel ``c``
+    at ``C * M_start_j + c * (2L_j+1) + m``."""
+    offsets, cstrides = [], []
+    for j, d in enumerate(out_dims):
+        for m in range(d):
+            offsets.append(C * int(M_starts[j]) + m)
+            cstrides.append(d)
+    return Operand("out", int(sum(out_dims)), "atom", tuple(offsets), tuple(cstrides), C * int(sum(out_dims)))
+
+
 def symmetric_contraction_polynomial(
     U_list: Sequence[Sequence[np.ndarray]], out_dims: Sequence[int], channels: int
 ) -> tuple[SparsePolynomial, SymmetricContractionStats, list[list[tuple[int, int]]]]:
@@ -88,16 +130,8 @@ def symmetric_contraction_polynomial(
     the concatenated weight axis that holds :math:`W^{L_j \nu}`.
     """
     I = None
-    k_slices: list[list[tuple[int, int]]] = []
-    k0 = 0
     blocks = list(_u_blocks(U_list, out_dims))
-    for j, Us in enumerate(U_list):
-        k_slices.append([])
-        for U in Us:
-            K = np.asarray(U).shape[-1]
-            k_slices[j].append((k0, k0 + K))
-            k0 += K
-    K_total = k0
+    k_slices, K_total = _k_slices(U_list)
     M_starts = np.concatenate([[0], np.cumsum(out_dims)[:-1]]).astype(int)
     terms = []
     per_block = []
@@ -105,34 +139,19 @@ def symmetric_contraction_polynomial(
     for j, nu, U in blocks:
         I = U.shape[1]
         ks = k_slices[j][nu - 1][0]
-        idx = np.nonzero(U)
-        vals = U[idx]
-        block_terms = {}
-        for n in range(vals.shape[0]):
-            M = int(idx[0][n])
-            ii = tuple(sorted(int(idx[1 + p][n]) for p in range(nu)))
-            k = int(idx[nu + 1][n])
-            key = (M, ii, k)
-            block_terms[key] = block_terms.get(key, 0.0) + float(vals[n])
+        block_terms, block_nonzero = _merged_entries(U, nu)
         for (M, ii, k), coeff in block_terms.items():
             terms.append((int(M_starts[j]) + M, [(0, i) for i in ii] + [(1, ks + k)], coeff))
         scale = max((abs(v) for v in block_terms.values()), default=0.0)
         n_terms = sum(1 for v in block_terms.values() if abs(v) > 1e-14 * scale)
-        per_block.append((out_dims[j], nu, int(U.size), int(vals.shape[0]), n_terms))
+        per_block.append((out_dims[j], nu, int(U.size), block_nonzero, n_terms))
         dense += int(U.size)
-        nonzero += int(vals.shape[0])
+        nonzero += block_nonzero
     if I is None:
         raise ValueError("no coupling tensors")
-    C = channels
-    x = Operand.channel_major("x", I, C, rows="atom")
-    W = Operand.component_major("W", K_total, C, rows="species")
-    offsets, cstrides = [], []
-    for j, d in enumerate(out_dims):
-        for m in range(d):
-            offsets.append(C * int(M_starts[j]) + m)
-            cstrides.append(d)
-    out = Operand("out", int(sum(out_dims)), "atom", tuple(offsets), tuple(cstrides), C * int(sum(out_dims)))
-    poly = SparsePolynomial.from_terms((x, W), out, terms)
+    x = Operand.channel_major("x", I, channels, rows="atom")
+    W = Operand.component_major("W", K_total, channels, rows="species")
+    poly = SparsePolynomial.from_terms((x, W), _output_operand(out_dims, M_starts, channels), terms)
     stats = SymmetricContractionStats(dense, nonzero, poly.num_terms, per_block)
     return poly, stats, k_slices
 
@@ -187,6 +206,10 @@ class SymmetricContraction(torch.nn.Module):
     as mace's module, so state dicts load both ways.
     """
 
+    #: the descriptor backend evaluating the polynomial (:mod:`workbench.kernels.registry`); a
+    #: class default, so models pickled before it existed load as numba
+    kernel_backend: str = "numba"
+
     def __init__(self, src: torch.nn.Module):
         super().__init__()
         self.irreps_in = src.irreps_in
@@ -206,17 +229,13 @@ class SymmetricContraction(torch.nn.Module):
         from mace.modules.symmetric_contraction import SymmetricContraction as MaceSC
 
         ref = self.contractions[0].weights_max
-        old = torch.get_default_dtype()
-        torch.set_default_dtype(ref.dtype)
-        try:
+        with default_dtype(ref.dtype):
             m = MaceSC(
                 irreps_in=self.irreps_in,
                 irreps_out=self.irreps_out,
                 correlation=self.contractions[0].correlation,
                 num_elements=ref.shape[0],
             )
-        finally:
-            torch.set_default_dtype(old)
         for dst, src in zip(m.contractions, self.contractions):
             dst.weights_max = src.weights_max
             dst.weights = src.weights
@@ -279,7 +298,7 @@ class SymmetricContraction(torch.nn.Module):
         W = self.concatenated_weights()
         Z = W.shape[0]
         species, empty = one_hot_species(y) if y.dim() == 2 else (y.to(torch.int64), None)
-        (out,) = apply_poly_op(op, species, Z, x.reshape(B, -1), W.reshape(Z, -1))
+        (out,) = apply_poly_op(op, species, Z, x.reshape(B, -1), W.reshape(Z, -1), backend=self.kernel_backend)
         # e3nn mixes the weights by y: an all-zero row (an atom of no species) gives zeros.
         return out * (~empty).to(out.dtype)[:, None] if empty is not None else out
 

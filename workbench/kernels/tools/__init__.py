@@ -1,2 +1,3 @@
-"""Tools layer: the static resource report (PTX + ptxas), the ``workbench kernels`` / ``workbench
-bench`` commands and the benchmark fixtures (:mod:`.bench`)."""
+"""Tools layer: ``workbench kernels precompile`` (:mod:`.cli`) and the random-weight models it and
+the benchmarks build (:mod:`.models`). The benchmarks and the static resource report live in
+:mod:`workbench.bench`."""

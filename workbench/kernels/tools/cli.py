@@ -1,72 +1,102 @@
-"""``workbench bench symmetric-contraction`` and ``workbench bench channelwise-tp``: run the
-kernel lab's benchmark scripts (``kernels/bench_*.py``); ``workbench kernels resources`` and
-``workbench kernels precompile``.
+"""``workbench kernels precompile``: fill the kernel cache for a model configuration ahead of a job.
 
-The benchmark scripts live in the repository's kernel lab (``kernels/``), not in the installed
-package, so these commands work from a source checkout; each takes its script's options.
+Building the command line's parser imports this module: it imports no torch (the command does,
+when it runs). Run it once on one GPU node with the cache folder a cluster shares (``--cache`` or
+``$WORKBENCH_KERNEL_CACHE``), and every rank of the job that follows loads the kernels instead of
+compiling them; ``--target ptx`` checks (and times) the compile on a machine without a GPU.
+
+.. code-block:: text
+
+    workbench kernels precompile                                   # paper config, float32, this GPU
+    workbench kernels precompile --hidden 128x0e+128x1o+128x2e --dtype float32 float64 --cache /shared/kernels
+    workbench kernels precompile --target ptx                      # no GPU: PTX + ptxas for sm_90
 """
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+import json
+import os
+import sys
 
-#: command name -> (script file, help)
-BENCHES = {
-    "symmetric-contraction": (
-        "bench_symmetric_contraction.py",
-        "time MACE's symmetric contraction and products[0] (numba / e3nn / cueq), JSON to kernels/results/",
-    ),
-    "channelwise-tp": (
-        "bench_channelwise_tp.py",
-        "time MACE's interactions[1] message op: fused channelwise TP + scatter (numba / e3nn / cueq), JSON to kernels/results/",
-    ),
-}
+__all__ = ["register_kernels"]
 
 
-def _script(name: str = "bench_symmetric_contraction.py") -> Path:
-    return Path(__file__).resolve().parents[3] / "kernels" / name
+def _model(hidden: str, max_ell: int, correlation: int, elements: int, dtype: str, device: str):
+    import torch
+
+    from workbench.kernels import accelerate
+    from workbench.kernels.tools.models import random_scaleshift_mace
+
+    z = list(range(1, elements + 1))
+    model = random_scaleshift_mace(hidden, max_ell, correlation, z, 16.0, getattr(torch, dtype), device, perturb=0.0)
+    return accelerate(model, backend="numba", precompile=False)
 
 
-def _load(name: str = "bench_symmetric_contraction.py"):
-    path = _script(name)
-    if not path.exists():
-        return None
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _main(args) -> int:
+    import torch
+
+    from workbench.kernels.backends.generated import KERNEL_CACHE_ENV, source_dir
+    from workbench.kernels.mace.accelerate import precompile_model
+
+    if args.cache:
+        os.environ[KERNEL_CACHE_ENV] = os.path.abspath(os.path.expanduser(args.cache))
+    target = args.target
+    if target == "auto":
+        target = "device" if torch.cuda.is_available() else "ptx"
+    if target == "device" and not torch.cuda.is_available():
+        raise ValueError(
+            "--target device: torch sees no CUDA device here; use --target ptx to check the compile without a GPU"
+        )
+    reports = {}
+    for dtype in args.dtype:
+        model = _model(
+            args.hidden, args.max_ell, args.correlation, args.elements, dtype, "cuda" if target == "device" else "cpu"
+        )
+        cc = tuple(int(v) for v in args.cc.split(".")) if target == "ptx" else None
+        modules = [m.strip() for m in args.modules.split(",") if m.strip()] if args.modules else None
+        r = precompile_model(model, target=target, cc=cc, workers=args.workers, modules=modules)
+        reports[dtype] = r.as_dict()
+        print(
+            f"{args.hidden} {dtype}: {r.jobs} kernels, {r.compiled} compiled, {r.cached} already in the cache, "
+            f"{r.workers} processes, {r.seconds:.1f} s"
+            + (f", waited {r.waited_s:.1f} s for another process" if r.waited_s > 1 else ""),
+            flush=True,
+        )
+        for label, err in r.errors:
+            print(f"  failed: {label}: {err}", file=sys.stderr)
+    print(f"kernel cache: {source_dir()}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"hidden": args.hidden, "target": target, "reports": reports}, fh, indent=1)
+    return 1 if any(r["errors"] for r in reports.values()) else 0
 
 
-def _register_one(bench_subparsers, command: str, script: str, help_: str) -> None:
-    mod = _load(script)
-    if mod is None:  # installed without the source tree: explain instead of failing
-        p = bench_subparsers.add_parser(command, help=help_)
-
-        def _missing(args, script=script):
-            raise FileNotFoundError(f"{_script(script)} not found: run from a source checkout of cfm-workbench")
-
-        p.set_defaults(func=_missing)
-        return
-    p = bench_subparsers.add_parser(command, help=help_, parents=[mod.build_parser(add_help=False)])
-    p.set_defaults(func=lambda args, mod=mod: int(mod.main(args=args) or 0))
-
-
-def register_bench(bench_subparsers) -> None:
-    for command, (script, help_) in BENCHES.items():
-        _register_one(bench_subparsers, command, script, help_)
-
-
-def register(subparsers) -> None:
-    from workbench.kernels.tools.precompile_cli import register as register_precompile
-    from workbench.kernels.tools.resources import register as register_resources
-
-    p = subparsers.add_parser(
-        "kernels",
-        help="kernel tools: static resource report (PTX + ptxas, no GPU needed), "
-        "compile a configuration's kernels into the cache",
+def register_kernels(ks) -> None:
+    """``workbench kernels precompile`` (``ks``: the ``kernels`` command's subparsers; the static
+    resource report, ``workbench kernels resources``, is registered by :mod:`workbench.bench.cli`)."""
+    p = ks.add_parser("precompile", help="compile a configuration's CUDA kernels into the kernel cache, in parallel")
+    p.add_argument("--hidden", default="128x0e+128x1o", help="hidden irreps (default: the paper's %(default)s)")
+    p.add_argument("--max-ell", type=int, default=3)
+    p.add_argument("--correlation", type=int, default=3)
+    p.add_argument("--elements", type=int, default=10, help="number of chemical elements of the model")
+    p.add_argument("--dtype", nargs="+", choices=("float32", "float64"), default=["float32"])
+    p.add_argument(
+        "--target",
+        choices=("auto", "device", "ptx"),
+        default="auto",
+        help="device: this GPU, into the cache; ptx: PTX + ptxas, no GPU needed (nothing loadable is cached)",
     )
-    ks = p.add_subparsers(dest="kernels_cmd", metavar="CMD")
-    register_resources(ks)
-    register_precompile(ks)
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    p.add_argument("--cc", default="9.0", help="compute capability for --target ptx (default %(default)s)")
+    p.add_argument("--workers", type=int, default=None, help="compile processes (default: the usable cores)")
+    p.add_argument(
+        "--cache",
+        default=None,
+        help="kernel cache folder (default $WORKBENCH_KERNEL_CACHE or ~/.cache/cfm-workbench/kernels)",
+    )
+    p.add_argument(
+        "--modules",
+        default=None,
+        help="only these modules' kernels, comma-separated name prefixes (e.g. products.0.,interactions.1.)",
+    )
+    p.add_argument("--json", default=None, help="write the reports here")
+    p.set_defaults(func=_main)

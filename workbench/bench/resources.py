@@ -20,19 +20,19 @@ its derivative with the cotangents that force training actually passes.
 
 from __future__ import annotations
 
-import json
-import os
+import argparse
+import platform
 import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
+from workbench.bench.table import Column, render, write_json
 from workbench.kernels.backends.toolkit import assembled, find_nvdisasm, find_ptxas
 from workbench.kernels.launches import launches, training_ops
+from workbench.kernels.options import overridden
 
 __all__ = [
     "KernelResources",
@@ -41,6 +41,7 @@ __all__ = [
     "format_table",
     "kernel_resources",
     "launches_per_pass",
+    "main",
     "occupancy",
     "paper_ops",
     "sass_counts",
@@ -179,19 +180,6 @@ def occupancy(registers: int, shared_bytes: int, threads_per_block: int, cc: tup
     return blocks * warps_per_block * 32 / lim["threads"]
 
 
-@contextmanager
-def _kernel_variant(variant: str) -> Iterator[None]:
-    old = os.environ.get("WORKBENCH_CUDA_KERNELS")
-    os.environ["WORKBENCH_CUDA_KERNELS"] = variant
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("WORKBENCH_CUDA_KERNELS", None)
-        else:
-            os.environ["WORKBENCH_CUDA_KERNELS"] = old
-
-
 def kernel_resources(
     ops: Sequence[tuple[str, object]],
     dtype: str,
@@ -214,7 +202,7 @@ def kernel_resources(
         ptxas = find_ptxas()
     nvdisasm = find_nvdisasm() if ptxas else None
     rows: list[KernelResources] = []
-    with _kernel_variant(variant):
+    with overridden(cuda_kernels=variant):
         for label, op in ops:
             for launch in launches(op, dtype, channels):
                 if launch.plan is None:
@@ -267,7 +255,7 @@ def paper_ops(
 
     from workbench.kernels.mace.accelerate import accelerate
     from workbench.kernels.mace.channelwise_tp import channelwise_tp_op
-    from workbench.kernels.tools.bench import random_scaleshift_mace
+    from workbench.kernels.tools.models import random_scaleshift_mace
 
     z = [1, 6, 7, 8, 9, 16, 17, 15][:num_elements]
     model = random_scaleshift_mace(hidden, max_ell, correlation, z, 16.0, torch.float64, "cpu", perturb=0.0)
@@ -285,23 +273,24 @@ def paper_ops(
 
 def format_table(rows: Sequence[KernelResources]) -> str:
     """The per-kernel table, then the launches per pass of each op (one op instance)."""
-    head = (
-        f"{'op':21s} {'pass':16s} {'output':10s} {'kernel':12s} {'variant':8s} {'dtype':7s} {'terms':>6s} "
-        f"{'SASS':>6s} {'FP':>6s} {'/term':>6s} {'regs':>5s} {'spill B':>8s} {'smem B':>7s} {'occ.':>5s} {'compile':>8s}"
-    )
-    lines = [head, "-" * len(head)]
-
-    def opt(v, fmt="{}"):
-        return "-" if v is None else fmt.format(v)
-
-    for r in rows:
-        spill = "-" if r.spill_stores is None else str(r.spill_stores + r.spill_loads)
-        lines.append(
-            f"{r.family:21s} {r.op:16s} {r.output[:10]:10s} {r.kernel:12s} {r.variant:8s} {r.dtype:7s} {r.terms:6d} "
-            f"{opt(r.sass_instructions):>6s} {opt(r.sass_fp):>6s} {opt(r.sass_per_term, '{:.1f}'):>6s} "
-            f"{opt(r.registers):>5s} {spill:>8s} {opt(r.shared_bytes):>7s} {opt(r.occupancy, '{:.2f}'):>5s} "
-            f"{r.compile_s:7.1f}s"
-        )
+    columns = [  # None, where ptxas was not found, shows as -
+        Column("op", "family", width=21, align="<"),
+        Column("pass", "op", width=16, align="<"),
+        Column("output", lambda r: r.output[:10], width=10, align="<"),
+        Column("kernel", "kernel", width=12, align="<"),
+        Column("variant", "variant", width=8, align="<"),
+        Column("dtype", "dtype", width=7, align="<"),
+        Column("terms", "terms", "d", 6),
+        Column("SASS", "sass_instructions", width=6),
+        Column("FP", "sass_fp", width=6),
+        Column("/term", "sass_per_term", ".1f", 6),
+        Column("regs", "registers", width=5),
+        Column("spill B", lambda r: None if r.spill_stores is None else r.spill_stores + r.spill_loads, "d", 8),
+        Column("smem B", "shared_bytes", width=7),
+        Column("occ.", "occupancy", ".2f", 5),
+        Column("compile", lambda r: f"{r.compile_s:7.1f}s", width=8),
+    ]
+    lines = [render(rows, columns)]
     per_pass = launches_per_pass(rows)
     if per_pass:
         lines += [
@@ -324,31 +313,31 @@ def launches_per_pass(rows: Sequence[KernelResources]) -> dict[tuple[str, str, s
     return out
 
 
-def register(ks) -> None:
-    """``workbench kernels resources`` (``ks``: the ``kernels`` command's subparsers)."""
-    r = ks.add_parser("resources", help="compile the paper config's kernels to PTX; registers, spills, occupancy")
-    r.add_argument("--cc", default="9.0", help="compute capability (default 9.0, H100)")
-    r.add_argument(
-        "--variant",
-        choices=("auto", "unrolled", "table", "both"),
-        default="both",
-        help="auto: the kernels the dispatcher launches; both: auto and table (default)",
-    )
-    r.add_argument("--dtype", choices=("float32", "float64", "both"), default="both")
-    r.add_argument("--ops", default="symmetric_contraction,channelwise_tp")
-    r.add_argument(
-        "--hidden",
-        default="128x0e+128x1o",
-        help="hidden irreps (the channel count is their multiplicity; default: the paper's %(default)s)",
-    )
-    r.add_argument("--max-ell", type=int, default=3, help="spherical harmonics degree (default %(default)s)")
-    r.add_argument("--correlation", type=int, default=3, help="body order of the contraction (default %(default)s)")
-    r.add_argument("--json", default="kernels/results/kernel_resources_sm{cc}.json", help="output JSON ('' for none)")
-    r.set_defaults(func=_main)
+def _meta(args: argparse.Namespace, cc: tuple[int, int], ptxas: str | None, channels: int) -> dict:
+    """What the JSON records about the toolchain and the configuration."""
+    import numba
+
+    paper = args.hidden == "128x0e+128x1o" and args.max_ell == 3 and args.correlation == 3
+    meta = {
+        "cc": list(cc),
+        "ptxas": ptxas,
+        "numba": numba.__version__,
+        "machine": platform.node(),
+        "config": f"{'paper: ' if paper else ''}{args.hidden}, max_ell {args.max_ell}, "
+        f"correlation {args.correlation}, 4 elements, {channels} channels",
+    }
+    try:
+        from importlib.metadata import version
+
+        meta["numba_cuda"] = version("numba-cuda")
+    except Exception:
+        pass
+    return meta
 
 
-def _main(args) -> int:
-    import platform
+def main(args: argparse.Namespace) -> int:
+    """``workbench kernels resources``: the table, and the JSON at ``--json``."""
+    from e3nn import o3
 
     cc = tuple(int(v) for v in args.cc.split("."))
     ptxas = find_ptxas()
@@ -360,8 +349,6 @@ def _main(args) -> int:
     variants = ("auto", "table") if args.variant == "both" else (args.variant,)
     dtypes = ("float32", "float64") if args.dtype == "both" else (args.dtype,)
     wanted = [o.strip() for o in args.ops.split(",") if o.strip()]
-    from e3nn import o3
-
     channels = o3.Irreps(args.hidden)[0].mul
     all_ops = paper_ops(wanted, hidden=args.hidden, max_ell=args.max_ell, correlation=args.correlation)
     rows = []
@@ -373,25 +360,9 @@ def _main(args) -> int:
                 )
     print(format_table(rows))
     if args.json:
-        path = Path(args.json.format(cc=f"{cc[0]}{cc[1]}"))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        import numba
-
-        meta = {
-            "cc": list(cc),
-            "ptxas": ptxas,
-            "numba": numba.__version__,
-            "machine": platform.node(),
-            "config": f"{'paper: ' if args.hidden == '128x0e+128x1o' and args.max_ell == 3 and args.correlation == 3 else ''}"
-            f"{args.hidden}, max_ell {args.max_ell}, correlation {args.correlation}, 4 elements, "
-            f"{channels} channels",
-        }
-        try:
-            from importlib.metadata import version
-
-            meta["numba_cuda"] = version("numba-cuda")
-        except Exception:
-            pass
-        path.write_text(json.dumps({"meta": meta, "kernels": [asdict(r) for r in rows]}, indent=1))
+        path = write_json(
+            args.json.format(cc=f"{cc[0]}{cc[1]}"),
+            {"meta": _meta(args, cc, ptxas, channels), "kernels": [asdict(r) for r in rows]},
+        )
         print(f"wrote {path}")
     return 0

@@ -264,16 +264,9 @@ def profile_part(
     and one more under the profiler's own warm-up (not recorded)."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from workbench.kernels.tools.bench import with_backend
-    from workbench.train.bench_step import (
-        _free,
-        _sync,
-        base_model,
-        make_optimizer,
-        to_device,
-        train_step,
-        workload_batches,
-    )
+    from workbench.bench.harness import with_backend
+    from workbench.bench.step_model import base_model, free_memory, make_optimizer, sync, train_step
+    from workbench.bench.workloads import to_device, workload_batches
 
     warmup = max(warmup, 1)
     batches, zs, info = workload_batches(workload, dtype, warmup + 1 + steps)
@@ -287,16 +280,16 @@ def profile_part(
     wall = 0.0
     with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=steps, repeat=1)) as prof:
         for i, b in enumerate(batches[warmup:]):
-            _sync(device)
+            sync(device)
             t = time.perf_counter()
             train_step(model, optimizer, b)
-            _sync(device)
+            sync(device)
             wall += (time.perf_counter() - t) if i else 0.0
             prof.step()
     events = _trace(prof)
     res = gpu_breakdown(events, 1e3 * wall, steps) if cuda else cpu_breakdown(prof.events(), events, 1e3 * wall, steps)
     del model, optimizer, prof, events
-    _free(device)
+    free_memory(device)
     return {
         "workload": workload,
         "backend": "numba",

@@ -10,19 +10,17 @@ median, the minimum, every step, the peak memory of the timed steps and the loss
 step (identical weights and batch: it must agree across backends).
 
 Parts (``--parts``): ``steps`` (the table above for every dtype and workload) and ``profile``
-(where the numba step's time goes, :mod:`workbench.train.bench_step_profile`). Every row runs in
+(where the numba step's time goes, :mod:`workbench.bench.step_profile`). Every row runs in
 ``try``/``except``: an error, an unavailable backend (``skipped``) or a spent ``--budget-s``
 (``skipped: time budget``) is recorded and the run goes on; the JSON is rewritten after every row.
 
-Workloads: ``water-<atoms>`` (one periodic liquid-water box, :func:`~workbench.train.bench_cpu.water_box`;
-the same batch every step) and ``mixture-<capacity>`` (the embedded mixture packed by the paper's
+Workloads (:mod:`workbench.bench.workloads`): ``water-<atoms>`` (one periodic liquid-water box; the
+same batch every step) and ``mixture-<capacity>`` (the embedded mixture packed by the paper's
 algorithm at ``capacity`` atoms; every step its own batch, warm-up on the first ones).
 """
 
 from __future__ import annotations
 
-import gc
-import json
 import os
 import re
 import statistics
@@ -33,25 +31,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from workbench.bench.step_model import base_model, free_memory, make_optimizer, sync, train_step
+from workbench.bench.table import Column, cpu_name, render, run_versions, write_json
+from workbench.bench.workloads import MODELS, to_device, workload_batches
 
-from workbench.train.bench_cpu import CUTOFF, MODELS, mace_batch, system_batch
-
-__all__ = [
-    "BACKENDS",
-    "PARTS",
-    "PRESETS",
-    "bench_step",
-    "default_out",
-    "format_table",
-    "make_optimizer",
-    "mixture_batches",
-    "step_loss",
-    "time_steps",
-    "to_device",
-    "train_step",
-    "workload_batches",
-]
+__all__ = ["BACKENDS", "PARTS", "PRESETS", "bench_step", "default_out", "format_table", "time_steps"]
 
 BACKENDS = ("numba", "cueq", "e3nn")
 PARTS = ("steps", "profile")
@@ -75,8 +59,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "profile_workload": "water-48",
     },
 }
-#: torch.optim.Adam's learning rate
-LR = 1e-3
 WORKLOAD = re.compile(r"(water|mixture)-[0-9]+")
 BUDGET = "time budget"
 
@@ -89,121 +71,7 @@ def _log(msg: str) -> None:
     print(f"[bench step] {msg}", flush=True)
 
 
-# --- batches --------------------------------------------------------------------------------------
-
-
-def mixture_batches(capacity: int, n_batches: int, dtype: str, seed: int = 0) -> tuple[list[dict], list[int], dict]:
-    """``n_batches`` distinct mace batches of the embedded mixture, packed by ``pack(...,
-    algorithm="paper")`` at ``capacity`` atoms (the fullest bins first, as the packer orders them),
-    with one z_table over all of them; ``info``: mean atoms/edges per batch and the packing."""
-    from workbench.data.embedded import load_embedded
-    from workbench.packing import pack
-    from workbench.train.bench import bench_structures
-
-    def eligible(frames: list) -> list:
-        return [a for a in frames if a.info.get("labelled", True) and len(a) <= capacity]
-
-    want = 1.5 * capacity * n_batches  # atoms in the pool: enough graphs to fill the first bins
-    frames = eligible(load_embedded(validate=False))
-    have = sum(len(a) for a in frames)
-    if have < want:  # tile with rattled copies (bench train's mixture)
-        frames = eligible(bench_structures(int(len(frames) * want / max(have, 1)) + 1, seed=seed))
-    rng = np.random.default_rng(seed)
-    pool, atoms = [], 0
-    for k in rng.permutation(len(frames)):
-        if atoms >= want:
-            break
-        pool.append(frames[k])
-        atoms += len(frames[k])
-    sizes = np.array([len(a) for a in pool], dtype=np.int64)
-    packing = pack(sizes, capacity=capacity, num_replicas=1, algorithm="paper", seed=seed)
-    chosen = [[pool[i] for i in b] for b in packing.batches[:n_batches]]
-    if len(chosen) < n_batches:
-        raise ValueError(f"mixture-{capacity}: {len(chosen)} batches packed, {n_batches} wanted")
-    from workbench.data.atomic_data import z_table_for
-
-    z_table = z_table_for(a for b in chosen for a in b)
-    batches = [mace_batch(b, dtype, CUTOFF, z_table)[0] for b in chosen]
-    atoms_per = [int(b["positions"].shape[0]) for b in batches]
-    edges_per = [int(b["edge_index"].shape[1]) for b in batches]
-    info = {
-        "atoms": float(np.mean(atoms_per)),
-        "edges": float(np.mean(edges_per)),
-        "graphs": float(np.mean([len(b) for b in chosen])),
-        "batches": n_batches,
-        "capacity": capacity,
-        "atoms_per_batch": atoms_per,
-        "edges_per_batch": edges_per,
-        "atoms_max": max(atoms_per),
-        "families": sorted({a.info.get("config_type", "?") for b in chosen for a in b}),
-    }
-    return batches, [int(z) for z in z_table.zs], info
-
-
-def workload_batches(name: str, dtype: str, n_batches: int, seed: int = 0) -> tuple[list[dict], list[int], dict]:
-    """The batches a workload's steps walk (``n_batches`` of them; a water box repeats its one
-    batch), its atomic numbers and ``{atoms, edges, graphs, edges_per_atom, ...}`` (per batch)."""
-    if name.startswith("mixture-"):
-        batches, zs, info = mixture_batches(int(name.split("-", 1)[1]), n_batches, dtype, seed)
-    elif name.startswith("water-"):
-        batch, zs, info = system_batch(name, dtype, seed=seed)
-        batches = [batch] * n_batches
-    else:
-        raise ValueError(f"unknown workload {name!r}: use water-<atoms> or mixture-<capacity>")
-    info["edges_per_atom"] = info["edges"] / max(info["atoms"], 1)
-    return batches, zs, info
-
-
-def to_device(batches: Sequence[dict], device: str) -> list[dict]:
-    """``batches`` on ``device``, a batch repeated in the list moved once."""
-    moved: dict[int, dict] = {}
-    for b in batches:
-        if id(b) not in moved:
-            moved[id(b)] = {k: v.to(device) for k, v in b.items()}
-    return [moved[id(b)] for b in batches]
-
-
 # --- one train step -------------------------------------------------------------------------------
-
-
-def make_optimizer(model):
-    import torch
-
-    return torch.optim.Adam(model.parameters(), lr=LR, foreach=True)
-
-
-def step_loss(out: dict, batch: dict):
-    """mean(((E - E_ref) / atoms)^2) + mean((F - F_ref)^2); the references are the batch's
-    ``energy`` / ``forces`` (zeros where a structure has no label, or the keys are missing)."""
-    import torch
-
-    atoms = (batch["ptr"][1:] - batch["ptr"][:-1]).to(out["energy"].dtype)
-    e_ref = batch.get("energy", torch.zeros_like(out["energy"]))
-    f_ref = batch.get("forces", torch.zeros_like(out["forces"]))
-    return ((out["energy"] - e_ref) / atoms).pow(2).mean() + (out["forces"] - f_ref).pow(2).mean()
-
-
-def train_step(model, optimizer, batch: dict):
-    """One full train step, its parts in profiler ranges ``forward``, ``backward``, ``optimizer``;
-    returns the loss (a tensor: reading it would synchronise)."""
-    from torch.profiler import record_function
-
-    optimizer.zero_grad(set_to_none=True)
-    with record_function("forward"):
-        out = model({k: v.clone() for k, v in batch.items()}, training=True, compute_force=True)
-        loss = step_loss(out, batch)
-    with record_function("backward"):
-        loss.backward()
-    with record_function("optimizer"):
-        optimizer.step()
-    return loss
-
-
-def _sync(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def time_steps(model, batches: Sequence[dict], warmup: int, repeats: int, device: str) -> dict:
@@ -222,10 +90,10 @@ def time_steps(model, batches: Sequence[dict], warmup: int, repeats: int, device
         torch.cuda.reset_peak_memory_stats()
     times = []
     for i in range(warmup, warmup + repeats):
-        _sync(device)
+        sync(device)
         t = time.perf_counter()
         loss = train_step(model, optimizer, batches[i])
-        _sync(device)
+        sync(device)
         times.append(1e3 * (time.perf_counter() - t))
         if loss_first is None:
             loss_first = float(loss.detach())
@@ -246,18 +114,10 @@ def _error(exc: BaseException) -> dict:
     return {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
 
 
-def _free(device: str) -> None:
-    gc.collect()
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.empty_cache()
-
-
 def backend_row(base, backend: str, batches: Sequence[dict], warmup: int, repeats: int, device: str) -> dict:
     """One backend's timings on its own copy of ``base``; an unavailable backend is ``skipped``
     (cueq: not importable or conversion failed), any other failure an ``error``."""
-    from workbench.kernels.tools.bench import precompile_for_bench, with_backend
+    from workbench.bench.harness import precompile_for_bench, with_backend
 
     try:
         model = with_backend(base, backend)
@@ -275,7 +135,7 @@ def backend_row(base, backend: str, batches: Sequence[dict], warmup: int, repeat
         return _error(exc)
     finally:
         del model
-        _free(device)
+        free_memory(device)
 
 
 def _ratio(a: dict, b: dict, key: str) -> float | None:
@@ -302,17 +162,6 @@ def compare(backends: dict) -> dict:
     return ratios
 
 
-def base_model(model: str, zs: Sequence[int], info: dict, dtype: str, device: str):
-    """The random-weight model every backend copies: ``MODELS[model]``, ``avg_num_neighbors`` =
-    the workload's edges per atom."""
-    import torch
-
-    from workbench.kernels.tools.bench import random_scaleshift_mace
-
-    hidden, ell, corr = MODELS[model]
-    return random_scaleshift_mace(hidden, ell, corr, list(zs), info["edges_per_atom"], getattr(torch, dtype), device)
-
-
 class _Run:
     """The result dict, where it is written, and the clock of the current part."""
 
@@ -333,10 +182,7 @@ class _Run:
         return self.budget_s is not None and time.perf_counter() - self.t0 >= self.budget_s
 
     def save(self) -> None:
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.out.with_name(self.out.name + ".tmp")
-        tmp.write_text(json.dumps(self.res, indent=1))
-        os.replace(tmp, self.out)
+        write_json(self.out, self.res)
 
 
 def run_workload(
@@ -375,7 +221,7 @@ def run_workload(
             _log(f"{dtype} {name} {backend}: {_row_text(row)} ({time.perf_counter() - t:.0f} s)")
         run.save()
     del base, batches
-    _free(device)
+    free_memory(device)
 
 
 def _row_text(row: dict) -> str:
@@ -401,10 +247,7 @@ def default_out(device: str) -> Path:
 def _meta(device: str, model: str, warmup: int, repeats: int, budget_s: float | None, command: str) -> dict:
     import torch
 
-    from workbench.kernels.tools.bench import run_versions
-    from workbench.train.bench_cpu import _machine
-
-    name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else _machine()["cpu"]
+    name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else cpu_name()
     return {
         "device": "cuda" if device.startswith("cuda") else "cpu",
         "device_name": name,
@@ -439,7 +282,8 @@ def bench_step(
     """Run the parts (module docstring); write ``out`` after every row; return the result."""
     import torch
 
-    from workbench.train.bench_step_profile import profile_part
+    from workbench.bench.step_profile import profile_part
+    from workbench.dtypes import default_dtype
 
     _check(preset, parts, model, dtypes, backends)
     p = PRESETS[preset]
@@ -457,26 +301,22 @@ def bench_step(
     res["meta"]["out"] = str(run.out)
     _log(f"{res['meta']['device_name']}: model {model}, dtypes {', '.join(dtypes)}, out {run.out}")
     run.save()
-    old = torch.get_default_dtype()
-    try:
-        if "steps" in parts:
-            run.start_part("steps")
-            for dtype in dtypes:
-                torch.set_default_dtype(getattr(torch, dtype))
+    if "steps" in parts:
+        run.start_part("steps")
+        for dtype in dtypes:
+            with default_dtype(dtype):
                 for name in workloads:
                     run_workload(run, model, name, dtype, backends, warmup, repeats, device)
-            run.end_part()
-        if "profile" in parts:
-            run.start_part("profile")
-            torch.set_default_dtype(getattr(torch, dtypes[0]))
+        run.end_part()
+    if "profile" in parts:
+        run.start_part("profile")
+        with default_dtype(dtypes[0]):
             res["profile"] = (
                 {"skipped": BUDGET}
                 if run.over_budget()
                 else _guard(lambda: profile_part(model, profile_workload, dtypes[0], warmup, device))
             )
-            run.end_part()
-    finally:
-        torch.set_default_dtype(old)
+        run.end_part()
     return res
 
 
@@ -501,41 +341,50 @@ def _check(preset, parts, model, dtypes, backends) -> None:
             raise ValueError(f"unknown {what}(s) {', '.join(map(str, bad))}; choose from {', '.join(known)}")
 
 
+def _cell(row: dict) -> str:
+    """One backend's cell: median step ms (peak GB), or why there is none."""
+    if "step_ms_median" in row:
+        mem = f" ({row['peak_mem_gb']:.1f}G)" if row.get("peak_mem_gb") is not None else ""
+        return f"{row['step_ms_median']:>9.1f} ms{mem}"
+    return "skipped" if "skipped" in row else ("error" if "error" in row else "-")
+
+
+def _max_diff(rec: dict) -> str:
+    diffs = [r["loss_rel_diff_vs_e3nn"] for r in rec["backends"].values() if "loss_rel_diff_vs_e3nn" in r]
+    return f"{max(diffs):.1e}" if diffs else ""
+
+
 def format_table(res: dict) -> str:
     """Median step ms (peak GB) per backend, the ratios, loss agreement, and the profile."""
-    from workbench.train.bench_step_profile import format_profile
+    from workbench.bench.step_profile import format_profile
 
-    lines = [f"{res['meta']['device_name']}, model {res['meta']['model']}, {res['meta']['repeats']} timed steps"]
-    head = f"{'dtype':8} {'workload':13} {'atoms':>6} {'e/atom':>6} | " + " | ".join(f"{b:>18}" for b in BACKENDS)
-    if res.get("steps"):
-        lines += [head + " | numba/cueq numba/e3nn  max loss diff", "-" * (len(head) + 34)]
+    bar = Column("|", lambda r: "|")
+    columns = [
+        Column("dtype", "dtype", width=8, align="<"),
+        Column("workload", "name", width=13, align="<"),
+        Column("atoms", lambda r: r.get("atoms", 0), ".0f", 6),
+        Column("e/atom", lambda r: r.get("edges_per_atom", 0), ".1f", 6),
+        *(c for b in BACKENDS for c in (bar, Column(b, lambda r, b=b: _cell(r["backends"].get(b, {})), width=18))),
+        bar,
+        *(Column(k, lambda r, k=k: r.get("ratios", {}).get(k), ".2f", 10) for k in ("numba/cueq", "numba/e3nn")),
+        Column("max loss diff", _max_diff, width=13),
+    ]
+    rows, notes = [], {}
     for dtype, wls in res.get("steps", {}).items():
         for name, rec in wls.items():
-            cells = []
-            for b in BACKENDS:
-                row = rec["backends"].get(b, {})
-                if "step_ms_median" in row:
-                    mem = f" ({row['peak_mem_gb']:.1f}G)" if row.get("peak_mem_gb") is not None else ""
-                    cells.append(f"{row['step_ms_median']:>9.1f} ms{mem}")
-                else:
-                    cells.append("skipped" if "skipped" in row else ("error" if "error" in row else "-"))
-            diffs = [r["loss_rel_diff_vs_e3nn"] for r in rec["backends"].values() if "loss_rel_diff_vs_e3nn" in r]
-            ratio = [
-                f"{rec['ratios'][k]:10.2f}" if k in rec.get("ratios", {}) else f"{'-':>10}"
-                for k in ("numba/cueq", "numba/e3nn")
-            ]
-            lines.append(
-                f"{dtype:8} {name:13} {rec.get('atoms', 0):6.0f} {rec.get('edges_per_atom', 0):6.1f} | "
-                + " | ".join(f"{c:>18}" for c in cells)
-                + " | "
-                + " ".join(ratio)
-                + (f"  {max(diffs):.1e}" if diffs else "")
-            )
-            lines += [
+            rows.append({**rec, "dtype": dtype, "name": name})
+            notes[len(rows) - 1] = [
                 f"    {b}: {row.get('skipped') or row.get('error')}"
                 for b, row in rec["backends"].items()
                 if "step_ms_median" not in row and (row.get("skipped") or row.get("error"))
             ]
+    meta = res["meta"]
+    lines = [f"{meta['device_name']}, model {meta['model']}, {meta['repeats']} timed steps"]
+    if rows:
+        table = render(rows, columns).splitlines()
+        lines += table[:2]
+        for i, line in enumerate(table[2:]):
+            lines += [line, *notes[i]]
     if "profile" in res:
         lines += ["", format_profile(res["profile"])]
     return "\n".join(lines)

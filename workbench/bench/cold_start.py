@@ -33,17 +33,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench.kernels.precompile import usable_cores
+from workbench.bench.table import Column, read_json, render, verdict, write_json
 
-__all__ = ["cold_start", "format_table", "measure"]
+__all__ = ["DEFAULT_OUT", "TARGET_S", "cold_start", "format_table", "main", "measure"]
 
-#: the issue's target, seconds from accelerate() to the first optimizer step (paper config, float32)
+#: the target, seconds from accelerate() to the first optimizer step (paper config, float32)
 TARGET_S = 60.0
 DEFAULT_OUT = "kernels/results/cold_start_{machine}.json"
 
 
 def _machine_name() -> str:
     import torch
+
+    from workbench.kernels.precompile import usable_cores
 
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)
@@ -73,11 +75,11 @@ def measure(
     t_import = time.perf_counter()
     import torch
 
+    from workbench.bench.step_model import train_step
+    from workbench.bench.workloads import system_batch
     from workbench.kernels import accelerate
     from workbench.kernels.mace.accelerate import precompile_model
-    from workbench.kernels.tools.bench import random_scaleshift_mace
-    from workbench.train.bench_cpu import system_batch
-    from workbench.train.bench_step import train_step
+    from workbench.kernels.tools.models import random_scaleshift_mace
 
     device = "cuda" if target == "device" else "cpu"
     batch, zs, info = system_batch(f"water-{atoms}", dtype)
@@ -118,7 +120,7 @@ def _run_child(args: dict, cache: Path) -> dict:
     env = {**os.environ, "WORKBENCH_KERNEL_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "workbench.train.cold_start", "--child", json.dumps(args)],
+        [sys.executable, "-m", "workbench.bench.cold_start", "--child", json.dumps(args)],
         stdout=subprocess.PIPE,
         stderr=None,
         text=True,
@@ -147,6 +149,8 @@ def cold_start(
     ``target``: ``"device"`` (a GPU), ``"ptx"`` (no GPU needed) or ``"auto"``. ``cache``: the
     folder for the cold run (must be empty or absent; default a new temporary folder)."""
     import torch
+
+    from workbench.kernels.precompile import usable_cores
 
     if target == "auto":
         target = "device" if torch.cuda.is_available() else "ptx"
@@ -194,24 +198,29 @@ def _what(target: str) -> str:
 
 
 def format_table(name: str, res: dict) -> str:
-    lines = [f"cold start on {name} ({res['cores']} cores, {res['what']}):"]
-    for run, r in res["runs"].items():
-        if "error" in r:
-            lines.append(f"  {run:7s} error: {r['error']}")
-            continue
-        p = r["precompile"]
-        extra = f", first step {r['first_step_s']} s" if "first_step_s" in r else ""
-        extra += f", {r['compiled_in_process']} kernels compiled in process" if "compiled_in_process" in r else ""
-        lines.append(
-            f"  {run:7s} {r['seconds']:7.1f} s  ({p['compiled']} compiled / {p['cached']} cached on "
-            f"{p['workers']} workers in {r['precompile_s']} s{extra})"
-        )
+    """Each run's seconds and what its compile did, and the target's verdict."""
+
+    def pre(key: str):
+        return lambda r: r["precompile"][key] if "precompile" in r else None
+
+    columns = [
+        Column("run", "run", width=7, align="<"),
+        Column("seconds", lambda r: r.get("error") or r["seconds"], ".1f", 8),
+        Column("compiled", pre("compiled")),
+        Column("cached", pre("cached")),
+        Column("workers", pre("workers")),
+        Column("compile s", "precompile_s", ".2f"),
+        Column("first step s", "first_step_s", ".2f"),
+        Column("compiled in process", "compiled_in_process"),
+    ]
+    rows = [{"run": run, **r} for run, r in res["runs"].items()]
+    title = f"cold start on {name} ({res['cores']} cores, {res['what']}):"
     ok = res["seconds"] is not None and res["seconds"] <= TARGET_S
-    lines.append(f"  target <= {TARGET_S:.0f} s: {'met' if ok else 'NOT met'}")
-    return "\n".join(lines)
+    return render(rows, columns, title=title, indent="  ") + f"\n  target <= {TARGET_S:.0f} s: {verdict(ok)}"
 
 
-def _main(args) -> int:
+def main(args) -> int:
+    """``workbench bench cold-start``: measure, print, and merge the result into ``--out``."""
     res = cold_start(
         args.hidden,
         args.max_ell,
@@ -227,39 +236,11 @@ def _main(args) -> int:
     print(format_table(name, res))
     if args.out:
         path = Path(args.out.format(machine=name))
-        data = json.loads(path.read_text()) if path.exists() else {}
+        data = read_json(path, default={})
         data.setdefault("machines", {})[name] = res
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=1))
+        write_json(path, data)
         print(f"wrote {path}")
     return 0
-
-
-def register_bench(bench_subparsers) -> None:
-    p = bench_subparsers.add_parser(
-        "cold-start", help="accelerate() with an empty kernel cache to the first optimizer step"
-    )
-    p.add_argument("--hidden", default="128x0e+128x1o")
-    p.add_argument("--max-ell", type=int, default=3)
-    p.add_argument("--correlation", type=int, default=3)
-    p.add_argument("--atoms", type=int, default=3072, help="periodic water box size (a multiple of 3)")
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    p.add_argument(
-        "--target",
-        choices=("auto", "device", "ptx"),
-        default="auto",
-        help="device: a GPU, to the first step; ptx: PTX + ptxas for sm_90, no GPU needed",
-    )
-    p.add_argument("--workers", type=int, default=None, help="compile processes (default: the usable cores)")
-    p.add_argument("--serial", action="store_true", help="also time one worker from an empty cache")
-    p.add_argument(
-        "--cache",
-        default=None,
-        help="kernel cache folder for the cold and warm runs (empty or absent; default: a temporary folder)",
-    )
-    p.add_argument("--name", default=None, help="machine name in the JSON (default: the GPU's, else cpu-<cores>-cores)")
-    p.add_argument("--out", default=DEFAULT_OUT, help="JSON ('' for none; {machine} is replaced)")
-    p.set_defaults(func=_main)
 
 
 if __name__ == "__main__":

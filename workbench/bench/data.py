@@ -20,7 +20,6 @@ Three parts, each against an anchor measured in the same run:
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import platform
 import shutil
@@ -29,12 +28,16 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workbench.train.config import TrainConfig
+from workbench.bench.table import Column, render, verdict, write_json
 
-__all__ = ["bench_data", "bench_layout", "bench_prepare", "bench_training", "format_table"]
+if TYPE_CHECKING:
+    from workbench.train.config import TrainConfig
+
+__all__ = ["PARTS", "SIZES", "bench_data", "bench_layout", "bench_prepare", "bench_training", "format_table"]
 
 PARTS = ("prepare", "layout", "train")
 SIZES = (100_000, 300_000, 1_000_000)
@@ -149,18 +152,11 @@ class _ConfigOnly:
         return config
 
 
-def bench_layout(workdir: Path, source, n: int = 20_000, reads: int = 2000, seed: int = 0) -> dict:
-    """Write ``n`` graphs in three layouts and time random reads of ``reads`` graphs."""
+def _mace_hdf5(workdir: Path, graphs: list, picks: np.ndarray) -> dict:
+    """mace's ``preprocess_data`` layout (a group per structure), read by mace's ``HDF5Dataset``."""
     import h5py
     from mace.data import HDF5Dataset
     from mace.data.utils import Configuration, save_configurations_as_HDF5
-
-    from workbench.data.store import _Shard, write_shard
-
-    src = [source.graph(i) for i in range(len(source))]
-    graphs = [src[i % len(src)] for i in range(n)]
-    picks = np.random.default_rng(seed).integers(0, n, size=reads)
-    out = {}
 
     path = workdir / "layout_mace.h5"
     configs = [
@@ -183,13 +179,18 @@ def bench_layout(workdir: Path, source, n: int = 20_000, reads: int = 2000, seed
     t0 = time.perf_counter()
     for i in picks:
         ds[int(i)]
-    out["group per structure (mace HDF5Dataset)"] = {
-        "write_s": write_s,
-        "mb": path.stat().st_size / 1e6,
-        "read_us": 1e6 * (time.perf_counter() - t0) / reads,
-    }
+    read_us = 1e6 * (time.perf_counter() - t0) / len(picks)
+    row = {"write_s": write_s, "mb": path.stat().st_size / 1e6, "read_us": read_us}
+    path.unlink()
+    return row
 
-    flat = workdir / "layout_flat.h5"
+
+def _flat_h5py(flat: Path, graphs: list, picks: np.ndarray) -> dict:
+    """The workbench's flat arrays (:func:`~workbench.data.store.write_shard`), read through h5py slices."""
+    import h5py
+
+    from workbench.data.store import write_shard
+
     t0 = time.perf_counter()
     write_shard(flat, graphs)
     write_s = time.perf_counter() - t0
@@ -207,10 +208,15 @@ def bench_layout(workdir: Path, source, n: int = 20_000, reads: int = 2000, seed
                 arr["pbc"][i],
                 arr["energy"][i],
             )
-        h5_us = 1e6 * (time.perf_counter() - t0) / reads
-    out["flat arrays, h5py slices"] = {"write_s": write_s, "mb": flat.stat().st_size / 1e6, "read_us": h5_us}
+        read_us = 1e6 * (time.perf_counter() - t0) / len(picks)
+    return {"write_s": write_s, "mb": flat.stat().st_size / 1e6, "read_us": read_us}
 
-    shard = _Shard(flat)  # read the way GraphStore reads every shard
+
+def _flat_memmap(flat: Path, picks: np.ndarray) -> float:
+    """Microseconds per graph read from the flat file through memory maps, as ``GraphStore`` reads."""
+    from workbench.data.store import _Shard
+
+    shard = _Shard(flat)
     t0 = time.perf_counter()
     for i in picks:
         a0, a1 = shard.atom_ptr[i], shard.atom_ptr[i + 1]
@@ -223,18 +229,27 @@ def bench_layout(workdir: Path, source, n: int = 20_000, reads: int = 2000, seed
             np.array(a["pbc"][i]),
             float(a["energy"][i]),
         )
-    out["flat arrays, memmap (workbench)"] = {
-        "write_s": write_s,
-        "mb": flat.stat().st_size / 1e6,
-        "read_us": 1e6 * (time.perf_counter() - t0) / reads,
-    }
+    read_us = 1e6 * (time.perf_counter() - t0) / len(picks)
     del shard
-    for p in (path, flat):
-        p.unlink()
+    return read_us
+
+
+def bench_layout(workdir: Path, source, n: int = 20_000, reads: int = 2000, seed: int = 0) -> dict:
+    """Write ``n`` graphs in three layouts and time random reads of ``reads`` graphs."""
+    src = [source.graph(i) for i in range(len(source))]
+    graphs = [src[i % len(src)] for i in range(n)]
+    picks = np.random.default_rng(seed).integers(0, n, size=reads)
+    flat = workdir / "layout_flat.h5"
+    out = {"group per structure (mace HDF5Dataset)": _mace_hdf5(workdir, graphs, picks)}
+    out["flat arrays, h5py slices"] = h5 = _flat_h5py(flat, graphs, picks)
+    out["flat arrays, memmap (workbench)"] = {**h5, "read_us": _flat_memmap(flat, picks)}
+    flat.unlink()
     return {"graphs": n, "reads": reads, "rows": out}
 
 
 def _train_config(dataset: Path, out: Path, name: str, n: int, steps: int) -> TrainConfig:
+    from workbench.train.config import TrainConfig
+
     return TrainConfig(
         name=name,
         output_dir=str(out),
@@ -360,19 +375,23 @@ def bench_data(
     if "train" in parts:
         res["train"] = bench_training(workdir, embedded, sizes, steps)
     res["targets"] = _targets(res)
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(res, indent=1) + "\n")
+    write_json(out, res)
     return res
 
 
-def _section(title: str, rows: dict, columns: list[tuple[str, int, object]], label_width: int) -> list[str]:
-    """A titled fixed-width table: one line per row, ``columns`` as (header, width, cell text)."""
-    head = " " * label_width + "".join(f"{h:>{w}}" for h, w, _ in columns)
-    body = [f"{k:<{label_width}}" + "".join(f"{cell(r):>{w}}" for _, w, cell in columns) for k, r in rows.items()]
-    return [title, head, *body, ""]
+def _section(title: str, rows: dict, columns: list[Column], label_width: int) -> list[str]:
+    """A titled table, a line per row, its label (the key in ``rows``) first."""
+    label = Column("", "label", width=label_width - 1, align="<")
+    table = render([{"label": k, **r} for k, r in rows.items()], [label, *columns], title=title, rule=False)
+    return [table, ""]
+
+
+def _anchor(key: str):
+    return lambda r: f"{r[key]:.2f}" if key in r else "anchor"
 
 
 def format_table(res: dict) -> str:
+    """The prepare, layout and train tables and the targets' verdicts."""
     lines = []
     if "prepare" in res:
         p = res["prepare"]
@@ -380,19 +399,11 @@ def format_table(res: dict) -> str:
             f"prepare: {p['frames']} frames, {p['atoms']} atoms, {p['bytes'] / 1e6:.0f} MB extxyz",
             p["rows"],
             [
-                ("s", 8, lambda r: f"{r['seconds']:.1f}"),
-                ("graphs/s", 10, lambda r: f"{r['graphs_per_s']:.0f}"),
-                ("atoms/s", 11, lambda r: f"{r['atoms_per_s']:.0f}"),
-                (
-                    "/worker vs 1 iread",
-                    20,
-                    lambda r: f"{r['per_worker_vs_parse']:.2f}" if "per_worker_vs_parse" in r else "anchor",
-                ),
-                (
-                    "vs as many ireads",
-                    19,
-                    lambda r: f"{r['vs_parallel_parse']:.2f}" if "vs_parallel_parse" in r else "anchor",
-                ),
+                Column("s", "seconds", ".1f", 7),
+                Column("graphs/s", "graphs_per_s", ".0f", 9),
+                Column("atoms/s", "atoms_per_s", ".0f", 10),
+                Column("/worker vs 1 iread", _anchor("per_worker_vs_parse"), width=19),
+                Column("vs as many ireads", _anchor("vs_parallel_parse"), width=18),
             ],
             28,
         )
@@ -402,9 +413,9 @@ def format_table(res: dict) -> str:
             f"layout: {lay['graphs']} graphs, {lay['reads']} random reads",
             lay["rows"],
             [
-                ("write s", 9, lambda r: f"{r['write_s']:.2f}"),
-                ("MB", 8, lambda r: f"{r['mb']:.1f}"),
-                ("read µs/graph", 15, lambda r: f"{r['read_us']:.1f}"),
+                Column("write s", "write_s", ".2f", 8),
+                Column("MB", "mb", ".1f", 7),
+                Column("read µs/graph", "read_us", ".1f", 14),
             ],
             40,
         )
@@ -414,14 +425,13 @@ def format_table(res: dict) -> str:
             f"train: {tr['model']} (tiled sets are throughput data, not physics)",
             tr["rows"],
             [
-                ("graphs", 10, lambda r: f"{r['graphs']}"),
-                ("peak RSS MB r0/r1", 20, lambda r: "/".join(f"{x:.0f}" for x in r["peak_rss_mb"])),
-                ("first step s", 14, lambda r: f"{r['launch_to_first_step_s']:.1f}"),
-                ("data wait", 11, lambda r: f"{r['data_wait_share']:.1%}"),
-                ("step ms", 9, lambda r: f"{r['step_ms_median']:.1f}"),
+                Column("graphs", "graphs", width=9),
+                Column("peak RSS MB r0/r1", lambda r: "/".join(f"{x:.0f}" for x in r["peak_rss_mb"]), width=19),
+                Column("first step s", "launch_to_first_step_s", ".1f", 13),
+                Column("data wait", "data_wait_share", ".1%", 10),
+                Column("step ms", "step_ms_median", ".1f", 8),
             ],
             18,
         )
-    for k, ok in res.get("targets", {}).items():
-        lines.append(f"target {k}: {'met' if ok else 'NOT met'}")
+    lines += [f"target {k}: {verdict(ok)}" for k, ok in res.get("targets", {}).items()]
     return "\n".join(lines)

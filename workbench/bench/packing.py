@@ -21,25 +21,40 @@ from __future__ import annotations
 import json
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from workbench.packing.api import pack
+from workbench.bench.table import Column, render, write_json
+from workbench.packing.api import ALGORITHMS, pack
 from workbench.packing.cost import CostModel
 
-#: (label, algorithm, options) rows of the main table; the first fixed-count row is the reference.
-VARIANTS: tuple[tuple[str, str, dict], ...] = (
-    ("fixed-count (6/batch)", "fixed-count", {"graphs_per_batch": 6}),
-    ("fixed-count (8/batch)", "fixed-count", {"graphs_per_batch": 8}),
-    ("dynamic", "dynamic", {}),
-    ("ffd", "ffd", {}),
-    ("lpt (6/rank)", "lpt", {"graphs_per_batch": 6}),
-    ("paper", "paper", {}),
-    ("paper, no step leveling", "paper", {"level_steps": False}),
-    ("paper, emptier-first", "paper", {"order": "emptier-first"}),
-    ("shuffled-paper (ours)", "shuffled-paper", {}),
-)
+#: rows with options, per algorithm: (label, options); every other registered algorithm gets one
+#: row with its defaults. The first fixed-count row is the reference of ``epoch vs fixed``.
+OPTION_ROWS: dict[str, tuple[tuple[str, dict], ...]] = {
+    "fixed-count": (
+        ("fixed-count (6/batch)", {"graphs_per_batch": 6}),
+        ("fixed-count (8/batch)", {"graphs_per_batch": 8}),
+    ),
+    "lpt": (("lpt (6/rank)", {"graphs_per_batch": 6}),),
+    "paper": (
+        ("paper", {}),
+        ("paper, no step leveling", {"level_steps": False}),
+        ("paper, emptier-first", {"order": "emptier-first"}),
+    ),
+    "shuffled-paper": (("shuffled-paper (ours)", {}),),
+}
+
+
+def variants() -> list[tuple[str, str, dict]]:
+    """``(label, algorithm, options)`` of the main table: every algorithm in
+    :data:`~workbench.packing.api.ALGORITHMS`, in its order, with its rows of :data:`OPTION_ROWS`."""
+    stale = set(OPTION_ROWS) - set(ALGORITHMS)
+    if stale:
+        raise KeyError(f"OPTION_ROWS names unregistered algorithm(s) {sorted(stale)}")
+    return [(label, name, opts) for name in ALGORITHMS for label, opts in OPTION_ROWS.get(name, ((name, {}),))]
+
 
 SWEEP_CAPACITIES = (800, 1024, 1536, 2048, 3072, 4096)
 SWEEP_REPLICAS = (16, 64, 256, 740)
@@ -80,7 +95,7 @@ def real_sizes(path: str | None = None) -> tuple[np.ndarray | None, str]:
 def _warm_up() -> None:
     rng = np.random.default_rng(0)
     c = rng.integers(1, 100, size=500)
-    for _, algo, opts in VARIANTS:
+    for _, algo, opts in variants():
         pack(c, 300, 4, algorithm=algo, **opts).metrics()
         pack(c.astype(np.float64) + 0.5, 300, 4, algorithm=algo, **opts)
 
@@ -95,7 +110,7 @@ def table_rows(
 ) -> list[dict]:
     """Run every variant on ``sizes`` (structured: atoms, edges) and return one metrics dict each."""
     rows = []
-    for label, algo, opts in VARIANTS:
+    for label, algo, opts in variants():
         best, best_cpu, p = np.inf, np.inf, None
         for _ in range(repeats):
             t0, c0 = time.perf_counter(), time.process_time()
@@ -116,32 +131,19 @@ def _frac(x: float) -> str:
 
 
 def format_table(rows: list[dict], title: str) -> str:
-    head = (
-        "algorithm",
-        "pack s (cpu)",
-        "pack s (wall)",
-        "bins/LB",
-        "padding",
-        "imb max",
-        "imb mean",
-        "epoch vs fixed",
-        "pair repeat",
-    )
-    lines = [title, "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        cells = (
-            r["label"],
-            f"{r['cpu_time_to_pack_s']:.3f}",
-            f"{r['time_to_pack_s']:.3f}",
-            f"{r['bins_over_lb']:.4f}",
-            f"{r['padding_fraction']:.4f}",
-            f"{r['step_imbalance_max']:.4f}",
-            f"{r['step_imbalance_mean']:.4f}",
-            f"{r['epoch_time_vs_fixed_count']:.3f}",
-            _frac(r["pair_repeat_fraction"]),
-        )
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    """The main table, as Markdown."""
+    columns = [
+        Column("algorithm", "label"),
+        Column("pack s (cpu)", "cpu_time_to_pack_s", ".3f"),
+        Column("pack s (wall)", "time_to_pack_s", ".3f"),
+        Column("bins/LB", "bins_over_lb", ".4f"),
+        Column("padding", "padding_fraction", ".4f"),
+        Column("imb max", "step_imbalance_max", ".4f"),
+        Column("imb mean", "step_imbalance_mean", ".4f"),
+        Column("epoch vs fixed", "epoch_time_vs_fixed_count", ".3f"),
+        Column("pair repeat", lambda r: _frac(r["pair_repeat_fraction"])),
+    ]
+    return render(rows, columns, title=title, markdown=True)
 
 
 class _SizeOnly:
@@ -234,19 +236,48 @@ def sweep(sizes: np.ndarray, seed: int = 0, capacities=SWEEP_CAPACITIES, replica
 
 
 def format_sweep(rows: list[dict]) -> str:
-    lines = [
-        "capacity x replicas sweep (bins/LB, imbalance max)",
-        "| capacity | replicas | paper bins/LB | paper imb max | dynamic bins/LB | dynamic imb max |",
-        "|---|---|---|---|---|---|",
-    ]
+    """The capacity x replicas sweep, paper against dynamic, as Markdown."""
     by = {(r["capacity"], r["num_replicas"], r["algorithm"]): r for r in rows}
-    for cap, rep in sorted({(r["capacity"], r["num_replicas"]) for r in rows}):
-        p, d = by[(cap, rep, "paper")], by[(cap, rep, "dynamic")]
-        lines.append(
-            f"| {cap:g} | {rep} | {p['bins_over_lb']:.4f} | {p['step_imbalance_max']:.4f} | "
-            f"{d['bins_over_lb']:.4f} | {d['step_imbalance_max']:.4f} |"
-        )
-    return "\n".join(lines)
+    cells = [
+        {
+            "capacity": f"{cap:g}",
+            "replicas": rep,
+            "paper": by[(cap, rep, "paper")],
+            "dynamic": by[(cap, rep, "dynamic")],
+        }
+        for cap, rep in sorted({(r["capacity"], r["num_replicas"]) for r in rows})
+    ]
+    columns = [Column("capacity", "capacity"), Column("replicas", "replicas")]
+    for algo in ("paper", "dynamic"):
+        columns += [
+            Column(f"{algo} bins/LB", lambda c, a=algo: c[a]["bins_over_lb"], ".4f"),
+            Column(f"{algo} imb max", lambda c, a=algo: c[a]["step_imbalance_max"], ".4f"),
+        ]
+    return render(cells, columns, title="capacity x replicas sweep (bins/LB, imbalance max)", markdown=True)
+
+
+def _one_core() -> None:
+    """Pack on one core, as the targets are stated."""
+    try:
+        import numba
+
+        numba.set_num_threads(1)
+    except Exception:
+        pass
+
+
+def _real_table(
+    result: dict, real_path: str | None, capacity: float, real_replicas: int, seed: int, repeats: int, echo
+) -> None:
+    real, where = real_sizes(real_path)
+    if real is None:
+        result["real"] = {"skipped": where}
+        echo(f"embedded dataset: {where}")
+        return
+    rows = table_rows(real, capacity, real_replicas, seed, repeats=repeats)
+    result["real"] = {"path": where, "rows": rows}
+    title = f"embedded dataset {where}: {real.shape[0]:,} graphs, capacity {capacity:g}, {real_replicas} replicas"
+    echo(format_table(rows, title))
 
 
 def run(
@@ -260,15 +291,10 @@ def run(
     do_sweep: bool = True,
     repeats: int = 3,
     out: str | Path = "runs/bench/packing.json",
-    echo=print,
+    echo: Callable[[str], object] = print,
 ) -> dict:
     """Run the whole benchmark, print tables, write JSON; returns the JSON dict."""
-    try:  # one core, as the targets are stated
-        import numba
-
-        numba.set_num_threads(1)
-    except Exception:
-        pass
+    _one_core()
     _warm_up()
     result: dict = {
         "machine": {
@@ -284,30 +310,12 @@ def run(
     result["synthetic"] = rows
     echo(f"synthetic sizes: {source}")
     echo(format_table(rows, f"{n:,} graphs, capacity {capacity:g}, {replicas} replicas"))
-
     pyg = compare_pyg(np.asarray(sizes["atoms"], dtype=np.int64), int(capacity), shuffled_n=pyg_n)
     result["pyg_dynamic_batch_sampler"] = pyg
     echo("real torch_geometric DynamicBatchSampler vs our 'dynamic': " + json.dumps(pyg, default=float))
-
-    real, where = real_sizes(real_path)
-    if real is None:
-        result["real"] = {"skipped": where}
-        echo(f"embedded dataset: {where}")
-    else:
-        rrows = table_rows(real, capacity, real_replicas, seed, repeats=repeats)
-        result["real"] = {"path": where, "rows": rrows}
-        echo(
-            format_table(
-                rrows,
-                f"embedded dataset {where}: {real.shape[0]:,} graphs, capacity {capacity:g}, {real_replicas} replicas",
-            )
-        )
+    _real_table(result, real_path, capacity, real_replicas, seed, repeats, echo)
     if do_sweep:
-        srows = sweep(sizes, seed)
-        result["sweep"] = srows
-        echo(format_sweep(srows))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=float))
-    echo(f"wrote {out}")
+        result["sweep"] = sweep(sizes, seed)
+        echo(format_sweep(result["sweep"]))
+    echo(f"wrote {write_json(out, result)}")
     return result

@@ -1,8 +1,9 @@
-#!/usr/bin/env python
-"""Benchmark: MACE's symmetric contraction and the whole ``products[0]`` block.
+"""``workbench bench symmetric-contraction``: MACE's symmetric contraction and the whole
+``products[0]`` block, every backend in one run.
 
 Backends: ``numba`` (workbench.kernels), ``e3nn`` (mace-torch's original), ``cueq``
-(cuEquivariance via mace-torch's converter). Passes:
+(cuEquivariance via mace-torch's converter); see :mod:`workbench.bench.harness` for the others.
+Passes:
 
 * ``forward``
 * ``forward_backward``: forward, then gradients to the input features and all weights
@@ -11,42 +12,28 @@ Backends: ``numba`` (workbench.kernels), ``e3nn`` (mace-torch's original), ``cue
 
 On CUDA each repeat is timed with CUDA events (after warm-up), on CPU with ``perf_counter``;
 the JSON records the median, min and all repeats, plus FLOPs and minimum bytes from the
-sparse descriptor and the device's measured copy bandwidth for a roofline.
+sparse descriptor and the device's measured copy bandwidth for a roofline. Every backend's
+outputs are compared with e3nn's (``parity_vs_e3nn``) and each pass is run twice more for
+``bitwise_repeatable``.
 
-Run on the GPU (needs mace-torch, numba-cuda, cuequivariance-torch)::
+.. code-block:: text
 
-    python kernels/bench_symmetric_contraction.py            # paper config, 3072 atoms
-    python kernels/bench_symmetric_contraction.py --device cpu --atoms 64 --repeats 5   # CPU smoke run
+    workbench bench symmetric-contraction                 # paper config, 3072 atoms, on the GPU
+    workbench bench symmetric-contraction --device cpu --atoms 64 --repeats 5   # CPU smoke run
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
-import os
-import platform
-import statistics
-import sys
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import torch
 
-import workbench  # noqa: F401  (env fix for e3nn before torch/e3nn imports)
-from workbench.kernels.tools.bench import (
-    add_common_arguments,
-    backend_model,
-    compare_with_e3nn,
-    measure_pass,
-    random_scaleshift_mace,
-    run_versions,
-    timer,
-)
+from workbench.bench.harness import backend_model, compare_with_e3nn, kernel_run_header, measure_pass, pass_line
+from workbench.bench.table import write_json
+from workbench.kernels.tools.models import random_scaleshift_mace
 
-PASSES = ("forward", "forward_backward", "double_backward")
+__all__ = ["descriptor_costs", "main", "pass_fn"]
 
 
 def _cotangent(out: torch.Tensor) -> torch.Tensor:
@@ -79,17 +66,6 @@ def pass_fn(kind: str, call, x, params):
         return torch.autograd.grad((gx**2).sum(), params, allow_unused=True)
 
     return {"forward": fwd, "forward_backward": fwd_bwd, "double_backward": dbl}[kind]
-
-
-def measured_bandwidth(device: str) -> float | None:
-    """Device-to-device copy bandwidth in GB/s (read + write bytes), median of 20."""
-    if not device.startswith("cuda"):
-        return None
-    n = 256 * 1024 * 1024 // 4
-    a = torch.empty(n, dtype=torch.float32, device=device)
-    b = torch.empty_like(a)
-    ts = timer(device, lambda: b.copy_(a), 5, 20)
-    return 2 * a.numel() * 4 / (statistics.median(ts) * 1e-3) / 1e9
 
 
 def descriptor_costs(block_sc, atoms: int, itemsize: int) -> dict:
@@ -131,51 +107,16 @@ def descriptor_costs(block_sc, atoms: int, itemsize: int) -> dict:
     }
 
 
-def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, add_help=add_help
-    )
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--atoms", type=int, default=3072)
-    add_common_arguments(ap, PASSES)
-    ap.add_argument("--elements", type=int, default=10)
-    ap.add_argument("--targets", nargs="+", default=["contraction", "products0"])
-    ap.add_argument(
-        "--out", default=None, help="JSON path (default kernels/results/symmetric_contraction_<device>_<time>.json)"
-    )
-    return ap
-
-
-def main(argv=None, args: argparse.Namespace | None = None) -> int:
-    if args is None:
-        args = build_parser().parse_args(argv)
-    device = args.device
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    dev_name = (
-        torch.cuda.get_device_name(0) if device.startswith("cuda") else platform.processor() or platform.machine()
-    )
-    results = {
-        "label": "GPU" if device.startswith("cuda") else "CPU (not the GPU benchmark; correctness/smoke timing only)",
-        "device": device,
-        "device_name": dev_name,
-        "timestamp": stamp,
-        "config": {
-            k: getattr(args, k) for k in ("atoms", "hidden", "max_ell", "correlation", "elements", "warmup", "repeats")
-        },
-        "versions": run_versions(),
-        "measured_bandwidth_GBps": measured_bandwidth(device),
-        "runs": [],
-    }
+def main(args: argparse.Namespace) -> int:
+    """Run the benchmark with the options of ``workbench bench symmetric-contraction``; JSON to ``--out``."""
+    device = args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    keys = ("atoms", "hidden", "max_ell", "correlation", "elements", "warmup", "repeats")
+    results = kernel_run_header(device, {k: getattr(args, k) for k in keys})
+    stamp = results["timestamp"]
     if device == "cpu":
         results["cpu_threads"] = torch.get_num_threads()
-    out = (
-        Path(args.out)
-        if args.out
-        else ROOT
-        / "kernels"
-        / "results"
-        / f"symmetric_contraction_{'gpu' if device.startswith('cuda') else 'cpu'}_{stamp}.json"
-    )
+    where = "gpu" if device.startswith("cuda") else "cpu"
+    out = Path(args.out) if args.out else Path("kernels/results") / f"symmetric_contraction_{where}_{stamp}.json"
     for dtype_name in args.dtypes:
         snaps = _run_dtype(args, dtype_name, results, out)
         for (backend, target, kind), entry in compare_with_e3nn(snaps):
@@ -184,7 +125,7 @@ def main(argv=None, args: argparse.Namespace | None = None) -> int:
                 f"{entry['parity_vs_e3nn']['max_rel_err']:.2e}, bitwise repeatable {entry['bitwise_repeatable']}",
                 flush=True,
             )
-        _save(results, out)
+        write_json(out, results)
     print(f"wrote {out}")
     return 0
 
@@ -262,25 +203,6 @@ def _run_dtype(args, dtype_name: str, results: dict, out: Path) -> dict:
                     if target == "contraction":
                         _roofline(entry, d, kind, results["measured_bandwidth_GBps"])
                 results["runs"].append(entry)
-                _save(results, out)  # every row: a step stopped at its time limit keeps what it measured
-                print(
-                    f"{dtype_name:8s} {backend:12s} {target:12s} {kind:17s} "
-                    + (
-                        f"{entry['median_ms']:9.3f} ms"
-                        + (f"  peak {entry['peak_mem_MB']:.0f} MB" if "peak_mem_MB" in entry else "")
-                        if "median_ms" in entry
-                        else entry.get("error", "")
-                    ),
-                    flush=True,
-                )
+                write_json(out, results)  # every row: a step stopped at its time limit keeps what it measured
+                print(pass_line(f"{dtype_name:8s} {backend:12s} {target:12s} {kind:17s}", entry), flush=True)
     return snaps
-
-
-def _save(results: dict, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
-    sys.exit(main())

@@ -15,17 +15,20 @@ copies (0.02 Å, labels copied): the copies are for timing only, their labels ar
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workbench.train.config import TrainConfig
+from workbench.bench.table import Column, render, verdict, write_json
+
+if TYPE_CHECKING:
+    from workbench.train.config import TrainConfig
 
 __all__ = ["VARIANTS", "bench_structures", "bench_train", "format_table"]
 
@@ -36,7 +39,8 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "packer-numba": ("paper", "numba"),
     "packer-cueq": ("paper", "cueq"),
 }
-#: one H100, paper config, 3072 atoms, float32 (DESIGN.md): per-step anchors
+#: per-step reference timings the project was set against: one H100, paper config (128x0e+128x1o,
+#: max_ell 3, correlation 3), 3072 atoms at ~48 edges per atom, float32
 ANCHORS = {"e3nn_step_ms_3072": 286.0, "e3nn_peak_gb_3072": 21.5, "cueq_step_ms_3072": 91.0, "cueq_peak_gb_3072": 4.5}
 
 
@@ -45,6 +49,7 @@ def bench_structures(n: int, seed: int = 0, config: TrainConfig | None = None) -
 
     The family mix of the source is kept (copies cycle through a seeded permutation).
     """
+    from workbench.train.config import TrainConfig
     from workbench.train.data import load_structures
 
     base = load_structures(config or TrainConfig())
@@ -101,6 +106,81 @@ def _summarise(run_dir: Path, wall_s: float) -> dict:
     }
 
 
+class _Prepared:
+    """The training data, prepared once per set of fields that feed preparation: the variants
+    differ only in fields that do not, so a bench prepares once."""
+
+    def __init__(self, structures: list) -> None:
+        self.structures, self.cache = structures, {}
+
+    def __call__(self, cfg: TrainConfig):
+        from workbench.train.data import PREPARE_FIELDS, prepare_data
+
+        key = repr([getattr(cfg, f) for f in PREPARE_FIELDS])
+        if key not in self.cache:
+            self.cache[key] = prepare_data(cfg, self.structures)
+        return self.cache[key]
+
+
+def _variant(name: str, cfg: TrainConfig, root: Path, data, warmup_steps: int, keep_runs: bool) -> dict:
+    """Warm up in a throw-away run, then time one epoch of ``cfg``; the summary of the epoch."""
+    import torch
+
+    from workbench.train.loop import train
+
+    for d in (cfg.run_dir, root / f"{name}-warmup"):
+        shutil.rmtree(d, ignore_errors=True)
+    if warmup_steps:
+        train(cfg.replace(name=f"{name}-warmup", max_steps=warmup_steps, progress=False), resume=False, data=data)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    train(cfg, resume=False, data=data)
+    row = {"sampler": cfg.sampler, "backend": cfg.backend, **_summarise(cfg.run_dir, time.perf_counter() - t0)}
+    if not keep_runs:
+        shutil.rmtree(root / f"{name}-warmup", ignore_errors=True)
+    return row
+
+
+def _ratios(v: dict) -> tuple[dict, dict]:
+    """Epoch-time ratios against the baseline and numba against cueq, and the two targets."""
+    ratios = {}
+    if "baseline" in v:
+        for name, r in v.items():
+            ratios[f"baseline/{name}"] = v["baseline"]["epoch_s"] / r["epoch_s"]
+    if "packer-cueq" in v and "packer-numba" in v:
+        ratios["packer-numba/packer-cueq"] = v["packer-numba"]["epoch_s"] / v["packer-cueq"]["epoch_s"]
+    speed, vs_cueq = ratios.get("baseline/packer-numba"), ratios.get("packer-numba/packer-cueq")
+    targets = {
+        "packer-numba >= 3x faster than baseline": None if speed is None else speed >= 3.0,
+        "packer-numba not slower than packer-cueq": None if vs_cueq is None else vs_cueq <= 1.0,
+    }
+    return ratios, targets
+
+
+def _setup(config: TrainConfig, structures: int, batch_size: int, warmup_steps: int) -> dict:
+    import torch
+
+    return {
+        "structures": structures,
+        "batch_size": batch_size,
+        "capacity": config.capacity,
+        "dtype": config.dtype,
+        "hidden_irreps": config.hidden_irreps,
+        "max_ell": config.max_ell,
+        "correlation": config.correlation,
+        "num_interactions": config.num_interactions,
+        "warmup_steps": warmup_steps,
+        "device": torch.cuda.get_device_name()
+        if torch.cuda.is_available()
+        else f"cpu ({platform.processor() or 'x86_64'}, {os.cpu_count()} cores)",
+        "torch": torch.__version__,
+        "anchors": ANCHORS,
+        "note": "rattled copies of the embedded labelled structures; labels of copies are for timing only",
+    }
+
+
 def bench_train(
     config: TrainConfig,
     structures: int = 5000,
@@ -116,24 +196,10 @@ def bench_train(
     ``config`` gives the model and the capacity (default: the paper's settings); its ``sampler``,
     ``backend``, ``epochs`` and run directory are set per variant.
     """
-    import torch
-
-    from workbench.train.data import PREPARE_FIELDS, prepare_data
-    from workbench.train.loop import train
-
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variant(s) {unknown}; choose among {list(VARIANTS)}")
-    data = bench_structures(structures, seed=seed, config=config)
-    prepared: dict = {}
-
-    def prepare(cfg: TrainConfig):
-        # Variants differ only in fields that do not feed preparation, so this runs once per bench.
-        key = repr([getattr(cfg, f) for f in PREPARE_FIELDS])
-        if key not in prepared:
-            prepared[key] = prepare_data(cfg, data)
-        return prepared[key]
-
+    prepared = _Prepared(bench_structures(structures, seed=seed, config=config))
     root = Path(config.output_dir) / "bench-train"
     results: dict = {"variants": {}, "skipped": {}}
     for name in variants:
@@ -155,82 +221,31 @@ def bench_train(
             seed=seed,
             export=False,
         )
-        for d in (cfg.run_dir, root / f"{name}-warmup"):
-            shutil.rmtree(d, ignore_errors=True)
-        cfg_data = prepare(cfg)
-        if warmup_steps:
-            train(
-                cfg.replace(name=f"{name}-warmup", max_steps=warmup_steps, progress=False), resume=False, data=cfg_data
-            )
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        train(cfg, resume=False, data=cfg_data)
-        results["variants"][name] = {
-            "sampler": sampler,
-            "backend": backend,
-            **_summarise(cfg.run_dir, time.perf_counter() - t0),
-        }
-        if not keep_runs:
-            shutil.rmtree(root / f"{name}-warmup", ignore_errors=True)
-    v = results["variants"]
-    ratios = {}
-    if "baseline" in v:
-        for name, r in v.items():
-            ratios[f"baseline/{name}"] = v["baseline"]["epoch_s"] / r["epoch_s"]
-    if "packer-cueq" in v and "packer-numba" in v:
-        ratios["packer-numba/packer-cueq"] = v["packer-numba"]["epoch_s"] / v["packer-cueq"]["epoch_s"]
-    results["ratios"] = ratios
-    results["targets"] = {
-        "packer-numba >= 3x faster than baseline": ratios.get("baseline/packer-numba", float("nan")) >= 3.0
-        if "baseline/packer-numba" in ratios
-        else None,
-        "packer-numba not slower than packer-cueq": ratios.get("packer-numba/packer-cueq", float("nan")) <= 1.0
-        if "packer-numba/packer-cueq" in ratios
-        else None,
-    }
-    results["setup"] = {
-        "structures": structures,
-        "batch_size": batch_size,
-        "capacity": config.capacity,
-        "dtype": config.dtype,
-        "hidden_irreps": config.hidden_irreps,
-        "max_ell": config.max_ell,
-        "correlation": config.correlation,
-        "num_interactions": config.num_interactions,
-        "warmup_steps": warmup_steps,
-        "device": torch.cuda.get_device_name()
-        if torch.cuda.is_available()
-        else f"cpu ({platform.processor() or 'x86_64'}, {os.cpu_count()} cores)",
-        "torch": torch.__version__,
-        "anchors": ANCHORS,
-        "note": "rattled copies of the embedded labelled structures; labels of copies are for timing only",
-    }
+        results["variants"][name] = _variant(name, cfg, root, prepared(cfg), warmup_steps, keep_runs)
+    results["ratios"], results["targets"] = _ratios(results["variants"])
+    results["setup"] = _setup(config, structures, batch_size, warmup_steps)
     if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(results, indent=2))
+        write_json(out, results, indent=2)
     return results
 
 
 def format_table(results: dict) -> str:
     """The results as a fixed-width table with ratios."""
-    head = (
-        f"{'variant':<14}{'steps':>7}{'epoch s':>10}{'atoms/s':>11}{'step ms':>9}{'peak GB':>9}"
-        f"{'compute':>9}{'data':>7}{'allred':>8}{'x base':>8}"
-    )
-    lines = [head, "-" * len(head)]
     base = results["variants"].get("baseline")
-    for name, r in results["variants"].items():
-        speed = base["epoch_s"] / r["epoch_s"] if base else float("nan")
-        mem = f"{r['peak_mem_gb']:.2f}" if r.get("peak_mem_gb") is not None else "-"
-        lines.append(
-            f"{name:<14}{r['steps']:>7}{r['epoch_s']:>10.2f}{r['atoms_per_s']:>11.0f}"
-            f"{r['step_ms_median']:>9.1f}{mem:>9}{r['compute_share']:>9.0%}{r['data_share']:>7.0%}"
-            f"{r['allreduce_share']:>8.0%}{speed:>8.2f}"
-        )
-    for name, why in results.get("skipped", {}).items():
-        lines.append(f"{name:<14} skipped: {why}")
-    for k, ok in results.get("targets", {}).items():
-        lines.append(f"target {k}: {'n/a' if ok is None else ('met' if ok else 'NOT met')}")
+    rows = [{"name": name, **r} for name, r in results["variants"].items()]
+    columns = [
+        Column("variant", "name", width=14, align="<"),
+        Column("steps", "steps", "d", 6),
+        Column("epoch s", "epoch_s", ".2f", 9),
+        Column("atoms/s", "atoms_per_s", ".0f", 10),
+        Column("step ms", "step_ms_median", ".1f", 8),
+        Column("peak GB", "peak_mem_gb", ".2f", 8),
+        Column("compute", "compute_share", ".0%", 8),
+        Column("data", "data_share", ".0%", 6),
+        Column("allred", "allreduce_share", ".0%", 7),
+        Column("x base", lambda r: base["epoch_s"] / r["epoch_s"] if base else float("nan"), ".2f", 7),
+    ]
+    lines = [render(rows, columns)]
+    lines += [f"{name:<14} skipped: {why}" for name, why in results.get("skipped", {}).items()]
+    lines += [f"target {k}: {verdict(ok)}" for k, ok in results.get("targets", {}).items()]
     return "\n".join(lines)

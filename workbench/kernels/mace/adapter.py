@@ -1,0 +1,153 @@
+"""The MACE model family for :func:`~workbench.kernels.accelerate`: which modules are the hot ops,
+how they go to the workbench's modules and back, and the cuEquivariance converter.
+
+Registered in :mod:`workbench.kernels.registry` as ``"mace"``; the functions below are the
+adapter protocol (:class:`~workbench.kernels.registry.ModelAdapter`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["OPS", "accelerated", "convert", "cueq_unavailable", "matches", "model_ops", "to_native", "to_workbench"]
+
+#: the ops this family can swap
+OPS: tuple[str, ...] = ("symmetric_contraction", "channelwise_tp")
+
+
+def _is_mace_sc(m: torch.nn.Module) -> bool:
+    from mace.modules.symmetric_contraction import SymmetricContraction as MaceSC
+
+    return isinstance(m, MaceSC)
+
+
+def matches(model: torch.nn.Module) -> bool:
+    """A mace-torch model, or any module holding mace's contraction, interaction blocks, or ours."""
+    from workbench.kernels.mace.channelwise_tp import _is_interaction_block
+    from workbench.kernels.mace.symmetric_contraction import SymmetricContraction
+
+    return any(
+        _is_mace_sc(m) or isinstance(m, SymmetricContraction) or _is_interaction_block(m) for m in model.modules()
+    )
+
+
+def _swap_contractions(model: torch.nn.Module, to_workbench: bool, backend: str) -> None:
+    from workbench.kernels.mace.symmetric_contraction import SymmetricContraction
+
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if to_workbench and _is_mace_sc(child):
+                child = SymmetricContraction.from_mace(child)
+                setattr(parent, name, child)
+            elif not to_workbench and isinstance(child, SymmetricContraction):
+                setattr(parent, name, child.to_mace())
+            if to_workbench and isinstance(child, SymmetricContraction):
+                child.kernel_backend = backend
+
+
+def _swap_tps(model: torch.nn.Module, to_workbench: bool, backend: str) -> None:
+    from workbench.kernels.mace.channelwise_tp import (
+        _check_block,
+        _fused_class,
+        _is_interaction_block,
+        fuse_conv_tp,
+        unfuse_conv_tp,
+    )
+
+    blocks = [m for m in model.modules() if _is_interaction_block(m)]
+    if not to_workbench:
+        for b in blocks:
+            unfuse_conv_tp(b)
+        return
+    for b in blocks:  # check every block first: all or nothing
+        _check_block(b)
+    for b in blocks:
+        fuse_conv_tp(b)
+        if isinstance(b.conv_tp, _fused_class()):
+            b.conv_tp.kernel_backend = backend
+
+
+def to_workbench(model: torch.nn.Module, ops: Sequence[str], backend: str) -> None:
+    """Swap ``ops`` for the workbench's modules, in place, evaluated by descriptor ``backend``."""
+    if "channelwise_tp" in ops:
+        _swap_tps(model, True, backend)
+    if "symmetric_contraction" in ops:
+        _swap_contractions(model, True, backend)
+
+
+def to_native(model: torch.nn.Module, ops: Sequence[str]) -> None:
+    """Back to mace's own e3nn modules, in place, same parameters."""
+    if "channelwise_tp" in ops:
+        _swap_tps(model, False, "")
+    if "symmetric_contraction" in ops:
+        _swap_contractions(model, False, "")
+
+
+def accelerated(model: torch.nn.Module) -> dict[str, bool]:
+    """Which ops of ``model`` run on the workbench's modules (at least one module each)."""
+    from workbench.kernels.mace.channelwise_tp import _fused_class, _is_interaction_block
+    from workbench.kernels.mace.symmetric_contraction import SymmetricContraction
+
+    fused = _fused_class()
+    mods = list(model.modules())
+    return {
+        "symmetric_contraction": any(isinstance(m, SymmetricContraction) for m in mods),
+        "channelwise_tp": any(_is_interaction_block(m) and isinstance(m.conv_tp, fused) for m in mods),
+    }
+
+
+def cueq_unavailable() -> str | None:
+    """Why cuEquivariance cannot run here, or ``None``."""
+    try:
+        import cuequivariance  # noqa: F401
+        import cuequivariance_torch  # noqa: F401
+    except ImportError as exc:
+        return f"cuequivariance and cuequivariance-torch do not import ({exc}); install the [cuda] extra"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible (cuEquivariance has no CPU kernels)"
+    return None
+
+
+def convert(model: torch.nn.Module, backend: str) -> torch.nn.Module:
+    """A new model on another library's modules; ``backend``: ``"cueq"`` (mace-torch's converter)."""
+    if backend != "cueq":
+        raise ValueError(f"the mace adapter converts to 'cueq' only, not {backend!r}")
+    try:
+        import cuequivariance  # noqa: F401
+        import cuequivariance_torch  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            "backend='cueq' needs cuequivariance and cuequivariance-torch (the [cuda] extra: "
+            "pip install 'cfm-workbench[cuda]') and, to run fast, an NVIDIA GPU"
+        ) from exc
+    from mace.cli.convert_e3nn_cueq import run as run_e3nn_to_cueq
+
+    to_native(model, OPS)  # the converter reads mace's own module layout
+    device = next(model.parameters()).device.type
+    return run_e3nn_to_cueq(model, device=device, return_model=True)
+
+
+def model_ops(model: torch.nn.Module) -> list:
+    """Where ``model`` runs the workbench kernels: an
+    :class:`~workbench.kernels.launches.OpSite` per accelerated module, in module order. The
+    message op of a MACE model's first interaction takes node features that are an embedding
+    of the species alone, so force training never differentiates through them (``x`` is
+    position-free there), which changes the double backward it launches."""
+    from workbench.kernels.launches import OpSite
+    from workbench.kernels.mace.channelwise_tp import _fused_class
+    from workbench.kernels.mace.symmetric_contraction import SymmetricContraction
+
+    fused = _fused_class()
+    interactions = getattr(model, "interactions", None)
+    first = interactions[0] if isinstance(interactions, torch.nn.ModuleList) and len(interactions) else None
+    first_tps = {id(m) for m in first.modules()} if first is not None else set()
+    out = []
+    for name, m in model.named_modules():
+        if isinstance(m, SymmetricContraction):
+            out.append(OpSite(name, m.op, m.num_channels))
+        elif isinstance(m, fused):
+            op = m.channelwise_op()[0]
+            out.append(OpSite(name, op, op.channels, ("x",) if id(m) in first_tps else ()))
+    return out

@@ -1,0 +1,183 @@
+"""Where kernel backends and model families are registered: the one list of each.
+
+A **backend** says how a model's hot ops run. Three kinds:
+
+* ``"descriptor"``: the workbench's own modules evaluate the sparse polynomials of
+  :mod:`~workbench.kernels.descriptor` with the backend's evaluator (``numba``: the fused numba
+  kernels, CUDA or CPU; ``torch``: the plain-torch reference of :mod:`~workbench.kernels.reference`);
+* ``"native"``: the model family's own modules (``e3nn`` for MACE): what :func:`accelerate` goes back to;
+* ``"convert"``: another library's modules, made by the model adapter's converter (``cueq``).
+
+A **model adapter** knows one model family: which of its modules are the hot ops, how to swap
+them for the workbench's modules and back, and its converters for ``"convert"`` backends.
+
+Adding a backend or a model family is a new module plus one registration line at the bottom of
+this file. Nothing here imports torch: the CLI reads the names while building its parser.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "BACKENDS",
+    "MODELS",
+    "Backend",
+    "ModelAdapter",
+    "adapter_for",
+    "backend_names",
+    "get_backend",
+    "register_backend",
+    "register_model",
+]
+
+KINDS = ("descriptor", "native", "convert")
+
+
+def _resolve(target: str | Callable | None) -> Any:
+    """A ``"package.module:attribute"`` string imported on first use, or the object itself."""
+    if not isinstance(target, str):
+        return target
+    module, _, attr = target.partition(":")
+    obj = importlib.import_module(module)
+    return getattr(obj, attr) if attr else obj
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One way to run the hot ops.
+
+    ``ops``: the op names it runs (``"symmetric_contraction"``, ``"channelwise_tp"``); ``dtypes``
+    and ``devices`` (``"cpu"``, ``"cuda"``) it runs on; ``max_derivative``: the highest derivative
+    order it computes (2: the double backward of force training; ``None``: any). ``evaluate``
+    (descriptor backends): ``(polynomials, tensors, row index, channels) -> outputs``, or a
+    ``"module:function"`` path to it; ``None`` for numba, whose dispatch lives in
+    :class:`~workbench.kernels.ops.PolyOp`. ``probe``: ``() -> None`` when usable here, else the
+    reason it is not.
+    """
+
+    name: str
+    kind: str
+    description: str
+    ops: tuple[str, ...] = ("symmetric_contraction", "channelwise_tp")
+    dtypes: tuple[str, ...] = ("float32", "float64")
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    max_derivative: int | None = 2
+    evaluate: str | Callable | None = None
+    probe: str | Callable[[], str | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"backend {self.name!r}: kind {self.kind!r}; choose one of {KINDS}")
+
+    def unavailable(self) -> str | None:
+        """Why this backend cannot run on this machine, or ``None`` when it can."""
+        probe = _resolve(self.probe)
+        return probe() if probe is not None else None
+
+    @property
+    def available(self) -> bool:
+        return self.unavailable() is None
+
+    def evaluator(self) -> Callable | None:
+        return _resolve(self.evaluate)
+
+    def supports(self, op: str, dtype: str, device: str, order: int = 2) -> bool:
+        return (
+            op in self.ops
+            and dtype in self.dtypes
+            and device in self.devices
+            and (self.max_derivative is None or order <= self.max_derivative)
+        )
+
+
+@dataclass(frozen=True)
+class ModelAdapter:
+    """One model family. ``adapter`` (``"module"``): a module with ``matches(model) -> bool``,
+    ``to_workbench(model, ops, backend)``, ``to_native(model, ops)``, ``convert(model, backend)``,
+    ``model_ops(model)`` and ``OPS`` (the op names it can swap)."""
+
+    name: str
+    description: str
+    adapter: str
+    converts: tuple[str, ...] = field(default=())
+
+    def module(self) -> Any:
+        return _resolve(self.adapter)
+
+
+BACKENDS: dict[str, Backend] = {}
+MODELS: dict[str, ModelAdapter] = {}
+
+
+def register_backend(backend: Backend) -> Backend:
+    if backend.name in BACKENDS:
+        raise ValueError(f"backend {backend.name!r} is registered already")
+    BACKENDS[backend.name] = backend
+    return backend
+
+
+def register_model(adapter: ModelAdapter) -> ModelAdapter:
+    if adapter.name in MODELS:
+        raise ValueError(f"model family {adapter.name!r} is registered already")
+    MODELS[adapter.name] = adapter
+    return adapter
+
+
+def backend_names(kind: str | None = None) -> tuple[str, ...]:
+    """Registered backend names (of one ``kind``), in registration order."""
+    return tuple(n for n, b in BACKENDS.items() if kind is None or b.kind == kind)
+
+
+def get_backend(name: str) -> Backend:
+    """The backend called ``name``; an unknown name gets an error listing the choices."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    return BACKENDS[name]
+
+
+def adapter_for(model: Any) -> ModelAdapter:
+    """The model family of ``model``: the first registered adapter whose ``matches`` accepts it."""
+    for adapter in MODELS.values():
+        if adapter.module().matches(model):
+            return adapter
+    raise TypeError(
+        f"{type(model).__name__}: no registered model family holds it (registered: {', '.join(MODELS)}); "
+        "register one with workbench.kernels.registry.register_model"
+    )
+
+
+# ------------------------------------------------------------------ the built-in registrations
+register_backend(
+    Backend(
+        "numba",
+        "descriptor",
+        "the workbench's fused numba kernels: CUDA on GPU tensors, vectorised CPU loops otherwise",
+        probe="workbench.kernels.backends.device:numba_unavailable",
+    )
+)
+register_backend(
+    Backend(
+        "torch",
+        "descriptor",
+        "plain torch gathers and index_add over the descriptor's terms: the reference the others are tested against",
+        max_derivative=None,
+        evaluate="workbench.kernels.reference:evaluate",
+    )
+)
+register_backend(Backend("e3nn", "native", "the model family's own e3nn modules", max_derivative=None))
+register_backend(
+    Backend(
+        "cueq",
+        "convert",
+        "NVIDIA cuEquivariance, through mace-torch's converter (a new model; CUDA only)",
+        devices=("cuda",),
+        probe="workbench.kernels.mace.adapter:cueq_unavailable",
+    )
+)
+register_model(
+    ModelAdapter("mace", "mace-torch models (MACE, ScaleShiftMACE, ...)", "workbench.kernels.mace.adapter", ("cueq",))
+)

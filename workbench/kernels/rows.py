@@ -1,0 +1,107 @@
+"""Row indices of the sparse-polynomial ops: how an operand's rows are found for each loop row.
+
+* :class:`SpeciesIndex` (atom ops): the atom's species picks a ``"species"`` operand's row;
+* :class:`EdgeGraph` (edge ops): the edge's sender / receiver picks a node operand's row.
+
+Both build, lazily and on the tensors' device, the CSR groups the kernels walk to sum an output
+per species or per node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from workbench.kernels.backends.compiled import CompiledPolynomial
+from workbench.kernels.descriptor.layout import MAX_ATOM_ARRAYS, MAX_EDGE_ARRAYS, MAX_SPECIES_ARRAYS
+from workbench.kernels.descriptor.polynomial import Operand
+
+__all__ = ["EdgeGraph", "RowIndex", "SpeciesIndex"]
+
+
+class SpeciesIndex:
+    """Row index of atom ops: ``species`` ``[num_atoms]`` picks the row of every ``"species"``
+    operand (of ``num_species`` rows)."""
+
+    num_arrays = MAX_ATOM_ARRAYS + MAX_SPECIES_ARRAYS
+
+    def __init__(self, species: torch.Tensor, num_species: int):
+        self.species = species
+        self.num_species = int(num_species)
+        self._csr: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def csr(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(ptr [num_species + 1], perm [num_atoms])``: atoms ``perm[ptr[z]:ptr[z+1]]`` (ascending)
+        are those of species ``z``; what the CUDA kernels sum weight gradients over."""
+        if self._csr is None:
+            self._csr = _csr(self.species.detach().to(torch.int64), self.num_species)
+        return self._csr
+
+    def num_rows(self, rows: str) -> int:
+        return self.num_species if rows == "species" else int(self.species.shape[0])
+
+    def check(self, operands: Sequence[Operand], tensors: Sequence[torch.Tensor]) -> None:
+        pass  # species rows are read through the index: shapes are the caller's
+
+    def cpu(self) -> SpeciesIndex:
+        return SpeciesIndex(self.species.cpu(), self.num_species)
+
+    def arrays(self, comp: CompiledPolynomial, convert: Callable[[torch.Tensor], Any]) -> tuple:
+        return (convert(self.species.detach().to(torch.int64).contiguous()),)
+
+
+class EdgeGraph:
+    r"""Row index of edge ops: edges ``edge_index`` ``[2, num_edges]`` (row 0 sender, row 1
+    receiver, as in MACE) over ``num_nodes`` nodes, with the CSR segments the node kernels walk,
+    built lazily on the tensors' device and shared by the forward and every backward launch of
+    one call.
+    """
+
+    num_arrays = MAX_EDGE_ARRAYS
+
+    def __init__(self, edge_index: torch.Tensor, num_nodes: int):
+        if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+            raise ValueError(f"edge_index must be [2, num_edges], got {tuple(edge_index.shape)}")
+        ei = edge_index.detach().to(torch.int64)
+        self.sender = ei[0].contiguous()
+        self.receiver = ei[1].contiguous()
+        self.num_nodes = int(num_nodes)
+        self.num_edges = int(ei.shape[1])
+        self._csr: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def csr(self, rows: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(ptr [num_nodes + 1], perm [num_edges])``: edges ``perm[ptr[n]:ptr[n+1]]`` have
+        their ``rows`` node (``"sender"`` or ``"receiver"``) equal to ``n``."""
+        if rows not in self._csr:
+            self._csr[rows] = _csr(self.sender if rows == "sender" else self.receiver, self.num_nodes)
+        return self._csr[rows]
+
+    def num_rows(self, rows: str) -> int:
+        return self.num_edges if rows == "edge" else self.num_nodes
+
+    def check(self, operands: Sequence[Operand], tensors: Sequence[torch.Tensor]) -> None:
+        for op, t in zip(operands, tensors):
+            rows = self.num_rows(op.rows)
+            if t.dim() != 2 or t.shape[0] != rows or t.shape[1] != op.width:
+                raise ValueError(f"operand {op.name}: expected [{rows}, {op.width}], got {tuple(t.shape)}")
+
+    def cpu(self) -> EdgeGraph:
+        return EdgeGraph(torch.stack([self.sender.cpu(), self.receiver.cpu()]), self.num_nodes)
+
+    def arrays(self, comp: CompiledPolynomial, convert: Callable[[torch.Tensor], Any]) -> tuple:
+        seg = tuple(convert(a) for a in self.csr(comp.out_rows)) if comp.node_output else None
+        return convert(self.sender), convert(self.receiver), seg
+
+
+RowIndex = SpeciesIndex | EdgeGraph
+
+
+def _csr(idx: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ptr, perm)`` grouping the positions of ``idx`` by value, ascending within a group. Built
+    with a stable sort and a binary search on the device, so no host sync (``bincount`` would
+    read the maximum back); values outside ``[0, num_rows)`` fall in no group."""
+    perm = torch.argsort(idx, stable=True)
+    bounds = torch.arange(num_rows + 1, dtype=idx.dtype, device=idx.device)
+    return torch.searchsorted(idx[perm], bounds), perm

@@ -1,0 +1,73 @@
+"""The model and what trains it: mace-torch's ScaleShiftMACE (accelerated when asked), Adam with
+mace-torch's parameter groups, the plateau scheduler, the EMA of the weights and the loss."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from workbench.train import mace_order
+from workbench.train.session import Session
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """The optimiser's parameter groups. Without weight decay, one group. With it, mace-torch's
+    split: decay on the interactions' ``linear.weight`` and ``skip_tp_full.weight`` and on the
+    products, none on the embedding, the other interaction weights and the readouts."""
+    if not weight_decay:
+        return [{"params": list(model.parameters()), "weight_decay": 0.0}]
+    decay = [p for n, p in model.interactions.named_parameters() if "linear.weight" in n or "skip_tp_full.weight" in n]
+    decay += list(model.products.parameters())
+    chosen = {id(p) for p in decay}
+    rest = [p for p in model.parameters() if id(p) not in chosen]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+
+
+def build_training(s: Session, ckpt: dict | None) -> None:
+    """Model (accelerated when asked), optimiser, scheduler, EMA and loss."""
+    from mace.modules.loss import WeightedEnergyForcesLoss
+
+    from workbench.train.model import build_model
+    from workbench.train.stats import ModelStats, compute_stats
+
+    config = s.config
+    if ckpt:
+        s.stats = ModelStats(**ckpt["stats"])
+    elif config.sampler == mace_order.NAME:  # mace's statistics passes: particular to this seed and batch size
+        if not s.data.train_configs:
+            raise ValueError(
+                f"sampler {mace_order.NAME!r} needs the structures in memory (an extxyz dataset), "
+                "not a prepared dataset"
+            )
+        s.stats = compute_stats(s.data.train_configs, s.data.train, s.data.z_table, *s.sampler.statistics_rows())
+    else:
+        if s.data.stats is None:
+            s.data.stats = compute_stats(s.data.train_configs, s.data.train, s.data.z_table)
+        s.stats = s.data.stats
+    # the initial weights depend on the seed and the model only, not on what drew random numbers
+    # before (data loaders do): the same as mace_run_train's for the same seed and recipe
+    torch.manual_seed(config.seed)
+    s.model = build_model(config, s.stats).to(s.device)
+    if config.backend != "e3nn":
+        from workbench.kernels import accelerate
+
+        if config.kernel_cache:  # the precompile workers and numba's cache read it from the environment
+            from workbench.kernels.backends.generated import KERNEL_CACHE_ENV
+
+            os.environ[KERNEL_CACHE_ENV] = str(Path(config.kernel_cache).expanduser().resolve())
+        # on a GPU, numba's kernels compile here, in parallel, once per node (rank 0 of a node
+        # compiles under a file lock, the others wait and load the cache)
+        s.model = accelerate(s.model, backend=config.backend).to(s.device)
+    s.optimizer = torch.optim.Adam(param_groups(s.model, config.weight_decay), lr=config.lr, amsgrad=config.amsgrad)
+    s.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        s.optimizer, factor=config.lr_factor, patience=config.scheduler_patience
+    )
+    if config.ema_decay is not None:
+        from torch_ema import ExponentialMovingAverage
+
+        s.ema = ExponentialMovingAverage(s.model.parameters(), decay=config.ema_decay)
+    s.loss_fn = WeightedEnergyForcesLoss(energy_weight=config.energy_weight, forces_weight=config.forces_weight).to(
+        s.device
+    )

@@ -1,0 +1,100 @@
+"""Checkpoints of a running session: write one (every rank's sampler position and RNG state, in
+one file written by rank 0), refuse one of another run, and continue from one."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from workbench.train.checkpoint import rng_state, save_checkpoint, set_rng_state
+from workbench.train.config import RUN_IDENTITY
+from workbench.train.rundir import drop_after
+from workbench.train.session import Session
+
+
+def check_resume(s: Session, ckpt: dict | None) -> None:
+    """Refuse a checkpoint of a different run (model, data, split, packing, precision, seed)."""
+    if not ckpt:
+        return
+    changed = s.config.identity_changes(ckpt.get("config", {}))
+    if changed:
+        raise ValueError(
+            f"{s.run.checkpoint}: the checkpoint belongs to a run with other settings ({'; '.join(changed)}); "
+            "resume with the same settings, or start afresh with --fresh (or another name)"
+        )
+    if s.world != len(ckpt["sampler"]):
+        raise ValueError(
+            f"{s.run.checkpoint}: checkpoint was written by {len(ckpt['sampler'])} ranks, "
+            f"this run has {s.world}; resume with the same number of ranks"
+        )
+
+
+def restore(s: Session, ckpt: dict | None) -> None:
+    """Continue from ``ckpt``: weights, optimiser, scheduler, EMA, counters, sampler position and RNG.
+
+    Fields outside the run's identity that changed (``lr``, ``epochs``, ``max_steps``, ...) are
+    applied and said; steps logged after the checkpoint, which this run replays, are dropped from
+    the logs so each step is logged once.
+    """
+    if not ckpt:
+        return
+    s.model.load_state_dict(ckpt["model"])
+    saved = len(ckpt["optimizer"]["param_groups"])
+    if saved != len(s.optimizer.param_groups):
+        raise ValueError(
+            f"{s.run.checkpoint}: the optimiser was saved with {saved} parameter group(s), this run has "
+            f"{len(s.optimizer.param_groups)} (weight decay is now applied to mace-torch's parameter "
+            "groups; checkpoints with weight_decay > 0 from before cannot resume); start afresh with --fresh"
+        )
+    s.optimizer.load_state_dict(ckpt["optimizer"])
+    s.scheduler.load_state_dict(ckpt["scheduler"])
+    if s.ema is not None and ckpt.get("ema") is not None:
+        s.ema.load_state_dict(ckpt["ema"])
+    s.best = ckpt.get("best")
+    s.epoch, s.global_step = ckpt["epoch"], ckpt["global_step"]
+    saved = ckpt["config"]
+    if saved.get("lr") is not None and saved["lr"] != s.config.lr:
+        for group in s.optimizer.param_groups:
+            group["lr"] = s.config.lr
+    changed = [
+        f"{k} {saved[k]!r} -> {v!r}"
+        for k, v in s.config.to_dict().items()
+        if k in saved and k not in RUN_IDENTITY + ("name", "output_dir") and saved[k] != v
+    ]
+    if changed:
+        s.say(f"resume: applied {'; '.join(changed)}")
+    s.resume_sampler = ckpt["sampler"][s.rank]
+    set_rng_state(ckpt["rng"][s.rank] if isinstance(ckpt["rng"], list) else ckpt["rng"])
+    dropped = drop_after(s.run.step_log(s.rank), s.global_step)
+    if s.rank == 0:
+        drop_after(s.run.epoch_log, s.global_step)
+        if dropped:
+            s.say(f"resume: from step {s.global_step}; {dropped} step(s) logged after it will run again")
+
+
+def checkpoint(s: Session, epoch: int, consumed: int) -> None:
+    """One file, written by rank 0, with every rank's sampler position and RNG state."""
+    mine = {"sampler": s.sampler.state_dict(consumed=consumed), "rng": rng_state()}
+    gathered = [None] * s.world
+    if s.world > 1:
+        dist.all_gather_object(gathered, mine)
+    else:
+        gathered = [mine]
+    if s.rank == 0:
+        save_checkpoint(
+            s.run.checkpoint,
+            {
+                "model": s.model.state_dict(),
+                "optimizer": s.optimizer.state_dict(),
+                "scheduler": s.scheduler.state_dict(),
+                "ema": s.ema.state_dict() if s.ema is not None else None,
+                "epoch": epoch,
+                "global_step": s.global_step,
+                "stats": s.stats.to_dict(),
+                "sampler": [g["sampler"] for g in gathered],
+                "rng": [g["rng"] for g in gathered],
+                "config": s.config.to_dict(),
+                "best": s.best,
+            },
+        )
+    if s.world > 1:
+        dist.barrier()
