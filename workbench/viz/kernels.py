@@ -160,7 +160,11 @@ def kernel_timings_figure(records: list[dict], title: str = "Kernel timings (med
 
     if not records:
         fig = go.Figure()
-        fig.add_annotation(text="no kernel results yet: run kernels/bench_*.py", showarrow=False, font_size=16)
+        fig.add_annotation(
+            text="no kernel results yet: run workbench bench symmetric-contraction / channelwise-tp",
+            showarrow=False,
+            font_size=16,
+        )
         return style(fig, title, height=240)
     panels = sorted({_panel_key(r) for r in records}, key=lambda k: (" GPU " not in k, k))
     cols = 2 if len(panels) > 1 else 1
@@ -321,9 +325,15 @@ def gpu_available() -> bool:
         return False
 
 
-def benchmark_scripts() -> list[Path]:
-    """The GPU benchmark scripts of the kernel lab (``kernels/bench_*.py``)."""
-    return sorted((REPO_ROOT / "kernels").glob("bench_*.py"))
+#: the kernel benchmarks the live button runs (``workbench bench NAME``, modules of workbench.bench)
+KERNEL_BENCHMARKS: tuple[str, ...] = ("symmetric-contraction", "channelwise-tp")
+
+
+def benchmark_commands(repeats: int) -> list[list[str]]:
+    """The command lines of the kernel benchmarks, run with this interpreter."""
+    return [
+        [sys.executable, "-m", "workbench.cli", "bench", name, "--repeats", str(repeats)] for name in KERNEL_BENCHMARKS
+    ]
 
 
 def kernel_app(directory: str | Path | None = None, repeats: int = 10):
@@ -342,7 +352,7 @@ def kernel_app(directory: str | Path | None = None, repeats: int = 10):
         button_style="primary" if has_gpu else "",
         disabled=not has_gpu,
         layout=W.Layout(width="300px"),
-        tooltip="runs kernels/bench_*.py and adds a result file"
+        tooltip="runs workbench bench symmetric-contraction and channelwise-tp, adding result files"
         if has_gpu
         else "torch.cuda.is_available() is False in this kernel",
     )
@@ -366,15 +376,10 @@ def kernel_app(directory: str | Path | None = None, repeats: int = 10):
     def run(*_):
         run_b.disabled = True
         try:
-            for script in benchmark_scripts():
+            for cmd in benchmark_commands(repeats):
                 with log:
-                    print(f"$ {script.name} --repeats {repeats}", flush=True)
-                    proc = subprocess.run(
-                        [sys.executable, str(script), "--repeats", str(repeats)],
-                        cwd=REPO_ROOT,
-                        capture_output=True,
-                        text=True,
-                    )
+                    print(f"$ workbench {' '.join(cmd[3:])}", flush=True)
+                    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
                     print(proc.stdout[-3000:], proc.stderr[-2000:] if proc.returncode else "", flush=True)
             load()
         finally:
