@@ -30,7 +30,7 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/workbench demo
 
-# ruff lint + format check (settings in pyproject.toml); `make format` rewrites in place.
+# ruff lint + format check (settings in pyproject.toml), run first by `make test`; `make format` rewrites in place.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -52,7 +52,7 @@ system-deps:
 # single-threaded, so both cores stay busy. TEST_WORKERS=0 runs everything in one process.
 # (Not --dist loadgroup: under pytest 9 its group suffix no longer reaches the scheduler.)
 TEST_WORKERS ?= 2
-test: $(STAMP) system-deps
+test: $(STAMP) lint system-deps
 	WORKBENCH_LOCK="$(LOCK)" $(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Resolve everything afresh in a scratch venv (no constraints) and pin what it got.
