@@ -48,7 +48,7 @@ def test_valid_dataset_is_refused_with_a_prepared_dataset(tmp_path):
     from workbench.train.data import _from_store
 
     with pytest.raises(ValueError, match="valid_dataset.*structure file"):
-        _from_store(TrainConfig(dataset=str(tmp_path), valid_dataset="v.extxyz"))
+        _from_store(TrainConfig(dataset=str(tmp_path), valid_dataset="v.extxyz"), tmp_path)
 
 
 def test_mace_command_parses_with_the_installed_mace(tmp_path):

@@ -18,7 +18,9 @@ from workbench.data.io import StructureError, read_structures, write_structures
 from workbench.data.prepare import prepare
 from workbench.data.sizes import graph_sizes
 from workbench.data.store import GraphStore
+from workbench.launch.local import train_cli_command
 from workbench.train import TrainConfig
+from workbench.train.presets import tiny_config
 
 pytestmark = pytest.mark.skipif(not EMBEDDED_PATH.exists(), reason="embedded dataset missing")
 
@@ -43,7 +45,7 @@ def test_index_matches_structures(embedded_store, embedded_frames):
     assert len(store) == len(embedded_frames) == 2000
     assert len(store.shards) == 20  # 2000 frames in shards of 100
     sizes = graph_sizes(embedded_frames, cutoff=4.5)
-    idx = store.index
+    idx = store.records()
     np.testing.assert_array_equal(idx["atoms"], sizes["atoms"])
     np.testing.assert_array_equal(idx["edges"], sizes["edges"])
     np.testing.assert_array_equal(store.sizes()["family"], sizes["family"])
@@ -244,9 +246,9 @@ def test_mace_hdf5_shards_are_accepted(embedded_store, embedded_frames, tmp_path
             save_configurations_as_HDF5(block, part, f)
     store = prepare([folder], tmp_path / "from_mace", workers=2, shard_size=16, progress=False)
     assert len(store) == 60
-    ref = embedded_store.index[chosen]
+    ref = embedded_store.records(chosen)
     for key in ("atoms", "edges", "connected", "energy", "fsq", "labelled"):
-        np.testing.assert_array_equal(store.index[key], ref[key], err_msg=key)
+        np.testing.assert_array_equal(store.records()[key], ref[key], err_msg=key)
     assert store.sizes()["family"].tolist() == embedded_store.sizes()["family"][chosen].tolist()
     g, h = store.graph(30), embedded_store.graph(chosen[30])
     np.testing.assert_array_equal(g.positions, h.positions)
@@ -257,19 +259,7 @@ def _run_train(cfg: TrainConfig, tmp_path: Path, env_extra: dict | None = None, 
     path = tmp_path / f"{cfg.name}.yaml"
     cfg.to_yaml(path)
     env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        f"--max-restarts={restarts}",
-        "--no-python",
-        str(BIN / "workbench"),
-        "train",
-        "--config",
-        str(path),
-    ]
+    cmd = train_cli_command(path, 2, restarts)
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
 
 
@@ -277,32 +267,21 @@ def test_prepare_train_resume_under_torchrun(embedded_store, tmp_path):
     from workbench.train.rundir import RunDir, read_steps
 
     base = dict(
-        output_dir=str(tmp_path),
         dataset=str(embedded_store.path),
-        hidden_irreps="8x0e+8x1o",
-        max_ell=1,
-        correlation=2,
-        num_bessel=4,
-        radial_mlp=[16, 16],
         families=["water_clusters", "hea", "mptrj"],
         max_structures=200,
-        valid_fraction=0.1,
         capacity=250,
         epochs=5,
         max_steps=9,
         checkpoint_every=3,
-        lr=0.01,
-        progress=False,
-        seed=3,
-        dist_timeout_s=120,
         num_workers=2,
         dtype="float64",
     )
-    ref = TrainConfig(name="ref", **base)
+    ref = tiny_config(tmp_path, "ref", **base)
     out = _run_train(ref, tmp_path)
     assert out.returncode == 0, out.stderr[-4000:]
     # Rank 1 dies after step 5; torchrun restarts the group, which resumes from the step-3 checkpoint.
-    cut = TrainConfig(name="cut", **base)
+    cut = tiny_config(tmp_path, "cut", **base)
     resumed = _run_train(cut, tmp_path, {"WORKBENCH_FAIL_AT_STEP": "5", "WORKBENCH_FAIL_RANK": "1"}, restarts=1)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert "resume: from step 3" in resumed.stderr
@@ -330,6 +309,32 @@ def test_prepared_dataset_errors(embedded_store, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="not a finished prepared dataset"):
         prepare_data(TrainConfig(dataset=str(tmp_path / "empty")))
+
+
+def test_data_source_is_resolved_once_and_the_store_reads_by_name(embedded_store, tmp_path):
+    from workbench.data.source import DataSource, data_source
+
+    assert data_source(None) == DataSource("embedded", EMBEDDED_PATH)
+    assert data_source(None).label() == "embedded mixture"
+    assert data_source(str(EMBEDDED_PATH)).kind == "structures"
+    prepared = data_source(str(embedded_store.path))
+    assert (prepared.kind, prepared.in_memory, prepared.label()) == ("prepared", False, str(embedded_store.path))
+    with pytest.raises(ValueError, match="dataset: an empty path"):
+        data_source("  ")
+    (tmp_path / "half").mkdir()
+    with pytest.raises(ValueError, match="half: a directory, but not a finished prepared dataset"):
+        data_source(tmp_path / "half")
+    with pytest.raises(ValueError, match="choose one of embedded, structures, prepared"):
+        DataSource("lmdb", tmp_path)
+    # the reading API: columns by name, labelled rows by family, family names per row
+    records = embedded_store.records()
+    rows = embedded_store.select(["liquid_water"])
+    assert rows.size > 0 and records["labelled"][rows].all()
+    assert set(embedded_store.family_names(rows)) == {"liquid_water"}
+    np.testing.assert_array_equal(embedded_store.column("atoms", rows), records["atoms"][rows])
+    assert embedded_store.select().size == int(records["labelled"].sum())
+    with pytest.raises(KeyError, match="no column 'natoms'; columns: atoms, edges"):
+        embedded_store.column("natoms")
 
 
 def test_large_structure_file_points_to_prepare(monkeypatch):

@@ -22,6 +22,8 @@ FLOORS = {
     "_compat": 0,
     "progress": 0,
     "dtypes": 0,
+    "quiet": 0,
+    "limits": 0,
     "data": 1,
     "kernels": 1,
     "packing": 2,

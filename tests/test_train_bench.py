@@ -5,6 +5,7 @@ import math
 
 from workbench.bench.train import bench_structures, bench_train, format_table
 from workbench.train import TrainConfig
+from workbench.train.presets import tiny_config
 
 
 def test_bench_structures_tiles_with_rattled_copies():
@@ -39,18 +40,7 @@ def test_bench_train_smoke(tmp_path, monkeypatch):
 
     prepared = _counting(monkeypatch, workbench.train.data, "prepare_data")
     stats = _counting(monkeypatch, workbench.train.stats, "compute_stats")
-    cfg = TrainConfig(
-        output_dir=str(tmp_path),
-        hidden_irreps="8x0e+8x1o",
-        max_ell=1,
-        correlation=2,
-        num_bessel=4,
-        radial_mlp=[16, 16],
-        capacity=300,
-        families=["water_clusters", "mptrj"],
-        valid_fraction=0.1,
-        progress=False,
-    )
+    cfg = tiny_config(tmp_path, capacity=300, families=["water_clusters", "mptrj"])
     out = tmp_path / "train.json"
     res = bench_train(
         cfg, structures=40, batch_size=4, variants=("baseline", "packer-numba", "packer-cueq"), warmup_steps=1, out=out

@@ -106,6 +106,7 @@ def test_capacity_grid_is_exact_for_the_paper_sizes():
     big = synthetic_sizes(cap.PAPER_N, seed=cap.PAPER_SEED)
     study = viz.CapacityStudy(big)
     assert study.source == "grid", "the grid's sizes fingerprint no longer matches synthetic_sizes(2.65M, 0)"
+    assert not study.stale_code and "Note" not in study.describe()  # the packers still give its results
     for c, r, a in ((3072, 64, "paper"), (1024, 740, "dynamic"), (4096, 16, "fixed-count")):
         grid = study.query(c, r, a)
         live = cap.compute_point(big, c, r, a)
@@ -148,6 +149,18 @@ def test_capacity_grid_roundtrip_and_live_mode(small, tmp_path):
                     k: v for k, v in lv["metrics"].items() if k != "pack_seconds"
                 }
     assert live.query(1024, 8, "paper")["source"] == "cache"
+    assert not grid.stale_code
+    # Keyed on what the packers do, not on their files: another behaviour marks the grid stale.
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(str(arrays["meta"]))
+    assert meta["packing_behaviour"] == cap.packing_behaviour(["paper", "fixed-count"])
+    assert cap.packing_behaviour(["paper"]) != cap.packing_behaviour(["fixed-count"])
+    meta["packing_behaviour"] = cap.packing_behaviour(["fixed-count", "paper"])  # the same packers, other results
+    arrays["meta"] = np.array(json.dumps(meta))
+    np.savez_compressed(tmp_path / "stale.npz", **arrays)
+    stale = viz.CapacityStudy(small, grid=tmp_path / "stale.npz")
+    assert stale.stale_code and "packers now give other results" in stale.describe()
     other = synthetic_sizes(4000, seed=4)  # different sizes: the grid must not be used
     assert viz.CapacityStudy(other, grid=path).source == "live"
     assert grid.curve(8, "paper", "padding_fraction")[0] == [1024, 3072]

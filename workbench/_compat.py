@@ -25,3 +25,8 @@ warnings.filterwarnings("ignore", message="Environment variable TORCH_FORCE_NO_W
 warnings.filterwarnings("ignore", message="cuequivariance or cuequivariance_torch is not available")
 warnings.filterwarnings("ignore", message="The TorchScript type system doesn't support instance-level annotations")
 warnings.filterwarnings("ignore", message=r"`torch.jit.script` is deprecated")
+
+# mace-torch prints a cuequivariance notice on import: hidden unless WORKBENCH_SHOW_MACE_NOTICES=1.
+from workbench.quiet import quiet_mace  # noqa: E402  (standard library only: no torch at import)
+
+quiet_mace()

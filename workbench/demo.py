@@ -32,7 +32,13 @@ DEMO_TRAIN = dict(
 
 
 def run_demo(
-    path: str | None = None, cutoff: float = 4.5, num_replicas: int = 2, capacity: int = 3072, train: bool = True
+    path: str | None = None,
+    cutoff: float = 4.5,
+    num_replicas: int = 2,
+    capacity: int = 3072,
+    train: bool = True,
+    fresh: bool = False,
+    overrides: dict | None = None,
 ) -> dict:
     from workbench.data.embedded import EMBEDDED_N, EMBEDDED_PATH, EMBEDDED_SEED, load_embedded
     from workbench.data.sizes import graph_sizes
@@ -75,26 +81,29 @@ def run_demo(
         if algo == "paper":
             result["packing"] = p
     if train:
-        result["run_dir"] = _train_and_report(path, num_replicas)
+        result["run_dir"] = _train_and_report(path, num_replicas, fresh, overrides)
     return result
 
 
-def _train_and_report(path: str | None, num_replicas: int) -> str:
+def _train_and_report(path: str | None, num_replicas: int, fresh: bool = False, overrides: dict | None = None) -> str:
+    """Train the demo run (``overrides``: other TrainConfig fields, for tests) and write its report.
+    A finished demo with the same settings is not trained again unless ``fresh``; a fresh start moves
+    an earlier run's records aside (``superseded/``), so logs and report never mix two runs."""
     import os
     import subprocess
-    import sys
-    from pathlib import Path
 
+    from workbench.launch.local import train_cli_command
     from workbench.train import TrainConfig
+    from workbench.train.rundir import RunDir
     from workbench.viz.report import write_report
 
-    cfg = TrainConfig(dataset=path, **DEMO_TRAIN)
-    from workbench.train.rundir import RunDir
-
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    cfg = TrainConfig(dataset=path, **{**DEMO_TRAIN, **(overrides or {})})
     run = RunDir(cfg.run_dir)
-    for old in (run.checkpoint, *run.logs()):  # a fresh demo, not a resume
-        old.unlink(missing_ok=True)
+    if not fresh and _finished(run, cfg):
+        report = run.report if run.report.exists() else write_report(run.path)
+        print(f"\ndemo: already trained, in {run.path} (report {report}); 'workbench demo --fresh' trains it again")
+        return str(run.path)
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = cfg.run_dir / "demo.yaml"
     cfg.to_yaml(cfg_path)
     print(
@@ -102,35 +111,39 @@ def _train_and_report(path: str | None, num_replicas: int) -> str:
         f"for {cfg.max_steps} steps on {num_replicas} ranks with torchrun (gloo, CPU) ...",
         flush=True,
     )
-    workbench = str(Path(sys.executable).parent / "workbench")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={num_replicas}",
-        "--no-python",
-        workbench,
-        "train",
-        "--config",
-        str(cfg_path),
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
     t0 = time.perf_counter()
-    subprocess.run(cmd, env=env, check=True)
-    from workbench.train.rundir import read_epochs, read_steps
-
-    steps = read_steps(cfg.run_dir)
-    epochs = read_epochs(cfg.run_dir)
-    first = np.mean([s["loss"] for s in steps[: 2 * num_replicas * 5]])
-    last = np.mean([s["loss"] for s in steps[-2 * num_replicas * 5 :]])
-    print(
-        f"trained {len(steps) // num_replicas} steps in {time.perf_counter() - t0:.0f} s; "
-        f"loss {first:.3g} -> {last:.3g}; validation force MAE {epochs[-1]['valid_f_mae_mev_a']:.0f} meV/Å"
-    )
+    cmd = [*train_cli_command(cfg_path, num_replicas), "--fresh"]
+    subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), check=True)
+    _summary(run, num_replicas, time.perf_counter() - t0)
     report = write_report(cfg.run_dir)
     print(f"report: {report}")
     return str(cfg.run_dir)
+
+
+def _finished(run, cfg) -> bool:
+    """True when ``run`` reached its end with the settings ``cfg`` (its ``finished.json`` and config)."""
+    from workbench.train import TrainConfig
+
+    if not (run.finished.exists() and run.config.exists()):
+        return False
+    try:
+        return TrainConfig.from_yaml(run.config) == cfg
+    except (OSError, ValueError):
+        return False
+
+
+def _summary(run, num_replicas: int, seconds: float) -> None:
+    from workbench.train.rundir import read_epochs, read_steps
+
+    steps, epochs = read_steps(run.path), read_epochs(run.path)
+    if not steps or not epochs:
+        raise RuntimeError(f"{run.path}: the demo run logged no steps; see the output above")
+    first = np.mean([s["loss"] for s in steps[: 2 * num_replicas * 5]])
+    last = np.mean([s["loss"] for s in steps[-2 * num_replicas * 5 :]])
+    print(
+        f"trained {len(steps) // num_replicas} steps in {seconds:.0f} s; loss {first:.3g} -> {last:.3g}; "
+        f"validation force MAE {epochs[-1]['valid_f_mae_mev_a']:.0f} meV/Å"
+    )
 
 
 def register(sub) -> None:
@@ -139,6 +152,10 @@ def register(sub) -> None:
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--capacity", type=int, default=3072)
     p.add_argument("--no-train", action="store_true", help="stop after the packing comparison")
-    p.set_defaults(
-        func=lambda a: (run_demo(a.path, num_replicas=a.replicas, capacity=a.capacity, train=not a.no_train), 0)[1]
-    )
+    p.add_argument("--fresh", action="store_true", help="train again even when a finished demo run is there")
+    p.set_defaults(func=_main)
+
+
+def _main(a) -> int:
+    run_demo(a.path, num_replicas=a.replicas, capacity=a.capacity, train=not a.no_train, fresh=a.fresh)
+    return 0

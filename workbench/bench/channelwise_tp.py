@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from workbench.bench import harness
 from workbench.bench.harness import backend_model, compare_with_e3nn, kernel_run_header, measure_pass, pass_line
 from workbench.bench.table import Column, render, write_json
 from workbench.kernels.tools.models import random_scaleshift_mace
@@ -168,13 +169,7 @@ def descriptor_costs(block, num_nodes: int, num_edges: int, itemsize: int) -> di
             "nonzero_fraction": st.nonzero_fraction,
             "per_instruction_l1_l2_l3_dense_nonzero": st.per_instruction,
         },
-        "terms": {
-            "forward": [c.num_terms for c in op.compiled],
-            "backward": [c.num_terms for c in d1.compiled],
-            "double_backward": [c.num_terms for c in d2.compiled],
-        },
-        "flops": {"forward": f_fwd, "forward_backward": f_bwd, "double_backward": f_dbl},
-        "min_bytes": {"forward": b_fwd, "forward_backward": b_bwd, "double_backward": b_dbl},
+        **harness.pass_costs((op, d1, d2), (f_fwd, f_bwd, f_dbl), (b_fwd, b_bwd, b_dbl)),
         "radial_mlp": {"forward_flops": mlp_flops, "weights_bytes": itemsize * w_b, "layers": [list(s) for s in dims]},
     }
 

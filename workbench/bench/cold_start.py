@@ -78,7 +78,7 @@ def measure(
     from workbench.bench.step_model import train_step
     from workbench.bench.workloads import system_batch
     from workbench.kernels import accelerate
-    from workbench.kernels.mace.accelerate import precompile_model
+    from workbench.kernels.acceleration import precompile_model
     from workbench.kernels.tools.models import random_scaleshift_mace
 
     device = "cuda" if target == "device" else "cpu"

@@ -24,7 +24,6 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -136,7 +135,7 @@ def bench_prepare(workdir: Path, frames: int = 20_000, workers: Sequence[int] = 
             "workers": w,
             "seconds": s,
             "graphs_per_s": rate,
-            "atoms_per_s": int(store.index["atoms"].sum()) / s,
+            "atoms_per_s": int(store.column("atoms").sum()) / s,
             "per_worker_vs_parse": rate / w / (graphs / parse_s),
             "vs_parallel_parse": parallel_s / s,
         }
@@ -214,9 +213,9 @@ def _flat_h5py(flat: Path, graphs: list, picks: np.ndarray) -> dict:
 
 def _flat_memmap(flat: Path, picks: np.ndarray) -> float:
     """Microseconds per graph read from the flat file through memory maps, as ``GraphStore`` reads."""
-    from workbench.data.store import _Shard
+    from workbench.data.store import ShardMaps
 
-    shard = _Shard(flat)
+    shard = ShardMaps(flat)
     t0 = time.perf_counter()
     for i in picks:
         a0, a1 = shard.atom_ptr[i], shard.atom_ptr[i + 1]
@@ -248,47 +247,31 @@ def bench_layout(workdir: Path, source, n: int = 20_000, reads: int = 2000, seed
 
 
 def _train_config(dataset: Path, out: Path, name: str, n: int, steps: int) -> TrainConfig:
-    from workbench.train.config import TrainConfig
+    from workbench.train.presets import tiny_config
 
-    return TrainConfig(
-        name=name,
-        output_dir=str(out),
+    return tiny_config(
+        out,
+        name,
         dataset=str(dataset),
-        hidden_irreps="8x0e+8x1o",
-        max_ell=1,
-        correlation=2,
-        num_bessel=4,
-        radial_mlp=[16, 16],
         capacity=1024,
         max_steps=steps,
         epochs=1,
         checkpoint_every=0,
         valid_fraction=max(20 / n, 1e-6),
         num_workers=2,
-        progress=False,
         export=False,
         dist_timeout_s=300,
     )
 
 
 def _one_training(cfg: TrainConfig, workdir: Path) -> dict:
+    from workbench.launch.local import train_cli_command
     from workbench.train.rundir import read_steps
 
     path = workdir / f"{cfg.name}.yaml"
     cfg.to_yaml(path)
     shutil.rmtree(cfg.run_dir, ignore_errors=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "--no-python",
-        str(Path(sys.executable).parent / "workbench"),
-        "train",
-        "--config",
-        str(path),
-    ]
+    cmd = train_cli_command(path, 2)
     launch = time.time()
     res = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=1800)
     if res.returncode != 0:

@@ -59,7 +59,7 @@ def use_backend_kernels(backend: str) -> None:
 
 def with_backend(model: torch.nn.Module, backend: str) -> torch.nn.Module:
     """A copy of ``model`` on ``backend`` (kernels not compiled ahead: see :func:`precompile_for_bench`)."""
-    from workbench.kernels.mace.accelerate import accelerate
+    from workbench.kernels.acceleration import accelerate
 
     m = copy.deepcopy(model)
     if backend.startswith("numba-"):
@@ -79,8 +79,8 @@ def precompile_for_bench(model: torch.nn.Module, backend: str, modules: Sequence
     """For a numba backend on a CUDA device: compile the kernels force training of ``modules``
     (name prefixes; all when None) launches, in parallel, before the benchmark's warm-up, so
     that no timed pass (nor the warm-up) compiles one after another. The report as a dict."""
+    from workbench.kernels.acceleration import precompile_model
     from workbench.kernels.backends.device import cuda_available
-    from workbench.kernels.mace.accelerate import precompile_model
 
     p = next(model.parameters())
     if not backend.startswith("numba") or p.device.type != "cuda" or not cuda_available():
@@ -239,4 +239,16 @@ def kernel_run_header(device: str, config: dict, smoke: bool = False) -> dict:
         "versions": run_versions(),
         "measured_bandwidth_GBps": measured_bandwidth(device),
         "runs": [],
+    }
+
+
+def pass_costs(ops: Sequence, flops: Sequence[float], min_bytes: Sequence[float]) -> dict:
+    """Terms, flops and minimum bytes of the forward, backward and double backward descriptors
+    ``ops`` (each with ``compiled`` parts), keyed as the kernel benchmarks' JSON has them."""
+    names = ("forward", "backward", "double_backward")
+    passes = ("forward", "forward_backward", "double_backward")
+    return {
+        "terms": {n: [c.num_terms for c in op.compiled] for n, op in zip(names, ops, strict=True)},
+        "flops": dict(zip(passes, flops, strict=True)),
+        "min_bytes": dict(zip(passes, min_bytes, strict=True)),
     }

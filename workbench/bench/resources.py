@@ -253,7 +253,7 @@ def paper_ops(
     ``interactions[1]``'s channelwise message op, each with its training derivatives."""
     import torch
 
-    from workbench.kernels.mace.accelerate import accelerate
+    from workbench.kernels.acceleration import accelerate
     from workbench.kernels.mace.channelwise_tp import channelwise_tp_op
     from workbench.kernels.tools.models import random_scaleshift_mace
 

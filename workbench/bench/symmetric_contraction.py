@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from workbench.bench import harness
 from workbench.bench.harness import backend_model, compare_with_e3nn, kernel_run_header, measure_pass, pass_line
 from workbench.bench.table import write_json
 from workbench.kernels.tools.models import random_scaleshift_mace
@@ -97,13 +98,7 @@ def descriptor_costs(block_sc, atoms: int, itemsize: int) -> dict:
             "nonzero_fraction": st.nonzero_fraction,
             "terms_fraction": st.terms_fraction,
         },
-        "terms": {
-            "forward": [c.num_terms for c in op.compiled],
-            "backward": [c.num_terms for c in d1.compiled],
-            "double_backward": [c.num_terms for c in d2.compiled],
-        },
-        "flops": {"forward": f_fwd, "forward_backward": f_bwd, "double_backward": f_dbl},
-        "min_bytes": {"forward": b_fwd, "forward_backward": b_bwd, "double_backward": b_dbl},
+        **harness.pass_costs((op, d1, d2), (f_fwd, f_bwd, f_dbl), (b_fwd, b_bwd, b_dbl)),
     }
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import ase
 import numpy as np
 
-CACHE_VERSION = 2  # bump when the stored form changes
+CACHE_VERSION = 3  # bump when the stored form or what the readers accept changes
 
 
 def cache_path(raw: bytes, path: Path, options: tuple) -> Path | None:

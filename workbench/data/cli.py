@@ -13,9 +13,15 @@ import numpy as np
 def _families(text: str | None):
     if not text:
         return None
-    if "=" in text:  # mptrj=100,cuni=5
-        return {k: int(v) for k, v in (item.split("=") for item in text.split(","))}
-    return [t.strip() for t in text.split(",") if t.strip()]
+    if "=" not in text:
+        return [t.strip() for t in text.split(",") if t.strip()]
+    counts = {}  # mptrj=100,cuni=5
+    for item in text.split(","):
+        name, _, count = item.partition("=")
+        if not count.strip().isdigit():
+            raise ValueError(f"--families: {item!r} is not NAME=COUNT with a whole count (e.g. mptrj=100,cuni=5)")
+        counts[name.strip()] = int(count)
+    return counts
 
 
 def _make(args: argparse.Namespace) -> int:
@@ -24,11 +30,15 @@ def _make(args: argparse.Namespace) -> int:
     from workbench.data.sizes import graph_sizes
     from workbench.data.summary import format_table, summarize
 
+    families = _families(args.families)
+    total = sum(families.values()) if isinstance(families, dict) else args.n
+    if total < 1:  # refused before anything is generated or written
+        raise ValueError(f"--n: must be >= 1 structure, got {total}" + (" (the --families counts)" if families else ""))
     t0 = time.perf_counter()
     structures = make_mixture(
         n=args.n,
         seed=args.seed,
-        families=_families(args.families),
+        families=families,
         progress=True,
         **({"workers": args.workers} if args.workers else {}),
     )
@@ -46,6 +56,10 @@ def _make(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     from workbench.data.embedded import ENERGY_RTOL, FORCE_ATOL, GEOMETRY_ATOL, check_regeneration
+    from workbench.data.source import data_source
+
+    if data_source(args.path or None).kind == "prepared":
+        return _verify_store(args.path)
 
     skip = tuple(s for s in (args.skip or "").split(",") if s)
     n, problems = check_regeneration(args.path, per_family=args.per_family, skip=skip)
@@ -59,13 +73,28 @@ def _verify(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def _verify_store(path: str) -> int:
+    from workbench.data.store import SHARDS, GraphStore, repair_hint, verify_shards
+
+    store = GraphStore(path)  # sizes, counts and the index; the digests below read every shard
+    problems = verify_shards(store)
+    for name, why in problems:
+        print(f"{store.path / SHARDS / name}: {why}")
+    if problems:
+        print(f"{len(problems)} of {len(store.shards)} shards damaged: delete them, then {repair_hint(store.path)}")
+        return 1
+    print(f"{store.path}: {len(store.shards)} shards, {len(store)} graphs: every digest matches")
+    return 0
+
+
 def _load_sizes(path: str | None, cutoff: float):
-    from workbench.data.embedded import EMBEDDED_PATH
     from workbench.data.io import read_structures
     from workbench.data.sizes import graph_sizes
+    from workbench.data.source import data_source
 
-    path = Path(path) if path else EMBEDDED_PATH
-    if path.is_dir():  # a prepared dataset: everything is in its index
+    source = data_source(path or None)
+    path = source.path
+    if source.kind == "prepared":  # everything is in its index
         from workbench.data.store import GraphStore
 
         store = GraphStore(path)
@@ -74,7 +103,7 @@ def _load_sizes(path: str | None, cutoff: float):
                 f"{path}: prepared at cutoff {store.cutoff} Å; pass --cutoff {store.cutoff} "
                 "(or prepare again at the cutoff you want)"
             )
-        return path, store.sizes(), np.asarray(store.index["labelled"])
+        return path, store.sizes(), np.asarray(store.column("labelled"))
     structures = read_structures(path, require_labels=False)
     sizes = graph_sizes(structures, cutoff=cutoff, progress=True)
     labelled = np.array([bool(a.info.get("labelled", True)) for a in structures])
@@ -137,7 +166,7 @@ def _prepare(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - t0
     print(format_table(store.summary()))
     m = store.manifest
-    atoms = int(store.index["atoms"].sum())
+    atoms = int(store.column("atoms").sum())
     print(
         f"\n{store.path}: {len(store)} graphs ({atoms} atoms) in {len(store.shards)} shards, cutoff {store.cutoff} Å; "
         f"prepared in {m['seconds']:.1f} s ({len(store) / max(m['seconds'], 1e-9):.0f} graphs/s)"
@@ -168,7 +197,12 @@ def _add_verify(dsub) -> None:
     v = dsub.add_parser(
         "verify", help="rebuild frames of a mixture file from their seeds and compare (tolerances in the dataset card)"
     )
-    v.add_argument("path", nargs="?", help="mixture file (default: the embedded dataset)")
+    v.add_argument(
+        "path",
+        nargs="?",
+        help="mixture file (default: the embedded dataset), or a prepared dataset directory: recompute every "
+        "shard's digest",
+    )
     v.add_argument("--per-family", type=int, default=2, help="frames per family to rebuild (default: %(default)s)")
     v.add_argument(
         "--skip", default="al_hcl", help="comma list of families to skip (default: %(default)s, ~2 min of xTB)"

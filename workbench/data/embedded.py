@@ -106,6 +106,10 @@ def compare_structures(expected, actual, where: str = "") -> list[str]:
     return out
 
 
+#: what each frame of a mixture file carries so that it can be rebuilt from its seed
+REGENERATION_KEYS = ("config_type", "family_index", "seed")
+
+
 def regeneration_frames(structures: Sequence, per_family: int = 2, skip: Sequence[str] = ("al_hcl",)) -> list[int]:
     """Frame numbers of the first ``per_family`` frames of each family not in ``skip``.
 
@@ -129,10 +133,21 @@ def check_regeneration(
 
     Returns ``(frames checked, problems)``; an empty problem list means the file regenerates.
     """
+    from workbench.data.families import FAMILY_NAMES
     from workbench.data.generators import generate
 
     path = Path(path) if path is not None else EMBEDDED_PATH
     structures = load_embedded(path, validate=False)
+    for k, a in enumerate(structures):
+        missing = [key for key in REGENERATION_KEYS if key not in a.info]
+        if missing or a.info["config_type"] not in FAMILY_NAMES:
+            what = (
+                f"no {', '.join(missing)}" if missing else f"family {a.info['config_type']!r} is not a mixture family"
+            )
+            raise ValueError(
+                f"{path}, frame {k}: {what}; verify rebuilds frames of a mixture written by 'workbench data make' "
+                "from their seeds (for a prepared dataset, give its directory)"
+            )
     picks = regeneration_frames(structures, per_family, skip)
     problems = []
     for k in picks:

@@ -7,7 +7,9 @@ on the fly): :func:`iter_frames` cuts it at the atom-count lines and checks each
 shape, :func:`parse_frames` hands frames to ASE's extxyz parser (a whole block at once, frame
 by frame only to locate a failure), so every error names its file and 0-based frame. When the
 ``extxyz`` package (libAtoms' C parser) is installed, blocks of frames go through it, ~7x faster
-than ASE, into the same ``ase.Atoms``; ASE takes whatever it refuses.
+than ASE, into the same ``ase.Atoms``; ASE takes whatever it refuses. The C parser crashes the
+process on some malformed frames (one with 0 atoms segfaults), so it sees only frames that pass
+:func:`_check_frame`: at least one atom, a plain comment line, exactly the declared columns.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ EXTXYZ_SUFFIXES = (".extxyz", ".xyz")
 _STREAM_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, OSError)
 _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\{[^}]*\}')
 _KEY = re.compile(r"(?:^|\s)([A-Za-z_][\w\-:.]*)\s*=")
+_PROPERTIES = re.compile(r'(?:^|\s)Properties=("[^"]*"|\S*)')
+_PROPERTY_SPEC = re.compile(r"[A-Za-z_][\w\-.]*:[SRIL]:[1-9]\d*(?::[A-Za-z_][\w\-.]*:[SRIL]:[1-9]\d*)*")
+# Comment lines the C parser is trusted with: key=value pairs, values bare or plainly quoted.
+_PLAIN_COMMENT = re.compile(r'\s*(?:[A-Za-z_][\w\-:.]*=(?:"[^"\\]*"|[^\s"{}=\\]+)\s*)*')
 
 
 def is_extxyz(path: str | os.PathLike, format: str | None = None) -> bool:
@@ -112,8 +118,7 @@ def _atom_count(path: Path, frame: int, head: bytes, previous: int) -> int:
     raise StructureError(path, frame, f"first line of a frame should be the atom count, got {head[:60]!r}")
 
 
-def _check_comment(path: Path, frame: int, text: str) -> None:
-    comment = text.split("\n", 2)[1] if text.count("\n") >= 1 else ""
+def _check_comment(path: Path, frame: int, comment: str) -> None:
     keys = _KEY.findall(_QUOTED.sub('""', comment))
     seen = set()
     for key in keys:
@@ -124,6 +129,43 @@ def _check_comment(path: Path, frame: int, text: str) -> None:
                 f"key {key!r} appears more than once in the comment line; which value is meant is ambiguous",
             )
         seen.add(key.lower())
+
+
+def _declared_columns(path: Path, frame: int, comment: str) -> int | None:
+    """Columns per atom line that ``Properties`` declares; None when the comment has none."""
+    found = _PROPERTIES.search(comment)
+    if found is None:
+        return None
+    spec = found.group(1).strip('"')
+    if _PROPERTY_SPEC.fullmatch(spec) is None:
+        raise StructureError(
+            path, frame, f"Properties={spec[:60]!r} is not a list of NAME:TYPE:COUNT (TYPE one of S, R, I, L)"
+        )
+    return sum(int(count) for count in spec.split(":")[2::3])
+
+
+def _check_frame(path: Path, frame: int, text: str) -> bool:
+    """Raise :class:`StructureError` for a frame no parser should see: no atoms, or atom lines
+    whose column count differs from what ``Properties`` declares. True when the frame is plain
+    enough for the C parser (which crashes the process on some malformed input)."""
+    lines = text.split("\n")
+    if int(lines[0].split()[0]) == 0:  # iter_frames checked the count line
+        raise StructureError(path, frame, "the atom count is 0: a frame needs at least one atom")
+    comment = lines[1].rstrip("\r") if len(lines) > 1 else ""
+    _check_comment(path, frame, comment)
+    columns = _declared_columns(path, frame, comment)
+    if columns is None:
+        return False
+    for k, line in enumerate(lines[2 : 2 + int(lines[0].split()[0])]):
+        got = len(line.split())
+        if got != columns:
+            raise StructureError(
+                path,
+                frame,
+                f"cannot parse: line {k + 3} of the frame (atom {k}) has {got} columns, "
+                f"but Properties declares {columns}",
+            )
+    return _PLAIN_COMMENT.fullmatch(comment) is not None
 
 
 def _c_frames(texts: list[str]) -> list | None:
@@ -183,16 +225,18 @@ def _atoms(frame):
 
 def parse_frames(path: str | os.PathLike, first: int, frames: list[bytes]) -> list[tuple[int, object]]:
     """``[(frame, ase.Atoms or StructureError)]`` for consecutive frames starting at ``first``:
-    the C parser for the block when it is installed and takes it, ASE for the rest."""
+    the C parser for the frames :func:`_check_frame` passes as plain, ASE for the rest."""
     import ase.io
 
     path = Path(path)
     texts: list[str | None] = []
     errors: dict[int, StructureError] = {}
+    plain: list[int] = []
     for k, data in enumerate(frames):
         try:
             text = data.decode("utf-8")
-            _check_comment(path, first + k, text)
+            if _check_frame(path, first + k, text):
+                plain.append(k)
             texts.append(text)
         except UnicodeDecodeError as exc:
             texts.append(None)
@@ -200,13 +244,12 @@ def parse_frames(path: str | os.PathLike, first: int, frames: list[bytes]) -> li
         except StructureError as exc:
             texts.append(None)
             errors[k] = exc
-    fast = _c_frames(texts) if not errors else None
+    fast = _c_frames([texts[k] for k in plain]) if plain else None
+    by_frame = dict(zip(plain, fast)) if fast is not None else {}
     out: list[tuple[int, object]] = []
     for k, text in enumerate(texts):
-        atoms = fast[k] if fast is not None else None
-        if k in errors:
-            atoms = errors[k]
-        elif atoms is None:
+        atoms = errors[k] if k in errors else by_frame.get(k)
+        if atoms is None:
             try:
                 atoms = ase.io.read(io.StringIO(text), format="extxyz")
             except Exception as exc:

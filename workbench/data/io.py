@@ -93,6 +93,13 @@ MAX_EXTENT = 1.0e4
 MAX_CELLS_AWAY = 1.0e3
 
 
+def _symbol(z: int) -> str:
+    # ASE's symbol table ends at 118: a larger number has no symbol to look up.
+    from ase.data import chemical_symbols
+
+    return f"symbol {chemical_symbols[z]!r}" if 0 <= z < len(chemical_symbols) else "no such element"
+
+
 def check_geometry(atoms: ase.Atoms, *, path: str | os.PathLike | None = None, frame: int | None = None) -> None:
     """Atoms present, atomic numbers 1-118, finite coordinates within :data:`MAX_EXTENT`, a
     finite cell with non-zero volume when periodic: everything a neighbour list needs."""
@@ -106,7 +113,7 @@ def check_geometry(atoms: ase.Atoms, *, path: str | os.PathLike | None = None, f
         raise StructureError(
             path,
             frame,
-            f"atom {k} has atomic number {int(z[k])} (symbol {atoms.get_chemical_symbols()[k]!r}); "
+            f"atom {k} has atomic number {int(z[k])} ({_symbol(int(z[k]))}); "
             "only real elements (1-118) can be trained on",
         )
     pos = atoms.get_positions()

@@ -22,8 +22,10 @@ labels), with one half neighbour list at the cutoff serving the close-pair check
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -56,8 +58,11 @@ from workbench.data.store import (
     SHARDS,
     SKIPPED,
     GraphStore,
-    shard_name,
+    ShardMaps,
+    StoreError,
+    damaged_shards,
 )
+from workbench.limits import MAX_CUTOFF
 
 #: the public names; sources, chunks and the per-chunk work live in prepare_sources / prepare_worker
 __all__ = [
@@ -79,11 +84,11 @@ __all__ = [
 def _check_resume(out: Path, settings: Settings, paths: list[Path]) -> dict | None:
     """The finished manifest when there is nothing to do; raise on settings that differ."""
     manifest = out / MANIFEST
-    if not manifest.exists():
-        if out.exists() and any(out.iterdir()):
+    data = _read_json(manifest)
+    if data is None:  # none, or unreadable: the parts (each with its source's fingerprint) say what is done
+        if out.exists() and any(out.iterdir()) and not (out / SHARDS).is_dir():
             raise ValueError(f"{out}: directory is not empty and holds no prepared dataset; choose a new --out")
         return None
-    data = json.loads(manifest.read_text())
     if data.get("format") != FORMAT:
         raise ValueError(f"{manifest}: not a {FORMAT} manifest; choose a new --out")
     old = data.get("settings", {})
@@ -101,8 +106,46 @@ def _check_resume(out: Path, settings: Settings, paths: list[Path]) -> dict | No
             "use a new --out, or the same sources to resume"
         )
     if data.get("complete") and data["sources"] == [fingerprint(p) for p in paths]:
-        return data
+        return data if _intact(out, data) else None
     return None
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, ValueError):
+        print(f"{path}: unreadable; preparing again from the finished chunks", file=sys.stderr)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _intact(out: Path, manifest: dict) -> bool:
+    """True when a finished prepare is whole; else drop its damaged shards (and their parts) so
+    that the run redoes just those chunks and merges again."""
+    if manifest.get("version") != FORMAT_VERSION:
+        print(f"{out}: prepared by an older format; preparing again", file=sys.stderr)
+        return False
+    damaged = dict(damaged_shards(out, manifest["shards"]))
+    for rec in manifest["shards"]:
+        if rec["name"] not in damaged:
+            try:
+                ShardMaps(out / SHARDS / rec["name"], rec)  # digest attribute and lengths, not the data
+            except StoreError as exc:
+                damaged[rec["name"]] = str(exc).split("; ")[0].split(": ", 1)[-1]
+    for name, why in damaged.items():
+        print(f"{out / SHARDS / name}: {why}; preparing it again", file=sys.stderr)
+        (out / SHARDS / name).unlink(missing_ok=True)
+        part_path(out, int(name[1:5]), int(name[7:13])).unlink(missing_ok=True)
+    if damaged:
+        return False
+    try:
+        GraphStore(out)
+    except StoreError as exc:  # the index: the merge writes it again from the parts
+        print(f"{exc.args[0].split('; ')[0]}; merging again", file=sys.stderr)
+        return False
+    return True
 
 
 def _done_chunks(out: Path, fingerprints: list[dict]) -> set[tuple[int, int]]:
@@ -118,9 +161,10 @@ def _done_chunks(out: Path, fingerprints: list[dict]) -> set[tuple[int, int]]:
         try:
             with np.load(part) as z:
                 fp = json.loads(str(z["fingerprint"]))
+                shard = json.loads(str(z["shard"]))
         except Exception:
-            fp = None
-        if source < len(fingerprints) and fp == fingerprints[source]:
+            fp = shard = None
+        if source < len(fingerprints) and fp == fingerprints[source] and not damaged_shards(out, [shard]):
             done.add((source, chunk))
         else:
             part.unlink(missing_ok=True)
@@ -144,15 +188,40 @@ def prepare(
     ``workers``: processes that parse and measure (default: all cores). Running the same call
     again resumes a killed prepare, or returns at once when it finished.
     """
-    if on_error not in ON_ERROR:
-        raise ValueError(f"on_error: {on_error!r} is not one of {', '.join(ON_ERROR)}")
-    if not cutoff > 0 or not np.isfinite(cutoff):
-        raise ValueError(f"cutoff: must be a finite number > 0 Å, got {cutoff}")
-    if shard_size < 1:
-        raise ValueError(f"shard_size: must be >= 1, got {shard_size}")
-    settings = Settings(float(cutoff), energy_key, forces_key, int(shard_size), on_error)
+    settings = _settings(cutoff, workers, energy_key, forces_key, on_error, shard_size)
     out = Path(out)
     paths = resolve_sources(sources)
+    try:
+        return _prepare(paths, out, settings, workers, progress)
+    except OSError as exc:
+        if exc.errno not in DISK_ERRORS:
+            raise
+        where = Path(exc.filename).parent if exc.filename else out
+        raise StoreError(
+            f"{where}: cannot write ({exc.strerror}); free space or make it writable, then run the same command "
+            "again: finished chunks are kept"
+        ) from None
+
+
+#: errno values that mean "the output folder cannot take the data": one line, and a resumable prepare
+DISK_ERRORS = (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EPERM, errno.EFBIG)
+
+
+def _settings(
+    cutoff: float, workers: int | None, energy_key: str, forces_key: str, on_error: str, shard_size: int
+) -> Settings:
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error: {on_error!r} is not one of {', '.join(ON_ERROR)}")
+    if not 0 < cutoff <= MAX_CUTOFF:  # also refuses NaN
+        raise ValueError(f"cutoff: must be > 0 and <= {MAX_CUTOFF} Å (MACE uses 4-6 Å), got {cutoff}")
+    if workers is not None and workers < 0:
+        raise ValueError(f"workers: must be >= 1, or 0 for all cores, got {workers}")
+    if shard_size < 1:
+        raise ValueError(f"shard_size: must be >= 1, got {shard_size}")
+    return Settings(float(cutoff), energy_key, forces_key, int(shard_size), on_error)
+
+
+def _prepare(paths: list[Path], out: Path, settings: Settings, workers: int | None, progress: bool) -> GraphStore:
     if _check_resume(out, settings, paths) is not None:
         return GraphStore(out)
     fingerprints = [fingerprint(p) for p in paths]
@@ -260,17 +329,17 @@ def _write_manifest(out: Path, data: dict) -> None:
     os.replace(tmp, out / MANIFEST)
 
 
-def _scan_parts(out: Path, chunk_ids: list[tuple[int, int]]) -> tuple[list[str], np.ndarray, int]:
-    """First pass over the parts: sorted family names, the elements present, the graph count."""
+def _scan_parts(out: Path, chunk_ids: list[tuple[int, int]]) -> tuple[list[str], np.ndarray, list[dict]]:
+    """First pass over the parts: sorted family names, the elements present, the shards' records."""
     families: set[str] = set()
     present = np.zeros(MAX_Z + 1, dtype=bool)
-    n_total = 0
+    shards = []
     for source, chunk in chunk_ids:
         with np.load(part_path(out, source, chunk)) as z:
             families.update(str(f) for f in z["families"])
             present |= z["counts"].any(axis=0)
-            n_total += int(z["atoms"].shape[0])
-    return sorted(families), np.flatnonzero(present), n_total
+            shards.append(json.loads(str(z["shard"])))
+    return sorted(families), np.flatnonzero(present), shards
 
 
 def _fill_arrays(
@@ -317,7 +386,8 @@ def _merge(
     seconds: float,
 ) -> GraphStore:
     """Concatenate the parts in input order into index, counts and origin (bounded memory)."""
-    family_names, elements, n_total = _scan_parts(out, chunk_ids)
+    family_names, elements, shards = _scan_parts(out, chunk_ids)
+    n_total = sum(r["graphs"] for r in shards)
     skipped_lines = _fill_arrays(out, chunk_ids, family_names, elements, n_total)
     (out / SKIPPED).write_text("".join(line + "\n" for line in skipped_lines))
     if n_total == 0:
@@ -335,7 +405,7 @@ def _merge(
             "sources": fingerprints,
             "families": family_names,
             "elements": [int(z) for z in elements],
-            "shards": [shard_name(s, c) for s, c in chunk_ids],
+            "shards": shards,
             "n_graphs": n_total,
             "n_skipped": len(skipped_lines),
             "seconds": round(seconds, 3),

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from workbench.data.extxyz import iter_frames
 from workbench.data.io import StructureError
+from workbench.data.mace_h5 import mace_h5_keys
 
 H5_SUFFIXES = (".h5", ".hdf5")
 
@@ -77,28 +78,8 @@ def _extxyz_chunks(source: int, path: Path, shard_size: int) -> Iterator[Chunk]:
         yield Chunk(source, chunk_no, first, len(texts), texts, path.stat().st_size)
 
 
-def _mace_h5_keys(path: Path) -> list[tuple[str, str]]:
-    import h5py
-
-    def num(name: str) -> int:
-        return int(name.rsplit("_", 1)[-1]) if name.rsplit("_", 1)[-1].isdigit() else -1
-
-    try:
-        with h5py.File(path, "r", locking=False) as f:
-            keys = []
-            for b in sorted(f.keys(), key=num):
-                if not b.startswith("config_batch_"):
-                    raise StructureError(
-                        path, None, f"not a mace preprocess_data file: top-level group {b!r} (expected config_batch_N)"
-                    )
-                keys.extend((b, c) for c in sorted(f[b].keys(), key=num))
-    except OSError as exc:
-        raise StructureError(path, None, f"cannot open as HDF5 ({exc})") from None
-    return keys
-
-
 def _h5_chunks(source: int, path: Path, shard_size: int) -> Iterator[Chunk]:
-    keys = _mace_h5_keys(path)
+    keys = mace_h5_keys(path)  # an empty or malformed file is named here, not in the output
     size = path.stat().st_size
     for chunk_no, k in enumerate(range(0, len(keys), shard_size)):
         part = keys[k : k + shard_size]

@@ -17,6 +17,7 @@ import numpy as np
 
 from workbench.data.extxyz import parse_frames
 from workbench.data.io import ENERGY_KEY, FORCES_KEY, MIN_DISTANCE, StructureError
+from workbench.data.mace_h5 import read_mace_h5
 from workbench.data.prepare_sources import is_h5
 from workbench.data.store import INDEX_DTYPE, MAX_Z, SHARDS, Graph, shard_name, write_shard
 
@@ -34,54 +35,6 @@ class Settings:
     shard_size: int = DEFAULT_SHARD_SIZE
     on_error: str = "fail"
     min_distance: float = MIN_DISTANCE
-
-
-def _read_mace_h5(path: Path, first: int, keys: list[tuple[str, str]]) -> list[tuple[int, object]]:
-    """mace ``preprocess_data`` configurations as ``ase.Atoms`` with REF-style labels."""
-    import ase
-    import h5py
-
-    def value(x):
-        x = x[()]
-        x = x.decode() if isinstance(x, bytes) else x
-        return None if isinstance(x, str) and x == "None" else x
-
-    out: list[tuple[int, object]] = []
-    with h5py.File(path, "r", locking=False) as f:
-        for k, (b, c) in enumerate(keys):
-            frame = first + k
-            try:
-                g = f[b][c]
-                props = {name: value(g["properties"][name]) for name in g["properties"]}
-                weights = {name: value(g["property_weights"][name]) for name in g.get("property_weights", {})}
-                cell, pbc = value(g["cell"]), value(g["pbc"])
-                atoms = ase.Atoms(
-                    numbers=np.asarray(value(g["atomic_numbers"]), dtype=int),
-                    positions=np.asarray(value(g["positions"]), dtype=float),
-                    cell=np.zeros((3, 3)) if cell is None else np.asarray(cell, dtype=float),
-                    pbc=False if pbc is None else np.asarray(pbc, dtype=bool),
-                )
-                if props.get("energy") is not None:
-                    atoms.info[ENERGY_KEY] = float(props["energy"])
-                if props.get("forces") is not None:
-                    atoms.arrays[FORCES_KEY] = np.asarray(props["forces"], dtype=float)
-                atoms.info["config_type"] = value(g["config_type"]) or "Default"
-                weight = value(g["weight"]) if "weight" in g else None
-                atoms.info["config_weight"] = 1.0 if weight is None else float(weight)
-                for name in ("energy", "forces"):
-                    if weights.get(name) is not None:
-                        atoms.info[f"config_{name}_weight"] = float(weights[name])
-                out.append((frame, atoms))
-            except Exception as exc:
-                out.append(
-                    (
-                        frame,
-                        StructureError(
-                            path, frame, f"malformed mace configuration {b}/{c} ({type(exc).__name__}: {exc})"
-                        ),
-                    )
-                )
-    return out
 
 
 def _labels_from_calc(atoms, settings: Settings) -> None:
@@ -107,8 +60,13 @@ def measure(atoms, settings: Settings, path: Path | None = None, frame: int | No
     from workbench.data.neighbours import neighbour_stats
 
     _labels_from_calc(atoms, settings)
-    check_geometry(atoms, path=path, frame=frame)
     n = len(atoms)
+    if n == 0:
+        raise StructureError(path, frame, "no atoms")
+    bad_z = [int(z) for z in atoms.numbers if not 1 <= z <= MAX_Z]
+    if bad_z:  # before anything looks up a chemical symbol
+        raise StructureError(path, frame, f"atomic number {bad_z[0]} outside 1..{MAX_Z}")
+    check_geometry(atoms, path=path, frame=frame)
     positions, cell, pbc = atoms.positions, atoms.cell.array, atoms.pbc
     nb = neighbour_stats(positions, cell, pbc, settings.cutoff, settings.min_distance)
     if nb.closest is not None:
@@ -150,9 +108,25 @@ def measure(atoms, settings: Settings, path: Path | None = None, frame: int | No
 
 
 def worker_init() -> None:
-    """Pool initializer: keep torch out of the workers."""
+    """Pool initializer: keep torch out of the workers; die with the parent."""
     # Nothing here needs torch (2-3 s to import per process); keep it out should a library reach for it.
     sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this worker when the process that started it dies (a killed prepare
+    would otherwise leave its workers, and through them the resource tracker, running)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() == 1:  # the parent died before the call
+        os._exit(1)
 
 
 def part_path(out: Path, source: int, chunk: int) -> Path:
@@ -164,7 +138,7 @@ def run_chunk(job: tuple) -> dict:
     """Worker: parse, validate and measure one chunk; write its shard and index part."""
     out, path, chunk, settings, fingerprint = job
     out, path = Path(out), Path(path)
-    reader = _read_mace_h5 if is_h5(path) else parse_frames
+    reader = read_mace_h5 if is_h5(path) else parse_frames
     graphs: list[Graph] = []
     records: list[dict] = []
     frames: list[int] = []
@@ -182,7 +156,7 @@ def run_chunk(job: tuple) -> dict:
         graphs.append(graph)
         records.append(fields)
         frames.append(frame)
-    write_shard(out / SHARDS / shard_name(chunk.source, chunk.chunk), graphs)
+    shard = write_shard(out / SHARDS / shard_name(chunk.source, chunk.chunk), graphs)
     families = sorted({g.family for g in graphs})
     code = {f: k for k, f in enumerate(families)}
     counts = np.zeros((len(graphs), MAX_Z + 1), dtype=np.uint32)
@@ -203,6 +177,7 @@ def run_chunk(job: tuple) -> dict:
             frame=np.array(frames, dtype=np.int64),
             skipped=np.array(json.dumps(skipped)),
             fingerprint=np.array(json.dumps(fingerprint)),
+            shard=np.array(json.dumps(shard)),
         )
     os.replace(tmp, part)  # last: marks the chunk done
     return {"graphs": len(graphs), "skipped": len(skipped)}

@@ -3,7 +3,8 @@ r"""The prepared dataset: sharded HDF5 files of flat arrays, and one small index
 This module owns the on-disk format that ``workbench data prepare`` writes
 (:mod:`workbench.data.prepare`) and training reads. A prepared directory::
 
-    manifest.json                 format version, cutoff, label keys, sources, families, elements, totals
+    manifest.json                 format version, cutoff, label keys, sources, families, elements, totals,
+                                  and each shard's name, bytes, graphs and digest
     index.npy                     one INDEX_DTYPE record per graph, in input order
     counts.npy                    [graphs, elements] uint32 element counts (E0s; read in chunks)
     origin.npy                    [graphs] (source, frame): the input file and frame of each graph
@@ -20,6 +21,12 @@ Each shard holds contiguous, uncompressed datasets, concatenated over its graphs
     pbc       bool    [n, 3]
     energy    float64 [n]         eV (NaN for unlabelled frames)
     weights   float64 [n, 3]      config weight, energy weight, forces weight (mace's loss weights)
+
+Each shard also carries its digest (``attrs["digest"]``, BLAKE2b over its arrays). Opening a
+store checks every shard's size and graph count against the manifest and the index (a ``stat``
+per shard); opening a shard checks its digest attribute and array lengths, so a truncated,
+missing or foreign shard is named before any graph of it is read. ``workbench data verify
+STORE`` recomputes every digest from the data (:func:`verify_shards`).
 
 Reads (:class:`ShardReader`) go through ``numpy.memmap`` at each dataset's byte offset in the file (HDF5 contiguous
 layout), so fetching graph ``i`` is two index look-ups and a few slices of mapped pages: O(1),
@@ -47,6 +54,7 @@ problem again, serialised); HDF5 keeps the arrays typed, readable by h5py and ma
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -57,7 +65,7 @@ from typing import Any
 import numpy as np
 
 FORMAT = "cfm-workbench-prepared"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the manifest lists each shard's bytes, graphs and digest
 MANIFEST = "manifest.json"
 INDEX = "index.npy"
 COUNTS = "counts.npy"
@@ -82,6 +90,24 @@ INDEX_DTYPE = np.dtype(
 ORIGIN_DTYPE = np.dtype([("source", "<u4"), ("frame", "<i8")])
 SHARD_ARRAYS = ("atom_ptr", "numbers", "positions", "forces", "cell", "pbc", "energy", "weights")
 MAX_Z = 118
+
+
+class StoreError(ValueError):
+    """A prepared dataset that is damaged or foreign: the message names the file and the fix."""
+
+
+def repair_hint(path: str | os.PathLike) -> str:
+    return f"run the same 'workbench data prepare ... --out {path}' command again to repair it"
+
+
+def shard_digest(arrays: dict[str, np.ndarray]) -> str:
+    """BLAKE2b (128 bit) over a shard's arrays (:data:`SHARD_ARRAYS`: names, shapes and bytes)."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in SHARD_ARRAYS:
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}{a.dtype.str}{a.shape}".encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
 
 
 def shard_name(source: int, chunk: int) -> str:
@@ -114,23 +140,46 @@ class Graph:
     family: str
 
 
-class _Shard:
-    """Read-only maps of one shard's datasets."""
+class ShardMaps:
+    """Read-only maps of one shard's datasets (``arrays[name]`` for each of :data:`SHARD_ARRAYS`).
 
-    def __init__(self, path: Path) -> None:
+    ``expect`` (the manifest's record of the shard: ``graphs``, ``digest``) is checked on open."""
+
+    def __init__(self, path: Path, expect: dict | None = None) -> None:
         import h5py
 
         self.path = path
         self.arrays: dict[str, np.ndarray] = {}
-        with h5py.File(path, "r", locking=False) as f:
-            for name in SHARD_ARRAYS:
-                ds = f[name]
-                offset = ds.id.get_offset()
-                if offset is None or ds.size == 0:  # empty or not contiguous: read it whole
-                    self.arrays[name] = ds[()]
-                else:
-                    self.arrays[name] = np.memmap(path, dtype=ds.dtype, mode="r", offset=offset, shape=ds.shape)
+        try:
+            with h5py.File(path, "r", locking=False) as f:
+                self.digest = str(f.attrs.get("digest", ""))
+                for name in SHARD_ARRAYS:
+                    self.arrays[name] = _mapped(path, f[name])
+        except (OSError, KeyError, ValueError) as exc:
+            raise StoreError(f"{path}: unreadable shard ({exc}); {repair_hint(path.parent.parent)}") from None
         self.atom_ptr = np.asarray(self.arrays["atom_ptr"])
+        self._check(expect)
+
+    def _check(self, expect: dict | None) -> None:
+        graphs = self.atom_ptr.shape[0] - 1
+        atoms = int(self.atom_ptr[-1]) if graphs >= 0 else -1
+        short = [n for n in ("numbers", "positions", "forces") if self.arrays[n].shape[0] != atoms]
+        short += [n for n in ("cell", "pbc", "energy", "weights") if self.arrays[n].shape[0] != graphs]
+        problem = f"arrays {short} do not match atom_ptr" if short else None
+        if expect is not None and problem is None:
+            if graphs != expect["graphs"]:
+                problem = f"{graphs} graphs, the manifest says {expect['graphs']}"
+            elif self.digest != expect["digest"]:
+                problem = "a shard of another dataset (its digest differs from the manifest's)"
+        if problem:
+            raise StoreError(f"{self.path}: {problem}; {repair_hint(self.path.parent.parent)}")
+
+
+def _mapped(path: Path, ds) -> np.ndarray:
+    offset = ds.id.get_offset()
+    if offset is None or ds.size == 0:  # empty or not contiguous: read it whole
+        return ds[()]
+    return np.memmap(path, dtype=ds.dtype, mode="r", offset=offset, shape=ds.shape)
 
 
 class ShardReader:
@@ -140,11 +189,11 @@ class ShardReader:
     lazily in their own process.
     """
 
-    def __init__(self, path: Path, shards: Sequence[str], families: Sequence[str]) -> None:
+    def __init__(self, path: Path, shards: Sequence[dict], families: Sequence[str]) -> None:
         self.path = Path(path)
-        self.shards = tuple(shards)
+        self.shards = tuple(shards)  # the manifest's shard records
         self.families = tuple(families)
-        self._open: dict[int, _Shard] = {}
+        self._open: dict[int, ShardMaps] = {}
         self._pid = os.getpid()
 
     def __getstate__(self) -> dict:
@@ -152,14 +201,15 @@ class ShardReader:
         state["_open"] = {}
         return state
 
-    def _shard(self, code: int) -> _Shard:
+    def _shard(self, code: int) -> ShardMaps:
         if self._pid != os.getpid():  # forked: maps are per process
             self._open, self._pid = {}, os.getpid()
         shard = self._open.get(code)
         if shard is None:
             if len(self._open) >= 256:  # bound open maps on datasets with thousands of shards
                 self._open.pop(next(iter(self._open)))
-            shard = self._open[code] = _Shard(self.path / SHARDS / self.shards[code])
+            rec = self.shards[code]
+            shard = self._open[code] = ShardMaps(self.path / SHARDS / rec["name"], rec)
         return shard
 
     def read(self, shard: int, row: int, family: int) -> Graph:
@@ -180,54 +230,149 @@ class ShardReader:
         )
 
 
+def read_manifest(path: Path) -> dict:
+    """The manifest of a finished prepare in ``path``; errors name the file and the fix."""
+    file = path / MANIFEST
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"{path}: not a prepared dataset (no {MANIFEST}); create one with 'workbench data prepare SRC... --out {path}'"
+        )
+    try:
+        manifest = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise StoreError(f"{file}: unreadable manifest ({exc}); {repair_hint(path)}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise StoreError(f"{file}: not a {FORMAT} manifest")
+    if manifest.get("version") != FORMAT_VERSION:
+        raise StoreError(
+            f"{path}: prepared with format version {manifest.get('version')}, this workbench reads version "
+            f"{FORMAT_VERSION}; prepare it again"
+        )
+    if not manifest.get("complete"):
+        raise StoreError(
+            f"{path}: prepare did not finish; run the same 'workbench data prepare' command again to resume it"
+        )
+    return manifest
+
+
+def _read_index(path: Path, manifest: dict) -> np.ndarray:
+    try:
+        index = np.load(path / INDEX, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise StoreError(f"{path / INDEX}: unreadable index ({exc}); {repair_hint(path)}") from None
+    if index.dtype != INDEX_DTYPE or index.ndim != 1 or index.shape[0] != manifest.get("n_graphs"):
+        raise StoreError(
+            f"{path / INDEX}: {index.shape} records of {index.dtype}, the manifest says {manifest.get('n_graphs')} "
+            f"graphs; {repair_hint(path)}"
+        )
+    return index
+
+
+def damaged_shards(path: Path, records: Sequence[dict]) -> list[tuple[str, str]]:
+    """``(name, problem)`` of each shard that is missing or whose size is not the manifest's
+    (one ``stat`` per shard; :func:`verify_shards` reads the data)."""
+    out = []
+    for rec in records:
+        file = Path(path) / SHARDS / rec["name"]
+        try:
+            size = file.stat().st_size
+        except FileNotFoundError:
+            out.append((rec["name"], "missing"))
+            continue
+        if size != rec["bytes"]:
+            out.append((rec["name"], f"{size} bytes, the manifest says {rec['bytes']}"))
+    return out
+
+
+def verify_shards(store: GraphStore, progress: bool = True) -> list[tuple[str, str]]:
+    """Recompute every shard's digest from its data; ``(name, problem)`` of each that differs."""
+    from workbench.progress import bar
+
+    problems = []
+    records = store.manifest["shards"]
+    with bar(total=len(records), desc="verify", unit="shard", disable=not progress) as shown:
+        for rec in records:
+            try:
+                maps = ShardMaps(store.path / SHARDS / rec["name"])
+            except StoreError as exc:
+                problems.append((rec["name"], str(exc)))
+            else:
+                if shard_digest(maps.arrays) != rec["digest"]:
+                    problems.append((rec["name"], "its data differs from the digest written at prepare"))
+            shown.update(1)
+    return problems
+
+
 class GraphStore:
     """A prepared dataset directory: the index in memory, graphs read on demand.
 
     >>> store = GraphStore("data/prepared")
-    >>> store.index["atoms"]          # sizes for the packer, no structure touched
+    >>> store.column("atoms")         # sizes for the packer, no structure touched
+    >>> rows = store.select(["water"])  # labelled graphs of some families
     >>> g = store.graph(123)          # one structure's arrays, O(1)
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        if not (self.path / MANIFEST).is_file():
-            raise FileNotFoundError(
-                f"{self.path}: not a prepared dataset (no {MANIFEST}); "
-                f"create one with 'workbench data prepare SRC... --out {self.path}'"
-            )
-        self.manifest = json.loads((self.path / MANIFEST).read_text())
-        if self.manifest.get("format") != FORMAT:
-            raise ValueError(f"{self.path / MANIFEST}: not a {FORMAT} manifest")
-        if self.manifest.get("version") != FORMAT_VERSION:
-            raise ValueError(
-                f"{self.path}: prepared with format version {self.manifest.get('version')}, this "
-                f"workbench reads version {FORMAT_VERSION}; prepare it again"
-            )
-        if not self.manifest.get("complete"):
-            raise ValueError(
-                f"{self.path}: prepare did not finish; run the same 'workbench data prepare' command again to resume it"
-            )
-        self.index = np.load(self.path / INDEX)
+        self.manifest = read_manifest(self.path)
+        records = self.manifest["shards"]
+        self._index = _read_index(self.path, self.manifest)
+        damaged = damaged_shards(self.path, records)
+        if damaged:
+            listed = "; ".join(f"{name}: {why}" for name, why in damaged[:3])
+            more = f" and {len(damaged) - 3} more" if len(damaged) > 3 else ""
+            raise StoreError(f"{self.path}: {len(damaged)} damaged shard(s) ({listed}{more}); {repair_hint(self.path)}")
+        per_shard = np.bincount(self._index["shard"], minlength=len(records))
+        if per_shard.shape[0] != len(records) or any(int(c) != r["graphs"] for c, r in zip(per_shard, records)):
+            raise StoreError(f"{self.path / INDEX}: does not match the shards' graph counts; {repair_hint(self.path)}")
         self.families: tuple[str, ...] = tuple(self.manifest["families"])
         self.elements: tuple[int, ...] = tuple(int(z) for z in self.manifest["elements"])
-        self.shards: tuple[str, ...] = tuple(self.manifest["shards"])
+        self.shards: tuple[str, ...] = tuple(r["name"] for r in records)
         self.cutoff = float(self.manifest["cutoff"])
-        self.reader = ShardReader(self.path, self.shards, self.families)
+        self.reader = ShardReader(self.path, records, self.families)
 
     def __len__(self) -> int:
-        return int(self.index.shape[0])
+        return int(self._index.shape[0])
 
     def __repr__(self) -> str:
         return f"GraphStore({str(self.path)!r}: {len(self)} graphs, {len(self.shards)} shards, cutoff {self.cutoff} Å)"
 
+    def column(self, name: str, rows: np.ndarray | None = None) -> np.ndarray:
+        """One per-graph quantity of the index (a name of :data:`INDEX_DTYPE`: atoms, edges,
+        connected, family, labelled, energy, fsq, ...), for every graph or for ``rows``."""
+        if name not in INDEX_DTYPE.names:
+            raise KeyError(f"{self.path / INDEX}: no column {name!r}; columns: {', '.join(INDEX_DTYPE.names)}")
+        col = self._index[name]
+        return col if rows is None else col[np.asarray(rows, dtype=np.int64)]
+
+    def records(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """Whole index records (:data:`INDEX_DTYPE`), for writers of a derived dataset and for tests."""
+        return self._index if rows is None else self._index[np.asarray(rows, dtype=np.int64)]
+
+    def select(self, families: Sequence[str] | None = None) -> np.ndarray:
+        """Rows of the labelled graphs, of ``families`` only when given (unknown names are refused)."""
+        keep = self._index["labelled"].copy()
+        if families:
+            unknown = sorted(set(families) - set(self.families))
+            if unknown:
+                raise ValueError(
+                    f"{self.path}: families {unknown} are not in the dataset; it has {list(self.families)}"
+                )
+            keep &= np.isin(self._index["family"], [self.families.index(f) for f in families])
+        return np.flatnonzero(keep)
+
+    def family_names(self, rows: np.ndarray) -> list[str]:
+        """The family (extxyz ``config_type``) of each of ``rows``."""
+        return list(np.asarray(self.families, dtype=str)[self.column("family", rows)])
+
     def graph(self, i: int) -> Graph:
         """Graph ``i`` (a row of :attr:`index`) as arrays."""
-        rec = self.index[int(i)]
+        rec = self._index[int(i)]
         return self.reader.read(rec["shard"], rec["row"], rec["family"])
 
     def locations(self, rows: np.ndarray) -> np.ndarray:
         """``(shard, row, family)`` of ``rows``: all a :class:`ShardReader` needs, 10 bytes a graph."""
-        return np.asarray(self.index[["shard", "row", "family"]][np.asarray(rows, dtype=np.int64)]).copy()
+        return np.asarray(self._index[["shard", "row", "family"]][np.asarray(rows, dtype=np.int64)]).copy()
 
     def origin(self, rows: np.ndarray | int) -> list[tuple[str, int]]:
         """``(source file, frame)`` of each row: where a graph came from, for error messages."""
@@ -263,21 +408,22 @@ class GraphStore:
         """Per-family rows (graphs, share, atoms, edges per atom, labelled) and a total, from the index."""
         from workbench.data.summary import summarize
 
-        return summarize(self.sizes(), np.asarray(self.index["labelled"]))
+        return summarize(self.sizes(), np.asarray(self._index["labelled"]))
 
     def sizes(self) -> np.ndarray:
         """Sizes in :data:`workbench.data.sizes.SIZES_DTYPE` (atoms, edges, family name)."""
         from workbench.data.sizes import SIZES_DTYPE
 
         out = np.zeros(len(self), dtype=SIZES_DTYPE)
-        out["atoms"] = self.index["atoms"]
-        out["edges"] = self.index["edges"]
-        out["family"] = np.asarray(self.families, dtype=SIZES_DTYPE["family"])[self.index["family"]]
+        out["atoms"] = self._index["atoms"]
+        out["edges"] = self._index["edges"]
+        out["family"] = np.asarray(self.families, dtype=SIZES_DTYPE["family"])[self._index["family"]]
         return out
 
 
-def write_shard(path: Path, graphs: list[Graph]) -> None:
-    """Write ``graphs`` as one shard (contiguous datasets), atomically: a temporary file renamed."""
+def write_shard(path: Path, graphs: list[Graph]) -> dict:
+    """Write ``graphs`` as one shard (contiguous datasets), atomically: a temporary file renamed.
+    Returns the shard's manifest record: ``name``, ``bytes``, ``graphs`` and ``digest``."""
     import h5py
 
     n = len(graphs)
@@ -299,8 +445,20 @@ def write_shard(path: Path, graphs: list[Graph]) -> None:
         "weights": np.array([g.weights for g in graphs], dtype=np.float64).reshape(n, 3),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with h5py.File(tmp, "w", locking=False) as f:
+    digest = shard_digest(arrays)
+    # Built in memory, written with plain file I/O: a full disk is one OSError, not HDF5's noise.
+    with h5py.File(path.name, "w", driver="core", backing_store=False) as f:
         for name in SHARD_ARRAYS:
             f.create_dataset(name, data=arrays[name])  # contiguous, uncompressed: memmap-able
+        f.attrs["digest"] = digest
+        f.flush()
+        image = f.id.get_file_image()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(image)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
+    return {"name": path.name, "bytes": path.stat().st_size, "graphs": n, "digest": digest}

@@ -42,7 +42,7 @@ def _reusable(out: Path, tiled: dict) -> bool:
         return False
     data = json.loads(manifest.read_text())
     if data.get("complete") and data.get("tiled", {}) == tiled:
-        return True
+        return data.get("version") == FORMAT_VERSION  # an older format is tiled again in place
     raise ValueError(f"{out}: holds another dataset; remove it or choose another directory")
 
 
@@ -66,7 +66,7 @@ def _jittered(graphs: list[Graph], pick: np.ndarray, rng: np.random.Generator, j
     return batch
 
 
-def _tiled_manifest(src: GraphStore, names: list[str], n: int, tiled: dict) -> dict:
+def _tiled_manifest(src: GraphStore, shards: list[dict], n: int, tiled: dict) -> dict:
     """The manifest of a finished tiling: ``src``'s settings and families, one pseudo-source."""
     return {
         "format": FORMAT,
@@ -77,7 +77,7 @@ def _tiled_manifest(src: GraphStore, names: list[str], n: int, tiled: dict) -> d
         "sources": [{"path": str(src.path), "size": 0, "mtime_ns": 0}],
         "families": list(src.families),
         "elements": list(src.elements),
-        "shards": names,
+        "shards": shards,
         "n_graphs": n,
         "n_skipped": 0,
         "seconds": 0.0,
@@ -102,7 +102,7 @@ def tile_prepared(
     tiled = {"from": str(src.path), "n": n, "seed": seed, "jitter": jitter}
     if _reusable(out, tiled):
         return GraphStore(out)
-    rows = np.flatnonzero(src.index["labelled"])
+    rows = src.select()
     if rows.size == 0:
         raise ValueError(f"{src.path}: no labelled graphs to tile")
     graphs = [src.graph(int(r)) for r in rows]
@@ -117,10 +117,9 @@ def tile_prepared(
     for code, start in enumerate(range(0, n, shard_size)):
         pick = np.arange(start, min(start + shard_size, n)) % rows.size
         name = shard_name(0, code)
-        write_shard(out / SHARDS / name, _jittered(graphs, pick, rng, jitter))
-        names.append(name)
+        names.append(write_shard(out / SHARDS / name, _jittered(graphs, pick, rng, jitter)))
         sl = slice(start, start + pick.size)
-        index[sl] = src.index[rows[pick]]
+        index[sl] = src.records(rows[pick])
         index["shard"][sl] = code
         index["row"][sl] = np.arange(pick.size)
         all_counts[sl] = counts[pick]

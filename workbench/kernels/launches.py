@@ -1,7 +1,7 @@
 """What a training step launches: every CUDA kernel of an op and its training derivatives,
 planned on tiny arrays, without running anything.
 
-The static resource report (:mod:`~workbench.kernels.tools.resources`) compiles these launches
+The static resource report (:mod:`~workbench.bench.resources`) compiles these launches
 to PTX; :mod:`~workbench.kernels.precompile` compiles them to machine code ahead of the first
 step. A kernel's types depend only on the dtypes, ranks and layouts of its arguments, never on
 their sizes, so four rows plan the same kernels as a 3072-atom batch.

@@ -42,7 +42,7 @@ with the files every rank writes under ``<run_dir>/launch/``.
 """
 
 from workbench.launch.api import launch
-from workbench.launch.errors import LaunchError, RunFailed
+from workbench.launch.errors import LaunchError, LaunchRefused, RunFailed
 from workbench.launch.run import Run, RunMetrics, attach, read_metrics
 
 
@@ -55,4 +55,14 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["LaunchError", "Run", "RunFailed", "RunMetrics", "RunPanel", "attach", "launch", "read_metrics"]
+__all__ = [
+    "LaunchError",
+    "LaunchRefused",
+    "Run",
+    "RunFailed",
+    "RunMetrics",
+    "RunPanel",
+    "attach",
+    "launch",
+    "read_metrics",
+]

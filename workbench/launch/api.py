@@ -11,8 +11,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from workbench.launch import local, slurm
-from workbench.launch.errors import LaunchError
+from workbench.launch import local, slurm, validate
+from workbench.launch.errors import LaunchRefused
 from workbench.launch.run import Run, _pid_start_time, attach, load_info
 from workbench.train.rundir import RunDir
 
@@ -39,12 +39,6 @@ def _absolute(config):
     return config.replace(**changes)
 
 
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r}: must be a positive integer")
-    return value
-
-
 def _prepare_run_dir(config, fresh: bool) -> Path:
     run_dir = Path(config.run_dir)
     previous = load_info(run_dir)
@@ -53,13 +47,16 @@ def _prepare_run_dir(config, fresh: bool) -> Path:
         status = old.status
         if status in ("pending", "running"):
             where = f"SLURM job {old.job_id}" if old.backend == "slurm" else f"torchrun pid {old.pid}"
-            raise LaunchError(
+            raise LaunchRefused(
                 f"{run_dir} already has an active run ({where}, {status}: {old.reason}); "
                 "use workbench.launch.attach(run_dir) to follow it, or cancel it first"
             )
     if fresh and run_dir.exists():
         if not (RunDir(run_dir).launch.exists() or RunDir(run_dir).config.exists()):
-            raise LaunchError(f"fresh=True: {run_dir} does not look like a run directory; not deleting it")
+            raise LaunchRefused(
+                f"fresh=True (--fresh): {run_dir} does not look like a run directory (no launch/ or config.yaml); "
+                "not deleting it. Choose another output_dir or name, or delete it yourself"
+            )
         shutil.rmtree(run_dir)
     paths = RunDir(run_dir)
     paths.launch.mkdir(parents=True, exist_ok=True)
@@ -114,14 +111,16 @@ def launch(
         sbatch_lines (extra directives), setup (shell lines before srun), signal_delay_s (SIGUSR2
         this long before the time limit: checkpoint and requeue), request_gpus, job_name``.
 
-    Raises ``ValueError`` for an invalid request (naming the argument), :class:`LaunchError` when
-    SLURM is missing or not answering or refuses the job.
+    Raises ``ValueError`` for an invalid request (naming the argument; :class:`LaunchRefused`, also a
+    :class:`LaunchError`, when the run directory forbids it), :class:`LaunchError` when SLURM is
+    missing or not answering or refuses the job.
     """
     if backend not in LAUNCH_BACKENDS:
         raise ValueError(f"backend={backend!r}: choose 'local' or 'slurm' explicitly")
-    nodes = _positive_int("nodes", nodes)
-    gpus_per_node = _positive_int("gpus_per_node", gpus_per_node)
+    nodes = validate.check_count("nodes", nodes)
+    gpus_per_node = validate.check_count("gpus_per_node", gpus_per_node)
     env = {str(k): str(v) for k, v in (env or {}).items()}
+    validate.check_env(env)
     config = _absolute(_as_config(config))
     _check_sampler_ranks(config.sampler, nodes, gpus_per_node)
     if backend == "local":

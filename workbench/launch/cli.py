@@ -72,12 +72,20 @@ def _run(args: argparse.Namespace) -> int:
             return 0
         return _report(out, args.wait)
     except (LaunchError, RunFailed) as exc:
+        if isinstance(exc, ValueError):
+            raise  # a refused request is a usage error: workbench.cli prints one line, exit 2
         print(f"workbench: error: {exc}", file=sys.stderr)
         return 1
 
 
 def register(sub) -> None:
-    p = sub.add_parser("launch", help="start a training run locally (torchrun) or on SLURM (submitit)")
+    p = sub.add_parser(
+        "launch",
+        help="start a training run locally (torchrun) or on SLURM (submitit)",
+        epilog="Exit codes: 0 started (or, with --wait, done); 2 a refused request (a bad option or value, "
+        "--fresh on a directory that is not a run directory, a run already active there); 1 SLURM is missing "
+        "or not answering, sbatch rejected the job, or the awaited run failed.",
+    )
     p.add_argument("--config", help="TrainConfig YAML (default: the paper's settings)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
     p.add_argument("--backend", required=True, choices=("local", "slurm"), help="where to run (required)")
@@ -94,10 +102,14 @@ def register(sub) -> None:
     s.add_argument("--constraint")
     s.add_argument("--gpus-per-task", type=int)
     s.add_argument("--cpus-per-task", type=int)
-    s.add_argument("--mem")
+    s.add_argument("--mem", help="memory per node: megabytes, or with a K, M, G or T suffix (e.g. 64G)")
     s.add_argument("--signal-delay-s", type=int, help="SIGUSR2 this many seconds before the time limit (default 120)")
     s.add_argument(
-        "--sbatch", action="append", metavar="LINE", help="extra sbatch directive, e.g. --sbatch=--exclusive"
+        "--sbatch",
+        action="append",
+        metavar="LINE",
+        help="extra sbatch directive, e.g. --sbatch=--exclusive; "
+        "not one the options above set (nodes, tasks, GPUs, time, memory, ...)",
     )
     s.add_argument("--setup", action="append", metavar="SHELL", help="shell line run before srun (repeatable)")
     p.set_defaults(func=_run)

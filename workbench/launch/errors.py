@@ -9,6 +9,12 @@ class LaunchError(RuntimeError):
     """The run could not be started or queried: SLURM missing or not answering, sbatch refused it, ..."""
 
 
+class LaunchRefused(LaunchError, ValueError):
+    """The request itself is refused before anything starts (an active run in the directory, a
+    ``fresh`` directory that is not a run directory): the user's to fix, so the command line
+    treats it as a usage error (exit 2)."""
+
+
 class RunFailed(RuntimeError):
     """A launched run failed. ``str()`` gives the reason and the failing rank's traceback tail.
 

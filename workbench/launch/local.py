@@ -47,6 +47,16 @@ def command(config_yaml: Path, gpus_per_node: int, max_restarts: int) -> list[st
     ]
 
 
+def train_cli_command(config_yaml: Path, nproc: int = 1, max_restarts: int = 0) -> list[str]:
+    """``workbench train --config`` as a user runs it: directly for one rank, else under
+    ``torchrun --standalone`` with ``nproc`` ranks (the benches and tests that drive the CLI)."""
+    cli = [str(Path(sys.executable).parent / "workbench"), "train", "--config", str(config_yaml)]
+    if nproc == 1 and max_restarts == 0:
+        return cli
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    return [*torchrun, f"--max-restarts={max_restarts}", "--no-python", *cli]
+
+
 def command_text(cmd: list[str], env: dict[str, str]) -> str:
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
     return (prefix + " " if prefix else "") + shlex.join(cmd)

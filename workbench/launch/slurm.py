@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.launch import validate
 from workbench.launch.errors import LaunchError
 from workbench.train.rundir import RunDir
 
@@ -154,31 +155,29 @@ class SlurmOptions:
         opts = cls(**kwargs)
         opts.sbatch_lines = [opts.sbatch_lines] if isinstance(opts.sbatch_lines, str) else list(opts.sbatch_lines)
         opts.setup = [opts.setup] if isinstance(opts.setup, str) else list(opts.setup)
+        opts.check()
         return opts
 
-
-def _extra_directives(lines: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for line in lines:
-        text = line.strip()
-        if text.startswith("#SBATCH"):
-            text = text[len("#SBATCH") :].strip()
-        if not text.startswith("--") or len(text) < 3:
-            raise ValueError(
-                f"sbatch_lines entry {line!r}: expected '--key=value', '--flag' or "
-                "'#SBATCH --key=value' (long options only)"
-            )
-        key, sep, value = text[2:].partition("=")
-        if not sep and " " in key:
-            key, _, value = key.partition(" ")
-            sep = "="
-        key = key.strip().replace("-", "_")
-        out[key] = value.strip() if sep else True
-    return out
+    def check(self) -> None:
+        """Refuse, naming the option, any value that would not be one valid sbatch setting."""
+        for key in ("account", "partition", "qos", "constraint", "job_name"):
+            if getattr(self, key) is not None:
+                validate.check_text(key, getattr(self, key))
+        for key in ("gpus_per_task", "cpus_per_task"):
+            if getattr(self, key) is not None:
+                validate.check_count(key, getattr(self, key))
+        validate.check_count("signal_delay_s", self.signal_delay_s, minimum=0)
+        if self.mem is not None:
+            self.mem = validate.check_mem(self.mem)
+        if self.request_gpus is not None and not isinstance(self.request_gpus, bool):
+            raise ValueError(f"request_gpus={self.request_gpus!r}: must be True, False or None")
+        for line in self.setup:
+            validate.check_text("setup line", line, tabs=True, empty=True)
 
 
 def sbatch_parameters(config, nodes: int, gpus_per_node: int, opts: SlurmOptions) -> dict[str, Any]:
     """submitit ``SlurmExecutor`` parameters for this run (also what the dry run prints)."""
+    validate.check_text("output_dir", str(config.output_dir))  # it names the log files in #SBATCH lines
     minutes = parse_time(opts.time)
     if opts.signal_delay_s < 0 or opts.signal_delay_s >= minutes * 60:
         raise ValueError(
@@ -210,7 +209,8 @@ def sbatch_parameters(config, nodes: int, gpus_per_node: int, opts: SlurmOptions
     params["setup"] = [
         f"# workbench: trains {RunDir(Path(config.run_dir).absolute()).launch_config}, one task per rank"
     ] + list(opts.setup)
-    params["additional_parameters"].update(_extra_directives(opts.sbatch_lines))
+    params["additional_parameters"].update(validate.extra_directives(opts.sbatch_lines, opts.mem is not None))
+    validate.check_params(params)
     return params
 
 

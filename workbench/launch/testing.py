@@ -377,28 +377,7 @@ def small_dataset(
 
 
 def tiny_config(output_dir: str | os.PathLike, name: str, dataset: str | os.PathLike, **overrides):
-    """A ``TrainConfig`` that trains a real (tiny) MACE on CPU in a fraction of a second per step."""
-    from workbench.train.config import TrainConfig
+    """:func:`workbench.train.presets.tiny_config` on ``dataset``, on the CPU."""
+    from workbench.train.presets import tiny_config as preset
 
-    base = dict(
-        name=name,
-        output_dir=str(output_dir),
-        dataset=str(dataset),
-        device="cpu",
-        hidden_irreps="8x0e+8x1o",
-        max_ell=1,
-        correlation=2,
-        num_bessel=4,
-        radial_mlp=[16, 16],
-        valid_fraction=0.1,
-        capacity=200,
-        epochs=100,
-        max_steps=12,
-        checkpoint_every=4,
-        lr=0.01,
-        progress=False,
-        seed=3,
-        dist_timeout_s=120,
-    )
-    base.update(overrides)
-    return TrainConfig(**base)
+    return preset(output_dir, name, dataset=str(dataset), device="cpu", **overrides)

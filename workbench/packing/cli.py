@@ -15,6 +15,33 @@ from pathlib import Path
 
 import numpy as np
 
+_NPY_MAGIC = b"\x93NUMPY"
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _check_magic(path: Path, magic: bytes, kind: str) -> None:
+    # np.load takes anything else for a pickle and suggests allow_pickle: never load one.
+    with open(path, "rb") as fh:
+        head = fh.read(len(magic))
+    if head != magic:
+        raise ValueError(f"{path}: not a numpy {kind} file (it does not start with the {kind} header)")
+
+
+def _load_npz(path: Path) -> np.ndarray:
+    with np.load(path, allow_pickle=False) as z:
+        keys = list(z.keys())
+        if "sizes" in keys:
+            return z["sizes"]
+        if "atoms" in keys:
+            fields = [("atoms", np.int64)] + ([("edges", np.int64)] if "edges" in keys else [])
+            arr = np.zeros(z["atoms"].shape[0], dtype=fields)
+            for f, _ in fields:
+                arr[f] = z[f]
+            return arr
+        if keys == ["arr_0"]:  # one unnamed array (np.savez(path, costs)): a plain cost array
+            return z["arr_0"]
+    raise ValueError(f"{path}: missing key 'atoms' (or 'sizes'): the .npz holds {keys}")
+
 
 def load_sizes(path: str | Path) -> np.ndarray:
     """Per-graph sizes as a structured array with ``atoms`` and (if known) ``edges``."""
@@ -23,21 +50,11 @@ def load_sizes(path: str | Path) -> np.ndarray:
         raise FileNotFoundError(f"{path}: no such dataset or sizes file")
     name = path.name.lower()
     if name.endswith(".npy"):
+        _check_magic(path, _NPY_MAGIC, ".npy array")
         arr = np.load(path, allow_pickle=False)
     elif name.endswith(".npz"):
-        with np.load(path, allow_pickle=False) as z:
-            keys = list(z.keys())
-            if "sizes" in keys:
-                arr = z["sizes"]
-            elif "atoms" in keys:
-                fields = [("atoms", np.int64)] + ([("edges", np.int64)] if "edges" in keys else [])
-                arr = np.zeros(z["atoms"].shape[0], dtype=fields)
-                for f, _ in fields:
-                    arr[f] = z[f]
-            elif len(keys) == 1:
-                arr = z[keys[0]]
-            else:
-                raise KeyError(f"{path}: expected an array 'sizes' or 'atoms' (and 'edges'), found {keys}")
+        _check_magic(path, _ZIP_MAGIC, ".npz archive")
+        arr = _load_npz(path)
     elif ".extxyz" in name or ".xyz" in name:
         from workbench.data import graph_sizes, read_structures
 
@@ -53,6 +70,16 @@ def load_sizes(path: str | Path) -> np.ndarray:
     if "atoms" not in arr.dtype.names:
         raise KeyError(f"{path}: sizes array has no 'atoms' field (fields: {arr.dtype.names})")
     return arr
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
@@ -140,7 +167,7 @@ def register(subparsers) -> None:
         help="graphs per batch, for the algorithms that batch by count (default: theirs, 8)",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument("--epoch", type=_non_negative, default=0, help="epoch to pack (>= 0, default 0)")
     p.add_argument(
         "--oversize",
         default="error",

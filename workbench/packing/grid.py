@@ -58,12 +58,26 @@ def sizes_fingerprint(sizes: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def packing_code_hash() -> str:
-    """SHA-1 of ``workbench/packing/*.py``: tells whether the packers changed since a grid was made."""
+#: the probe :func:`packing_behaviour` packs: graphs, capacities (atoms) and GPU counts
+PROBE_GRAPHS, PROBE_CAPACITIES, PROBE_GPUS = 3000, (800, 1536), (2, 8)
+
+
+def packing_behaviour(algorithms: Sequence[str], seed: int = 0) -> str:
+    """SHA-1 of what ``algorithms`` do: their packings (every bin's graphs, in order) of a fixed
+    synthetic probe at two capacities and two GPU counts. A precomputed grid stays current while
+    this is unchanged, whatever edits the packing code gets; it goes stale when the packers would
+    really give other results."""
+    from workbench.data.sizes import synthetic_sizes
+
+    sizes = synthetic_sizes(PROBE_GRAPHS, seed=0)
     h = hashlib.sha1()
-    for f in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
+    for algorithm in algorithms:
+        for capacity in PROBE_CAPACITIES:
+            for gpus in PROBE_GPUS:
+                p = pack(sizes, capacity, gpus, algorithm, seed, **_options(sizes, capacity, algorithm))
+                h.update(f"{algorithm}|{capacity}|{gpus}|".encode())
+                h.update(np.ascontiguousarray(p.flat, dtype=np.int64).tobytes())
+                h.update(np.ascontiguousarray(p.offsets, dtype=np.int64).tobytes())
     return h.hexdigest()
 
 
@@ -143,7 +157,7 @@ def precompute_grid(
         "n": int(sizes.size),
         "seed": int(seed),
         "sizes_sha1": sizes_fingerprint(sizes),
-        "packing_sha1": packing_code_hash(),
+        "packing_behaviour": packing_behaviour(algorithms, seed),
         "capacities": list(map(int, capacities)),
         "gpus": list(map(int, gpus)),
         "algorithms": list(algorithms),

@@ -9,6 +9,7 @@ is kept as ``checkpoint.prev.pt``, the fallback when the latest turns out damage
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import warnings
@@ -61,27 +62,39 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    torch.save(state, tmp)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)  # serialised in memory, written with plain I/O: a full disk is one OSError
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(buffer.getbuffer())
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     if path.exists():
         os.replace(path, previous_path(path))
     os.replace(tmp, path)
     return path
 
 
-def _read(path: Path) -> dict[str, Any]:
+def _read(path: Path, trust: bool = False) -> dict[str, Any]:
+    """The checkpoint's state, loaded without running code from the file unless ``trust``
+    (:mod:`workbench.train.model_file`: tensors, numbers, strings and numpy arrays only)."""
+    from workbench.train.model_file import load_torch_file
+
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:
-        raise CheckpointError(f"{path}: not a readable checkpoint ({type(exc).__name__}: {str(exc)[:120]})") from None
+        state = load_torch_file(path, trust=trust, what="checkpoint", trust_hint="load_checkpoint(..., trust=True)")
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
     missing = [k for k in REQUIRED_KEYS if not isinstance(state, dict) or k not in state]
     if missing:
         raise CheckpointError(f"{path}: not a workbench checkpoint (missing {missing})")
     return state
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict[str, Any] | None:
+def load_checkpoint(path: str | os.PathLike, trust: bool = False) -> dict[str, Any] | None:
     """The latest checkpoint, or None when there is none. A damaged one falls back, with a
-    warning, to the previous checkpoint; with no usable one it raises, naming the file."""
+    warning, to the previous checkpoint; with no usable one it raises, naming the file. The file
+    is loaded without running code from it; ``trust=True`` loads a full pickle (a warning says so)."""
     path = Path(path)
     prev = previous_path(path)
     if not path.exists() and not prev.exists():
@@ -89,11 +102,11 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any] | None:
     try:
         if not path.exists():
             raise CheckpointError(f"{path}: missing (a write was interrupted)")
-        return _read(path)
+        return _read(path, trust)
     except CheckpointError as exc:
         if prev.exists():
             try:
-                state = _read(prev)
+                state = _read(prev, trust)
             except CheckpointError:
                 pass
             else:

@@ -19,6 +19,16 @@ def add_config_args(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
 
 
+def add_trust_model_arg(p: argparse.ArgumentParser) -> None:
+    """``--trust-model``: load a model file as a full pickle (``eval`` and ``md``)."""
+    p.add_argument(
+        "--trust-model",
+        action="store_true",
+        help="load a model file that the safe loader refuses as a full pickle, which runs any code it "
+        "contains: only for files from a source you trust",
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
     from workbench.train.loop import train
 
@@ -41,6 +51,7 @@ def _eval(args: argparse.Namespace) -> int:
         forces_key=args.forces_key,
         batch_size=args.batch_size,
         device=args.device,
+        trust_model=args.trust_model,
     )
     print(format_table(result))
     if args.json:
@@ -58,8 +69,9 @@ def register(sub) -> None:
     e.add_argument("--energy-key", default="REF_energy")
     e.add_argument("--forces-key", default="REF_forces")
     e.add_argument("--batch-size", type=int, default=16)
-    e.add_argument("--device", default="cpu")
+    e.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
     e.add_argument("--json", help="also write the result as JSON here")
+    add_trust_model_arg(e)
     e.set_defaults(func=_eval)
 
     p = sub.add_parser("train", help="train a MACE model (single process or under torchrun)")

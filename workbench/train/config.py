@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from workbench.kernels.registry import backend_names
+from workbench.limits import MAX_CUTOFF
 from workbench.packing.api import ALGORITHMS
 from workbench.train.mace_order import NAME as MACE_ORDER
 from workbench.train.values import ConfigError, Interval, coerce, load_yaml
@@ -41,8 +42,7 @@ RANGES: dict[str, Interval] = {
     "correlation": Interval(1, 4),
     "num_bessel": Interval(1),
     "num_polynomial_cutoff": Interval(1),
-    # Å: MACE models use 4-6 Å; far beyond, neighbour lists of condensed phases explode.
-    "cutoff": Interval(0.0, 15.0, lo_open=True),
+    "cutoff": Interval(0.0, MAX_CUTOFF, lo_open=True),
     "lr": Interval(0.0, lo_open=True),
     "weight_decay": Interval(0.0),
     "ema_decay": Interval(0.0, 1.0, True, True),
@@ -61,6 +61,7 @@ RANGES: dict[str, Interval] = {
     "dist_timeout_s": Interval(1),
 }
 NULLABLE = ("max_structures", "ema_decay", "clip_grad", "max_steps")
+PATH_FIELDS = ("dataset", "valid_dataset")  # null means a default; an empty string is a mistake
 ON_NONFINITE = ("stop", "skip")
 KEEP = ("last", "best")  # which weights the run exports
 #: The fields that define a run: a checkpoint resumes only under the same values (model, data,
@@ -154,6 +155,10 @@ class TrainConfig:
     deterministic: bool = True  # torch.use_deterministic_algorithms; see README "Reproducibility"
 
     def __post_init__(self) -> None:
+        for name in PATH_FIELDS:  # coerce would read "" as null, silently the default data
+            value = getattr(self, name)
+            if isinstance(value, str) and not value.strip():
+                raise ConfigError(f"TrainConfig.{name}: an empty path; give a file or folder, or null for the default")
         hints = _hints()
         for f in fields(self):  # coerce first: "1e-3", "3", "mptrj,hea" mean what the user meant
             setattr(self, f.name, coerce(getattr(self, f.name), hints[f.name], f"TrainConfig.{f.name}"))
@@ -253,6 +258,11 @@ class TrainConfig:
             key, sep, value = item.partition("=")
             if not sep:
                 raise ConfigError(f"{source} expects key=value, got {item!r}")
+            if not value.strip():  # "dataset=" would read as null: the embedded data, not what was meant
+                raise ConfigError(
+                    f"{source} {item}: no value for {key.strip()}; give one (null for none), "
+                    f"or leave {key.strip()} out for its default"
+                )
             overrides[key.strip()] = load_yaml(value, f"{source} {key.strip()}")
         return TrainConfig.from_dict({**self.to_dict(), **overrides}, source=source) if overrides else self
 

@@ -58,6 +58,7 @@ class TrainData:
     valid_families: Sequence[str] | None = None  # config_type of each validation graph (per-family errors)
     family_names: Sequence[str] = ()  # config_types, in code order
     train_family: np.ndarray | None = None  # int16 code into family_names of each training graph
+    fingerprint: str = ""  # the content of the validation and training graphs, in split order (resume checks it)
 
     def describe(self, indices: Sequence[int], limit: int = 8) -> str:
         """Where training graphs ``indices`` came from, for error messages."""
@@ -87,7 +88,53 @@ class StoreOrigin:
         from workbench.data.store import GraphStore
 
         store = GraphStore(self.store_path)
-        return [f"{path}, frame {frame}" for path, frame in store.origin(self.rows[list(indices)])]
+        rows = self.rows[list(indices)]
+        shards = [store.shards[int(code)] for code in store.column("shard", rows)]
+        # The shard too: a graph damaged in the store is not the source file's fault ('workbench data verify').
+        return [f"{path}, frame {frame} (shard {shard})" for (path, frame), shard in zip(store.origin(rows), shards)]
+
+
+def _hasher():
+    import hashlib
+
+    return hashlib.blake2b(digest_size=16)
+
+
+def configs_fingerprint(configs: Sequence) -> str:
+    """A digest of mace ``Configuration`` s: elements, geometry, labels, weights and family, in order."""
+    h = _hasher()
+    for c in configs:
+        values = (c.atomic_numbers, c.positions, c.cell, c.pbc, c.properties.get("energy"), c.properties.get("forces"))
+        for v in (*values, c.weight, c.config_type):
+            if v is None or isinstance(v, str):
+                h.update(f"<{v}>".encode())
+            else:
+                h.update(np.ascontiguousarray(np.asarray(v, dtype=np.float64)).tobytes())
+    return h.hexdigest()
+
+
+def store_fingerprint(store, rows: np.ndarray) -> str:
+    """A digest of a prepared dataset's ``rows``: their index records and the digests of the shards."""
+    h = _hasher()
+    h.update(np.ascontiguousarray(store.records(rows)).tobytes())
+    h.update("".join(r["digest"] for r in store.manifest["shards"]).encode())
+    return h.hexdigest()
+
+
+def warn_unseen_elements(valid_z: set[int], train_z: set[int], where: str) -> list[int]:
+    """Warn, naming them, about elements that occur in validation but never in training (the
+    model has nothing to learn them from); returns them."""
+    from ase.data import chemical_symbols
+
+    unseen = sorted(valid_z - train_z)
+    if unseen:
+        names = ", ".join(f"{chemical_symbols[z]} (Z={z})" for z in unseen)
+        warnings.warn(
+            f"{where}: validation graphs hold elements that no training graph has: {names}; their errors measure "
+            "extrapolation (change seed or valid_fraction, or add training data with them)",
+            stacklevel=3,
+        )
+    return unseen
 
 
 def split_order(n: int, config: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -123,10 +170,10 @@ def load_structures(config: TrainConfig) -> list:
 
 def _load_with_frames(config: TrainConfig) -> tuple[list, np.ndarray, Path]:
     """:func:`load_structures`, with each kept structure's frame number in the file, and the file."""
-    from workbench.data.embedded import EMBEDDED_PATH
     from workbench.data.io import read_structures
+    from workbench.data.source import data_source
 
-    path = Path(config.dataset or EMBEDDED_PATH)
+    path = data_source(config.dataset).path
     if path.is_file() and path.stat().st_size > LARGE_FILE_BYTES:
         warnings.warn(
             f"{path}: {path.stat().st_size / 2**20:.0f} MiB of structures are read whole into memory "
@@ -153,16 +200,13 @@ def prepare_data(config: TrainConfig, structures: list | None = None) -> TrainDa
     A prepared dataset (``config.dataset`` is its directory) is split from its index, and its
     graphs are built lazily.
     """
-    from workbench.data.store import is_prepared
+    from workbench.data.source import data_source
     from workbench.dtypes import default_dtype  # imports torch: not at module level
 
-    if structures is None and config.dataset and Path(config.dataset).is_dir():
-        if not is_prepared(config.dataset):
-            raise ValueError(
-                f"{config.dataset}: a directory, but not a finished prepared dataset; create it with "
-                f"'workbench data prepare SRC... --out {config.dataset}' (or run that again to resume)"
-            )
-        return _from_store(config)
+    if structures is None:
+        source = data_source(config.dataset)
+        if source.kind == "prepared":
+            return _from_store(config, source.path)
     with default_dtype(config.dtype):  # mace builds AtomicData in the default dtype
         return _from_structures(config, structures)
 
@@ -221,6 +265,9 @@ def _from_structures(config: TrainConfig, structures: list | None) -> TrainData:
         valid = [structures[i] for i in valid_pos]
     chosen = valid + [structures[i] for i in train_pos]
     check_graph_memory(chosen, config.cutoff)
+    warn_unseen_elements(
+        {int(z) for a in valid for z in a.numbers}, {int(z) for a in chosen[len(valid) :] for z in a.numbers}, str(path)
+    )
     n_valid = len(valid)
     z_table = z_table_for(chosen)
     spec = key_specification(config.energy_key, config.forces_key)
@@ -243,6 +290,7 @@ def _from_structures(config: TrainConfig, structures: list | None) -> TrainData:
         valid_families=[c.config_type for c in configs[:n_valid]],
         family_names=names,
         train_family=np.array([code[str(c.config_type)] for c in configs[n_valid:]], dtype=np.int16),
+        fingerprint=configs_fingerprint(configs),
     )
 
 
@@ -295,7 +343,7 @@ class StoreGraphs:
             return AtomicData.from_config(self.configuration(k), z_table=self.z_table, cutoff=self.cutoff)
 
 
-def _from_store(config: TrainConfig) -> TrainData:
+def _from_store(config: TrainConfig, path: Path) -> TrainData:
     from mace.tools import AtomicNumberTable
 
     from workbench.data.store import GraphStore
@@ -304,42 +352,38 @@ def _from_store(config: TrainConfig) -> TrainData:
     if config.valid_dataset:
         raise ValueError(
             f"TrainConfig.valid_dataset ({config.valid_dataset}) works with a structure file as dataset; "
-            f"a prepared dataset ({config.dataset}) is split by valid_fraction"
+            f"a prepared dataset ({path}) is split by valid_fraction"
         )
-    store = GraphStore(config.dataset)
+    store = GraphStore(path)
     if abs(store.cutoff - config.cutoff) > 1e-12:
         raise ValueError(
             f"{store.path}: prepared at cutoff {store.cutoff} Å, but TrainConfig.cutoff is {config.cutoff} Å; "
             f"train at {store.cutoff} or prepare again with --cutoff {config.cutoff}"
         )
-    idx = store.index
-    keep = idx["labelled"].copy()
-    if config.families:
-        unknown = sorted(set(config.families) - set(store.families))
-        if unknown:
-            raise ValueError(f"{store.path}: families {unknown} are not in the dataset; it has {list(store.families)}")
-        codes = [store.families.index(f) for f in config.families]
-        keep &= np.isin(idx["family"], codes)
-    candidates = np.flatnonzero(keep)
+    candidates = store.select(config.families)
     if candidates.size == 0:
         raise _no_structures(store.path, config)
     train_pos, valid_pos = split_order(candidates.size, config)
     train_rows, valid_rows = candidates[train_pos], candidates[valid_pos]
     z_table = AtomicNumberTable(store.present_elements(np.concatenate([valid_rows, train_rows])))
+    if valid_rows.size:
+        warn_unseen_elements(
+            set(store.present_elements(valid_rows)), set(store.present_elements(train_rows)), str(path)
+        )
     stats = stats_from_index(store, train_rows, list(z_table.zs))
     # The datasets keep 10 bytes a graph; the index itself is dropped with ``store``.
     train = StoreGraphs(store.reader, store.locations(train_rows), z_table, config.cutoff, config.dtype)
     valid = StoreGraphs(store.reader, store.locations(valid_rows), z_table, config.cutoff, config.dtype)
-    valid_families = list(np.asarray(store.families, dtype=str)[idx["family"][valid_rows]])
     return TrainData(
         train,
         valid,
         z_table,
-        idx["atoms"][train_rows].astype(np.int64),
-        idx["edges"][train_rows].astype(np.int64),
+        store.column("atoms", train_rows).astype(np.int64),
+        store.column("edges", train_rows).astype(np.int64),
         stats=stats,
         origin=StoreOrigin(store.path, train_rows),
-        valid_families=valid_families,
+        valid_families=store.family_names(valid_rows),
         family_names=list(store.families),
-        train_family=idx["family"][train_rows].astype(np.int16),
+        train_family=store.column("family", train_rows).astype(np.int16),
+        fingerprint=store_fingerprint(store, np.concatenate([valid_rows, train_rows])),
     )

@@ -17,7 +17,7 @@ from workbench.train.resume import checkpoint
 from workbench.train.rundir import JsonlLog
 from workbench.train.samplers import RecordingSampler
 from workbench.train.session import Session
-from workbench.train.step import StepTotals, accumulate, step_record, take_step
+from workbench.train.step import StepTotals, accumulate, check_skipped_share, step_record, take_step
 
 
 def _maybe_fail(global_step: int, rank: int) -> None:
@@ -85,6 +85,8 @@ def train_one_epoch(s: Session, epoch: int, step_log: JsonlLog, bar) -> tuple[St
         s.last_loss = float(loss.detach())
         accumulate(totals, batch, out, t, blocked)
         step_log.write({**step_record(s, epoch, consumed, batch, indices, t, blocked), "skipped": skipped})
+        s.steps_run, s.steps_skipped = s.steps_run + 1, s.steps_skipped + int(skipped)
+        check_skipped_share(s, s.steps_skipped, s.steps_run)
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{s.last_loss:.4g}", epoch=epoch)

@@ -13,6 +13,7 @@ Reported in meV/atom and meV/Å, as mace_run_train prints them, for the whole se
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -128,25 +129,21 @@ def evaluate_file(
     forces_key: str = "REF_forces",
     batch_size: int = 16,
     device: str = "cpu",
+    trust_model: bool = False,
 ) -> dict:
     """Errors of a saved mace-torch model (``torch.save`` of the module, e.g. ``model.model``)
-    on the labelled frames of a structure file, per ``config_type``."""
-    from pathlib import Path
-
+    on the labelled frames of a structure file, per ``config_type``. The model file is loaded
+    without running code from it (:mod:`workbench.train.model_file`) unless ``trust_model``."""
     from mace.tools import AtomicNumberTable
 
     from workbench.data.atomic_data import to_atomic_data
     from workbench.data.io import read_structures
+    from workbench.train.model_file import check_device, load_model
 
-    path = Path(model_path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such model file")
-    try:
-        model = torch.load(path, map_location=device, weights_only=False)
-    except Exception as exc:
-        raise ValueError(f"{path}: not a loadable model ({type(exc).__name__}: {str(exc)[:120]})") from None
-    if not hasattr(model, "atomic_numbers") or not hasattr(model, "r_max"):
-        raise ValueError(f"{path}: a {type(model).__name__}, not a mace-torch model (no atomic_numbers / r_max)")
+    dev = check_device(device)
+    # loaded on the CPU, then moved: e3nn's TorchScript parts load there whatever map_location says
+    model = load_model(model_path, trust=trust_model, map_location="cpu").to(dev)
+    _warn_nonfinite(model, model_path)
     structures = [
         a
         for a in read_structures(structures_path, energy_key=energy_key, forces_key=forces_key)
@@ -161,11 +158,27 @@ def evaluate_file(
             structures, cutoff=float(model.r_max), z_table=z_table, energy_key=energy_key, forces_key=forces_key
         )
         families = [str(a.info.get("config_type", "Default")) for a in structures]
-        return evaluate(model, data, device, batch_size=batch_size, families=families)
+        return evaluate(model, data, dev, batch_size=batch_size, families=families)
+
+
+def _warn_nonfinite(model: torch.nn.Module, path) -> None:
+    """One line on stderr when the model holds NaN/inf weights: every error it reports will be NaN."""
+    import sys
+
+    from workbench.train.model_file import nonfinite_parameters
+
+    bad = nonfinite_parameters(model)
+    if bad:
+        print(
+            f"workbench: warning: {path}: {len(bad)} parameter tensor(s) hold NaN or inf (first: {bad[0]}); "
+            "its predictions and errors will not be finite",
+            file=sys.stderr,
+        )
 
 
 def family_table_html(result: dict, caption: str = "Validation errors per config_type") -> str:
-    """:func:`format_table` as an HTML table (class ``wb-family-errors``) for reports and widgets."""
+    """:func:`format_table` as an HTML table (class ``wb-family-errors``) for reports and widgets.
+    Family names and the caption come from user data: they are HTML-escaped."""
     rows = [*result.get("families", {}).items(), ("all", result)]
     head = "".join(
         f"<th>{h}</th>"
@@ -179,15 +192,21 @@ def family_table_html(result: dict, caption: str = "Validation errors per config
         )
     )
     body = "".join(
-        f"<tr{' class=wb-total' if name == 'all' else ''}><td>{name}</td><td>{m['graphs']}</td>"
-        + "".join(f"<td>{m[k]:.1f}</td>" for k in METRICS)
-        + "</tr>"
+        f"<tr{' class=wb-total' if name == 'all' else ''}><td>{html.escape(str(name))}</td>"
+        f"<td>{html.escape(str(m['graphs']))}</td>" + "".join(f"<td>{_cell(m.get(k))}</td>" for k in METRICS) + "</tr>"
         for name, m in rows
     )
     return (
         f"<table class='wb-family-errors' style='border-collapse:collapse;font-size:13px;text-align:right'>"
-        f"<caption style='text-align:left;font-weight:600'>{caption}</caption><tr>{head}</tr>{body}</table>"
+        f"<caption style='text-align:left;font-weight:600'>{html.escape(caption)}</caption><tr>{head}</tr>{body}</table>"
     )
+
+
+def _cell(value) -> str:
+    """A metric as table text: a number to 0.1, anything else (from a hand-edited record) escaped."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:.1f}"
+    return html.escape(str(value))
 
 
 def last_validation(epochs: list[dict]) -> dict | None:

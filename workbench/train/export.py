@@ -3,11 +3,14 @@
 ``model.model`` always holds the e3nn (mace-torch original) modules, with the EMA
 weights when EMA is on, so users without our kernels or a GPU can load it.
 When training used a kernel backend, ``model_<backend>.model`` keeps that form.
+Both load with the safe loader of ``workbench eval`` and ``workbench md``
+(:mod:`workbench.train.model_file`); a model that would need ``--trust-model`` gets a warning.
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 
 import torch
@@ -27,4 +30,18 @@ def export_models(model: torch.nn.Module, ema, config: TrainConfig, run_dir: Pat
         accelerate(final, backend="e3nn")
     path = RunDir(run_dir).model
     torch.save(final, path)
+    _warn_if_refused(path)
     return path
+
+
+def _warn_if_refused(path: Path) -> None:
+    """Say so when the safe loader would refuse the exported model (a class it does not know)."""
+    from workbench.train.model_file import refused_globals
+
+    refused = refused_globals(path)
+    if refused:
+        warnings.warn(
+            f"{path}: names {', '.join(refused)}, which the safe model loader refuses; "
+            "workbench eval and md will need --trust-model for it",
+            stacklevel=3,
+        )

@@ -89,8 +89,9 @@ def train(
         return _train(config, structures, resume, data)
 
 
-def set_up(config: TrainConfig, structures: list | None, data: TrainData | None) -> Session:
-    """Device, data, sampler and process group; the run directory's config (rank 0)."""
+def set_up(config: TrainConfig, structures: list | None, data: TrainData | None, resume: bool = True) -> Session:
+    """Device, data, sampler and process group; the run directory's config (rank 0). Without
+    ``resume``, rank 0 first moves an earlier run's records aside (:meth:`RunDir.supersede`)."""
     rank, world, local_rank = dist_env()
     device = pick_device(config, local_rank)
     preflight(config, device)
@@ -101,6 +102,10 @@ def set_up(config: TrainConfig, structures: list | None, data: TrainData | None)
     if rank == 0:
         from workbench.train.record import write_run_record
 
+        moved = None if resume else run.supersede()
+        if moved is not None:
+            print(f"workbench: a fresh start: the earlier run's records are in {moved}", file=sys.stderr, flush=True)
+        run.finished.unlink(missing_ok=True)  # written again when this run reaches its end
         run.metrics_dir.mkdir(parents=True, exist_ok=True)
         config.to_yaml(run.config)
         write_run_record(run, config, data, world, device, sampler)
@@ -116,6 +121,8 @@ def _finish(s: Session) -> TrainResult:
     import torch.distributed as dist
 
     model_path = None
+    if s.rank == 0:
+        _refuse_non_finite(s)
     if s.rank == 0 and s.config.export:
         from workbench.train.export import export_models
 
@@ -125,10 +132,32 @@ def _finish(s: Session) -> TrainResult:
             model_path = export_models(s.model, None, s.config, s.run.path)
         else:
             model_path = export_models(s.model, s.ema, s.config, s.run.path)
+    if s.rank == 0:
+        _write_finished(s, model_path)
     if s.world > 1:
         dist.barrier()
         dist.destroy_process_group()
     return TrainResult(s.run.path, s.global_step, s.epoch, s.last_loss, model_path)
+
+
+def _refuse_non_finite(s: Session) -> None:
+    params = list(s.model.named_parameters())
+    if s.ema is not None:
+        params += [(f"EMA of {n}", p) for (n, _), p in zip(params, s.ema.shadow_params)]
+    bad = [n for n, p in params if not torch.isfinite(p).all()]
+    if bad:
+        raise NonFiniteStep(
+            f"{s.run.path}: the trained weights are not finite ({len(bad)} parameter tensors, e.g. {bad[0]}); "
+            "nothing exported. Lower lr, or resume from an earlier checkpoint"
+        )
+
+
+def _write_finished(s: Session, model_path: Path | None) -> None:
+    import json
+
+    record = {"global_step": s.global_step, "epochs": s.epoch, "model": str(model_path) if model_path else None}
+    record["time"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    s.run.finished.write_text(json.dumps(record) + "\n")
 
 
 def _train(config: TrainConfig, structures: list | None, resume: bool, data: TrainData | None) -> TrainResult:
@@ -145,7 +174,7 @@ def _train(config: TrainConfig, structures: list | None, resume: bool, data: Tra
 
 
 def _train_locked(config: TrainConfig, structures: list | None, resume: bool, data: TrainData | None) -> TrainResult:
-    s = set_up(config, structures, data)
+    s = set_up(config, structures, data, resume)
     if s.rank == 0:
         remove_stale_temporaries(s.run.checkpoint)
     ckpt = load_checkpoint(s.run.checkpoint) if resume else None

@@ -1,10 +1,11 @@
 r"""``workbench md MODEL --structure FILE``: validate a trained model by molecular dynamics.
 
 The check every MLIP user runs after training: does the model conserve energy in NVE (a model
-with rough or non-conservative forces heats up), and how fast does it run? The model is loaded
-by mace-torch's own ``MACECalculator`` (any mace-torch model file, including the
-``model.model`` that ``workbench train`` exports), its hot ops are swapped for the workbench
-kernels (``backend="numba"``, the default) and ASE integrates:
+with rough or non-conservative forces heats up), and how fast does it run? The model file (a
+mace-torch model, such as the ``model.model`` that ``workbench train`` exports) is loaded without
+running code from it (:mod:`workbench.train.model_file`; ``--trust-model`` for others), wrapped
+in mace-torch's own ``MACECalculator``, its hot ops are swapped for the workbench kernels
+(``backend="numba"``, the default) and ASE integrates:
 
 * ``nve``: velocity Verlet;
 * ``nvt``: Langevin at ``temperature`` (friction ``0.01 / fs``).
@@ -14,11 +15,17 @@ centre-of-mass motion removed. The summary gives the total-energy drift per atom
 slope of a least-squares line through :math:`E_{tot}(t)`, meaningful in NVE), the largest
 excursion of :math:`E_{tot}` from its start, the temperature, and the speed in ns/day and
 ms/step (first step, which compiles, excluded).
+
+The starting frame gets the checks training data gets (``workbench.data.io.validate_structure``:
+no atoms closer than 0.5 Å, ...), and its elements must be the model's. A run whose temperature
+exceeds ``10 x temperature + 1000 K`` (:func:`temperature_limit`) or whose energy goes non-finite
+stops with :class:`MDRunaway`: the timestep is too long for the model, or the model is unsound.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -27,10 +34,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ENSEMBLES", "MDResult", "energy_drift", "load_calculator", "run_md"]
+__all__ = ["ENSEMBLES", "MDResult", "MDRunaway", "energy_drift", "load_calculator", "run_md", "temperature_limit"]
 
 ENSEMBLES = ("nve", "nvt")
 LANGEVIN_FRICTION_PER_FS = 0.01
+#: a run stops when its temperature exceeds RUNAWAY_FACTOR x the target + RUNAWAY_FLOOR_K
+RUNAWAY_FACTOR = 10.0
+RUNAWAY_FLOOR_K = 1000.0
 
 
 @dataclass
@@ -70,21 +80,24 @@ def energy_drift(time_ps: np.ndarray, total: np.ndarray, atoms: int) -> tuple[fl
     return slope, float(np.max(np.abs(e - e[0]))) if e.size else 0.0
 
 
-def load_calculator(model: str | os.PathLike, backend: str = "numba", device: str = "cpu", dtype: str | None = None):
-    """mace-torch's ``MACECalculator`` for ``model`` with its hot ops on ``backend``."""
+def load_calculator(
+    model: str | os.PathLike,
+    backend: str = "numba",
+    device: str = "cpu",
+    dtype: str | None = None,
+    trust_model: bool = False,
+):
+    """mace-torch's ``MACECalculator`` for ``model`` with its hot ops on ``backend``. The file is
+    loaded without running code from it (:mod:`workbench.train.model_file`) unless ``trust_model``."""
+    from workbench.train.model_file import check_device, load_model
+
+    check_device(device)
     from mace.calculators import MACECalculator
 
-    path = Path(model)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such model file (a mace-torch model, e.g. runs/<name>/model.model)")
+    loaded = load_model(model, trust=trust_model, map_location="cpu")
     if dtype is None:
-        import torch
-
-        loaded = torch.load(path, map_location="cpu", weights_only=False)
         dtype = str(next(loaded.parameters()).dtype).replace("torch.", "")
-        calc = MACECalculator(models=loaded, device=device, default_dtype=dtype)
-    else:
-        calc = MACECalculator(model_paths=str(path), device=device, default_dtype=dtype)
+    calc = MACECalculator(models=loaded, device=str(device), default_dtype=dtype)
     if backend != "e3nn":
         from workbench.kernels import accelerate
 
@@ -92,14 +105,29 @@ def load_calculator(model: str | os.PathLike, backend: str = "numba", device: st
     return calc
 
 
+def _check_elements(atoms, calc, model: str | os.PathLike) -> None:
+    """Every element of ``atoms`` must be one the model was trained on."""
+    from ase.data import chemical_symbols
+
+    known = {int(z) for z in calc.models[0].atomic_numbers}
+    missing = sorted({int(z) for z in atoms.numbers} - known)
+    if missing:
+        names = ", ".join(f"{chemical_symbols[z]} (Z={z})" for z in missing)
+        has = ", ".join(chemical_symbols[z] for z in sorted(known))
+        raise ValueError(f"{model}: the model has no element {names} of the structure; it knows {has}")
+
+
 def _read_structure(path, index: int):
+    """The starting frame, through the checks training data gets (finite coordinates, real
+    elements, no atoms closer than ``workbench.data.io.MIN_DISTANCE``)."""
     import ase
     import ase.io
 
+    from workbench.data.io import validate_structure
+
     if isinstance(path, ase.Atoms):
         atoms = path.copy()
-        if not np.isfinite(atoms.positions).all():
-            raise ValueError("the structure has non-finite coordinates")
+        validate_structure(atoms, require_labels=False)
         atoms.calc = None
         return atoms
     p = Path(path)
@@ -109,8 +137,7 @@ def _read_structure(path, index: int):
         atoms = ase.io.read(p, index=index)
     except Exception as exc:
         raise ValueError(f"{p}: cannot read frame {index}: {type(exc).__name__}: {exc}") from None
-    if not np.isfinite(atoms.positions).all():
-        raise ValueError(f"{p}: frame {index} has non-finite coordinates")
+    validate_structure(atoms, path=p, frame=index, require_labels=False)
     atoms.calc = None
     return atoms
 
@@ -118,8 +145,19 @@ def _read_structure(path, index: int):
 def _check_md_args(ensemble: str, steps: int, timestep_fs: float, temperature: float, write_every: int) -> None:
     if ensemble not in ENSEMBLES:
         raise ValueError(f"ensemble {ensemble!r}: choose one of {', '.join(ENSEMBLES)}")
-    if steps < 1 or timestep_fs <= 0 or temperature < 0 or write_every < 1:
-        raise ValueError("steps and write_every must be >= 1, timestep_fs > 0 and temperature >= 0")
+    for option, value, unit in (("--timestep", timestep_fs, "fs"), ("--temperature", temperature, "K")):
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{option} {value:g}: must be a finite number of {unit} > 0")
+    for option, value in (("--steps", steps), ("--write-every", write_every)):
+        if value < 1:
+            raise ValueError(f"{option} {value}: must be >= 1")
+
+
+def temperature_limit(target_k: float) -> float:
+    """K: above this the run is stopped as unstable (:data:`RUNAWAY_FACTOR` times the target plus
+    :data:`RUNAWAY_FLOOR_K`): NVE of a sound model at a sane timestep stays within a few times
+    its start, far below; a timestep too long for the model heats it by orders of magnitude."""
+    return RUNAWAY_FACTOR * target_k + RUNAWAY_FLOOR_K
 
 
 def _thermalise(atoms, temperature: float, seed: int) -> None:
@@ -151,14 +189,34 @@ def _integrator(atoms, ensemble: str, timestep_fs: float, temperature: float, se
     )
 
 
+def _output_path(path: str | os.PathLike | None, option: str) -> Path | None:
+    """``path`` when its folder exists or can be made; a ``ValueError`` naming it otherwise
+    (checked before the run, so a long run is not lost to a typo)."""
+    if not path:
+        return None
+    path = Path(path)
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise ValueError(f"{option} {path}: {blocking} is a file, not a folder")
+    if path.is_dir():
+        raise ValueError(f"{option} {path}: is a folder; give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{option} {path}: cannot make its folder ({exc.strerror or exc})") from None
+    return path
+
+
 def _fresh_trajectory(trajectory: str | os.PathLike | None) -> Path | None:
     """The trajectory path, its directory made and an old file removed (frames are appended)."""
-    if not trajectory:
-        return None
-    path = Path(trajectory)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
+    path = _output_path(trajectory, "--trajectory")
+    if path is not None:
+        path.unlink(missing_ok=True)
     return path
+
+
+class MDRunaway(ValueError):
+    """The temperature left :func:`temperature_limit` or an energy went non-finite."""
 
 
 class _Recorder:
@@ -169,6 +227,7 @@ class _Recorder:
         from ase import units
 
         self.atoms, self.dyn, self.timestep_fs = atoms, dyn, timestep_fs
+        self.limit_k = float("inf")  # run_md sets temperature_limit(target)
         self.traj_path, self.write_every, self.progress_bar = traj_path, write_every, progress_bar
         self.kinetic_per_kelvin = 1.5 * len(atoms) * units.kB  # equipartition: E_kin = 3/2 N k_B T
         self.rec: dict[str, list[float]] = {"t": [], "etot": [], "epot": [], "T": []}
@@ -184,11 +243,21 @@ class _Recorder:
         rec["epot"].append(epot)
         rec["etot"].append(epot + ekin)
         rec["T"].append(ekin / self.kinetic_per_kelvin)
+        self._check_runaway(epot, rec["T"][-1])
         if self.traj_path is not None and dyn.nsteps % self.write_every == 0:
             ase.io.write(self.traj_path, atoms, format="extxyz", append=True)
         self.stamps.append(time.perf_counter())
         if dyn.nsteps:
             self.progress_bar.update(1)
+
+    def _check_runaway(self, epot: float, kelvin: float) -> None:
+        if math.isfinite(epot) and kelvin <= self.limit_k:  # also False for a NaN temperature
+            return
+        what = f"the temperature reached {kelvin:.3g} K" if math.isfinite(epot) else f"the energy became {epot}"
+        raise MDRunaway(
+            f"md: {what} at step {self.dyn.nsteps} (limit {self.limit_k:g} K: {RUNAWAY_FACTOR:g} x --temperature "
+            f"+ {RUNAWAY_FLOOR_K:g} K); the dynamics is unstable: try a smaller --timestep than {self.timestep_fs:g} fs"
+        )
 
     def seconds_per_step(self) -> float:
         """Median wall time of a step, the first (which compiles) left out when there are others."""
@@ -212,22 +281,29 @@ def run_md(
     device: str = "cpu",
     dtype: str | None = None,
     progress: bool = True,
+    trust_model: bool = False,
 ) -> MDResult:
     """Integrate ``steps`` steps of ``ensemble`` MD of ``structure`` (an ``ase.Atoms``, or a file
-    and its frame ``index``) with the model; write every ``write_every``-th frame to ``trajectory`` (extxyz) when given."""
+    and its frame ``index``) with the model; write every ``write_every``-th frame to ``trajectory`` (extxyz) when given.
+    Raises :class:`MDRunaway` when the temperature exceeds :func:`temperature_limit` of ``temperature``."""
     from workbench.progress import bar
 
     _check_md_args(ensemble, steps, timestep_fs, temperature, write_every)
+    traj_path = _output_path(trajectory, "--trajectory")
     atoms = _read_structure(structure, index)
-    atoms.calc = load_calculator(model, backend=backend, device=device, dtype=dtype)
+    atoms.calc = load_calculator(model, backend=backend, device=device, dtype=dtype, trust_model=trust_model)
+    _check_elements(atoms, atoms.calc, model)
     _thermalise(atoms, temperature, seed)
     dyn = _integrator(atoms, ensemble, timestep_fs, temperature, seed)
-    traj_path = _fresh_trajectory(trajectory)
+    traj_path = _fresh_trajectory(traj_path)
     progress_bar = bar(total=steps, desc=f"md {ensemble}", unit="step", disable=not progress)
     recorder = _Recorder(atoms, dyn, timestep_fs, traj_path, write_every, progress_bar)
+    recorder.limit_k = temperature_limit(temperature)
     dyn.attach(recorder, interval=1)  # ASE calls it at step 0 too
-    dyn.run(steps)
-    progress_bar.close()
+    try:
+        dyn.run(steps)
+    finally:
+        progress_bar.close()
     rec, n = recorder.rec, len(atoms)
     drift, excursion = energy_drift(np.array(rec["t"]), np.array(rec["etot"]), n)
     per_step = recorder.seconds_per_step()
@@ -257,6 +333,8 @@ def write_result(result: MDResult, path: str | os.PathLike) -> None:
 
 
 def _cli(args: Any) -> int:
+
+    _output_path(args.json, "--json")
     result = run_md(
         args.model,
         args.structure,
@@ -271,6 +349,7 @@ def _cli(args: Any) -> int:
         seed=args.seed,
         dtype=args.dtype,
         progress=True,
+        trust_model=args.trust_model,
     )
     print(result.summary())
     if result.trajectory:
@@ -283,6 +362,7 @@ def _cli(args: Any) -> int:
 
 def register(sub) -> None:
     from workbench.kernels.registry import BACKENDS
+    from workbench.train.cli import add_trust_model_arg
 
     p = sub.add_parser(
         "md", help="molecular dynamics with a mace model (NVE energy drift, ns/day) on the workbench kernels"
@@ -309,4 +389,5 @@ def register(sub) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="initial velocities (default: %(default)s)")
     p.add_argument("--json", help="also write the energies, drift and speed as JSON here")
+    add_trust_model_arg(p)
     p.set_defaults(func=_cli)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from workbench.data.source import data_source
 from workbench.train.rundir import RunDir
 
 
@@ -68,7 +69,7 @@ def write_run_record(run: RunDir, config, data, world: int, device, sampler) -> 
             "cutoff": config.cutoff,
         },
         "data": {
-            "source": config.dataset or "embedded mixture",
+            "source": data_source(config.dataset).label(),
             "train_graphs": len(data.train_atoms),
             "valid_graphs": len(data.valid),
             "train_atoms": int(np.sum(data.train_atoms)),

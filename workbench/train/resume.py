@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from workbench.train.checkpoint import rng_state, save_checkpoint, set_rng_state
+from workbench.train.checkpoint import (
+    CheckpointError,
+    remove_stale_temporaries,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from workbench.train.config import RUN_IDENTITY
 from workbench.train.rundir import drop_after
 from workbench.train.session import Session
@@ -20,6 +26,13 @@ def check_resume(s: Session, ckpt: dict | None) -> None:
         raise ValueError(
             f"{s.run.checkpoint}: the checkpoint belongs to a run with other settings ({'; '.join(changed)}); "
             "resume with the same settings, or start afresh with --fresh (or another name)"
+        )
+    saved = ckpt.get("data_fingerprint")
+    if saved and s.data.fingerprint and saved != s.data.fingerprint:
+        raise ValueError(
+            f"{s.run.checkpoint}: the training data changed since this checkpoint (its graphs, labels or split "
+            f"differ: data fingerprint {saved[:12]} then, {s.data.fingerprint[:12]} now); resume on the same data, "
+            "or start afresh with --fresh (or another name)"
         )
     if s.world != len(ckpt["sampler"]):
         raise ValueError(
@@ -80,7 +93,7 @@ def checkpoint(s: Session, epoch: int, consumed: int) -> None:
     else:
         gathered = [mine]
     if s.rank == 0:
-        save_checkpoint(
+        _save(
             s.run.checkpoint,
             {
                 "model": s.model.state_dict(),
@@ -94,7 +107,20 @@ def checkpoint(s: Session, epoch: int, consumed: int) -> None:
                 "rng": [g["rng"] for g in gathered],
                 "config": s.config.to_dict(),
                 "best": s.best,
+                "data_fingerprint": s.data.fingerprint,
             },
         )
     if s.world > 1:
         dist.barrier()
+
+
+def _save(path, state: dict) -> None:
+    """:func:`save_checkpoint`; a full or read-only disk is one line, and the last good checkpoint stays."""
+    try:
+        save_checkpoint(path, state)
+    except OSError as exc:
+        remove_stale_temporaries(path)
+        raise CheckpointError(
+            f"{path}: cannot write the checkpoint ({exc.strerror or exc}); the last good one is kept: free space "
+            "(or make the run directory writable) and run the same command again to resume from it"
+        ) from None

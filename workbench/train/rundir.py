@@ -14,6 +14,8 @@ Every module that writes or reads a run goes through here, so a file name is spe
         model.model             final model, e3nn modules (MACECalculator loads it)
         model_<backend>.model   the accelerated model, when a kernel backend was used
         report.html             the run report
+        finished.json           written last by a run that reached its end    RunDir.finished
+        superseded/<time>/      an earlier run's records, moved aside by a fresh start   RunDir.supersede
         launch/                 the launcher's state (launch.json, rank<r>.json, attempts.jsonl, ...)
         slurm/                  submitit's folder (SLURM backend)
 
@@ -126,6 +128,34 @@ class RunDir:
     @property
     def report(self) -> Path:
         return self.path / "report.html"
+
+    @property
+    def finished(self) -> Path:
+        return self.path / "finished.json"
+
+    def records(self) -> list[Path]:
+        """Everything a training run wrote here (not the lock, the launcher's state or superseded runs)."""
+        fixed = [self.config, self.info, self.packing, self.metrics_dir, self.epoch_log, self.report, self.finished]
+        fixed += [self.checkpoint, self.checkpoint.with_name("checkpoint.prev.pt"), self.model]
+        return [p for p in [*fixed, *sorted(self.path.glob("model_*.model"))] if p.exists()]
+
+    def supersede(self) -> Path | None:
+        """Move an earlier run's records into ``superseded/<UTC time>/`` (a fresh start never mixes
+        its logs with them, and never deletes them); returns that folder, or None when there were none."""
+        import time
+
+        found = self.records()
+        if not found:
+            return None
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        dest = self.path / "superseded" / stamp
+        k = 1
+        while dest.exists():
+            dest, k = self.path / "superseded" / f"{stamp}-{k}", k + 1
+        dest.mkdir(parents=True)
+        for p in found:
+            os.replace(p, dest / p.name)
+        return dest
 
     # -- launcher
     @property

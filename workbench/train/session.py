@@ -54,6 +54,8 @@ class Session:
     last_loss: float = float("nan")
     best: dict | None = None  # keep="best": {"epoch", "loss", "model": state dict (EMA weights)} of the best epoch
     done: bool = False
+    steps_run: int = 0  # steps this process took (since its start or resume), and how many were skipped
+    steps_skipped: int = 0
 
     def say(self, message: str) -> None:
         """A line on stderr, from rank 0 only."""

@@ -109,7 +109,7 @@ def average_e0s(store, rows: np.ndarray, zs: list[int]) -> np.ndarray:
     cols = _columns(store, zs)
     n_el = len(zs)
     r = np.zeros((0, n_el + 1))
-    energy = store.index["energy"]
+    energy = store.column("energy")
     for block, counts in store.element_counts(np.sort(rows)):
         m = np.empty((block.size, n_el + 1))
         m[:, :n_el] = counts[:, cols]
@@ -125,22 +125,22 @@ def stats_from_index(store, rows: np.ndarray, zs: list[int]) -> ModelStats:
     """:class:`ModelStats` of the training ``rows`` of a :class:`~workbench.data.store.GraphStore`,
     for a model over elements ``zs`` (sorted), from the index and element counts alone."""
     rows = np.asarray(rows, dtype=np.int64)
-    idx = store.index
     if rows.size == 0:
         raise ValueError(f"{store.path}: no training graphs to compute statistics from")
-    if not idx["labelled"][rows].all():
+    if not store.column("labelled", rows).all():
         raise ValueError(f"{store.path}: statistics need labelled graphs only")
     e0s = average_e0s(store, rows, zs)
     cols = _columns(store, zs)
-    atoms = idx["atoms"][rows].astype(np.int64)
-    edges = idx["edges"][rows].astype(np.int64)
-    connected = idx["connected"][rows].astype(np.int64)
+    atoms = store.column("atoms", rows).astype(np.int64)
+    edges = store.column("edges", rows).astype(np.int64)
+    connected = store.column("connected", rows).astype(np.int64)
+    energy, block_atoms = store.column("energy"), store.column("atoms")
     per_atom = np.empty(rows.size)  # (E - sum_z n_z E0_z) / N per graph; the order does not matter
     at = 0
     for block, counts in store.element_counts(np.sort(rows)):
-        per_atom[at : at + block.size] = (idx["energy"][block] - counts[:, cols] @ e0s) / idx["atoms"][block]
+        per_atom[at : at + block.size] = (energy[block] - counts[:, cols] @ e0s) / block_atoms[block]
         at += block.size
-    fsq = float(np.sum(idx["fsq"][rows]))
+    fsq = float(np.sum(store.column("fsq", rows)))
     return ModelStats(
         zs=[int(z) for z in zs],
         e0s=[float(e) for e in e0s],
@@ -152,5 +152,5 @@ def stats_from_index(store, rows: np.ndarray, zs: list[int]) -> ModelStats:
 
 def dataset_statistics(store) -> ModelStats:
     """:func:`stats_from_index` over every labelled graph of a prepared dataset."""
-    rows = np.flatnonzero(store.index["labelled"])
+    rows = store.select()
     return stats_from_index(store, rows, store.present_elements(rows))

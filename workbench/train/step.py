@@ -54,7 +54,25 @@ class StepTotals:
 
 
 class NonFiniteStep(ValueError):
-    """A NaN or infinite loss or gradient (``on_nonfinite="stop"``); names the step and the graphs."""
+    """A NaN or infinite loss or gradient (``on_nonfinite="stop"``, or too many skipped under
+    ``"skip"``); names the step and the graphs."""
+
+
+#: ``on_nonfinite="skip"`` stops the run once more than this share of its steps were skipped ...
+MAX_SKIPPED_SHARE = 0.25
+#: ... counted from this many steps on (one bad batch early on is not a diverging run)
+MIN_STEPS_FOR_SHARE = 4
+
+
+def check_skipped_share(s: Session, skipped: int, steps: int) -> None:
+    """Raise :class:`NonFiniteStep` when ``skipped`` of this run's ``steps`` pass the bound: a run
+    that skips most of its steps is diverging, not stepping over a bad structure."""
+    if steps >= MIN_STEPS_FOR_SHARE and skipped > MAX_SKIPPED_SHARE * steps:
+        raise NonFiniteStep(
+            f"step {s.global_step}: {skipped} of the {steps} steps of this run had a non-finite loss or gradient "
+            f"and were skipped (on_nonfinite=skip stops above {MAX_SKIPPED_SHARE:.0%}); the run is diverging. "
+            "Stopped; the last checkpoint is kept. Lower lr or check the structures named above"
+        )
 
 
 def take_step(s: Session, batch, indices: Sequence[int] = ()) -> tuple[torch.Tensor, dict, float, bool]:

@@ -25,8 +25,28 @@ class ConfigError(ValueError):
     """A config value that cannot be used; the message names the field."""
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, line: int, first_line: int):
+        super().__init__(f"key {key!r} given twice")
+        self.key, self.line, self.first_line = key, line, first_line
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads ``1e-3``, ``5E+2`` and ``.5`` as floats (YAML 1.2)."""
+    """SafeLoader that also reads ``1e-3``, ``5E+2`` and ``.5`` as floats (YAML 1.2), and refuses
+    a mapping that gives a key twice (PyYAML would keep the last value silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # "<<" merges may be overridden, that is what they are for
+                key = self.construct_object(key_node)
+                line = key_node.start_mark.line + 1
+                if key in first:
+                    raise _DuplicateKey(key, line, first[key])
+                first[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(
@@ -40,6 +60,10 @@ def load_yaml(text: str, source: str) -> Any:
     """Parse YAML text; a syntax error becomes a :class:`ConfigError` naming ``source`` and the line."""
     try:
         return yaml.load(text, Loader=_Loader)
+    except _DuplicateKey as exc:
+        raise ConfigError(
+            f"{source}, line {exc.line}: key {exc.key!r} is given twice (first on line {exc.first_line}); keep one"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}, line {mark.line + 1}" if mark is not None else source

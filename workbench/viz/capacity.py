@@ -35,7 +35,7 @@ from workbench.packing.grid import (  # noqa: F401 (re-exported: the grid's comp
     METRICS,
     baseline_graphs_per_batch,
     compute_point,
-    packing_code_hash,
+    packing_behaviour,
     precompute_grid,
     sizes_fingerprint,
 )
@@ -84,7 +84,7 @@ class CapacityStudy:
                     self.grid_file = Path(path)
                     self._metrics, self._steps = z["metrics"], z["steps"]
                     self._lranks, self._loff, self._lflat = z["layout_ranks"], z["layout_offsets"], z["layout_flat"]
-                    self.stale_code = meta["packing_sha1"] != packing_code_hash()
+                    self.stale_code = meta.get("packing_behaviour") != packing_behaviour(meta["algorithms"], seed)
         self.source = "grid" if self.meta else "live"
 
     # -- grid geometry
@@ -115,7 +115,7 @@ class CapacityStudy:
             )
             if self.stale_code:
                 txt += (
-                    " Note: workbench/packing changed since; regenerate with "
+                    " Note: the packers now give other results than when it was computed; regenerate with "
                     "<code>python -m workbench.viz.capacity</code>."
                 )
             return txt

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import warnings
 
 
 def _report(args: argparse.Namespace) -> int:
-    from workbench.viz.report import write_report
+    from workbench.viz.report import ReportInputWarning, write_report
 
-    print(write_report(args.run_dir, args.output))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ReportInputWarning)
+        path = write_report(args.run_dir, args.output)
+    for w in caught:  # one line per input file the report left out; other warnings as usual
+        if issubclass(w.category, ReportInputWarning):
+            print(f"workbench: warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    print(path)
     return 0
 
 

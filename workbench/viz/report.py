@@ -15,6 +15,10 @@ Sections, top to bottom (each a ``<section id=...>``):
 * ``ranks``: per-rank step time split into data wait, compute and all-reduce wait;
 * ``layout``: one step of the packing beside ``fixed-count``, with every family in the legend.
 
+An input file that is broken or in an old format leaves out only what it would have given: the
+page lists such files first (``problems``), each section lacking one says so, and
+:func:`write_report` warns once per file (:class:`ReportInputWarning`).
+
 plotly.js is inlined once, so the file opens offline.
 """
 
@@ -23,10 +27,19 @@ from __future__ import annotations
 import html
 import math
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
 
+from workbench.viz.report_inputs import (
+    Problem,
+    ReportInputWarning,
+    guarded_packing,
+    read_epochs_checked,
+    read_info,
+    read_steps_checked,
+)
 from workbench.viz.style import style
 
 SMOOTHING = 0.9  # exponential moving average weight of the smoothed curves
@@ -53,6 +66,7 @@ table.wb-family-errors th,table.wb-family-errors td{padding:5px 14px;border-bott
 table.wb-family-errors td:first-child,table.wb-family-errors th:first-child{text-align:left}
 table.wb-family-errors tr.wb-total td{font-weight:600;border-top:2px solid #ccc}
 .empty{color:#888;font-style:italic}
+ul.problem{color:#B0343C;margin:0 0 10px;padding-left:20px}
 """
 
 
@@ -101,7 +115,7 @@ def packing_comparison(run_dir, info: dict) -> dict | None:
         packing.num_replicas,
         algorithm="fixed-count",
         seed=packing.seed,
-        graphs_per_batch=int(info.get("batch_size") or 8),
+        graphs_per_batch=_count(info.get("batch_size"), 8),
     )
     return {
         "packing": packing,
@@ -113,14 +127,16 @@ def packing_comparison(run_dir, info: dict) -> dict | None:
 
 
 def run_summary(run_dir: str | os.PathLike) -> dict:
-    """The numbers the report shows, as a dict (``info``, ``valid``, ``throughput``, ``packing``)."""
-    from workbench.train.evaluate import last_validation
-    from workbench.train.record import read_run_record
-    from workbench.train.rundir import read_epochs, read_steps
+    """The numbers the report shows, as a dict (``info``, ``valid``, ``throughput``, ``packing``, ...).
 
-    info = read_run_record(run_dir)
-    epochs = read_epochs(run_dir)
-    steps = read_steps(run_dir)
+    ``problems`` lists the input files that are broken or in an old format (see
+    :mod:`workbench.viz.report_inputs`); what they would have given is left out."""
+    from workbench.train.evaluate import last_validation
+
+    problems: list[Problem] = []
+    info = read_info(run_dir, problems)
+    epochs = read_epochs_checked(run_dir, problems)
+    steps, timed = read_steps_checked(run_dir, problems)
     shares = {
         k: float(np.mean([e[k] for e in epochs if e.get(k) is not None]))
         for k in ("data_share", "compute_share", "allreduce_share")
@@ -130,24 +146,37 @@ def run_summary(run_dir: str | os.PathLike) -> dict:
         "info": info,
         "epochs": epochs,
         "steps": steps,
+        "timed": timed,
         "valid": last_validation(epochs),
-        "throughput": throughput(steps) if steps else None,
+        "throughput": throughput(steps) if steps and timed else None,
         "shares": shares,
-        "packing": packing_comparison(run_dir, info),
+        "packing": guarded_packing(run_dir, problems, lambda d: packing_comparison(d, info)),
+        "problems": problems,
     }
 
 
+def _n(x) -> str:
+    """A count with thousands separators; anything else as it is (run.json may say anything)."""
+    return f"{x:,}" if isinstance(x, int) and not isinstance(x, bool) else str(x)
+
+
+def _count(x, default: int) -> int:
+    return x if isinstance(x, int) and not isinstance(x, bool) and x > 0 else default
+
+
 def _what_ran(run_dir: Path, info: dict, summary: dict) -> str:
-    m, d = info.get("model", {}), info.get("data", {})
     if not info:
         return "<p class=empty>This run has no run.json (written by runs since this report exists).</p>"
+    m = info.get("model") if isinstance(info.get("model"), dict) else {}
+    d = info.get("data") if isinstance(info.get("data"), dict) else {}
     sampler = info.get("sampler", "?")
     batch = (
-        f"{info.get('batch_size')} graphs per batch"
+        f"{_n(info.get('batch_size'))} graphs per batch"
         if sampler == "fixed-count"
-        else f"capacity {info.get('capacity'):,} atoms per batch"
+        else f"capacity {_n(info.get('capacity'))} atoms per batch"
     )
     fams = d.get("families", [])
+    fams = [str(f) for f in fams] if isinstance(fams, list) else [str(fams)]
     rows = [
         (
             "model",
@@ -156,15 +185,15 @@ def _what_ran(run_dir: Path, info: dict, summary: dict) -> str:
         ),
         (
             "data",
-            f"{d.get('source')}: {d.get('train_graphs', 0):,} training graphs ({d.get('train_atoms', 0):,} atoms), "
-            f"{d.get('valid_graphs', 0):,} validation graphs; {len(fams)} families ({', '.join(fams)})",
+            f"{d.get('source')}: {_n(d.get('train_graphs', 0))} training graphs ({_n(d.get('train_atoms', 0))} "
+            f"atoms), {_n(d.get('valid_graphs', 0))} validation graphs; {len(fams)} families ({', '.join(fams)})",
         ),
         ("ranks", f"{info.get('world_size')} on {info.get('device')} ({info.get('host')})"),
         ("sampler", f"{sampler}, {batch}"),
         ("precision / kernels", f"{info.get('dtype')} / {info.get('backend')}"),
         (
             "trained",
-            f"{len(summary['steps']) // max(1, int(info.get('world_size') or 1))} steps, "
+            f"{len(summary['steps']) // _count(info.get('world_size'), 1)} steps, "
             f"{sum(1 for e in summary['epochs'] if e.get('complete', True))} epochs, started {info.get('started')}",
         ),
         (
@@ -178,6 +207,8 @@ def _what_ran(run_dir: Path, info: dict, summary: dict) -> str:
 
 
 def _card(label: str, value: str, note: str = "") -> str:
+    """``note`` is HTML (the caller escapes what it did not make); label and value are text."""
+    label, value = html.escape(label), html.escape(value)
     return f"<div class=card><div class=label>{label}</div><div class=value>{value}</div><div class=note>{note}</div></div>"
 
 
@@ -196,7 +227,7 @@ def _cards(summary: dict) -> str:
             _card(
                 "validation energy MAE",
                 f"{v['e_mae_mev_atom']:.1f}",
-                f"meV/atom, epoch {v['epoch']}, {v['graphs']} graphs",
+                html.escape(f"meV/atom, epoch {v['epoch']}, {v['graphs']} graphs"),
             )
         )
         cards.append(_card("validation force MAE", f"{v['f_mae_mev_a']:.1f}", "meV/Å"))
@@ -273,7 +304,7 @@ def _validation_traces(fig, epochs: list[dict]) -> None:
     """Validation energy (panel 2) and force (panel 3) MAE per epoch; smoothed once there are 3 points."""
     import plotly.graph_objects as go
 
-    ep = [e for e in epochs if e.get("valid_e_mae_mev_atom") is not None]
+    ep = [e for e in epochs if e.get("valid_e_mae_mev_atom") is not None and e.get("global_step") is not None]
     x = [e["global_step"] for e in ep]
     for col, key, unit, color in (
         (2, "valid_e_mae_mev_atom", "meV/atom", "#4C78A8"),
@@ -353,14 +384,52 @@ def _section(sid: str, title: str, body: str) -> str:
     return f"<section id='{sid}'><h2>{title}</h2>{body}</section>"
 
 
-def report_html(run_dir: str | os.PathLike) -> str:
-    """The report page as a string (see the module docstring)."""
+def _notes(problems: list[Problem], sid: str | None = None) -> str:
+    """The problems (those affecting section ``sid``, or all) as an escaped list."""
+    mine = [p for p in problems if sid is None or sid in p.sections]
+    if not mine:
+        return ""
+    items = "".join(f"<li>{html.escape(str(p))}</li>" for p in mine)
+    return f"<ul class=problem>{items}</ul>"
+
+
+def _sections(run_dir: Path, summary: dict, fig_html) -> list[tuple[str, str, str | None]]:
+    """``(id, title, body or None)`` of each section below the summary; None: nothing to show."""
     from workbench.train.evaluate import family_table_html
     from workbench.viz.monitor import step_time_figure
 
+    steps, valid, packing = summary["steps"], summary["valid"], summary["packing"]
+    # The rank figure reads every step log itself: only when all of them are whole and timed.
+    ranks_ok = steps and summary["timed"] and not any("ranks" in p.sections for p in summary["problems"])
+    # In page order: the first figure drawn carries plotly.js.
+    curves = fig_html(curves_figure(summary)) if steps else None
+    families = None
+    if valid is not None:
+        families = family_table_html(valid, f"epoch {int(valid['epoch'])}")  # epoch: checked an integer
+    ranks = None
+    if ranks_ok:
+        ranks = fig_html(step_time_figure(run_dir).update_layout(title=None, margin=dict(t=40)))
+    layout = fig_html(layout_figure(packing)) if packing is not None else None
+    return [
+        ("curves", "Loss and errors", curves),
+        ("families", "Validation errors per family", families),
+        ("ranks", "Where each rank's time goes", ranks),
+        ("layout", "Packing layout", layout),
+    ]
+
+
+def report_html(run_dir: str | os.PathLike) -> str:
+    """The report page as a string (see the module docstring).
+
+    An input file that is broken or in an old format leaves out what it would have given: the
+    page lists such files at the top, and each section that lacks one says so."""
+    return _page(run_dir)[0]
+
+
+def _page(run_dir: str | os.PathLike) -> tuple[str, list[Problem]]:
     run_dir = Path(run_dir)
     summary = run_summary(run_dir)
-    info = summary["info"]
+    info, problems = summary["info"], summary["problems"]
     plotly_js = {"include_plotlyjs": True}
 
     def fig_html(fig) -> str:
@@ -368,38 +437,32 @@ def report_html(run_dir: str | os.PathLike) -> str:
         plotly_js["include_plotlyjs"] = False
         return f"<div class=figure>{out}</div>"
 
-    parts = [
-        _section("what-ran", "What ran", _what_ran(run_dir, info, summary)),
-        _section("summary", "Summary", _cards(summary)),
-    ]
-    if summary["steps"]:
-        parts.append(_section("curves", "Loss and errors", fig_html(curves_figure(summary))))
-    if summary["valid"] is not None:
-        parts.append(
-            _section(
-                "families",
-                "Validation errors per family",
-                family_table_html(summary["valid"], f"epoch {summary['valid']['epoch']}"),
-            )
-        )
-    if summary["steps"]:
-        fig = step_time_figure(run_dir).update_layout(title=None, margin=dict(t=40))
-        parts.append(_section("ranks", "Where each rank's time goes", fig_html(fig)))
-    if summary["packing"] is not None:
-        parts.append(_section("layout", "Packing layout", fig_html(layout_figure(summary["packing"]))))
-    title = f"Run {html.escape(info.get('name', run_dir.name))}"
-    sub = " · ".join(x for x in (info.get("sampler"), info.get("dtype"), info.get("started")) if x)
-    return (
+    parts = []
+    if problems:
+        parts.append(_section("problems", "Input files left out", _notes(problems)))
+    parts.append(_section("what-ran", "What ran", _notes(problems, "what-ran") or _what_ran(run_dir, info, summary)))
+    parts.append(_section("summary", "Summary", _cards(summary)))
+    for sid, title, body in _sections(run_dir, summary, fig_html):
+        if body is not None:
+            parts.append(_section(sid, title, _notes(problems, sid) + body))
+        elif _notes(problems, sid):
+            parts.append(_section(sid, title, _notes(problems, sid)))
+    title = f"Run {html.escape(str(info.get('name', run_dir.name)))}"
+    sub = " · ".join(str(x) for x in (info.get("sampler"), info.get("dtype"), info.get("started")) if x)
+    page = (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{title} · cfm-workbench</title>"
         f"<meta name=viewport content='width=device-width'><style>{CSS}</style></head><body><main>"
         f"<h1>{title}</h1><div class=sub>cfm-workbench run report · {html.escape(sub)}</div>"
         + "\n".join(parts)
         + "</main></body></html>"
     )
+    return page, problems
 
 
 def write_report(run_dir: str | os.PathLike, path: str | os.PathLike | None = None) -> Path:
-    """Write the report to ``path`` (default ``<run_dir>/report.html``) and return the path."""
+    """Write the report to ``path`` (default ``<run_dir>/report.html``) and return the path.
+
+    Each input file left out (broken, or an old format) is one :class:`ReportInputWarning`."""
     from workbench.train.rundir import RunDir
 
     run = RunDir(run_dir)
@@ -411,6 +474,9 @@ def write_report(run_dir: str | os.PathLike, path: str | os.PathLike | None = No
         )
     out = Path(path) if path is not None else run.report
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    tmp.write_text(report_html(run.path), encoding="utf-8")
+    page, problems = _page(run.path)
+    tmp.write_text(page, encoding="utf-8")
     os.replace(tmp, out)
+    for problem in problems:  # one warning per file; `workbench report` prints each as one line
+        warnings.warn(ReportInputWarning(str(problem)), stacklevel=2)
     return out

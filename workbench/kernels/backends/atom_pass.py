@@ -44,6 +44,8 @@ from typing import Any
 import numpy as np
 
 from workbench.kernels.backends import segment, unrolled
+from workbench.kernels.backends.unrolled_source import Index
+from workbench.kernels.backends.unrolled_sums import Definitions
 from workbench.kernels.descriptor.tables import TermTable
 from workbench.kernels.options import kernel_options
 
@@ -94,8 +96,8 @@ def pass_kernels(compiled: Sequence[Any], dtype: str) -> tuple[tuple[int, ...], 
 def kernel_source(parts: Sequence[Part], outputs: Sequence[int], dtype: str) -> str:
     """Python source of the kernel running ``parts`` one after another; its output arguments
     ``out0, out1, ...`` are the op's outputs ``outputs``."""
-    consts = unrolled._Definitions(dtype)
-    index = unrolled._Index()
+    consts = Definitions(dtype)
+    index = Index()
     ind = "    "
     body: list[str] = []
     for n, (k, t) in enumerate(parts):

@@ -148,10 +148,6 @@ MAX_LIVE_REGISTERS = 200
 ACCUMULATOR_WEIGHT = 32
 cuda = None  # numba.cuda, bound on first use (after NUMBA_ENABLE_CUDASIM is read)
 
-# the source emitters' former names here (atom_pass and older notes use them)
-_Definitions, _Index, _dtype_name = Definitions, Index, dtype_name
-_program, _sums, _sums_source = program, sums, sums_source
-
 
 def block_size() -> int:
     """Threads per block of the generated kernels: ``WORKBENCH_CUDA_TPB``, default

@@ -35,8 +35,8 @@ def _model(hidden: str, max_ell: int, correlation: int, elements: int, dtype: st
 def _main(args) -> int:
     import torch
 
+    from workbench.kernels.acceleration import precompile_model
     from workbench.kernels.backends.generated import KERNEL_CACHE_ENV, source_dir
-    from workbench.kernels.mace.accelerate import precompile_model
 
     if args.cache:
         os.environ[KERNEL_CACHE_ENV] = os.path.abspath(os.path.expanduser(args.cache))

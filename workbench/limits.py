@@ -1,0 +1,5 @@
+"""Bounds on settings that both preparing data and training enforce (one place, so they agree)."""
+
+#: Å: MACE models use 4-6 Å; far beyond, neighbour lists of condensed phases explode
+#: (a 1000 Å cutoff was OOM-killed at 22 GB in prepare before it was bounded).
+MAX_CUTOFF = 15.0
