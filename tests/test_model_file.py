@@ -3,6 +3,7 @@ round for others; ``workbench eval``'s device, weight and report checks."""
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -157,3 +158,22 @@ def test_family_table_html_escapes_user_strings():
     page = family_table_html({**m, "families": {"<script>alert(1)</script>": m}}, caption="<b>x</b>")
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "&lt;b&gt;x&lt;/b&gt;" in page
+
+
+def test_resume_from_a_planted_checkpoint_needs_trust_checkpoint(tmp_path):
+    from workbench.launch.testing import small_dataset
+    from workbench.train import train
+    from workbench.train.checkpoint import CheckpointError
+    from workbench.train.presets import tiny_config
+
+    data = small_dataset(tmp_path / "small.xyz", n=24)
+    cfg = tiny_config(tmp_path, "planted", dataset=str(data), max_steps=2, export=False)
+    marker = tmp_path / "marker"
+    cfg.run_dir.mkdir(parents=True)
+    torch.save({"model": {}, "rng": _Planted(marker)}, cfg.run_dir / "checkpoint.pt")
+    with pytest.raises(CheckpointError, match=r"refused: .*posix.system.*set trust_checkpoint: true"):
+        train(cfg)
+    assert not marker.exists()
+    with pytest.raises(CheckpointError, match=r"not a workbench checkpoint"):
+        train(replace(cfg, trust_checkpoint=True))  # the explicit switch loads the full pickle (and its code)
+    assert marker.exists()

@@ -148,6 +148,8 @@ class TrainConfig:
     prefetch_factor: int = 2  # batches each worker builds ahead
     persistent_workers: bool = True  # keep the workers across epochs
     progress: bool = True
+    # resume from a checkpoint that needs a full pickle (runs code from the file: only one you wrote yourself)
+    trust_checkpoint: bool = False
     export: bool = True  # write model.model (MACECalculator) and the per-backend model at the end
     keep: str = "last"  # export the last weights, or the epoch's with the lowest validation loss (as mace_run_train)
     dist_timeout_s: int = 1800  # a collective stuck this long fails the group (torchrun can then restart it)

@@ -177,7 +177,7 @@ def _train_locked(config: TrainConfig, structures: list | None, resume: bool, da
     s = set_up(config, structures, data, resume)
     if s.rank == 0:
         remove_stale_temporaries(s.run.checkpoint)
-    ckpt = load_checkpoint(s.run.checkpoint) if resume else None
+    ckpt = load_checkpoint(s.run.checkpoint, trust=config.trust_checkpoint) if resume else None
     check_resume(s, ckpt)
     build_training(s, ckpt)
     restore(s, ckpt)
