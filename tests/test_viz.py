@@ -660,3 +660,24 @@ def test_periodic_images_and_molecule_view():
     assert len(viz.molecule_view(molecule)._ngl_component_ids) == 1
     gallery = viz.family_gallery([molecule, crystal])
     assert len(gallery.children) == 2
+
+
+def test_family_names_from_a_users_file_are_escaped_in_html_and_figures(small):
+    import ipywidgets as W
+    from ase import Atoms
+
+    from workbench.viz.molecules import _card
+
+    payload = "<img src=x>"  # sizes hold 14 characters of a family name
+    sizes = small[:200].copy()
+    sizes["family"][:50] = payload
+    assert payload not in viz.family_table_html(sizes)
+    assert "&lt;img src=x&gt;" in viz.family_table_html(sizes)
+    fig = viz.dataset_figure(sizes)
+    p = pack(sizes, 3072, 2, "paper")
+    fig2 = viz.bin_layout_figure([("paper", viz.layout_rectangles(p, 0, sizes))], capacity=3072)
+    texts = [str(t.name) + str(getattr(t, "hovertemplate", "")) for f in (fig, fig2) for t in f.data]
+    assert not [t for t in texts if payload in t] and any("&lt;img" in t for t in texts)
+    atoms = Atoms("H2", positions=[[0, 0, 0], [0.74, 0, 0]])
+    atoms.info["config_type"] = payload
+    assert payload not in _card(atoms, W.HTML()).children[0].value

@@ -82,7 +82,9 @@ def _read(path: Path, trust: bool = False) -> dict[str, Any]:
     from workbench.train.model_file import load_torch_file
 
     try:
-        state = load_torch_file(path, trust=trust, what="checkpoint", trust_hint="set trust_checkpoint: true (--set trust_checkpoint=true)")
+        state = load_torch_file(
+            path, trust=trust, what="checkpoint", trust_hint="set trust_checkpoint: true (--set trust_checkpoint=true)"
+        )
     except ValueError as exc:
         raise CheckpointError(str(exc)) from None
     missing = [k for k in REQUIRED_KEYS if not isinstance(state, dict) or k not in state]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.viz.style import family_color, family_label, family_order, style
+from workbench.viz.style import family_color, family_html, family_order, style
 
 QUANTILES = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -78,7 +78,7 @@ def dataset_figure(sizes: np.ndarray, title: str | None = None, log: bool = True
         horizontal_spacing=0.07,
         subplot_titles=("graphs per family", "atoms per graph", "edges per graph"),
     )
-    names = [family_label(s["family"]) for s in stats]
+    names = [family_html(s["family"]) for s in stats]
     colors = [family_color(s["family"]) for s in stats]
     fig.add_trace(_share_bars(stats, names, colors), 1, 1)
     for col, field in ((2, "atoms"), (3, "edges")):
@@ -108,7 +108,7 @@ def family_table_html(sizes: np.ndarray) -> str:
             else f"<span style='display:inline-block;width:10px;height:10px;background:{family_color(r['family'])};"
             f"margin-right:6px;border-radius:2px'></span>"
         )
-        name = "total" if r["family"] == "total" else family_label(r["family"])
+        name = "total" if r["family"] == "total" else family_html(r["family"])
         weight = "font-weight:600;border-top:1px solid #999" if r["family"] == "total" else ""
         vals = (
             f"{swatch}{name}",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from workbench.packing.api import ALGORITHMS, algorithm_named, pack
-from workbench.viz.style import family_color, family_label, family_order, style
+from workbench.viz.style import family_color, family_html, family_order, style
 
 
 @dataclass
@@ -103,13 +103,13 @@ def _add_rectangles(fig, rects: Rectangles, row: int, col: int, shown: set, unit
                 base=rects.x0[sel],
                 orientation="h",
                 width=np.full(int(sel.sum()), 0.72),  # explicit: plotly infers widths per trace otherwise
-                name=family_label(fam),
+                name=family_html(fam),
                 legendgroup=fam,
                 showlegend=fam not in shown,
                 marker=dict(color=family_color(fam), line=dict(color="white", width=0.6)),
                 customdata=np.column_stack([rects.graph[sel], rects.atoms[sel], edges]),
                 hovertemplate=(
-                    f"<b>{family_label(fam)}</b><br>graph %{{customdata[0]}}<br>"
+                    f"<b>{family_html(fam)}</b><br>graph %{{customdata[0]}}<br>"
                     "%{customdata[1]} atoms, %{customdata[2]} edges<br>"
                     f"%{{x:.0f}} {unit}, starts at %{{base:.0f}}<extra>rank %{{y}}</extra>"
                 ),

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from workbench.viz.style import family_color, family_label, family_order
+from workbench.viz.style import family_color, family_html, family_label, family_order
 
 BROKEN_NGLVIEW = "4.0.1"
 SHIPPED_FRONTEND = "3.1.5"
@@ -177,7 +177,7 @@ def _card(atoms, view, caption_extra: str = ""):
     fam = atoms.info.get("config_type", "unknown")
     head = W.HTML(
         f"<div style='border-left:6px solid {family_color(fam)};padding-left:8px;font-size:13px'>"
-        f"<b>{family_label(fam)}</b><br><span style='color:#555'>{atoms.get_chemical_formula()} · "
+        f"<b>{family_html(fam)}</b><br><span style='color:#555'>{atoms.get_chemical_formula()} · "
         f"{len(atoms)} atoms{caption_extra}</span></div>"
     )
     box = W.VBox([head, view], layout=W.Layout(border="1px solid #e3e3e3", padding="6px", width="100%"))

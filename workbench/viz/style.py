@@ -7,6 +7,8 @@ the molecule gallery without a legend hunt.
 
 from __future__ import annotations
 
+import html
+
 from workbench.data.families import FAMILY_NAMES
 from workbench.packing.api import ALGORITHMS
 
@@ -60,8 +62,14 @@ def family_color(name: str) -> str:
 
 
 def family_label(name: str) -> str:
-    """Display name of family ``name``."""
+    """Display name of family ``name`` (plain text: a widget's option, a caption)."""
     return FAMILY_LABELS.get(str(name), str(name))
+
+
+def family_html(name: str) -> str:
+    """:func:`family_label` for HTML and plotly text (which reads tags): a family name comes from
+    the user's file (extxyz ``config_type``), so it is escaped."""
+    return html.escape(family_label(name))
 
 
 def family_order(names) -> list[str]:
