@@ -165,8 +165,8 @@ def test_resume_refuses_another_run_and_applies_a_new_lr(tmp_path, capfd):
 
 def test_damaged_checkpoint_falls_back_then_names_the_file(tmp_path):
     from workbench.train import train
-    from workbench.train.checkpoint import CheckpointError, load_checkpoint, previous_path
-    from workbench.train.rundir import RunDir
+    from workbench.train.checkpoint import CheckpointError, load_checkpoint
+    from workbench.train.rundir import RunDir, previous_path
 
     train(_tiny(tmp_path, checkpoint_every=3))  # checkpoints at step 3, then 4 at the end
     run = RunDir(tmp_path / "run")

@@ -133,7 +133,7 @@ def _intact(out: Path, manifest: dict) -> bool:
             try:
                 ShardMaps(out / SHARDS / rec["name"], rec)  # digest attribute and lengths, not the data
             except StoreError as exc:
-                damaged[rec["name"]] = str(exc).split("; ")[0].split(": ", 1)[-1]
+                damaged[rec["name"]] = exc.problem
     for name, why in damaged.items():
         print(f"{out / SHARDS / name}: {why}; preparing it again", file=sys.stderr)
         (out / SHARDS / name).unlink(missing_ok=True)
@@ -143,7 +143,7 @@ def _intact(out: Path, manifest: dict) -> bool:
     try:
         GraphStore(out)
     except StoreError as exc:  # the index: the merge writes it again from the parts
-        print(f"{exc.args[0].split('; ')[0]}; merging again", file=sys.stderr)
+        print(f"{exc.where}: {exc.problem}; merging again", file=sys.stderr)
         return False
     return True
 
@@ -198,8 +198,9 @@ def prepare(
             raise
         where = Path(exc.filename).parent if exc.filename else out
         raise StoreError(
-            f"{where}: cannot write ({exc.strerror}); free space or make it writable, then run the same command "
-            "again: finished chunks are kept"
+            where,
+            f"cannot write ({exc.strerror})",
+            "free space or make it writable, then run the same command again: finished chunks are kept",
         ) from None
 
 

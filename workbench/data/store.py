@@ -93,7 +93,15 @@ MAX_Z = 118
 
 
 class StoreError(ValueError):
-    """A prepared dataset that is damaged or foreign: the message names the file and the fix."""
+    """A prepared dataset that is damaged or foreign: ``"{where}: {problem}; {fix}"``, each part
+    kept as an attribute (prepare reports ``problem`` as it repairs)."""
+
+    def __init__(self, where: str | os.PathLike, problem: str, fix: str | None = None) -> None:
+        self.where, self.problem, self.fix = str(where), problem, fix
+        super().__init__(f"{where}: {problem}" + (f"; {fix}" if fix else ""))
+
+    def __reduce__(self):  # crosses process boundaries intact
+        return (StoreError, (self.where, self.problem, self.fix))
 
 
 def repair_hint(path: str | os.PathLike) -> str:
@@ -156,7 +164,7 @@ class ShardMaps:
                 for name in SHARD_ARRAYS:
                     self.arrays[name] = _mapped(path, f[name])
         except (OSError, KeyError, ValueError) as exc:
-            raise StoreError(f"{path}: unreadable shard ({exc}); {repair_hint(path.parent.parent)}") from None
+            raise StoreError(path, f"unreadable shard ({exc})", repair_hint(path.parent.parent)) from None
         self.atom_ptr = np.asarray(self.arrays["atom_ptr"])
         self._check(expect)
 
@@ -172,7 +180,7 @@ class ShardMaps:
             elif self.digest != expect["digest"]:
                 problem = "a shard of another dataset (its digest differs from the manifest's)"
         if problem:
-            raise StoreError(f"{self.path}: {problem}; {repair_hint(self.path.parent.parent)}")
+            raise StoreError(self.path, problem, repair_hint(self.path.parent.parent))
 
 
 def _mapped(path: Path, ds) -> np.ndarray:
@@ -240,17 +248,18 @@ def read_manifest(path: Path) -> dict:
     try:
         manifest = json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise StoreError(f"{file}: unreadable manifest ({exc}); {repair_hint(path)}") from None
+        raise StoreError(file, f"unreadable manifest ({exc})", repair_hint(path)) from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise StoreError(f"{file}: not a {FORMAT} manifest")
+        raise StoreError(file, f"not a {FORMAT} manifest")
     if manifest.get("version") != FORMAT_VERSION:
         raise StoreError(
-            f"{path}: prepared with format version {manifest.get('version')}, this workbench reads version "
-            f"{FORMAT_VERSION}; prepare it again"
+            path,
+            f"prepared with format version {manifest.get('version')}, this workbench reads version {FORMAT_VERSION}",
+            "prepare it again",
         )
     if not manifest.get("complete"):
         raise StoreError(
-            f"{path}: prepare did not finish; run the same 'workbench data prepare' command again to resume it"
+            path, "prepare did not finish", "run the same 'workbench data prepare' command again to resume it"
         )
     return manifest
 
@@ -259,11 +268,12 @@ def _read_index(path: Path, manifest: dict) -> np.ndarray:
     try:
         index = np.load(path / INDEX, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
-        raise StoreError(f"{path / INDEX}: unreadable index ({exc}); {repair_hint(path)}") from None
+        raise StoreError(path / INDEX, f"unreadable index ({exc})", repair_hint(path)) from None
     if index.dtype != INDEX_DTYPE or index.ndim != 1 or index.shape[0] != manifest.get("n_graphs"):
         raise StoreError(
-            f"{path / INDEX}: {index.shape} records of {index.dtype}, the manifest says {manifest.get('n_graphs')} "
-            f"graphs; {repair_hint(path)}"
+            path / INDEX,
+            f"{index.shape} records of {index.dtype}, the manifest says {manifest.get('n_graphs')} graphs",
+            repair_hint(path),
         )
     return index
 
@@ -321,10 +331,10 @@ class GraphStore:
         if damaged:
             listed = "; ".join(f"{name}: {why}" for name, why in damaged[:3])
             more = f" and {len(damaged) - 3} more" if len(damaged) > 3 else ""
-            raise StoreError(f"{self.path}: {len(damaged)} damaged shard(s) ({listed}{more}); {repair_hint(self.path)}")
+            raise StoreError(self.path, f"{len(damaged)} damaged shard(s) ({listed}{more})", repair_hint(self.path))
         per_shard = np.bincount(self._index["shard"], minlength=len(records))
         if per_shard.shape[0] != len(records) or any(int(c) != r["graphs"] for c, r in zip(per_shard, records)):
-            raise StoreError(f"{self.path / INDEX}: does not match the shards' graph counts; {repair_hint(self.path)}")
+            raise StoreError(self.path / INDEX, "does not match the shards' graph counts", repair_hint(self.path))
         self.families: tuple[str, ...] = tuple(self.manifest["families"])
         self.elements: tuple[int, ...] = tuple(int(z) for z in self.manifest["elements"])
         self.shards: tuple[str, ...] = tuple(r["name"] for r in records)

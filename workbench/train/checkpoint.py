@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from workbench.train.rundir import previous_path
+
 
 def rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
@@ -40,11 +42,6 @@ REQUIRED_KEYS = ("model", "optimizer", "epoch", "global_step", "sampler", "rng",
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message names the file and the way out."""
-
-
-def previous_path(path: Path) -> Path:
-    """Where the checkpoint before the latest is kept (the fallback when the latest is damaged)."""
-    return path.with_name(path.stem + ".prev" + path.suffix)
 
 
 def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:

@@ -72,6 +72,11 @@ EPOCH_FIELDS = (
 )
 
 
+def previous_path(path: Path) -> Path:
+    """Where the checkpoint before the latest is kept (the fallback when the latest is damaged)."""
+    return path.with_name(path.stem + ".prev" + path.suffix)
+
+
 class RunDir:
     """Paths of one run directory (nothing is created until a writer needs it)."""
 
@@ -136,7 +141,7 @@ class RunDir:
     def records(self) -> list[Path]:
         """Everything a training run wrote here (not the lock, the launcher's state or superseded runs)."""
         fixed = [self.config, self.info, self.packing, self.metrics_dir, self.epoch_log, self.report, self.finished]
-        fixed += [self.checkpoint, self.checkpoint.with_name("checkpoint.prev.pt"), self.model]
+        fixed += [self.checkpoint, previous_path(self.checkpoint), self.model]
         return [p for p in [*fixed, *sorted(self.path.glob("model_*.model"))] if p.exists()]
 
     def supersede(self) -> Path | None:
