@@ -141,10 +141,12 @@ def _finish(s: Session) -> TrainResult:
 
 
 def _refuse_non_finite(s: Session) -> None:
-    params = list(s.model.named_parameters())
+    from workbench.train.model_file import nonfinite_parameters
+
+    bad = nonfinite_parameters(s.model)
     if s.ema is not None:
-        params += [(f"EMA of {n}", p) for (n, _), p in zip(params, s.ema.shadow_params)]
-    bad = [n for n, p in params if not torch.isfinite(p).all()]
+        names = [n for n, _ in s.model.named_parameters()]
+        bad += [f"EMA of {n}" for n, p in zip(names, s.ema.shadow_params) if not torch.isfinite(p).all()]
     if bad:
         raise NonFiniteStep(
             f"{s.run.path}: the trained weights are not finite ({len(bad)} parameter tensors, e.g. {bad[0]}); "
