@@ -4,8 +4,9 @@ Headless execution (tests/test_notebooks.py) cannot see frontend failures such a
 4.0.1's frontend-version mismatch; only a browser can. This test starts its own JupyterLab on
 127.0.0.1 (free port, random token, private config/runtime/settings/workspace directories, a
 temporary copy of notebooks/ so autosave cannot write outputs into the committed files), runs
-notebooks 01, 02 and 05 with "Run All Cells", checks what is on screen, saves screenshots under
-``$WORKBENCH_ARTIFACTS`` (default ``runs/test-artifacts/``) and stops the server by PID.
+notebooks 01, 02 and 05 with "Run All Cells" and 04's SLURM cell on a real two-node SLURM,
+checks what is on screen, saves screenshots under ``$WORKBENCH_ARTIFACTS`` (default
+``runs/test-artifacts/``) and stops the server by PID.
 """
 
 from __future__ import annotations
@@ -61,7 +62,19 @@ def _settings(d: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
+def two_nodes():
+    """A two-node SLURM for notebook 04's launch cell; None where SLURM is not installed."""
+    from workbench.launch.testing import LocalSlurm, missing_daemons
+
+    if missing_daemons():
+        yield None
+        return
+    with LocalSlurm(nodes=2) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory, two_nodes):
     pytest.importorskip("playwright.sync_api")
     pytest.importorskip("jupyterlab")
     tmp = tmp_path_factory.mktemp("lab")
@@ -80,6 +93,9 @@ def lab(tmp_path_factory):
         WORKBENCH_RUNS=str(tmp / "runs"),
         JUPYTER_PLATFORM_DIRS="1",
     )
+    if two_nodes is not None:  # notebook 04's SLURM cell submits there, one rank on each node
+        env.update(two_nodes.env, WORKBENCH_NOTEBOOK_SLURM="1", WORKBENCH_NOTEBOOK_NODES="2")
+        env["WORKBENCH_NOTEBOOK_TINY"] = "1"
     cmd = [
         sys.executable,
         "-m",
@@ -143,6 +159,13 @@ def browser(lab, tmp_path_factory):
 
 def _open_and_run(ctx, lab, name: str):
     """Open a notebook in JupyterLab, wait for its kernel, run all cells; returns the page."""
+    page = _open(ctx, lab, name)
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    return page
+
+
+def _open(ctx, lab, name: str):
+    """Open a notebook in JupyterLab and wait until its kernel is idle; returns the page."""
     page = ctx.new_page()
     _pages[name] = page
     page.on("console", lambda m: _console.append(f"{name} [{m.type}] {m.text}") if m.type == "error" else None)
@@ -156,8 +179,30 @@ def _open_and_run(ctx, lab, name: str):
     }}""",
         timeout=120_000,
     )
-    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
     return page
+
+
+def _run_cells(page, indices: list[int], timeout_ms: int = RUN_TIMEOUT_MS) -> None:
+    """Run these cells (by index, markdown included) one after the other; wait until the last ran."""
+    page.evaluate(
+        """async (indices) => {
+        const nb = window.jupyterapp.shell.currentWidget.content;
+        for (const i of indices) {
+            nb.activeCellIndex = i;
+            await window.jupyterapp.commands.execute('notebook:run-cell');
+        }
+    }""",
+        indices,
+    )
+    page.wait_for_function(
+        """(last) => {
+        const w = window.jupyterapp.shell.currentWidget;
+        const cell = w.content.widgets[last];
+        return cell.model.executionCount !== null && w.sessionContext.session.kernel.status === 'idle';
+    }""",
+        arg=indices[-1],
+        timeout=timeout_ms,
+    )
 
 
 _console: list[str] = []
@@ -313,3 +358,26 @@ def test_05_scaling_figures_render(lab, browser):
     plots = page.locator(".jp-RenderedPlotly")
     _shot(page, plots.nth(0), "05_strong_scaling.png")
     _shot(page, plots.nth(1), "05_weak_scaling.png")
+
+
+def test_04_two_node_launch_shows_both_nodes(lab, browser, two_nodes):
+    """Notebook 04's SLURM cell on a two-node SLURM: the run panel lists one rank on each node."""
+    if two_nodes is None:
+        pytest.skip("SLURM is not installed here (make system-deps)")
+    page = _open(browser, lab, "04_train_and_launch.ipynb")
+    cells = page.evaluate(
+        "() => window.jupyterapp.shell.currentWidget.content.widgets.map(c => c.model.sharedModel.source)"
+    )
+    config_cell = next(i for i, src in enumerate(cells) if "config = TrainConfig(" in src)
+    slurm_cell = next(i for i, src in enumerate(cells) if "RUN_ON_SLURM =" in src)
+    _run_cells(page, [config_cell, slurm_cell], timeout_ms=300_000)
+    _assert_no_errors(page, "04")
+    panel = page.locator(".jp-Notebook .jp-Cell").nth(slurm_cell).locator("table").filter(has_text="node")
+    text = panel.first.inner_text()
+    first, second = two_nodes.node_names
+    assert first in text and second in text, text
+    rows = [line.split("\t") for line in text.splitlines()[1:]]
+    assert [(r[0], r[1]) for r in rows] == [("0", first), ("1", second)], rows
+    output = page.locator(".jp-Notebook .jp-Cell").nth(slurm_cell).inner_text()
+    assert "done" in output and "finished" in output
+    _shot(page, page.locator(".jp-Notebook .jp-Cell").nth(slurm_cell), "04_two_node_panel.png")

@@ -17,8 +17,10 @@ import torch
 from workbench.data.embedded import EMBEDDED_PATH
 from workbench.launch import LaunchError, RunFailed, attach, launch
 from workbench.launch.slurm import parse_time
-from workbench.launch.testing import LocalSlurm, missing_daemons, small_dataset, tiny_config
+from workbench.launch.testing import LocalSlurm, missing_daemons
 from workbench.train import TrainConfig
+from workbench.train.presets import small_dataset
+from workbench.train.presets import tiny_config as preset
 from workbench.train.rundir import RunDir
 
 pytestmark = pytest.mark.skipif(not EMBEDDED_PATH.exists(), reason="embedded dataset missing")
@@ -61,6 +63,10 @@ def assert_same_training(run_dir: Path, ref_dir: Path, ranks=(0, 1)) -> None:
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> Path:
     return small_dataset(tmp_path_factory.mktemp("data") / "small.extxyz")
+
+
+def tiny_config(tmp: Path, name: str, dataset: Path, **kw) -> TrainConfig:
+    return preset(tmp, name, dataset=str(dataset), device="cpu", **kw)
 
 
 def cfg(tmp: Path, name: str, dataset: Path, **kw) -> TrainConfig:

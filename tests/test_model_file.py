@@ -161,10 +161,9 @@ def test_family_table_html_escapes_user_strings():
 
 
 def test_resume_from_a_planted_checkpoint_needs_trust_checkpoint(tmp_path):
-    from workbench.launch.testing import small_dataset
     from workbench.train import train
     from workbench.train.checkpoint import CheckpointError
-    from workbench.train.presets import tiny_config
+    from workbench.train.presets import small_dataset, tiny_config
 
     data = small_dataset(tmp_path / "small.xyz", n=24)
     cfg = tiny_config(tmp_path, "planted", dataset=str(data), max_steps=2, export=False)

@@ -1,9 +1,10 @@
 """The notebooks: committed without outputs, and each runs top to bottom headless (nbclient).
 
 Notebook 04 trains for a handful of steps (``WORKBENCH_NOTEBOOK_TINY=1``) and writes its run
-under a temporary ``WORKBENCH_RUNS``. Its SLURM cell submits for real only with
-``WORKBENCH_NOTEBOOK_SLURM=1``, which :func:`test_notebook_04_slurm` sets against a real
-single-node SLURM cluster (skipped where slurm-wlm/munge are not installed).
+under a temporary ``WORKBENCH_RUNS``; here its SLURM cell prints the job script. It submits
+for real only with ``WORKBENCH_NOTEBOOK_SLURM=1``, which the browser test
+(``tests/test_browser.py::test_04_two_node_launch_shows_both_nodes``) sets against a real
+two-node SLURM.
 """
 
 from __future__ import annotations
@@ -147,23 +148,3 @@ def test_notebook_04_local(runs):
 
     steps = read_steps(run_dir)
     assert {s["rank"] for s in steps} == {0, 1} and len(steps) >= 4, "the local run trained on 2 ranks"
-
-
-def test_notebook_04_slurm(runs, request):
-    """04's SLURM cell for real: a single-node SLURM on 127.0.0.1 (the launcher's fixture when present)."""
-    try:
-        cluster = request.getfixturevalue("slurm_cluster")
-    except pytest.FixtureLookupError:
-        from workbench.launch.testing import LocalSlurm, missing_daemons
-
-        if missing_daemons():
-            pytest.skip(f"no local SLURM: {', '.join(missing_daemons())} missing")
-        cluster = LocalSlurm().start()
-        request.addfinalizer(cluster.stop)
-    env = dict(getattr(cluster, "env", {}) or {"SLURM_CONF": str(cluster.conf_path)})
-    env["WORKBENCH_NOTEBOOK_SLURM"] = "1"
-    _nb, _seconds = execute("04_train_and_launch.ipynb", env=env, timeout=300)
-    from workbench.train.metrics import read_steps
-
-    steps = read_steps(runs / "nb04-slurm")
-    assert {s["rank"] for s in steps} == {0, 1} and len(steps) >= 4, "the SLURM run trained on 2 ranks"

@@ -9,8 +9,7 @@ import pytest
 from train_fixtures import file_size_limit, run_cli
 
 from workbench.data.embedded import EMBEDDED_PATH
-from workbench.launch.testing import small_dataset
-from workbench.train.presets import tiny_config
+from workbench.train.presets import small_dataset, tiny_config
 from workbench.train.rundir import RunDir, read_jsonl, read_steps
 
 pytestmark = pytest.mark.skipif(not EMBEDDED_PATH.exists(), reason="embedded dataset missing")

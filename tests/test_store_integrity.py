@@ -18,7 +18,7 @@ from train_fixtures import file_size_limit
 from workbench.data.embedded import EMBEDDED_PATH
 from workbench.data.prepare import prepare
 from workbench.data.store import MANIFEST, SHARDS, GraphStore, StoreError, verify_shards
-from workbench.launch.testing import small_dataset
+from workbench.train.presets import small_dataset
 
 pytestmark = pytest.mark.skipif(not EMBEDDED_PATH.exists(), reason="embedded dataset missing")
 

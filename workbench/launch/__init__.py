@@ -27,7 +27,9 @@ over ``srun torchrun --rdzv-backend=c10d`` because:
 * No extra rendezvous service: no c10d store host/port to choose, no rendezvous timeouts at 185
   nodes, and ``--kill-on-bad-exit`` ends the whole job as soon as one rank fails.
 * torchrun's in-allocation restarts do not help at scale: a lost node takes its ranks and the
-  job with it. Recovery is SLURM's requeue plus the trainer's exact resume from checkpoint.
+  job with it. Recovery is SLURM's requeue plus the trainer's exact resume from checkpoint:
+  SLURM requeues a job whose node failed; after a lost rank, the job script's last line
+  (:mod:`workbench.launch.failover`) requeues it, ``max_restarts`` times at most.
 * submitit is the same machinery on one node and on 185, and its pickled-callable tasks give
   us the worker's traceback in its own log; the job script it writes is what ``dry_run`` shows.
 

@@ -104,7 +104,9 @@ def launch(
     env:
         Extra environment variables for the workers (``export`` lines in the job script).
     max_restarts:
-        local only: torchrun restarts of a failed worker group (each resumes from the checkpoint).
+        After a rank or a node is lost, start again from the last checkpoint at most this many
+        times: torchrun restarts the worker group (local); the job requeues itself (slurm, see
+        :mod:`workbench.launch.failover`). A rank that raised an error of its own is not retried.
     **slurm_options:
         slurm only, see :class:`~workbench.launch.slurm.SlurmOptions`: ``account, partition, qos,
         time ("HH:MM:SS", "D-HH:MM", minutes...), constraint, gpus_per_task, cpus_per_task, mem,
@@ -119,6 +121,7 @@ def launch(
         raise ValueError(f"backend={backend!r}: choose 'local' or 'slurm' explicitly")
     nodes = validate.check_count("nodes", nodes)
     gpus_per_node = validate.check_count("gpus_per_node", gpus_per_node)
+    max_restarts = validate.check_count("max_restarts", max_restarts, minimum=0)
     env = {str(k): str(v) for k, v in (env or {}).items()}
     validate.check_env(env)
     config = _absolute(_as_config(config))
@@ -127,11 +130,8 @@ def launch(
         if slurm_options:
             raise ValueError(f"SLURM option(s) {sorted(slurm_options)} given with backend='local'")
         return _launch_local(config, nodes, gpus_per_node, dry_run, fresh, env, max_restarts)
-    if max_restarts:
-        raise ValueError("max_restarts is for backend='local'; on SLURM a stopped job is requeued and resumes")
-    return _launch_slurm(
-        config, nodes, gpus_per_node, dry_run, fresh, env, slurm.SlurmOptions.from_kwargs(slurm_options)
-    )
+    opts = slurm.SlurmOptions.from_kwargs(slurm_options)
+    return _launch_slurm(config, nodes, gpus_per_node, dry_run, fresh, env, opts, max_restarts)
 
 
 def _write_info(run_dir: Path, info: dict[str, Any]) -> None:
@@ -142,8 +142,6 @@ def _write_info(run_dir: Path, info: dict[str, Any]) -> None:
 
 
 def _launch_local(config, nodes, gpus_per_node, dry_run, fresh, env, max_restarts) -> Run | str:
-    if max_restarts < 0:
-        raise ValueError(f"max_restarts={max_restarts}: must be >= 0")
     config_yaml = RunDir(config.run_dir).launch_config
     cmd = local.command(config_yaml, gpus_per_node, max_restarts)
     if dry_run:
@@ -176,8 +174,8 @@ def _launch_local(config, nodes, gpus_per_node, dry_run, fresh, env, max_restart
     return Run(run_dir, info, process=proc)
 
 
-def _launch_slurm(config, nodes, gpus_per_node, dry_run, fresh, env, opts) -> Run | str:
-    params = slurm.sbatch_parameters(config, nodes, gpus_per_node, opts)
+def _launch_slurm(config, nodes, gpus_per_node, dry_run, fresh, env, opts, max_restarts) -> Run | str:
+    params = slurm.sbatch_parameters(config, nodes, gpus_per_node, opts, max_restarts)
     if env:
         params["setup"] = params["setup"] + [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
     script = slurm.job_script(config, params)
@@ -194,6 +192,7 @@ def _launch_slurm(config, nodes, gpus_per_node, dry_run, fresh, env, opts) -> Ru
         "run_dir": str(run_dir),
         "nodes": nodes,
         "gpus_per_node": gpus_per_node,
+        "max_restarts": max_restarts,
         "job_id": job_id,
         "partition": partition,
         "env": env,

@@ -65,6 +65,7 @@ def _run(args: argparse.Namespace) -> int:
             gpus_per_node=args.gpus_per_node,
             dry_run=args.dry_run,
             fresh=args.fresh,
+            max_restarts=args.max_restarts,
             **slurm_opts,
         )
         if args.dry_run:
@@ -94,6 +95,13 @@ def register(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the job script / command instead of starting it")
     p.add_argument("--fresh", action="store_true", help="delete the run directory first instead of resuming")
     p.add_argument("--wait", action="store_true", help="wait for the run to finish")
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="after a rank or node is lost, resume from the checkpoint at most this many times "
+        "(torchrun restart, or the SLURM job requeues itself; default 0)",
+    )
     s = p.add_argument_group("SLURM options")
     s.add_argument("--account")
     s.add_argument("--partition")

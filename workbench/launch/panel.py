@@ -71,15 +71,7 @@ class RunPanel(widgets.VBox):
             + (f"<br>valid F MAE {epoch['valid_f_mae_mev_a']:.1f} meV/Å" if epoch else "")
             + "</div>"
         )
-        times = m.step_time_per_rank()
-        rows = "".join(
-            f"<tr><td>{r}</td><td style='text-align:right'>{t * 1000:.0f} ms</td></tr>" for r, t in times.items()
-        )
-        self.ranks.value = (
-            "<table><tr><th>rank</th><th>step time (last 10)</th></tr>" + rows + "</table>"
-            if rows
-            else "<i>no steps yet</i>"
-        )
+        self.ranks.value = _rank_table(m.step_time_per_rank(), self.run.rank_states())
         self.log_tail.value = f"<pre style='font-size:11px'>{html.escape(self.run.logs(tail=self.log_lines))}</pre>"
         self.cancel_button.disabled = status in ("done", "failed")
         return status
@@ -106,3 +98,15 @@ class RunPanel(widgets.VBox):
     def _cancel(self) -> None:
         self.cancel_button.disabled = True
         threading.Thread(target=lambda: (self.run.cancel(), self.refresh()), daemon=True).start()
+
+
+def _rank_table(times: dict[int, float], states: dict[int, dict]) -> str:
+    """rank | node | step time: where each rank runs (several nodes: which one) and how fast."""
+    if not times:
+        return "<i>no steps yet</i>"
+    rows = "".join(
+        f"<tr><td>{r}</td><td>{html.escape(str(states.get(r, {}).get('node', '?')))}</td>"
+        f"<td style='text-align:right'>{t * 1000:.0f} ms</td></tr>"
+        for r, t in times.items()
+    )
+    return "<table><tr><th>rank</th><th>node</th><th>step time (last 10)</th></tr>" + rows + "</table>"

@@ -164,6 +164,22 @@ class Run:
                 out[int(m["rank"])] = m
         return out
 
+    def _latest_attempt(self) -> str | None:
+        if self.backend != "slurm":
+            return self.info.get("attempt")
+        attempts = [
+            str(m.get("attempt", ""))
+            for m in self._markers(None).values()
+            if str(m.get("attempt", "")).startswith(f"{self.job_id}.")
+        ]
+        return max(attempts, key=lambda a: int(a.split(".")[1]), default=None)
+
+    def rank_states(self) -> dict[int, dict]:
+        """Each rank of the latest attempt as its marker says: ``state``, ``node``, ``local_rank``,
+        ``host``, ``pid``, ``master_addr``, ``global_step`` (when stopped) ...; ``{}`` before any started."""
+        attempt = self._latest_attempt()
+        return self._markers(attempt) if attempt else {}
+
     def _from_markers(self, markers: dict[int, dict]) -> tuple[str, str] | None:
         failed = sorted(r for r, m in markers.items() if m["state"] == "failed")
         if failed:
@@ -223,18 +239,10 @@ class Run:
         from workbench.launch import slurm
 
         info = slurm.job_info(self.job_id)
-        if info is not None:
-            attempt = f"{self.job_id}.{info.restarts}"
-        else:
-            attempts = [
-                m.get("attempt", "")
-                for m in self._markers(None).values()
-                if str(m.get("attempt", "")).startswith(f"{self.job_id}.")
-            ]
-            attempt = max(attempts, key=lambda a: int(a.split(".")[1]), default=None)
+        attempt = f"{self.job_id}.{info.restarts}" if info is not None else self._latest_attempt()
         markers = self._markers(attempt) if attempt else {}
         if info is not None and info.state in slurm.PENDING_STATES:
-            why = info.reason if info.reason not in ("", "None") else "queued"
+            why = slurm.pending_reason(info.reason) if info.reason not in ("", "None") else "queued"
             return "pending", f"job {self.job_id} {info.state.lower()} ({why})" + (
                 f", attempt {info.restarts + 1}" if info.restarts else ""
             )

@@ -175,8 +175,14 @@ class SlurmOptions:
             validate.check_text("setup line", line, tabs=True, empty=True)
 
 
-def sbatch_parameters(config, nodes: int, gpus_per_node: int, opts: SlurmOptions) -> dict[str, Any]:
-    """submitit ``SlurmExecutor`` parameters for this run (also what the dry run prints)."""
+def sbatch_parameters(
+    config, nodes: int, gpus_per_node: int, opts: SlurmOptions, max_restarts: int = 0
+) -> dict[str, Any]:
+    """submitit ``SlurmExecutor`` parameters for this run (also what the dry run prints).
+
+    ``max_restarts``: how often the job requeues itself after a rank or a node is lost
+    (:mod:`workbench.launch.failover`, run after ``srun`` by the script's teardown line).
+    """
     validate.check_text("output_dir", str(config.output_dir))  # it names the log files in #SBATCH lines
     minutes = parse_time(opts.time)
     if opts.signal_delay_s < 0 or opts.signal_delay_s >= minutes * 60:
@@ -209,9 +215,19 @@ def sbatch_parameters(config, nodes: int, gpus_per_node: int, opts: SlurmOptions
     params["setup"] = [
         f"# workbench: trains {RunDir(Path(config.run_dir).absolute()).launch_config}, one task per rank"
     ] + list(opts.setup)
+    params["teardown"] = [failover_line(config, max_restarts)]
     params["additional_parameters"].update(validate.extra_directives(opts.sbatch_lines, opts.mem is not None))
     validate.check_params(params)
     return params
+
+
+def failover_line(config, max_restarts: int) -> str:
+    """The job script's line after ``srun``: requeue or end (it must come first, to read ``$?``)."""
+    run_dir = shlex.quote(str(Path(config.run_dir).absolute()))
+    return (
+        f"{shlex.quote(sys.executable)} -u -m workbench.launch.failover {run_dir} "
+        f"--step-exit $? --max-restarts {int(max_restarts)}"
+    )
 
 
 def _folder(config) -> Path:
@@ -318,6 +334,25 @@ def job_info(job_id: str) -> JobInfo | None:
         restarts=int(fields.get("Restarts", 0) or 0),
         exit_code=fields.get("ExitCode", ""),
     )
+
+
+def down_nodes() -> list[str]:
+    """Nodes SLURM holds unusable now (down, drained, failing)."""
+    out = _run(["sinfo", "-h", "-N", "-t", "down,drain,fail", "-o", "%N"])
+    return sorted(set(out.stdout.split())) if out.returncode == 0 else []
+
+
+def pending_reason(reason: str) -> str:
+    """SLURM's reason for a pending job, naming the nodes it waits for when some are down.
+
+    A run's world size is fixed (its batches and its exact resume depend on it), so a job
+    requeued after a node failure waits for as many nodes as it asked for.
+    """
+    if "DOWN" in reason or "ReqNodeNotAvail" in reason:
+        down = down_nodes()
+        if down:
+            return f"waiting for nodes; down now: {', '.join(down)} ({reason})"
+    return reason
 
 
 def submit(config, params: dict[str, Any]) -> str:

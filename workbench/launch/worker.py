@@ -15,9 +15,10 @@ under ``<run_dir>/launch/``:
 ``attempts.jsonl``      one line per attempt (rank 0): start time, job id, restart count
 
 A SIGTERM or SIGUSR2 during training makes every rank stop at the same step boundary after a
-checkpoint (:mod:`workbench.train.preempt`). After SIGUSR2, which SLURM sends ``signal_delay_s``
-before the time limit, rank 0 requeues the job itself (``scontrol requeue``); after SIGTERM
-(``scontrol requeue``, preemption, ``scancel``) SLURM already decided what happens next.
+checkpoint (:mod:`workbench.train.preempt`). What the job does next (requeue after SIGUSR2, which
+SLURM sends ``signal_delay_s`` before the time limit, or after a rank vanished) is decided once the
+step is over, by :mod:`workbench.launch.failover`; after SIGTERM (``scontrol requeue``,
+preemption, ``scancel``) SLURM already decided.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 import traceback
@@ -63,8 +63,12 @@ class _Markers:
         self.rank = rank
         self.base = {
             "rank": rank,
+            "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
             "attempt": attempt_id(),
             "host": socket.gethostname(),
+            # A cluster's node names; SLURM tasks on one machine (the test cluster) share a hostname.
+            "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+            "master_addr": os.environ.get("MASTER_ADDR"),
             "pid": os.getpid(),
             "job_id": os.environ.get("SLURM_JOB_ID"),
             "started": _now(),
@@ -93,6 +97,7 @@ def run_rank(config_dict: dict[str, Any]) -> dict[str, Any]:
                     "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
                     "world_size": int(os.environ.get("WORLD_SIZE", "1")),
                     "host": socket.gethostname(),
+                    "nodes": os.environ.get("SLURM_JOB_NODELIST") or socket.gethostname(),
                     "time": _now(),
                 }
             )
@@ -105,8 +110,6 @@ def run_rank(config_dict: dict[str, Any]) -> dict[str, Any]:
         markers.write("preempted", signal=exc.signal_name, global_step=exc.global_step)
         print(f"workbench: rank {rank}: {exc}", file=sys.stderr, flush=True)
         _shutdown_group()
-        if exc.signal_name == "USR2" and rank == 0 and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
-            _requeue_self()
         return {"state": "preempted", "signal": exc.signal_name, "global_step": exc.global_step}
     except BaseException as exc:
         text = traceback.format_exc()
@@ -128,15 +131,6 @@ def _shutdown_group() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-
-
-def _requeue_self() -> None:
-    # Time limit ahead (SIGUSR2): put the job back in the queue; the next attempt resumes from
-    # the checkpoint just written. SLURM then SIGTERMs this job, which submitit's handler ignores.
-    job = os.environ["SLURM_JOB_ID"]
-    out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
-    msg = "requeued" if out.returncode == 0 else f"could not requeue: {out.stderr.strip()}"
-    print(f"workbench: job {job} {msg}", file=sys.stderr, flush=True)
 
 
 class TrainTask:

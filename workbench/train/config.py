@@ -155,6 +155,7 @@ class TrainConfig:
     dist_timeout_s: int = 1800  # a collective stuck this long fails the group (torchrun can then restart it)
     on_nonfinite: str = "stop"  # a NaN/inf loss or gradient: stop (naming the graphs) or skip the step
     deterministic: bool = True  # torch.use_deterministic_algorithms; see README "Reproducibility"
+    log_graph_ids: bool = False  # each step record lists its graphs (dataset indices): audit an epoch's coverage
 
     def __post_init__(self) -> None:
         for name in PATH_FIELDS:  # coerce would read "" as null, silently the default data

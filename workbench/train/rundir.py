@@ -192,6 +192,10 @@ class RunDir:
         return self.launch / "attempts.jsonl"
 
     @property
+    def failovers(self) -> Path:
+        return self.launch / "failovers.jsonl"
+
+    @property
     def exit_status(self) -> Path:
         return self.launch / "exit.json"
 

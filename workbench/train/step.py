@@ -139,7 +139,7 @@ def step_record(
     s: Session, epoch: int, consumed: int, batch, indices, t: tuple[float, float, float], blocked: float
 ) -> dict:
     t0, t1, t3 = t
-    return {
+    record = {
         "type": "step",
         "rank": s.rank,
         "epoch": epoch,
@@ -158,6 +158,9 @@ def step_record(
         "time": time.time(),
         "peak_rss_mb": round(peak_rss_mb(), 1),
     }
+    if s.config.log_graph_ids:
+        record["graph_ids"] = [int(i) for i in indices]
+    return record
 
 
 def accumulate(totals: StepTotals, batch, out, t: tuple[float, float, float], blocked: float) -> None:

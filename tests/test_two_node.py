@@ -1,0 +1,206 @@
+"""Multi-node for real: a two-node SLURM (two slurmd under one slurmctld) on this machine.
+
+The reference is an uninterrupted run across both nodes. The fault run meets, in turn, a rank
+killed on the second node (the job fails over: it requeues itself), the second node hanging
+(SLURM marks it DOWN and requeues; the job waits for the node) and ``scancel`` (a clean stop;
+launching again resumes). Its steps, losses, graphs per epoch and final weights must equal the
+reference's, bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from workbench.data.embedded import EMBEDDED_PATH
+from workbench.launch import attach, launch
+from workbench.launch.failover import decide, peer_lost
+from workbench.launch.testing import LocalSlurm, missing_daemons, wait_for
+from workbench.train.presets import small_dataset, tiny_config
+from workbench.train.rundir import RunDir, read_jsonl, read_steps
+
+EPOCHS = 8
+START_TIMEOUT = 300  # s: a rank's start (torch + mace import) is slow on a loaded 2-core machine
+
+
+def wait_until(check, timeout: float, what: str):
+    return wait_for(check, what, timeout, interval_s=0.1)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    missing = missing_daemons()
+    if missing:
+        pytest.skip(f"SLURM is not installed here ({', '.join(missing)} missing); `make system-deps`")
+    with LocalSlurm(nodes=2, slurmd_timeout=10, message_timeout=5, requeue_delay_s=6, kill_wait=10) as c:
+        old = os.environ.get("SLURM_CONF")
+        os.environ["SLURM_CONF"] = c.env["SLURM_CONF"]
+        try:
+            yield c
+        finally:
+            if old is None:
+                os.environ.pop("SLURM_CONF", None)
+            else:
+                os.environ["SLURM_CONF"] = old
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    if not EMBEDDED_PATH.exists():
+        pytest.skip("embedded dataset missing")
+    return small_dataset(tmp_path_factory.mktemp("data") / "small.extxyz")
+
+
+def config(tmp: Path, name: str, dataset: Path):
+    return tiny_config(tmp, name, dataset=str(dataset), device="cpu", epochs=EPOCHS, max_steps=None, log_graph_ids=True)
+
+
+@pytest.fixture(scope="module")
+def reference(cluster, dataset, tmp_path_factory):
+    """An uninterrupted run on both nodes, one rank each."""
+    cfg = config(tmp_path_factory.mktemp("ref"), "ref", dataset)
+    run = launch(cfg, backend="slurm", nodes=2, gpus_per_node=1, time="00:30:00")
+    assert run.wait(timeout=START_TIMEOUT) == "done", run.logs()
+    return cfg, run
+
+
+def graphs_per_epoch(run_dir: Path) -> dict[int, Counter]:
+    """How often each graph was trained on in each epoch, over the steps that count."""
+    out: dict[int, Counter] = {}
+    for s in read_steps(run_dir):
+        out.setdefault(s["epoch"], Counter()).update(s["graph_ids"])
+    return out
+
+
+def test_two_node_run_spans_both_nodes_and_covers_every_graph_once(cluster, reference):
+    cfg, run = reference
+    first, second = cluster.node_names
+    ranks = run.rank_states()
+    assert {r: m["node"] for r, m in ranks.items()} == {0: first, 1: second}
+    assert all(m["local_rank"] == 0 for m in ranks.values())  # one rank per node
+    assert {m["master_addr"] for m in ranks.values()} == {first}  # rendezvous on the first node's address
+    assert run.attempts()[0]["nodes"] == f"127.0.0.[{first[-1]}-{second[-1]}]"
+    epochs = graphs_per_epoch(cfg.run_dir)
+    assert sorted(epochs) == list(range(EPOCHS))
+    every = set(epochs[0])
+    assert len(every) >= 40 and every == set(range(len(every)))  # the training set, by dataset index
+    for epoch, seen in epochs.items():
+        assert set(seen) == every and max(seen.values()) == 1, f"epoch {epoch}: a graph lost or repeated"
+    # the job script asks for both nodes and ends with the failover line
+    script = (cfg.run_dir / "slurm" / f"{run.job_id}_submission.sh").read_text()
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=1" in script
+    assert script.rstrip().splitlines()[-1].endswith("--step-exit $? --max-restarts 0")
+    steps = read_steps(cfg.run_dir)
+    assert {s["rank"] for s in steps} == {0, 1}
+
+
+def _kill_rank_on(run, node: str) -> int:
+    rank, marker = next((r, m) for r, m in run.rank_states().items() if m["node"] == node)
+    os.kill(marker["pid"], signal.SIGKILL)
+    return rank
+
+
+def _attempt_running(run, attempt: int, steps_past: int):
+    def ok():
+        states = run.rank_states()
+        return (
+            len(states) == 2
+            and all(m["attempt"].endswith(f".{attempt}") and m["state"] == "running" for m in states.values())
+            and run.metrics().global_step >= steps_past
+        )
+
+    return ok
+
+
+def test_two_node_faults_resume_exactly(cluster, reference, dataset, tmp_path):
+    """Kill node 2's rank, hang node 2, scancel: every graph once per epoch, the reference's losses and weights."""
+    ref_cfg, _ = reference
+    first, second = cluster.node_names
+    cfg = config(tmp_path, "faults", dataset)
+    run = launch(cfg, backend="slurm", nodes=2, gpus_per_node=1, time="00:30:00", max_restarts=1)
+
+    # 1. a rank dies (SIGKILL) on the second node: the job requeues itself (failover 1 of 1)
+    wait_until(_attempt_running(run, 0, 3), START_TIMEOUT, "attempt 1 to train 3 steps")
+    assert _kill_rank_on(run, second) == 1
+    wait_until(_attempt_running(run, 1, run.metrics().global_step + 2), START_TIMEOUT, "the failover attempt")
+    (failover,) = read_jsonl(RunDir(cfg.run_dir).failovers)
+    assert failover["attempt"] == f"{run.job_id}.0" and "rank(s) 1 vanished" in failover["why"]
+
+    # 2. the second node hangs: SLURM marks it DOWN, requeues the job, which waits for two nodes
+    cluster.stop_node(second)
+    wait_until(lambda: cluster.node_states().get(second, "").startswith("down"), 120, f"node {second} DOWN")
+
+    def waiting_for_node():
+        status, reason = run.refresh()
+        return (status, reason) if "down now" in reason else None
+
+    status, reason = wait_until(waiting_for_node, 90, "the requeued job to wait for the node")
+    assert status == "pending" and f"waiting for nodes; down now: {second}" in reason and reason.endswith(", attempt 3")
+    cluster.start_node(second)
+    wait_until(_attempt_running(run, 2, run.metrics().global_step + 2), START_TIMEOUT, "the attempt after the node")
+    assert {m["node"] for m in run.rank_states().values()} == {first, second}
+
+    # 3. scancel: every rank stops at one step boundary after a checkpoint; launching again resumes
+    run.cancel(timeout=120)
+    assert run.status == "failed" and run.reason.startswith("cancelled by user; stopped cleanly by SIGTERM")
+    stopped = run.metrics().global_step
+    assert torch.load(RunDir(cfg.run_dir).checkpoint, weights_only=False)["global_step"] == stopped
+    again = launch(cfg, backend="slurm", nodes=2, gpus_per_node=1, time="00:30:00")
+    assert again.wait(timeout=START_TIMEOUT) == "done", again.logs()
+    assert attach(cfg.run_dir).job_id == again.job_id
+
+    ref_steps = read_steps(ref_cfg.run_dir)
+    got = read_steps(cfg.run_dir)
+    assert [(s["rank"], s["global_step"]) for s in got] == [(s["rank"], s["global_step"]) for s in ref_steps]
+    assert [s["graph_ids"] for s in got] == [s["graph_ids"] for s in ref_steps]
+    assert [s["loss"] for s in got] == [s["loss"] for s in ref_steps]
+    assert graphs_per_epoch(cfg.run_dir) == graphs_per_epoch(ref_cfg.run_dir)
+    a = torch.load(RunDir(cfg.run_dir).checkpoint, weights_only=False)["model"]
+    b = torch.load(RunDir(ref_cfg.run_dir).checkpoint, weights_only=False)["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# --------------------------------------------------------------------------- the failover rule
+def _m(state: str, **kw) -> dict:
+    return {"state": state, **kw}
+
+
+def test_failover_requeues_lost_ranks_not_bugs():
+    gloo = (  # what rank 0 said when rank 1 was killed (torch 2.13, gloo)
+        "RuntimeError: Got the following error when running the callback: RuntimeError: "
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+        "[127.0.0.1]:28064: Connection reset by peer."
+    )
+    assert peer_lost(gloo) and peer_lost("DistBackendError: NCCL error in: ...")
+    assert not peer_lost("ValueError: capacity 30 atoms is smaller than graph 3 (45 atoms)")
+    lost = {0: _m("failed", error=gloo), 1: _m("running")}
+    assert decide(lost, 137, 2, used=0, max_restarts=1).requeue
+    no_budget = decide(lost, 137, 2, used=1, max_restarts=1)
+    assert not no_budget.requeue and "no failover left (1 of max_restarts=1 used)" in no_budget.why
+    bug = {0: _m("failed", error="ValueError: capacity 30"), 1: _m("failed", error=gloo)}
+    assert not decide(bug, 1, 2, used=0, max_restarts=5).requeue
+    silent = decide({0: _m("running")}, 9, 2, used=0, max_restarts=2)  # rank 1 never wrote a marker
+    assert silent.requeue and "rank(s) 0, 1 vanished" in silent.why
+    usr2 = {0: _m("preempted", signal="USR2"), 1: _m("preempted", signal="USR2")}
+    assert decide(usr2, 0, 2, used=9, max_restarts=0).requeue  # the time limit spends no failover
+    assert not decide({0: _m("done"), 1: _m("done")}, 0, 2, used=0, max_restarts=1).requeue
+    term = {0: _m("preempted", signal="TERM"), 1: _m("preempted", signal="TERM")}
+    assert not decide(term, 0, 2, used=0, max_restarts=1).requeue
+    assert not decide(term, 75, 2, used=0, max_restarts=1).requeue  # the trainer's clean-stop exit code
+    half = {0: _m("preempted", signal="TERM"), 1: _m("running")}  # rank 1 died before the stop
+    assert decide(half, 137, 2, used=0, max_restarts=1).requeue
+
+
+def test_failover_line_is_quoted_and_counts_restarts(tmp_path):
+    from workbench.launch.slurm import failover_line
+
+    cfg = tiny_config(tmp_path / "it's here", "q", device="cpu")
+    line = failover_line(cfg, 3)
+    assert "-m workbench.launch.failover '" in line and line.endswith("--step-exit $? --max-restarts 3")
+    with pytest.raises(ValueError, match="max_restarts=-1: must be an integer >= 0"):
+        launch(cfg, backend="slurm", dry_run=True, max_restarts=-1)
