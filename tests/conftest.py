@@ -7,7 +7,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("WORKBENCH_KERNELS_POISON", "1")
 
 
+import importlib.util
+
 import pytest
+
+# tests/nequip run in the NequIP venv (`make test-nequip`): nequip needs e3nn >= 0.6, mace-torch 0.4.4
+collect_ignore = [] if importlib.util.find_spec("nequip") else ["nequip"]
 
 # Under pytest-xdist ``make test`` runs ``-n 2 --dist loadfile``: a module runs whole on one
 # worker, so its module fixtures (a JupyterLab, compiled kernels, a prepared store) start once.

@@ -22,7 +22,7 @@ def _canonical(name: str) -> str:
 def _requirement_names() -> set[str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     reqs = list(project["dependencies"])
-    for extra in ("dev", "lab"):
+    for extra in ("dev", "lab", "mace"):
         reqs += project["optional-dependencies"][extra]
     return {_canonical(re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0]) for r in reqs}
 
@@ -52,7 +52,7 @@ def test_lock_pins_every_dependency_exactly():
 def test_environment_yml_says_the_same_versions():
     assert lock.read_environment_pins() == {k: v for k, v in lock.read_lock().items() if k != "pip"}
     text = (ROOT / "environment.yml").read_text()
-    assert f"pip={lock.read_lock()['pip']}" in text and "-e .[dev,lab]" in text
+    assert f"pip={lock.read_lock()['pip']}" in text and "-e .[dev,lab,mace]" in text
 
 
 def test_lock_script_round_trips(tmp_path, monkeypatch):

@@ -8,9 +8,9 @@ autograd to any order, and :func:`accelerate` to swap them into mace-torch model
 * :class:`SymmetricContraction` - drop-in for mace's symmetric contraction.
 * :class:`EdgePolyOp` / :func:`apply_edge_poly_op` / :class:`EdgeGraph` - sparse polynomials
   over edges with the gather from sender / receiver nodes and the scatter-sum fused in.
-* :func:`channelwise_tp_polynomial` / :func:`channelwise_tp_op` - mace's channelwise ("uvu")
-  tensor product + scatter (the message op) as one edge polynomial; :func:`fuse_conv_tp`
-  swaps it into an interaction block through mace's ``conv_fusion`` hook.
+* :func:`channelwise_tp_polynomial` / :func:`channelwise_tp_op` - an e3nn channelwise ("uvu")
+  tensor product + scatter (the message op of MACE and NequIP) as one edge polynomial;
+  :func:`fuse_conv_tp` swaps it into a MACE interaction block through mace's ``conv_fusion`` hook.
 * :func:`accelerate` - ``accelerate(model, backend="numba" | "e3nn" | "cueq", ops=None)``.
 
 Layers (imports run one way, top to bottom):
@@ -37,9 +37,9 @@ _OWNERS = {
     "Operand": "workbench.kernels.descriptor",
     "SparsePolynomial": "workbench.kernels.descriptor",
     "SUPPORTED_INTERACTION_BLOCKS": "workbench.kernels.mace.channelwise_tp",
-    "ChannelwiseTPStats": "workbench.kernels.mace.channelwise_tp",
-    "channelwise_tp_op": "workbench.kernels.mace.channelwise_tp",
-    "channelwise_tp_polynomial": "workbench.kernels.mace.channelwise_tp",
+    "ChannelwiseTPStats": "workbench.kernels.e3nn_tp",
+    "channelwise_tp_op": "workbench.kernels.e3nn_tp",
+    "channelwise_tp_polynomial": "workbench.kernels.e3nn_tp",
     "fuse_conv_tp": "workbench.kernels.mace.channelwise_tp",
     "unfuse_conv_tp": "workbench.kernels.mace.channelwise_tp",
     "SymmetricContraction": "workbench.kernels.mace.symmetric_contraction",

@@ -181,3 +181,4 @@ register_backend(
 register_model(
     ModelAdapter("mace", "mace-torch models (MACE, ScaleShiftMACE, ...)", "workbench.kernels.mace.adapter", ("cueq",))
 )
+register_model(ModelAdapter("nequip", "NequIP models (nequip 0.19)", "workbench.kernels.nequip.adapter"))

@@ -18,8 +18,10 @@ OPS: tuple[str, ...] = ("symmetric_contraction", "channelwise_tp")
 
 
 def _is_mace_sc(m: torch.nn.Module) -> bool:
-    from mace.modules.symmetric_contraction import SymmetricContraction as MaceSC
-
+    try:
+        from mace.modules.symmetric_contraction import SymmetricContraction as MaceSC
+    except ImportError:  # an environment without mace-torch (the NequIP one) holds no mace module
+        return False
     return isinstance(m, MaceSC)
 
 

@@ -1,0 +1,70 @@
+"""NequIP models and inputs for the parity tests: random periodic cells, molecules, batches.
+
+Runs in the NequIP venv (``make test-nequip``): nequip 0.19 and e3nn 0.6, no mace-torch.
+"""
+
+from __future__ import annotations
+
+import ase
+import numpy as np
+import torch
+
+SPECIES = ("H", "C", "O")
+
+
+def build_model(dtype: str = "float64", seed: int = 1, **kw) -> torch.nn.Module:
+    """A NequIP GNN (nequip's own builder); ``kw`` override its hyperparameters."""
+    from nequip.model import NequIPGNNModel
+    from nequip.utils.global_state import set_global_state
+
+    set_global_state()
+    args = {
+        "seed": seed,
+        "model_dtype": dtype,
+        "r_max": 3.5,
+        "type_names": list(SPECIES[: kw.pop("num_types", 2)]),
+        "num_layers": 2,
+        "l_max": 2,
+        "num_features": 8,
+        "radial_mlp_width": 16,
+        "avg_num_neighbors": 12.0,
+        "per_type_energy_scales": 1.3,
+        "per_type_energy_shifts": -2.0,
+    }
+    args.update(kw)
+    with np.errstate(all="ignore"):
+        return NequIPGNNModel(**args)
+
+
+def cell(rng: np.random.Generator, n: int, types: int, size: float = 5.0) -> ase.Atoms:
+    """A random triclinic periodic cell, some atoms outside the home cell."""
+    lattice = np.eye(3) * size + rng.uniform(-0.8, 0.8, (3, 3))
+    frac = rng.uniform(-0.3, 1.3, (n, 3))  # beyond [0, 1): outside the home cell
+    symbols = [SPECIES[i] for i in rng.integers(0, types, n)]
+    return ase.Atoms(symbols, scaled_positions=None, positions=frac @ lattice, cell=lattice, pbc=True)
+
+
+def molecule(rng: np.random.Generator, n: int, types: int) -> ase.Atoms:
+    """A random non-periodic cluster with one atom far from the others (no edges)."""
+    pos = rng.normal(0.0, 1.2, (n, 3))
+    pos[-1] = (30.0, 0.0, 0.0)
+    return ase.Atoms([SPECIES[i] for i in rng.integers(0, types, n)], positions=pos, pbc=False)
+
+
+def batch(frames: list[ase.Atoms], model: torch.nn.Module, r_max: float = 3.5, shuffle_edges: int | None = None):
+    """nequip's batched ``AtomicDataDict`` of ``frames``: types, neighbour list, float64 positions."""
+    from nequip.data import AtomicDataDict, from_ase
+    from nequip.data._nl import compute_neighborlist_
+    from nequip.data.transforms import ChemicalSpeciesToAtomTypeMapper
+
+    mapper = ChemicalSpeciesToAtomTypeMapper(model_type_names=list(model.type_names))
+    data = []
+    for atoms in frames:
+        d = mapper(compute_neighborlist_(from_ase(atoms), r_max))
+        if shuffle_edges is not None:  # unsorted edges: the kernels must not assume an order
+            perm = torch.randperm(d["edge_index"].shape[1], generator=torch.Generator().manual_seed(shuffle_edges))
+            d["edge_index"] = d["edge_index"][:, perm]
+            if "edge_cell_shift" in d:
+                d["edge_cell_shift"] = d["edge_cell_shift"][perm]
+        data.append(d)
+    return AtomicDataDict.batched_from_list(data)

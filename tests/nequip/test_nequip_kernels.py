@@ -1,0 +1,145 @@
+"""NequIP on the workbench kernels: parity with nequip's own e3nn path, in nequip's venv.
+
+float64: energy, forces, stress and every parameter gradient of a force-and-stress loss within
+1e-10 (relative to the largest entry) of the e3nn model with the same weights; float32 within
+1e-5 of float64. Inputs: random triclinic cells with atoms outside the home cell, a cell small
+enough that atoms see their own images, a molecule whose last atom has no neighbour, several
+frames in one batch, edges in random order.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+import torch
+from nequip_fixtures import batch, build_model, cell, molecule
+
+from workbench.kernels import accelerate
+from workbench.kernels.nequip import tp_scatter
+
+CONFIGS = {
+    "lmax1-parity-2types": {"l_max": 1, "parity": True},
+    "lmax2-noparity-3types-trainable-scales": {
+        "l_max": 2,
+        "parity": False,
+        "num_types": 3,
+        "per_type_energy_scales_trainable": True,
+        "per_type_energy_shifts_trainable": True,
+    },
+    "lmax3-parity-deep-radial": {"l_max": 3, "parity": True, "radial_mlp_depth": 2, "num_bessels": 6},
+}
+
+
+def frames(seed: int, types: int):
+    rng = np.random.default_rng(seed)
+    return [cell(rng, 9, types), molecule(rng, 6, types), cell(rng, 4, types, size=2.6)]
+
+
+def outputs(model, data) -> dict[str, torch.Tensor]:
+    """Energy, forces, stress (periodic frames) and the gradient of a loss on all three to every parameter."""
+    out = model(dict(data))
+    periodic = ~torch.isnan(out["stress"].reshape(out["stress"].shape[0], -1)).any(dim=1)
+    stress = out["stress"][periodic]
+    loss = (out["total_energy"] ** 2).sum() + (out["forces"] ** 2).sum() + (stress**2).sum()
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    res = {"energy": out["total_energy"].detach(), "forces": out["forces"].detach(), "stress": stress.detach()}
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    res.update({f"grad:{n}": g for n, g in zip(names, grads) if g is not None})
+    return res
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-300))
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_float64_parity_with_nequips_e3nn_path(name):
+    kw = dict(CONFIGS[name])
+    types = kw.get("num_types", 2)
+    model = build_model(**kw)
+    data = batch(frames(7, types), model, shuffle_edges=3)
+    ref = outputs(model, data)
+    fast = copy.deepcopy(model)
+    assert accelerate(fast, backend="numba") is fast
+    assert sum(tp_scatter.is_workbench(m) for m in fast.modules()) == kw.get("num_layers", 2)
+    got = outputs(fast, data)
+    assert got.keys() == ref.keys() and len([k for k in ref if k.startswith("grad:")]) >= 10
+    worst = {k: rel(got[k], ref[k]) for k in ref}
+    assert max(worst.values()) <= 1e-10, sorted(worst.items(), key=lambda kv: -kv[1])[:3]
+
+
+def test_float32_against_float64():
+    f64 = build_model("float64", l_max=2)
+    f32 = build_model("float32", l_max=2)
+    f32.load_state_dict(f64.state_dict())
+    data = batch(frames(11, 2), f64)
+    accelerate(f64, backend="numba")
+    accelerate(f32, backend="numba")
+    a, b = f32(dict(data)), f64(dict(data))
+    # nequip keeps positions and outputs in float64; the message passing runs in the model dtype
+    assert {m.model_dtype for m in f32.modules() if tp_scatter.is_workbench(m)} == {torch.float32}
+    assert a["node_features"].dtype == torch.float32
+    for key in ("total_energy", "forces"):
+        assert rel(a[key].detach(), b[key].detach()) <= 1e-5, key
+
+
+def test_accelerate_in_place_and_back_keeps_the_state_dict():
+    model = build_model(l_max=2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = {n: id(p) for n, p in model.named_parameters()}
+    accelerate(model, backend="numba")
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert {n: id(p) for n, p in model.named_parameters()} == ids  # optimizers keep their parameters
+    accelerate(model, backend="e3nn")
+    assert not any(tp_scatter.is_workbench(m) for m in model.modules())
+    assert sum(tp_scatter.is_native(m) for m in model.modules()) == 2
+
+
+def test_modifier_from_a_nequip_config():
+    from nequip.model import modify
+
+    config = {"_target_": "nequip_fixtures.build_model", "l_max": 1}
+    model = modify(config, [{"modifier": "enable_WorkbenchKernels", "backend": "torch"}])
+    sites = [m for m in model.modules() if tp_scatter.is_workbench(m)]
+    assert len(sites) == 2 and {m.kernel_backend for m in sites} == {"torch"}
+    modify(model, [{"modifier": "enable_WorkbenchKernels", "backend": "e3nn"}])
+    assert not any(tp_scatter.is_workbench(m) for m in model.modules())
+
+
+def test_gradcheck_and_gradgradcheck_on_nequips_polynomials():
+    model = build_model(l_max=3, parity=True, num_features=2, radial_mlp_width=4)
+    accelerate(model, backend="numba")
+    gen = torch.Generator().manual_seed(5)
+    for m in (m for m in model.modules() if tp_scatter.is_workbench(m)):
+        n, e = 4, 9
+        x = torch.randn(n, m.tp.irreps_in1.dim, dtype=torch.float64, generator=gen, requires_grad=True)
+        y = torch.randn(e, m.tp.irreps_in2.dim, dtype=torch.float64, generator=gen, requires_grad=True)
+        w = torch.randn(e, m.tp.weight_numel, dtype=torch.float64, generator=gen, requires_grad=True)
+        src, dst = torch.randint(0, n, (e,), generator=gen), torch.randint(0, n, (e,), generator=gen)
+
+        def f(x, y, w, m=m, src=src, dst=dst):
+            return m(x, y, w, dst, src)
+
+        assert torch.autograd.gradcheck(f, (x, y, w))
+        assert torch.autograd.gradgradcheck(f, (x, y, w))
+
+
+def test_unequal_multiplicities_are_refused_naming_the_module():
+    model = build_model(l_max=2, parity=False, num_features=[4, 2, 4])
+    with pytest.raises(TypeError, match=r"tp_scatter \(TensorProductScatter\): .*channels"):
+        accelerate(model, backend="numba")
+    assert not any(tp_scatter.is_workbench(m) for m in model.modules())  # all or nothing
+
+
+def test_the_workbench_imports_without_mace():
+    assert importlib.util.find_spec("mace") is None  # this venv has nequip, not mace-torch
+    import workbench.kernels
+    import workbench.packing
+
+    assert "nequip" in workbench.kernels.registry.MODELS and "mace" not in sys.modules
