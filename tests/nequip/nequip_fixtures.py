@@ -5,9 +5,13 @@ Runs in the NequIP venv (``make test-nequip``): nequip 0.19 and e3nn 0.6, no mac
 
 from __future__ import annotations
 
+import itertools
+from pathlib import Path
+
 import ase
 import numpy as np
 import torch
+from lightning.pytorch import Callback
 
 SPECIES = ("H", "C", "O")
 
@@ -68,3 +72,53 @@ def batch(frames: list[ase.Atoms], model: torch.nn.Module, r_max: float = 3.5, s
                 d["edge_cell_shift"] = d["edge_cell_shift"][perm]
         data.append(d)
     return AtomicDataDict.batched_from_list(data)
+
+
+def cu_dataset(path, n: int, seed: int = 0):
+    """``n`` rattled fcc Cu cells of 3 to 32 atoms (supercells with vacancies), EMT-labelled, as extxyz."""
+    import ase.io
+    from ase.build import bulk
+    from ase.calculators.emt import EMT
+    from ase.calculators.singlepoint import SinglePointCalculator
+
+    rng = np.random.default_rng(seed)
+    frames = []
+    for _ in range(n):
+        reps = tuple(int(r) for r in rng.integers(1, 3, 3))
+        atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(reps)
+        del atoms[list(rng.choice(len(atoms), int(rng.integers(0, len(atoms) // 4 + 1)), replace=False))]
+        atoms.positions += rng.normal(0.0, 0.08, atoms.positions.shape)
+        atoms.calc = EMT()
+        energy, forces = atoms.get_potential_energy(), atoms.get_forces()
+        atoms.calc = SinglePointCalculator(atoms, energy=energy, forces=forces)
+        frames.append(atoms)
+    ase.io.write(path, frames, format="extxyz")
+    return path
+
+
+def frame_key(atoms_or_positions) -> str:
+    """A fingerprint of one structure's positions (float64, as nequip reads them)."""
+    import hashlib
+
+    pos = getattr(atoms_or_positions, "positions", atoms_or_positions)
+    pos = np.round(np.asarray(pos, dtype=np.float64), 6) + 0.0  # +0.0: no negative zeros
+    return hashlib.sha1(pos.tobytes()).hexdigest()[:16]
+
+
+class RecordGraphs(Callback):
+    """Lightning callback: each training step's graphs (``frame_key``) per rank, one JSON line each."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        import json
+
+        counts = batch["num_atoms"].tolist()
+        pos = batch["pos"].detach().cpu().double().numpy()
+        starts = np.cumsum([0, *counts])
+        graphs = [frame_key(pos[a:b]) for a, b in itertools.pairwise(starts)]
+        rec = {"rank": trainer.global_rank, "epoch": trainer.current_epoch, "step": batch_idx, "graphs": graphs}
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.path / f"rank{trainer.global_rank}.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
