@@ -1,38 +1,20 @@
 """``workbench bench cpu``: the smoke preset end to end (table, JSON, the trajectory figure)."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_fixtures import run_workbench
 
 import workbench  # noqa: F401
 from workbench.bench.cpu import bench_cpu, format_table, hot_op_timer
 from workbench.bench.workloads import system_batch
 
-BIN = Path(sys.executable).parent
-
 
 def test_smoke_preset_writes_table_json_and_trajectory_figure(tmp_path):
     out = tmp_path / "cpu.json"
-    res = subprocess.run(
-        [
-            str(BIN / "workbench"),
-            "bench",
-            "cpu",
-            "--preset",
-            "smoke",
-            "--trajectory-steps",
-            "4",
-            "--out",
-            str(out),
-            "--workdir",
-            str(tmp_path / "runs"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
+    res = run_workbench(
+        "bench", "cpu", "--preset", "smoke", "--trajectory-steps", 4, "--out", out, "--workdir", tmp_path / "runs"
     )
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads(out.read_text())

@@ -128,23 +128,19 @@ def test_resume_keeps_finished_runs_only_under_the_same_settings(tmp_path):
         _resumed_rows(tmp_path, dict(settings, dtype="float32", batch_size=4))
 
 
+def _bench_result(rows: list[dict], **extra) -> dict:
+    """A quality bench result of ``rows`` (10 steps each), as bench_quality writes it."""
+    for r in rows:
+        r.update(steps=10, families={})
+    split = {"n_train": 10, "n_valid": 2}
+    res = {"preset": "standard", "dtype": "float64", "split": split, "steps": 10, "capacity": 900, **extra}
+    return {**res, "rows": rows, "summary": summarise(rows)}
+
+
 def test_partial_bench_table_says_so():
     from workbench.bench.quality import format_table
 
-    rows = _rows("mace_run_train", "fixed 8", [70.0], [50.0])
-    for r in rows:
-        r.update(steps=10, families={})
-    res = {
-        "preset": "standard",
-        "dtype": "float64",
-        "split": {"n_train": 10, "n_valid": 2},
-        "steps": 10,
-        "capacity": 900,
-        "complete": False,
-        "rows": rows,
-        "summary": summarise(rows),
-    }
-    text = format_table(res)
+    text = format_table(_bench_result(_rows("mace_run_train", "fixed 8", [70.0], [50.0]), complete=False))
     assert text.splitlines()[1].startswith("PARTIAL: 1 runs finished")
 
 
@@ -200,18 +196,7 @@ def test_paired_parity_is_a_t_interval_on_the_per_seed_ratios():
     # only seeds both trainers ran are paired
     part = summarise(rows[:3] + rows[3:5])["paired"]
     assert part["e_seeds"] == 2
-    for r in rows:
-        r.update(steps=10, families={})
-    res = {
-        "preset": "standard",
-        "dtype": "float64",
-        "split": {"n_train": 10, "n_valid": 2},
-        "steps": 10,
-        "capacity": 900,
-        "rows": rows,
-        "summary": summarise(rows),
-    }
-    assert "parity, paired seed by seed" in format_table(res)
+    assert "parity, paired seed by seed" in format_table(_bench_result(rows))
 
 
 def test_the_mace_order_sampler_name_matches_the_trainers():

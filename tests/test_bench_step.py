@@ -2,17 +2,15 @@
 through the CLI, a failing row, and the GPU profile's classification on a synthetic trace."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_fixtures import run_workbench
 
 import workbench  # noqa: F401
 from workbench.bench import step as bs
 from workbench.bench.step_profile import GAPS, OPTIMIZER, WORKBENCH, category, gpu_breakdown, union_length
 
-BIN = Path(sys.executable).parent
 #: loss_first agreement of numba and e3nn (same weights and batch)
 RTOL = {"float64": 1e-10, "float32": 1e-4}
 
@@ -101,24 +99,8 @@ def test_smoke_profile_shares(smoke):
 
 def test_budget_zero_skips_every_row_through_the_cli(tmp_path):
     out = tmp_path / "b.json"
-    r = subprocess.run(
-        [
-            str(BIN / "workbench"),
-            "bench",
-            "step",
-            "--preset",
-            "smoke",
-            "--budget-s",
-            "0",
-            "--device",
-            "cpu",
-            "--out",
-            str(out),
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    r = run_workbench(
+        "bench", "step", "--preset", "smoke", "--budget-s", 0, "--device", "cpu", "--out", out, timeout=300
     )
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
+from cli_fixtures import run_workbench
 from kernel_fixtures import build_model
 
 from workbench.bench.resources import (
@@ -332,26 +331,8 @@ def test_fused_pass_source_loads_each_component_once(small_ops, monkeypatch):
 
 def test_cli_writes_report(tmp_path):
     out = tmp_path / "res.json"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "workbench.cli",
-            "kernels",
-            "resources",
-            "--ops",
-            "channelwise_tp",
-            "--variant",
-            "table",
-            "--dtype",
-            "float32",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    options = ("--ops", "channelwise_tp", "--variant", "table", "--dtype", "float32", "--json", out)
+    res = run_workbench("kernels", "resources", *options)
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads(out.read_text())
     rows = report["kernels"]

@@ -1,20 +1,16 @@
 """``workbench md``: NVE/NVT with a mace model on the workbench kernels, drift and speed reported."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import ase.io
 import numpy as np
 import pytest
 import torch
+from cli_fixtures import run_workbench
 from kernel_fixtures import build_model
 
 import workbench  # noqa: F401
 from workbench.train.md import energy_drift, run_md
-
-BIN = Path(sys.executable).parent
 
 
 @pytest.fixture(scope="module")
@@ -57,28 +53,8 @@ def test_nve_20_steps_numba_matches_e3nn(tiny_model):
 def test_cli_writes_trajectory_and_reports_drift(tiny_model, tmp_path):
     model, structure = tiny_model
     traj, out = tmp_path / "md.xyz", tmp_path / "md.json"
-    res = subprocess.run(
-        [
-            str(BIN / "workbench"),
-            "md",
-            str(model),
-            "--structure",
-            str(structure),
-            "--steps",
-            "20",
-            "--ensemble",
-            "nvt",
-            "--trajectory",
-            str(traj),
-            "--write-every",
-            "5",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    options = ("--steps", 20, "--ensemble", "nvt", "--trajectory", traj, "--write-every", 5, "--json", out)
+    res = run_workbench("md", model, "--structure", structure, *options, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "NVT 20 steps" in res.stdout and "eV/atom/ps" in res.stdout and "ns/day" in res.stdout
     assert len(ase.io.read(traj, index=":")) == 5  # steps 0, 5, 10, 15, 20
@@ -96,5 +72,5 @@ def test_cli_writes_trajectory_and_reports_drift(tiny_model, tmp_path):
 def test_cli_errors_name_the_problem(tiny_model, args, message):
     model, structure = tiny_model
     args = [a.format(structure=structure) for a in args]
-    res = subprocess.run([str(BIN / "workbench"), "md", str(model), *args], capture_output=True, text=True, timeout=300)
+    res = run_workbench("md", model, *args, timeout=300)
     assert res.returncode == 2 and message in res.stderr

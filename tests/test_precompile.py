@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_fixtures import run_workbench, workbench_command
 from kernel_fixtures import build_model
 
 from workbench.kernels import accelerate
@@ -26,6 +27,8 @@ from workbench.kernels.launches import launches, training_ops
 from workbench.kernels.precompile import decode_types, encode_types, kernel_jobs, precompile, target_id
 
 pytestmark = pytest.mark.skipif(find_ptxas() is None, reason="ptxas (nvidia-cuda-nvcc wheel) not installed")
+#: the model that the command-line tests compile
+MODEL_OPTIONS = ("--hidden", "4x0e+4x1o", "--max-ell", 2, "--correlation", 2)
 
 
 @pytest.fixture(scope="module")
@@ -136,31 +139,8 @@ def test_markers_name_the_target_and_the_compiler():
 
 
 def _precompile_cli(cache: Path, out: Path) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "workbench.cli",
-        "kernels",
-        "precompile",
-        "--hidden",
-        "4x0e+4x1o",
-        "--max-ell",
-        "2",
-        "--correlation",
-        "2",
-        "--elements",
-        "3",
-        "--target",
-        "ptx",
-        "--modules",
-        "products.0.",
-        "--workers",
-        "2",
-        "--cache",
-        str(cache),
-        "--json",
-        str(out),
-    ]
+    options = ("--elements", 3, "--target", "ptx", "--modules", "products.0.", "--workers", 2)
+    cmd = workbench_command("kernels", "precompile", *MODEL_OPTIONS, *options, "--cache", cache, "--json", out)
     return subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
     )
@@ -222,34 +202,8 @@ def test_cold_start_bench_times_the_compile_from_an_empty_cache(tmp_path):
     """``workbench bench cold-start`` without a GPU: PTX + ptxas of every kernel from an empty cache,
     then the same cache again (nothing left to compile), each in a fresh process; JSON per machine."""
     out = tmp_path / "cold_start.json"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "workbench.cli",
-            "bench",
-            "cold-start",
-            "--hidden",
-            "4x0e+4x1o",
-            "--max-ell",
-            "2",
-            "--correlation",
-            "2",
-            "--atoms",
-            "48",
-            "--target",
-            "ptx",
-            "--workers",
-            "2",
-            "--name",
-            "ci",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    options = ("--atoms", 48, "--target", "ptx", "--workers", 2, "--name", "ci", "--out", out)
+    res = run_workbench("bench", "cold-start", *MODEL_OPTIONS, *options)
     assert res.returncode == 0, res.stderr[-3000:]
     entry = json.loads(out.read_text())["machines"]["ci"]
     cold, warm = entry["runs"]["cold"], entry["runs"]["warm"]

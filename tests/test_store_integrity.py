@@ -205,3 +205,18 @@ def test_empty_mace_hdf5_names_the_source_not_the_output(tmp_path):
     h5py.File(src, "w").close()
     with pytest.raises(StructureError, match=r"empty_train\.h5: mace HDF5 file holds no configurations"):
         prepare([src], tmp_path / "out", workers=1, progress=False)
+
+
+def test_tiled_store_repeats_the_source_graphs_and_verifies(source, tmp_path):
+    """``tile_prepared`` writes graph ``i`` as labelled graph ``i mod m`` of the source: the same
+    index record, element counts and origin frame, in shards that verify."""
+    from workbench.data.tiling import tile_prepared
+
+    src = _prepare(source, tmp_path / "src")
+    tiled = tile_prepared(src, tmp_path / "tiled", 60, shard_size=16, progress=False)
+    pick = src.select()[np.arange(60) % src.select().size]
+    assert len(tiled) == 60 and len(tiled.shards) == 4 and verify_shards(tiled, progress=False) == []
+    np.testing.assert_array_equal(tiled.column("atoms"), src.column("atoms", pick))
+    np.testing.assert_array_equal(next(tiled.element_counts())[1], next(src.element_counts(pick))[1])
+    assert [frame for _, frame in tiled.origin(np.arange(60))] == pick.tolist()
+    assert tile_prepared(src, tmp_path / "tiled", 60, shard_size=16, progress=False).path == tiled.path  # reused

@@ -24,6 +24,7 @@ FLOORS = {
     "dtypes": 0,
     "quiet": 0,
     "limits": 0,
+    "cli_args": 0,
     "data": 1,
     "kernels": 1,
     "packing": 2,

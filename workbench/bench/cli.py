@@ -11,6 +11,7 @@ import argparse
 from workbench.bench import cold_start, cpu, data, kernel_cli, quality, step, train
 from workbench.bench.quality_summary import PARITY_TOLERANCE
 from workbench.bench.workloads import MODELS
+from workbench.cli_args import option_values
 from workbench.train.cli import add_config_args, config_from_args
 
 __all__ = ["register_bench", "register_kernels"]
@@ -33,18 +34,8 @@ def _done(table: str, out) -> int:
 def _packing(args: argparse.Namespace) -> int:
     from workbench.bench.packing import run
 
-    run(
-        n=args.n,
-        capacity=args.capacity,
-        replicas=args.replicas,
-        real_replicas=args.real_replicas,
-        seed=args.seed,
-        real_path=args.real,
-        pyg_n=args.pyg_n,
-        do_sweep=not args.no_sweep,
-        repeats=args.repeats,
-        out=args.out,
-    )
+    names = ("n", "capacity", "replicas", "real_replicas", "seed", "pyg_n", "repeats", "out")
+    run(real_path=args.real, do_sweep=not args.no_sweep, **option_values(args, *names))
     return 0
 
 
@@ -104,17 +95,10 @@ def _register_data(bench_sub) -> None:
 
 def _quality(args: argparse.Namespace) -> int:
     res = quality.bench_quality(
-        preset=args.preset,
         seeds=[int(s) for s in args.seeds.split(",")],
         samplers=args.samplers.split(","),
         mace=not args.no_mace,
-        dtype=args.dtype,
-        batch_size=args.batch_size,
-        threads=args.threads,
-        workdir=args.workdir,
-        out=args.out,
-        resume=args.resume,
-        backend=args.backend,
+        **option_values(args, "preset", "dtype", "batch_size", "threads", "workdir", "out", "resume", "backend"),
     )
     return _done(quality.format_table(res), args.out)
 
@@ -160,17 +144,10 @@ def _register_quality(bench_sub) -> None:
 
 
 def _cpu(args: argparse.Namespace) -> int:
+    lists = option_values(args, "parts", "models", "systems", "dtypes")
     res = cpu.bench_cpu(
-        preset=args.preset,
-        parts=_items(args.parts),
-        models=_items(args.models),
-        systems=_items(args.systems),
-        dtypes=_items(args.dtypes),
-        repeats=args.repeats,
-        trajectory_steps=args.trajectory_steps,
-        threads=args.threads,
-        out=args.out,
-        workdir=args.workdir,
+        **{k: _items(v) for k, v in lists.items()},
+        **option_values(args, "preset", "repeats", "trajectory_steps", "threads", "out", "workdir"),
     )
     return _done(cpu.format_table(res), args.out)
 
@@ -206,10 +183,7 @@ def _step(args: argparse.Namespace) -> int:
 
     names = ("preset", "parts", "model", "dtypes", "workloads", "backends", "warmup", "repeats", "device", "out")
     res = step.bench_step(
-        **{k: getattr(args, k) for k in names},
-        budget_s=args.budget_s,
-        profile_workload=args.profile_workload,
-        command="workbench " + shlex.join(sys.argv[1:]),
+        **option_values(args, *names, "budget_s", "profile_workload"), command="workbench " + shlex.join(sys.argv[1:])
     )
     return _done(step.format_table(res), res["meta"]["out"])
 

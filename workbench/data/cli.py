@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from workbench.cli_args import option_values
+
 
 def _families(text: str | None):
     if not text:
@@ -156,12 +158,7 @@ def _prepare(args: argparse.Namespace) -> int:
     store = prepare(
         args.sources,
         args.out,
-        cutoff=args.cutoff,
-        workers=args.workers,
-        energy_key=args.energy_key,
-        forces_key=args.forces_key,
-        on_error=args.on_error,
-        shard_size=args.shard_size,
+        **option_values(args, "cutoff", "workers", "energy_key", "forces_key", "on_error", "shard_size"),
     )
     seconds = time.perf_counter() - t0
     print(format_table(store.summary()))

@@ -50,17 +50,16 @@ from workbench.data.store import (
     FORMAT,
     FORMAT_VERSION,
     INDEX,
-    INDEX_DTYPE,
     MANIFEST,
     MAX_Z,
     ORIGIN,
-    ORIGIN_DTYPE,
     SHARDS,
     SKIPPED,
     GraphStore,
     ShardMaps,
     StoreError,
     damaged_shards,
+    new_index_arrays,
 )
 from workbench.limits import MAX_CUTOFF
 
@@ -348,11 +347,7 @@ def _fill_arrays(
 ) -> list[str]:
     """Second pass: write index, counts and origin (memory-mapped, to temporary names, then renamed
     into place); returns the skipped frames' JSON lines in input order."""
-    index = np.lib.format.open_memmap(out / f".{INDEX}.tmp", mode="w+", dtype=INDEX_DTYPE, shape=(n_total,))
-    counts = np.lib.format.open_memmap(
-        out / f".{COUNTS}.tmp", mode="w+", dtype=np.uint32, shape=(n_total, elements.size)
-    )
-    origin = np.lib.format.open_memmap(out / f".{ORIGIN}.tmp", mode="w+", dtype=ORIGIN_DTYPE, shape=(n_total,))
+    index, counts, origin = new_index_arrays(out, n_total, elements.size, temporary=True)
     skipped_lines: list[str] = []
     at = 0
     for code, (source, chunk) in enumerate(chunk_ids):

@@ -122,6 +122,17 @@ def shard_name(source: int, chunk: int) -> str:
     return f"s{source:04d}-c{chunk:06d}.h5"
 
 
+def new_index_arrays(out: Path, n: int, n_elements: int, temporary: bool = False) -> tuple[np.ndarray, ...]:
+    """Index, element counts and origin for ``n`` graphs, memory-mapped in ``out`` for the writer
+    to fill (``temporary``: as ``.<name>.tmp``, which the writer renames into place when done)."""
+
+    def new(name: str, dtype, shape: tuple) -> np.ndarray:
+        path = out / (f".{name}.tmp" if temporary else name)
+        return np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+
+    return new(INDEX, INDEX_DTYPE, (n,)), new(COUNTS, np.uint32, (n, n_elements)), new(ORIGIN, ORIGIN_DTYPE, (n,))
+
+
 def is_prepared(path: str | os.PathLike) -> bool:
     """True when ``path`` is a directory with a finished prepare (its manifest says so)."""
     manifest = Path(path) / MANIFEST

@@ -18,18 +18,14 @@ from pathlib import Path
 import numpy as np
 
 from workbench.data.store import (
-    COUNTS,
     FORMAT,
     FORMAT_VERSION,
-    INDEX,
-    INDEX_DTYPE,
     MANIFEST,
-    ORIGIN,
-    ORIGIN_DTYPE,
     SHARDS,
     SKIPPED,
     Graph,
     GraphStore,
+    new_index_arrays,
     shard_name,
     write_shard,
 )
@@ -109,9 +105,7 @@ def tile_prepared(
     counts = np.concatenate([c for _, c in src.element_counts(rows)])
     rng = np.random.default_rng(seed)
     (out / SHARDS).mkdir(parents=True, exist_ok=True)
-    index = np.lib.format.open_memmap(out / INDEX, mode="w+", dtype=INDEX_DTYPE, shape=(n,))
-    all_counts = np.lib.format.open_memmap(out / COUNTS, mode="w+", dtype=np.uint32, shape=(n, counts.shape[1]))
-    origin = np.lib.format.open_memmap(out / ORIGIN, mode="w+", dtype=ORIGIN_DTYPE, shape=(n,))
+    index, all_counts, origin = new_index_arrays(out, n, counts.shape[1])
     names = []
     bar = progress_bar(total=n, unit="graph", desc="tile", disable=not progress)
     for code, start in enumerate(range(0, n, shard_size)):

@@ -28,6 +28,19 @@ from workbench.packing.cost import CostModel
 
 P = TypeVar("P", bound="PackingData")
 
+#: the fields :meth:`PackingData.save` writes and :meth:`~PackingData.load` reads back (as this
+#: type; None: the array itself); ``atoms`` and ``edges`` are stored only when present
+_SAVED = {
+    "flat": None,
+    "offsets": None,
+    "costs": None,
+    "capacity": float,
+    "num_replicas": int,
+    "algorithm": str,
+    "seed": int,
+    "epoch": int,
+}
+
 
 @dataclass
 class PackingData:
@@ -91,35 +104,14 @@ class PackingData:
             extra["atoms"] = self.atoms
         if self.edges is not None:
             extra["edges"] = self.edges
-        np.savez_compressed(
-            path,
-            flat=self.flat,
-            offsets=self.offsets,
-            costs=self.costs,
-            capacity=self.capacity,
-            num_replicas=self.num_replicas,
-            algorithm=self.algorithm,
-            seed=self.seed,
-            epoch=self.epoch,
-            **extra,
-        )
+        np.savez_compressed(path, **{name: getattr(self, name) for name in _SAVED}, **extra)
 
     @classmethod
     def load(cls: type[P], path) -> P:
         """Read a packing written by :meth:`save`."""
         with np.load(path, allow_pickle=False) as z:
-            return cls(
-                flat=z["flat"],
-                offsets=z["offsets"],
-                costs=z["costs"],
-                capacity=float(z["capacity"]),
-                num_replicas=int(z["num_replicas"]),
-                algorithm=str(z["algorithm"]),
-                seed=int(z["seed"]),
-                epoch=int(z["epoch"]),
-                atoms=z.get("atoms", None),
-                edges=z.get("edges", None),
-            )
+            fields = {name: z[name] if kind is None else kind(z[name]) for name, kind in _SAVED.items()}
+            return cls(**fields, atoms=z.get("atoms", None), edges=z.get("edges", None))
 
 
 def batch_sums(values: np.ndarray, flat: np.ndarray, offsets: np.ndarray) -> np.ndarray:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from workbench.cli_args import option_values
+
 
 def config_from_args(args: argparse.Namespace):
     """The TrainConfig named by ``--config`` (default: the paper's settings) with ``--set`` applied."""
@@ -44,15 +46,8 @@ def _eval(args: argparse.Namespace) -> int:
 
     from workbench.train.evaluate import evaluate_file, format_table
 
-    result = evaluate_file(
-        args.model,
-        args.file,
-        energy_key=args.energy_key,
-        forces_key=args.forces_key,
-        batch_size=args.batch_size,
-        device=args.device,
-        trust_model=args.trust_model,
-    )
+    keys = ("energy_key", "forces_key", "batch_size", "device", "trust_model")
+    result = evaluate_file(args.model, args.file, **option_values(args, *keys))
     print(format_table(result))
     if args.json:
         from pathlib import Path

@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from workbench.cli_args import option_values
+
 __all__ = ["ENSEMBLES", "MDResult", "MDRunaway", "energy_drift", "load_calculator", "run_md", "temperature_limit"]
 
 ENSEMBLES = ("nve", "nvt")
@@ -335,21 +337,13 @@ def write_result(result: MDResult, path: str | os.PathLike) -> None:
 def _cli(args: Any) -> int:
 
     _output_path(args.json, "--json")
+    names = ("steps", "ensemble", "temperature", "backend", "index", "trajectory", "write_every", "seed", "dtype")
     result = run_md(
         args.model,
         args.structure,
-        steps=args.steps,
-        ensemble=args.ensemble,
-        temperature=args.temperature,
         timestep_fs=args.timestep,
-        backend=args.backend,
-        index=args.index,
-        trajectory=args.trajectory,
-        write_every=args.write_every,
-        seed=args.seed,
-        dtype=args.dtype,
         progress=True,
-        trust_model=args.trust_model,
+        **option_values(args, *names, "trust_model"),
     )
     print(result.summary())
     if result.trajectory:

@@ -39,7 +39,7 @@ from workbench.packing.grid import (  # noqa: F401 (re-exported: the grid's comp
     precompute_grid,
     sizes_fingerprint,
 )
-from workbench.viz.style import ALGORITHM_COLORS, style
+from workbench.viz.style import ALGORITHM_COLORS, panel_row, style
 
 GRID_DIR = Path(__file__).resolve().parent / "data"
 PAPER_N, PAPER_SEED = 2_650_000, 0
@@ -232,11 +232,8 @@ def capacity_curves_figure(
 ):
     """Padding and estimated epoch time against capacity, algorithm vs baseline, current point marked."""
     import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
 
-    fig = make_subplots(
-        rows=1, cols=2, subplot_titles=("padding waste", "estimated epoch time (cost model)"), horizontal_spacing=0.12
-    )
+    fig = panel_row(("padding waste", "estimated epoch time (cost model)"), spacing=0.12)
     for a in dict.fromkeys([algorithm, BASELINE]):
         color = ALGORITHM_COLORS.get(a, "#333")
         for col, metric, scale in ((1, "padding_fraction", 100.0), (2, "est_epoch_seconds", 1.0)):
@@ -268,24 +265,20 @@ def _capacity_controls(study: CapacityStudy, capacity: int, num_gpus: int, algor
     """The app's sliders and toggles: ``(capacity, GPUs, algorithm, step)``, nearest grid points picked."""
     import ipywidgets as W
 
-    caps, gps = study.capacities, study.gpus
     dstyle = {"description_width": "90px"}
-    cap_w = W.SelectionSlider(
-        options=caps,
-        value=min(caps, key=lambda c: abs(c - capacity)),
-        description="capacity",
-        continuous_update=False,
-        style=dstyle,
-        layout=W.Layout(width="460px"),
-    )
-    gpu_w = W.SelectionSlider(
-        options=gps,
-        value=min(gps, key=lambda r: abs(r - num_gpus)),
-        description="GPUs",
-        continuous_update=False,
-        style=dstyle,
-        layout=W.Layout(width="460px"),
-    )
+
+    def slider(options, wanted, description):
+        return W.SelectionSlider(
+            options=options,
+            value=min(options, key=lambda x: abs(x - wanted)),
+            description=description,
+            continuous_update=False,
+            style=dstyle,
+            layout=W.Layout(width="460px"),
+        )
+
+    cap_w = slider(study.capacities, capacity, "capacity")
+    gpu_w = slider(study.gpus, num_gpus, "GPUs")
     algo_w = W.ToggleButtons(options=study.algorithms, value=algorithm, description="algorithm", style=dstyle)
     step_w = W.ToggleButtons(
         options=[("first step", "first"), ("middle step", "middle"), ("least balanced step", "worst")],

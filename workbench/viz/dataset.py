@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.viz.style import family_color, family_html, family_order, style
+from workbench.viz.style import family_color, family_html, family_order, panel_row, style
 
 QUANTILES = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -68,16 +68,8 @@ def _size_box(d: dict, name: str, color: str):
 
 def dataset_figure(sizes: np.ndarray, title: str | None = None, log: bool = True):
     """Three panels: share of graphs, atoms per graph, edges per graph, one colour per family."""
-    from plotly.subplots import make_subplots
-
     stats = distribution_stats(sizes)
-    fig = make_subplots(
-        rows=1,
-        cols=3,
-        column_widths=[0.26, 0.37, 0.37],
-        horizontal_spacing=0.07,
-        subplot_titles=("graphs per family", "atoms per graph", "edges per graph"),
-    )
+    fig = panel_row(("graphs per family", "atoms per graph", "edges per graph"), [0.26, 0.37, 0.37], 0.07)
     names = [family_html(s["family"]) for s in stats]
     colors = [family_color(s["family"]) for s in stats]
     fig.add_trace(_share_bars(stats, names, colors), 1, 1)

@@ -84,21 +84,15 @@ def gpu_pass_files(directory: str | Path | None = None, gpu: str | None = None) 
     return out
 
 
+def _unmeasured(keys: dict, values: tuple[str, ...], reason: str) -> dict:
+    """A row with no timing (yet): its keys, each of ``values`` None, and why."""
+    return {**keys, **dict.fromkeys(values), "status": NOT_MEASURED, "reason": reason}
+
+
 def _cell(op: str, hidden: str, dtype: str, backend: str, kind: str, **kw) -> dict:
-    row = dict(
-        op=op,
-        config=hidden,
-        config_name=config_name(hidden),
-        dtype=dtype,
-        backend=backend,
-        median_ms=None,
-        peak_mem_mb=None,
-        status=NOT_MEASURED,
-        reason=NO_FILE,
-        file=None,
-        device_name=None,
-        repeats=[],
-    )
+    keys = dict(op=op, config=hidden, config_name=config_name(hidden), dtype=dtype, backend=backend)
+    row = _unmeasured(keys, ("median_ms", "peak_mem_mb"), NO_FILE)
+    row.update(file=None, device_name=None, repeats=[])
     row["pass"] = kind
     row.update(kw)
     return row
@@ -181,17 +175,8 @@ def gpu_step_file(directory: str | Path | None = None, gpu: str | None = None) -
 
 
 def _step_cell(workload: str, dtype: str, backend: str, rec: dict | None, common: dict) -> dict:
-    row = dict(
-        workload=workload,
-        dtype=dtype,
-        backend=backend,
-        step_ms=None,
-        step_ms_min=None,
-        peak_mem_gb=None,
-        status=NOT_MEASURED,
-        reason=f"not run at {dtype}",
-        **common,
-    )
+    keys = dict(workload=workload, dtype=dtype, backend=backend)
+    row = {**_unmeasured(keys, ("step_ms", "step_ms_min", "peak_mem_gb"), f"not run at {dtype}"), **common}
     if rec is None:
         return row
     row.update(atoms=rec.get("atoms"), edges=rec.get("edges"), edges_per_atom=rec.get("edges_per_atom"))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.viz.style import style
+from workbench.viz.style import panel_row, style
 
 RANK_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#EECA3B", "#9D755D")
 FIELDS = ("global_step", "epoch", "loss", "data_s", "compute_s", "allreduce_s", "step_s", "atoms", "edges", "time")
@@ -53,32 +53,15 @@ def rank_time_shares(series: dict[int, dict[str, np.ndarray]], skip_first: int =
 def loss_figure(run_dir, title: str | None = None):
     """Training loss per rank (log scale) and, per epoch, train/validation energy and force MAE."""
     import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
 
     from workbench.train.rundir import read_epochs
 
     series = step_series(run_dir)
     epochs = read_epochs(_run_dir(run_dir))
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        subplot_titles=("loss per step", "error per epoch"),
-        specs=[[{}, {"secondary_y": True}]],
-        horizontal_spacing=0.1,
-    )
+    fig = panel_row(("loss per step", "error per epoch"), specs=[[{}, {"secondary_y": True}]])
     for r, s in series.items():
-        fig.add_trace(
-            go.Scatter(
-                x=s["global_step"],
-                y=s["loss"],
-                mode="lines",
-                name=f"rank {r}",
-                line=dict(color=RANK_COLORS[r % len(RANK_COLORS)], width=1.6),
-                hovertemplate=f"rank {r}<br>step %{{x}}<br>loss %{{y:.4g}}<extra></extra>",
-            ),
-            1,
-            1,
-        )
+        hover = f"rank {r}<br>step %{{x}}<br>loss %{{y:.4g}}<extra></extra>"
+        _rank_line(fig, s, "loss", f"rank {r}", dict(color=RANK_COLORS[r % len(RANK_COLORS)], width=1.6), hover)
     if epochs:
         x = [e["epoch"] for e in epochs]
         for key, name, dash, sec in (
@@ -112,42 +95,30 @@ def loss_figure(run_dir, title: str | None = None):
     return style(fig, title or f"Run {_run_dir(run_dir).name}: loss", height=360)
 
 
-def _rank_step_traces(fig, series: dict) -> None:
-    """Per rank: step time (solid, hover splits it) and compute time (dotted) against the step."""
+def _rank_line(fig, s: dict, key: str, name: str, line: dict, hover: str | None, **kw) -> None:
+    """One rank's ``key`` against the optimizer step, in the left panel (``hover`` None: no hover)."""
     import plotly.graph_objects as go
 
+    hovering = {"hovertemplate": hover} if hover else {"hoverinfo": "skip"}
+    trace = go.Scatter(x=s["global_step"], y=s[key], mode="lines", name=name, line=line, **kw, **hovering)
+    fig.add_trace(trace, 1, 1)
+
+
+def _rank_step_traces(fig, series: dict) -> None:
+    """Per rank: step time (solid, hover splits it) and compute time (dotted) against the step."""
     for r, s in series.items():
         c = RANK_COLORS[r % len(RANK_COLORS)]
-        fig.add_trace(
-            go.Scatter(
-                x=s["global_step"],
-                y=s["step_s"],
-                mode="lines",
-                name=f"rank {r} step",
-                line=dict(color=c, width=1.8),
-                legendgroup=f"r{r}",
-                customdata=np.column_stack([s["compute_s"], s["allreduce_s"], s["atoms"], s["edges"]]),
-                hovertemplate=(
-                    f"rank {r}, step %{{x}}<br>step %{{y:.3f}} s: compute "
-                    "%{customdata[0]:.3f} s, all-reduce wait %{customdata[1]:.3f} s<br>"
-                    "%{customdata[2]:.0f} atoms, %{customdata[3]:.0f} edges<extra></extra>"
-                ),
-            ),
-            1,
-            1,
+        hover = (
+            f"rank {r}, step %{{x}}<br>step %{{y:.3f}} s: compute "
+            "%{customdata[0]:.3f} s, all-reduce wait %{customdata[1]:.3f} s<br>"
+            "%{customdata[2]:.0f} atoms, %{customdata[3]:.0f} edges<extra></extra>"
         )
-        fig.add_trace(
-            go.Scatter(
-                x=s["global_step"],
-                y=s["compute_s"],
-                mode="lines",
-                name=f"rank {r} compute",
-                line=dict(color=c, width=1, dash="dot"),
-                legendgroup=f"r{r}",
-                hoverinfo="skip",
-            ),
-            1,
-            1,
+        split = np.column_stack([s["compute_s"], s["allreduce_s"], s["atoms"], s["edges"]])
+        _rank_line(
+            fig, s, "step_s", f"rank {r} step", dict(color=c, width=1.8), hover, legendgroup=f"r{r}", customdata=split
+        )
+        _rank_line(
+            fig, s, "compute_s", f"rank {r} compute", dict(color=c, width=1, dash="dot"), None, legendgroup=f"r{r}"
         )
 
 
@@ -178,16 +149,8 @@ def _rank_share_bars(fig, series: dict) -> None:
 
 def step_time_figure(run_dir, title: str | None = None):
     """Step time per rank and step, and per rank the mean split into data / compute / all-reduce wait."""
-    from plotly.subplots import make_subplots
-
     series = step_series(run_dir)
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        column_widths=[0.62, 0.38],
-        horizontal_spacing=0.1,
-        subplot_titles=("step time per rank", "where each rank's time goes (mean per step)"),
-    )
+    fig = panel_row(("step time per rank", "where each rank's time goes (mean per step)"), [0.62, 0.38])
     _rank_step_traces(fig, series)
     _rank_share_bars(fig, series)
     if not series:

@@ -40,7 +40,7 @@ from workbench.viz.report_inputs import (
     read_info,
     read_steps_checked,
 )
-from workbench.viz.style import style
+from workbench.viz.style import panel_row, style
 
 SMOOTHING = 0.9  # exponential moving average weight of the smoothed curves
 WARMUP_STEPS = 2  # global steps left out of throughput (compilation, allocator warm-up)
@@ -342,15 +342,8 @@ def _validation_traces(fig, epochs: list[dict]) -> None:
 
 def curves_figure(summary: dict):
     """Loss per step (mean over ranks) and validation energy and force MAE per epoch, raw and smoothed."""
-    from plotly.subplots import make_subplots
-
-    fig = make_subplots(
-        rows=1,
-        cols=3,
-        horizontal_spacing=0.08,
-        column_widths=[0.44, 0.28, 0.28],
-        subplot_titles=("training loss per step (mean over ranks)", "validation energy MAE", "validation force MAE"),
-    )
+    titles = ("training loss per step (mean over ranks)", "validation energy MAE", "validation force MAE")
+    fig = panel_row(titles, [0.44, 0.28, 0.28], 0.08)
     _loss_traces(fig, summary["steps"])
     _validation_traces(fig, summary["epochs"])
     fig.update_xaxes(title_text="optimizer step")

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.packing.cost import PAPER_MODEL_PARAMS, AllReduceModel, simulate_epoch  # noqa: F401 (re-exported)
-from workbench.viz.style import style
+from workbench.viz.style import panel_row, style
 
 DEFAULT_GPUS: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 740)
 VARIANTS: tuple[tuple[str, str, bool], ...] = (
@@ -258,17 +258,9 @@ def _assumptions_note(fig, assumptions: Sequence[str]) -> int:
 
 def scaling_figure(rows: list[dict], mode: str = "strong", assumptions: Sequence[str] = (), title: str | None = None):
     """Epoch time against GPUs (log-log, ideal line) and speed-up over the baseline, labelled a projection."""
-    from plotly.subplots import make_subplots
-
     gpus = sorted({r["gpus"] for r in rows})
     names = [v for v, _, _ in VARIANTS if any(r["variant"] == v for r in rows)]
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        column_widths=[0.56, 0.44],
-        horizontal_spacing=0.1,
-        subplot_titles=("epoch time (projected)", "speed-up over the baseline"),
-    )
+    fig = panel_row(("epoch time (projected)", "speed-up over the baseline"), [0.56, 0.44])
     _variant_traces(fig, rows, names)
     _ideal_trace(fig, sorted((r for r in rows if r["variant"] == names[0]), key=lambda r: r["gpus"]), gpus, mode)
     fig.update_xaxes(type="log", title_text="GPUs", tickvals=gpus, ticktext=[str(g) for g in gpus], row=1, col=1)

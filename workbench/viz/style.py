@@ -98,3 +98,12 @@ def style(fig, title: str | None = None, height: int | None = None):
         kw["height"] = height
     fig.update_layout(**kw)
     return fig
+
+
+def panel_row(titles: tuple[str, ...], widths: list[float] | None = None, spacing: float = 0.1, **kw):
+    """A plotly figure of one row of panels titled ``titles`` (``widths``: their shares of the width)."""
+    from plotly.subplots import make_subplots
+
+    return make_subplots(
+        rows=1, cols=len(titles), column_widths=widths, horizontal_spacing=spacing, subplot_titles=titles, **kw
+    )
