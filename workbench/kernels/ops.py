@@ -301,7 +301,7 @@ class PolyOp(TransientCache):
                 stream,
                 kernels,
             )
-        return _epass.launch(
+        planned = _epass.plan(
             self.compiled,
             arrays,
             convert(index.sender),
@@ -309,8 +309,8 @@ class PolyOp(TransientCache):
             lambda rows: tuple(convert(t) for t in index.csr(rows)),
             channels,
             [convert(o) for o in outs],
-            stream,
         )
+        return _epass.launch(planned, stream)
 
     def _launch(
         self,

@@ -39,6 +39,16 @@ __all__ = ["DEFAULT_MAX_INSTRUCTIONS", "body_source", "use_generated"]
 
 #: largest program (instructions) ``WORKBENCH_CPU_KERNELS=generated`` compiles to straight-line code
 DEFAULT_MAX_INSTRUCTIONS = 1000
+#: the value each opcode writes to register ``d``: ``{d}`` its old value, ``{k}`` the
+#: coefficient, ``{a}``, ``{b}`` the operand registers (unused ones are absent from the program)
+_EXPRESSIONS = {
+    SET_MUL: "{k} * {a} * {b}",
+    ADD_MUL: "{d} + {k} * {a} * {b}",
+    SET_AXPY: "{k} * {a}",
+    ADD_AXPY: "{d} + {k} * {a}",
+    SET_K: "{k}",
+    ADD_K: "{d} + {k}",
+}
 
 
 def use_generated(program: VectorProgram) -> bool:
@@ -93,21 +103,9 @@ def body_source(program: VectorProgram, channels: int, dtype: str, per_segment: 
             fresh += 1
         else:
             target = name[d]
-        ka = kname(k)
-        if op == SET_MUL:
-            expr = f"{ka} * {name[a]} * {name[b]}"
-        elif op == ADD_MUL:
-            expr = f"{name[d]} + {ka} * {name[a]} * {name[b]}"
-        elif op == SET_AXPY:
-            expr = f"{ka} * {name[a]}"
-        elif op == ADD_AXPY:
-            expr = f"{name[d]} + {ka} * {name[a]}"
-        elif op == SET_K:
-            expr = f"{ka}"
-        elif op == ADD_K:
-            expr = f"{name[d]} + {ka}"
-        else:
+        if op not in _EXPRESSIONS:
             raise ValueError(f"unknown opcode {op}")
+        expr = _EXPRESSIONS[op].format(d=name.get(d), k=kname(k), a=name.get(a), b=name.get(b))
         lines.append(f"{ind}{target} = {expr}")
         name[d] = target
     for j in range(A):

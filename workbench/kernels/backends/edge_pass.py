@@ -20,7 +20,7 @@ to the incoming cotangent :math:`\bar M`), which a second *role* of the same lau
   as the node kernel of :mod:`~workbench.kernels.backends.unrolled`.
 
 Operand components are read with unsigned indices (no wraparound, offsets folded into the
-loads) and shared by every output of a role (:func:`~workbench.kernels.backends.unrolled_sums.sums_source`
+loads) and shared by every output of a role (:func:`~workbench.kernels.backends.unrolled_sums.sums`
 with one slot namespace). A pass is fused when every output runs unrolled on its own, the
 role-1 union fits (:func:`fused_layout`), there is at most one channel-summed output with
 contiguous components, and ``C <= 256`` when it has one (a node's threads share a block, and
@@ -39,7 +39,7 @@ import numpy as np
 
 from workbench.kernels.backends import unrolled
 from workbench.kernels.backends.unrolled_source import EDGE_ROW_VARS, Index, edge_rows
-from workbench.kernels.backends.unrolled_sums import Definitions, dtype_name, sums_source
+from workbench.kernels.backends.unrolled_sums import Definitions, dtype_name, sums
 from workbench.kernels.descriptor.tables import TermTable
 
 __all__ = ["PassLayout", "block_shape", "fused_layout", "kernel_source", "launch", "layout", "plan"]
@@ -232,7 +232,7 @@ def _walk_body(
     for k in lay.edge:
         t = tables[k]
         names, loads = slots.of(t, i2)
-        decl, lines, exprs = sums_source(t, dtype, i2, consts, names=names, tag=f"a{k}")
+        decl, lines, exprs = sums(t, dtype, i2, consts, names=names, tag=f"a{k}", source=True)
         stored = [f"{i2}out{k}[eu, {index(t.out_off[o], t.out_cs[o])}] = {e}" for o, e in exprs.items()]
         loop += loads + decl + lines + stored
     reduce_tail: list[str] = []
@@ -254,7 +254,7 @@ def _reduced(
     one component over the ``C`` channel partials, ascending."""
     i2, i3, i4 = IND * 2, IND * 3, IND * 4
     names, loads = slots.of(t, i2)
-    decl, lines, exprs = sums_source(t, dtype, i2, consts, names=names, tag=f"a{k}")
+    decl, lines, exprs = sums(t, dtype, i2, consts, names=names, tag=f"a{k}", source=True)
     comp = {o: j for j, o in enumerate(sorted(exprs))}
     loop = loads + decl + lines + [f"{i2}red[tid, {comp[o]}] = {e}" for o, e in exprs.items()]
     tail = [
@@ -323,7 +323,7 @@ def _carried(
     for k in ks:
         t = tables[k]
         names, loads = slots.of(t, ind)
-        decl, lines, exprs = sums_source(t, dtype, ind, consts, decl_ind="", names=names, tag=f"a{k}")
+        decl, lines, exprs = sums(t, dtype, ind, consts, decl_ind="", names=names, tag=f"a{k}", source=True)
         decls += decl
         loop += loads + lines
         stores += [f"{store_ind}out{k}[nu, {index(t.out_off[o], t.out_cs[o])}] = {e}" for o, e in exprs.items()]
@@ -365,21 +365,11 @@ def plan(
     return kernel, b1 + b2, tpb, args, _role1(lay) + lay.other
 
 
-def launch(
-    compiled: Sequence[Any],
-    arrays: list,
-    sender: Any,
-    receiver: Any,
-    csr: Callable[[str], tuple[Any, Any]],
-    channels: int,
-    outs: Sequence[Any],
-    stream: Any = 0,
-) -> tuple[int, ...]:
-    """Launch the fused pass on ``stream``; the indices of the outputs it computed (none when
-    it does not apply)."""
-    p = plan(compiled, arrays, sender, receiver, csr, channels, outs)
-    if p is None:
+def launch(planned: tuple | None, stream: Any = 0) -> tuple[int, ...]:
+    """Launch the fused pass ``planned`` (:func:`plan`'s answer) on ``stream``; the indices of
+    the outputs it computed (none when it does not apply)."""
+    if planned is None:
         return ()
-    kernel, blocks, tpb, args, fused = p
+    kernel, blocks, tpb, args, fused = planned
     kernel[blocks, tpb, stream](*args)
     return fused

@@ -22,7 +22,7 @@ The program builds monomial prefixes :math:`x_i x_j` once and a multivariate Hor
 output (:func:`~workbench.kernels.backends.unrolled_sums.program`); the intrinsic lowers it straight to LLVM ``fmul``/``fma`` with the
 coefficients as immediates. Compile time is about 0.5 ms per term on one core (5 ms while
 numba typed every term). A message kernel (at most ~2,000 terms) writes the same sums out as
-numba source (:func:`~workbench.kernels.backends.unrolled_sums.sums_source`: ``acc[0] = cuda.fma(m0, cuda.fma(v40, K3, ...), acc[0])``
+numba source (:func:`~workbench.kernels.backends.unrolled_sums.sums` with ``source=True``: ``acc[0] = cuda.fma(m0, cuda.fma(v40, K3, ...), acc[0])``
 in ``if go:`` blocks), whose blocks keep NVVM from sharing products across them and so keep
 registers lower. Either way a term costs about one fused multiply-add (the paper contraction's
 forward: about 1 SASS instruction per term, against 3.0 for the term-by-term code of the first
@@ -64,7 +64,7 @@ from workbench.kernels.backends.unrolled_source import (
     edge_rows,
     kernel_source,
 )
-from workbench.kernels.backends.unrolled_sums import Definitions, dtype_name, program, sums, sums_source
+from workbench.kernels.backends.unrolled_sums import Definitions, dtype_name, program, sums
 from workbench.kernels.descriptor.tables import TermTable
 from workbench.kernels.options import kernel_options
 
@@ -94,7 +94,6 @@ __all__ = [
     "live_slots",
     "program",
     "sums",
-    "sums_source",
     "unroll",
     "unroll_cost",
     "unrolled_parts",
@@ -330,16 +329,9 @@ def _compile(source: str) -> Any:
 
 
 @cache
-def get_unrolled_kernel(
-    table: TermTable,
-    shape: str,
-    dtype: str,
-    *,
-    reduce_channels: bool = False,
-    tpb: int = THREADS_PER_BLOCK,
-    group: int = 0,
-) -> Any:
-    """The compiled unrolled kernel for ``table``: cached per table object, so a launch does not
-    regenerate the source (tables from another process, e.g. unpickled, share the compiled
-    kernel through the per-source cache)."""
-    return _compile(kernel_source(table, shape, dtype, reduce_channels=reduce_channels, tpb=tpb, group=group))
+def get_unrolled_kernel(table: TermTable, shape: str, dtype: str, **options: Any) -> Any:
+    """The compiled unrolled kernel for ``table`` (``shape``, ``dtype`` and the keyword
+    ``options`` as for :func:`kernel_source`, which owns them): cached per table object, so a
+    launch does not regenerate the source (tables from another process, e.g. unpickled, share
+    the compiled kernel through the per-source cache)."""
+    return _compile(kernel_source(table, shape, dtype, **options))

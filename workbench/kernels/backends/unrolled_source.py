@@ -9,7 +9,7 @@ header (numba, ``cuda``, ``polynomial``, ``f32``, ``u64``) is added where it is 
 
 from __future__ import annotations
 
-from workbench.kernels.backends.unrolled_sums import Definitions, dtype_name, sums, sums_source
+from workbench.kernels.backends.unrolled_sums import Definitions, dtype_name, sums
 from workbench.kernels.descriptor.tables import TermTable
 
 __all__ = [
@@ -74,19 +74,26 @@ def edge_rows(ind: str, edge: str) -> list[str]:
     return [f"{ind}e = {edge}", f"{ind}eu = u64(e)", f"{ind}su = u64(sender[e])", f"{ind}ru = u64(receiver[e])"]
 
 
+def _grid_head(params: str, rows: str, per_row: str, row: str, col: str, unsigned: list[str]) -> list[str]:
+    """The signature and first lines of a kernel of one thread per (row, column): ``rows`` rows
+    of ``per_row`` threads, the thread's ``row`` and ``col``, then the ``unsigned`` lines."""
+    return [
+        f"def kernel({params}):",
+        "gid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
+        f"if gid >= {rows} * {per_row}:",
+        "    return",
+        f"{row} = gid // {per_row}",
+        f"{col} = gid - {row} * {per_row}",
+        *unsigned,
+    ]
+
+
 def atom_head(outs: str) -> list[str]:
     """The signature and first lines of an atom kernel writing ``outs`` (its output arguments)."""
     args = ", ".join(f"x{i}" for i in range(10))
-    return [
-        f"def kernel({args}, species, C, {outs}):",
-        "gid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
-        "if gid >= species.shape[0] * C:",
-        "    return",
-        "b = gid // C",
-        "c = gid - b * C",
-        "bu = u64(b)",
-        "zu = u64(species[b])",
-    ]
+    return _grid_head(
+        f"{args}, species, C, {outs}", "species.shape[0]", "C", "b", "c", ["bu = u64(b)", "zu = u64(species[b])"]
+    )
 
 
 def atom_lines(
@@ -115,15 +122,8 @@ def _edge_args() -> str:
 
 
 def _node_head() -> list[str]:
-    return [
-        f"def kernel({_edge_args()}, sender, receiver, seg_ptr, seg_perm, C, out):",
-        "gid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
-        "if gid >= (seg_ptr.shape[0] - 1) * C:",
-        "    return",
-        "n = gid // C",
-        "c = gid - n * C",
-        "nu = u64(n)",
-    ]
+    params = f"{_edge_args()}, sender, receiver, seg_ptr, seg_perm, C, out"
+    return _grid_head(params, "(seg_ptr.shape[0] - 1)", "C", "n", "c", ["nu = u64(n)"])
 
 
 def _reduce_head(table: TermTable, dtype: str, tpb: int) -> list[str]:
@@ -141,17 +141,11 @@ def _reduce_head(table: TermTable, dtype: str, tpb: int) -> list[str]:
 
 
 def _edge_head() -> list[str]:
-    return [
-        f"def kernel({_edge_args()}, sender, receiver, G, C, out):",
-        "gid = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
-        "if gid >= sender.shape[0] * G:",
-        "    return",
-        "e = gid // G",
-        "c = gid - e * G",
-        "eu = u64(e)",
-        "su = u64(sender[e])",
-        "ru = u64(receiver[e])",
-    ]
+    # G == C: one channel per thread
+    params = f"{_edge_args()}, sender, receiver, G, C, out"
+    return _grid_head(
+        params, "sender.shape[0]", "G", "e", "c", ["eu = u64(e)", "su = u64(sender[e])", "ru = u64(receiver[e])"]
+    )
 
 
 def _edge_loads(table: TermTable, index: Index, prefix: str) -> list[str]:
@@ -164,7 +158,7 @@ def _edge_loads(table: TermTable, index: Index, prefix: str) -> list[str]:
 
 def _node_body(table: TermTable, dtype: str, consts: Definitions, index: Index, reduce_channels: bool) -> list[str]:
     """Accumulators carried over the node's edges, stored once at the end."""
-    decl, lines, exprs = sums_source(table, dtype, IND, consts, decl_ind="")
+    decl, lines, exprs = sums(table, dtype, IND, consts, decl_ind="", source=True)
     body = decl + ["for p in range(seg_ptr[n], seg_ptr[n + 1]):", *edge_rows(IND, "seg_perm[p]")]
     body += _edge_loads(table, index, IND) + lines
     for o, expr in exprs.items():
@@ -179,7 +173,7 @@ def _reduce_body(table: TermTable, dtype: str, consts: Definitions, index: Index
     partials of the edge in shared memory (deterministic, no atomics). ``@CHANNELS@`` marks
     where the per-thread channel offsets go."""
     i2 = IND * 2
-    decl, lines, exprs = sums_source(table, dtype, i2, consts, decl_ind=IND)
+    decl, lines, exprs = sums(table, dtype, i2, consts, decl_ind=IND, source=True)
     slots = {o: k for k, o in enumerate(exprs)}
     body = ["if valid:", f"{IND}su = u64(sender[e])", f"{IND}ru = u64(receiver[e])", *decl]
     body.append(f"{IND}for c in range(g, C, {group if group else 'G'}):")
@@ -202,7 +196,7 @@ def _reduce_body(table: TermTable, dtype: str, consts: Definitions, index: Index
 
 def _edge_body(table: TermTable, dtype: str, consts: Definitions, index: Index) -> list[str]:
     """A channelwise edge output: ``G == C``, one channel per thread."""
-    decl, lines, exprs = sums_source(table, dtype, "", consts)
+    decl, lines, exprs = sums(table, dtype, "", consts, source=True)
     body = _edge_loads(table, index, "") + decl + lines
     for o, expr in exprs.items():
         body.append(f"out[eu, {index(table.out_off[o], table.out_cs[o])}] = {expr}")
@@ -250,7 +244,7 @@ def kernel_source(
     index = Index()
     if shape == "atom":
         return _module(atom_head("out"), atom_lines(table, dtype, consts, index), consts, index)
-    go = ["go = C > 0"]  # the ``if go:`` blocks of sums_source
+    go = ["go = C > 0"]  # the ``if go:`` blocks of the source sums
     if shape == "node":
         head, body = _node_head(), go + _node_body(table, dtype, consts, index, reduce_channels)
     elif reduce_channels:

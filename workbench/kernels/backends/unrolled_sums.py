@@ -7,9 +7,9 @@ common factors taken out) and differ in what they emit:
 * :func:`sums`: one call of a generated polynomial intrinsic
   (:func:`~workbench.kernels.backends.poly_ir.polynomial`, the program built by :func:`program`),
   which numba types once however many terms it holds: the atom kernels;
-* :func:`sums_source`: the terms written out as nested ``cuda.fma`` calls in ``if go:``
-  blocks, which keep NVVM from sharing products across blocks and so keep registers lower:
-  the message kernels (node, edge and the fused passes of
+* ``sums(..., source=True)`` (:func:`_source_sums`): the terms written out as nested
+  ``cuda.fma`` calls in ``if go:`` blocks, which keep NVVM from sharing products across blocks
+  and so keep registers lower: the message kernels (node, edge and the fused passes of
   :mod:`~workbench.kernels.backends.edge_pass`).
 
 Coefficients and polynomials become module-level definitions of the generated module
@@ -24,20 +24,10 @@ from typing import Any
 from workbench.kernels.backends.poly_ir import Program, call_source
 from workbench.kernels.descriptor.tables import TermTable
 
-__all__ = [
-    "CHUNK",
-    "LINES_PER_BLOCK",
-    "TERMS_PER_BLOCK",
-    "Definitions",
-    "Grouped",
-    "dtype_name",
-    "program",
-    "sums",
-    "sums_source",
-]
+__all__ = ["CHUNK", "LINES_PER_BLOCK", "TERMS_PER_BLOCK", "Definitions", "Grouped", "dtype_name", "program", "sums"]
 
 CHUNK = 16  # terms per fused multiply-add chain
-LINES_PER_BLOCK = 8  # prefix products per ``if go:`` block (:func:`sums_source`)
+LINES_PER_BLOCK = 8  # prefix products per ``if go:`` block (:func:`_source_sums`)
 TERMS_PER_BLOCK = 64  # terms per ``if go:`` block
 
 
@@ -58,7 +48,7 @@ def dtype_name(dtype: str) -> str:
 class Definitions:
     """The module-level definitions of one generated kernel: each table's polynomial
     (``P = polynomial(...)``, :mod:`~workbench.kernels.backends.poly_ir`) and its zeroed
-    accumulators, or the coefficients ``K0, K1, ...`` of source sums (:func:`sums_source`):
+    accumulators, or the coefficients ``K0, K1, ...`` of source sums (:func:`_source_sums`):
     typed globals that numba freezes as constants."""
 
     def __init__(self, dtype: str):
@@ -72,7 +62,7 @@ class Definitions:
         return name
 
     def __call__(self, value: float) -> str:
-        """The global ``K<n>`` holding the coefficient ``value`` (:func:`sums_source`): numba
+        """The global ``K<n>`` holding the coefficient ``value`` (:func:`_source_sums`): numba
         freezes it as a typed constant, which types faster than a ``f32(...)`` call per term."""
         value = float(value)
         if value not in self.names:
@@ -85,7 +75,7 @@ class Definitions:
 
 class Grouped:
     """The terms of a table grouped for a multivariate Horner form (:func:`program`,
-    :func:`sums_source`): operands ranked by how often their components occur as factors,
+    :func:`_source_sums`): operands ranked by how often their components occur as factors,
     ``top[m][o]`` the ``(coefficient, factors by rank)`` of output ``o``'s terms whose monomial
     in the first operand is ``m``."""
 
@@ -215,28 +205,37 @@ def sums(
     decl_ind: str | None = None,
     names: Sequence[str] | None = None,
     tag: str = "",
+    source: bool = False,
 ) -> tuple[list[str], list[str], dict[int, str]]:
-    """``(declarations, lines, exprs)``: the accumulators' declaration (zeroed; at ``decl_ind``,
-    default ``ind``, so that a loop can carry them), the line adding every term to them, and per
+    """``(declarations, lines, exprs)``: the accumulators' declarations (zeroed; at ``decl_ind``,
+    default ``ind``, so that a loop can carry them), the lines adding every term to them, and per
     output component the expression holding it. ``names``: the variable holding each slot
     (default ``v{q}``); ``tag`` prefixes the local names, so that several tables can share one
     kernel body.
 
     The sums (:func:`program`) are one call of a generated intrinsic
     (:func:`~workbench.kernels.backends.poly_ir.polynomial`) on tuples of the accumulators and
-    the operand components, so numba types one call instead of every term."""
-    prog, outs = program(table)
+    the operand components, so numba types one call instead of every term; with ``source``,
+    the terms written out as numba source instead (:func:`_source_sums`: the message kernels)."""
     v = list(names) if names is not None else [f"v{q}" for q in range(table.num_slots)]
+    di = ind if decl_ind is None else decl_ind
+    return (_source_sums if source else _intrinsic_sums)(table, dtype, ind, di, consts, v, tag)
+
+
+def _intrinsic_sums(
+    table: TermTable, dtype: str, ind: str, di: str, consts: Definitions, v: list[str], tag: str
+) -> tuple[list[str], list[str], dict[int, str]]:
+    """:func:`sums` as one call of a generated intrinsic."""
+    prog, outs = program(table)
     fn = consts.define(f"{tag}P", f'polynomial("{prog.encode()}", "{dtype}")')
     zeros = consts.define(f"{tag}Z", f"({_scalar(dtype)}(0.0),) * {len(outs)}")  # a global: numba freezes it
-    di = ind if decl_ind is None else decl_ind
     decl = [f"{di}{tag}acc = {zeros}"]
     lines = [f"{ind}{tag}acc = {call_source(fn, f'{tag}acc', v)}"]
     return decl, lines, {o: f"{tag}acc[{k}]" for k, o in enumerate(outs)}
 
 
 class _Blocks:
-    """The ``if go:`` blocks of :func:`sums_source`, filled line by line: a block closes after
+    """The ``if go:`` blocks of :func:`_source_sums`, filled line by line: a block closes after
     :data:`TERMS_PER_BLOCK` terms, and the monomials it built (``m0, m1, ...``, each defined once)
     are rebuilt in the next one, so that no product stays live across blocks."""
 
@@ -291,21 +290,11 @@ def _term_blocks(g: Grouped, emit: _SourceEmit, consts: Definitions, blocks: _Bl
         blocks.close()
 
 
-def sums_source(
-    table: TermTable,
-    dtype: str,
-    ind: str,
-    consts: Definitions,
-    decl_ind: str | None = None,
-    names: Sequence[str] | None = None,
-    tag: str = "",
+def _source_sums(
+    table: TermTable, dtype: str, ind: str, di: str, consts: Definitions, v: list[str], tag: str
 ) -> tuple[list[str], list[str], dict[int, str]]:
-    r"""As :func:`sums`, but the terms written out as numba source, for the message kernels
-    (node, edge, :mod:`~workbench.kernels.backends.edge_pass`): ``(declarations, lines, exprs)``:
-    the accumulators' declarations (zeroed; at ``decl_ind``, default ``ind``, so that a loop can
-    carry them), the lines accumulating every output component into them, and per component the
-    expression holding it. ``names``: the variable holding each slot (default ``v{q}``); ``tag``
-    prefixes the local names, so that several tables can share one kernel body.
+    r""":func:`sums` written out as numba source, for the message kernels (node, edge,
+    :mod:`~workbench.kernels.backends.edge_pass`).
 
     The terms are grouped as in :func:`program` (a multivariate Horner form: a term costs about
     one fused multiply-add), each monomial of the first operand built from its two-factor prefix
@@ -323,11 +312,9 @@ def sums_source(
     128x0e+128x1o+128x2e (float32) and 1.7 KB at the paper config (float64), where this source
     spills none and 132 B. Message kernels hold at most ~2,000 terms, so numba's typing of each
     term costs seconds, not minutes."""
-    v = list(names) if names is not None else [f"v{q}" for q in range(table.num_slots)]
     g = Grouped(table)
     prefixes = sorted({mono_[:2] for mono_ in g.top if len(mono_) >= 2})
     pre = {t: k for k, t in enumerate(prefixes)}
-    di = ind if decl_ind is None else decl_ind
     decl = [f"{di}{tag}acc = cuda.local.array({len(g.outs)}, {dtype_name(dtype)})"]
     decl += [f"{di}{tag}acc[{k}] = {_const(0.0, dtype)}" for k in range(len(g.outs))]
     blocks = _Blocks(ind, tag, v, pre)

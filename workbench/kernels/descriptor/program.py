@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from workbench.kernels.descriptor.polynomial import Operand, SparsePolynomial
+from workbench.kernels.descriptor.tables import rows_property
 
 __all__ = ["INSTRUCTIONS", "VectorProgram", "vector_program"]
 
@@ -96,21 +97,10 @@ class VectorProgram:
     acc_comp: np.ndarray
     num_terms: int = 0
 
-    @property
-    def num_vectors(self) -> int:
-        return int(self.vec_operand.shape[0])
-
-    @property
-    def num_scalars(self) -> int:
-        return int(self.sca_operand.shape[0])
-
-    @property
-    def num_accumulators(self) -> int:
-        return int(self.acc_output.shape[0])
-
-    @property
-    def num_instructions(self) -> int:
-        return int(self.ins.shape[0])
+    num_vectors = rows_property("vec_operand")
+    num_scalars = rows_property("sca_operand")
+    num_accumulators = rows_property("acc_output")
+    num_instructions = rows_property("ins")
 
     def flops_per_channel(self) -> int:
         """Floating-point operations the vector instructions execute per (row, channel)."""

@@ -21,7 +21,16 @@ import numpy as np
 
 from workbench.kernels.descriptor.polynomial import SparsePolynomial
 
-__all__ = ["TermTable", "term_table"]
+__all__ = ["TermTable", "rows_property", "term_table"]
+
+
+def rows_property(name: str) -> property:
+    """A read-only property: the number of rows of the array attribute ``name``, as an int."""
+
+    def rows(self) -> int:
+        return int(getattr(self, name).shape[0])
+
+    return property(rows)
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,13 +49,8 @@ class TermTable:
     #: output components an earlier part of a term split already stored: this part adds to them
     add_to: tuple[int, ...] = ()
 
-    @property
-    def num_slots(self) -> int:
-        return int(self.slot_arr.shape[0])
-
-    @property
-    def num_terms(self) -> int:
-        return int(self.t_out.shape[0])
+    num_slots = rows_property("slot_arr")
+    num_terms = rows_property("t_out")
 
     def coef(self, dtype: str) -> np.ndarray:
         return self.coef64 if dtype == "float64" else self.coef64.astype(np.float32)
