@@ -57,7 +57,7 @@ test: $(STAMP) lint system-deps
 	$(MAKE) --no-print-directory test-nequip
 
 # NequIP and Allegro (nequip needs e3nn >= 0.6, mace-torch pins 0.4.4): their own venv and lock,
-# and the tests under tests/nequip, which the main run leaves out (tests/conftest.py).
+# and the tests under tests/nequip_env, which the main run leaves out (tests/conftest.py).
 NEQUIP_VENV ?= .venv-nequip
 NEQUIP_LOCK ?= requirements-nequip.lock
 NEQUIP_PY   := $(NEQUIP_VENV)/bin/python
@@ -71,7 +71,7 @@ $(NEQUIP_STAMP): pyproject.toml $(NEQUIP_LOCK)
 	@touch $@
 
 test-nequip: $(NEQUIP_STAMP)
-	$(NEQUIP_PY) -m pytest -q --durations=5 -p no:cacheprovider tests/nequip
+	$(NEQUIP_PY) -m pytest -q --durations=5 -p no:cacheprovider tests/nequip_env
 
 # Resolve the NequIP environment afresh and pin what it got.
 lock-nequip:

@@ -7,12 +7,22 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("WORKBENCH_KERNELS_POISON", "1")
 
 
-import importlib.util
+import importlib.metadata
 
 import pytest
 
-# tests/nequip run in the NequIP venv (`make test-nequip`): nequip needs e3nn >= 0.6, mace-torch 0.4.4
-collect_ignore = [] if importlib.util.find_spec("nequip") else ["nequip"]
+
+def _installed(dist: str) -> bool:
+    # not importlib.util.find_spec: tests/ is on sys.path, where a folder could pass for a package
+    try:
+        importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+# tests/nequip_env run in the NequIP venv (`make test-nequip`): nequip needs e3nn >= 0.6, mace-torch 0.4.4
+collect_ignore = [] if _installed("nequip") else ["nequip_env"]
 
 # Under pytest-xdist ``make test`` runs ``-n 2 --dist loadfile``: a module runs whole on one
 # worker, so its module fixtures (a JupyterLab, compiled kernels, a prepared store) start once.

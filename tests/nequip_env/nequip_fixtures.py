@@ -16,28 +16,38 @@ from lightning.pytorch import Callback
 SPECIES = ("H", "C", "O")
 
 
-def build_model(dtype: str = "float64", seed: int = 1, **kw) -> torch.nn.Module:
-    """A NequIP GNN (nequip's own builder); ``kw`` override its hyperparameters."""
-    from nequip.model import NequIPGNNModel
+#: NequIP GNN and Allegro hyperparameters of the tests (small; ``kw`` of the builders override them)
+NEQUIP = {"num_layers": 2, "l_max": 2, "num_features": 8, "radial_mlp_width": 16}
+ALLEGRO = {
+    "l_max": 2,
+    "radial_chemical_embed": {"_target_": "allegro.nn.TwoBodyBesselScalarEmbed", "num_bessels": 6},
+    "num_layers": 2,
+    "num_scalar_features": 16,
+    "num_tensor_features": 4,
+    "allegro_mlp_hidden_layers_width": 16,
+}
+
+
+def _build(builder: str, family: dict, dtype: str, seed: int, kw: dict) -> torch.nn.Module:
+    from hydra.utils import get_method
     from nequip.utils.global_state import set_global_state
 
     set_global_state()
-    args = {
-        "seed": seed,
-        "model_dtype": dtype,
-        "r_max": 3.5,
-        "type_names": list(SPECIES[: kw.pop("num_types", 2)]),
-        "num_layers": 2,
-        "l_max": 2,
-        "num_features": 8,
-        "radial_mlp_width": 16,
-        "avg_num_neighbors": 12.0,
-        "per_type_energy_scales": 1.3,
-        "per_type_energy_shifts": -2.0,
-    }
-    args.update(kw)
+    common = {"seed": seed, "model_dtype": dtype, "r_max": 3.5, "avg_num_neighbors": 12.0}
+    common.update(per_type_energy_scales=1.3, per_type_energy_shifts=-2.0)
+    common["type_names"] = list(SPECIES[: kw.pop("num_types", 2)])
     with np.errstate(all="ignore"):
-        return NequIPGNNModel(**args)
+        return get_method(builder)(**{**common, **family, **kw})
+
+
+def build_model(dtype: str = "float64", seed: int = 1, **kw) -> torch.nn.Module:
+    """A NequIP GNN (nequip's own builder)."""
+    return _build("nequip.model.NequIPGNNModel", NEQUIP, dtype, seed, kw)
+
+
+def build_allegro(dtype: str = "float64", seed: int = 1, **kw) -> torch.nn.Module:
+    """An Allegro model (nequip-allegro's own builder)."""
+    return _build("allegro.model.AllegroModel", ALLEGRO, dtype, seed, kw)
 
 
 def cell(rng: np.random.Generator, n: int, types: int, size: float = 5.0) -> ase.Atoms:
@@ -122,3 +132,26 @@ class RecordGraphs(Callback):
         self.path.mkdir(parents=True, exist_ok=True)
         with open(self.path / f"rank{trainer.global_rank}.jsonl", "a") as f:
             f.write(json.dumps(rec) + "\n")
+
+
+def mixed_frames(seed: int, types: int):
+    rng = np.random.default_rng(seed)
+    return [cell(rng, 9, types), molecule(rng, 6, types), cell(rng, 4, types, size=2.6)]
+
+
+def outputs(model, data) -> dict[str, torch.Tensor]:
+    """Energy, forces, stress (periodic frames) and the gradient of a loss on all three to every parameter."""
+    out = model(dict(data))
+    periodic = ~torch.isnan(out["stress"].reshape(out["stress"].shape[0], -1)).any(dim=1)
+    stress = out["stress"][periodic]
+    loss = (out["total_energy"] ** 2).sum() + (out["forces"] ** 2).sum() + (stress**2).sum()
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    res = {"energy": out["total_energy"].detach(), "forces": out["forces"].detach(), "stress": stress.detach()}
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    res.update({f"grad:{n}": g for n, g in zip(names, grads) if g is not None})
+    return res
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-300))

@@ -13,10 +13,9 @@ import copy
 import importlib.util
 import sys
 
-import numpy as np
 import pytest
 import torch
-from nequip_fixtures import batch, build_model, cell, molecule
+from nequip_fixtures import batch, build_model, mixed_frames, outputs, rel
 
 from workbench.kernels import accelerate
 from workbench.kernels.nequip import tp_scatter
@@ -34,35 +33,12 @@ CONFIGS = {
 }
 
 
-def frames(seed: int, types: int):
-    rng = np.random.default_rng(seed)
-    return [cell(rng, 9, types), molecule(rng, 6, types), cell(rng, 4, types, size=2.6)]
-
-
-def outputs(model, data) -> dict[str, torch.Tensor]:
-    """Energy, forces, stress (periodic frames) and the gradient of a loss on all three to every parameter."""
-    out = model(dict(data))
-    periodic = ~torch.isnan(out["stress"].reshape(out["stress"].shape[0], -1)).any(dim=1)
-    stress = out["stress"][periodic]
-    loss = (out["total_energy"] ** 2).sum() + (out["forces"] ** 2).sum() + (stress**2).sum()
-    params = [p for p in model.parameters() if p.requires_grad]
-    grads = torch.autograd.grad(loss, params, allow_unused=True)
-    res = {"energy": out["total_energy"].detach(), "forces": out["forces"].detach(), "stress": stress.detach()}
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    res.update({f"grad:{n}": g for n, g in zip(names, grads) if g is not None})
-    return res
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-300))
-
-
 @pytest.mark.parametrize("name", CONFIGS)
 def test_float64_parity_with_nequips_e3nn_path(name):
     kw = dict(CONFIGS[name])
     types = kw.get("num_types", 2)
     model = build_model(**kw)
-    data = batch(frames(7, types), model, shuffle_edges=3)
+    data = batch(mixed_frames(7, types), model, shuffle_edges=3)
     ref = outputs(model, data)
     fast = copy.deepcopy(model)
     assert accelerate(fast, backend="numba") is fast
@@ -77,7 +53,7 @@ def test_float32_against_float64():
     f64 = build_model("float64", l_max=2)
     f32 = build_model("float32", l_max=2)
     f32.load_state_dict(f64.state_dict())
-    data = batch(frames(11, 2), f64)
+    data = batch(mixed_frames(11, 2), f64)
     accelerate(f64, backend="numba")
     accelerate(f32, backend="numba")
     a, b = f32(dict(data)), f64(dict(data))

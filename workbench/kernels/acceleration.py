@@ -16,7 +16,7 @@ from workbench.kernels.registry import BACKENDS, adapter_for, get_backend
 __all__ = ["AVAILABLE_OPS", "KERNEL_BACKENDS", "accelerate", "model_ops", "precompile_model"]
 
 #: ops :func:`accelerate` can swap (over every registered model family)
-AVAILABLE_OPS: tuple[str, ...] = ("symmetric_contraction", "channelwise_tp")
+AVAILABLE_OPS: tuple[str, ...] = ("symmetric_contraction", "channelwise_tp", "strided_contraction")
 #: how :func:`accelerate` runs them: the registered backends (not the training launch backends)
 KERNEL_BACKENDS: tuple[str, ...] = tuple(BACKENDS)
 

@@ -182,3 +182,4 @@ register_model(
     ModelAdapter("mace", "mace-torch models (MACE, ScaleShiftMACE, ...)", "workbench.kernels.mace.adapter", ("cueq",))
 )
 register_model(ModelAdapter("nequip", "NequIP models (nequip 0.19)", "workbench.kernels.nequip.adapter"))
+register_model(ModelAdapter("allegro", "Allegro models (nequip-allegro 0.8)", "workbench.kernels.allegro.adapter"))

@@ -1,10 +1,10 @@
 """``enable_WorkbenchKernels``: the workbench kernels as a nequip model modifier.
 
 nequip imports this module when it is itself imported (the ``nequip.extension`` entry point
-``init_always`` of this package), and it adds the modifier to nequip's
-``TensorProductScatter`` the way nequip declares its own (``enable_CuEquivariance``,
-``enable_OpenEquivariance``): a non-persistent ``@model_modifier`` classmethod. A nequip config
-then switches kernels like this::
+``init_always`` of this package), and it adds the modifier to nequip's ``GraphModel`` (the
+outer module of every NequIP and Allegro model) the way nequip and Allegro declare their own
+(``enable_CuEquivariance``, ``enable_CuEquivarianceContracter``, ...): a non-persistent
+``@model_modifier`` classmethod. A nequip config then switches kernels like this::
 
     model:
       _target_: nequip.model.modify
@@ -12,7 +12,7 @@ then switches kernels like this::
         - modifier: enable_WorkbenchKernels
           backend: numba        # or torch (the reference), or e3nn (back)
       model:
-        _target_: nequip.model.NequIPGNNModel
+        _target_: nequip.model.NequIPGNNModel     # or allegro.model.AllegroModel
         ...
 
 From Python, ``workbench.kernels.accelerate(model, backend="numba")`` does the same.
@@ -24,8 +24,9 @@ MODIFIER = "enable_WorkbenchKernels"
 
 
 def _enable(cls, model, backend: str = "numba"):
-    """Run NequIP's message tensor product and scatter on the workbench's fused kernels (numba
-    CUDA on GPU tensors, CPU loops otherwise); in place, the state dict unchanged. ``backend``:
+    """Run the model's hot ops (NequIP's message tensor product and scatter, Allegro's
+    contraction) on the workbench's fused kernels (numba CUDA on GPU tensors, CPU loops
+    otherwise); in place, the state dict unchanged. ``backend``:
     ``"numba"``, ``"torch"`` (the plain-torch reference) or ``"e3nn"`` (nequip's own modules)."""
     from workbench.kernels.acceleration import accelerate
 
@@ -33,14 +34,14 @@ def _enable(cls, model, backend: str = "numba"):
 
 
 def register() -> None:
-    """Add the modifier to nequip's ``TensorProductScatter`` (once)."""
-    from nequip.nn._tp_scatter_base import TensorProductScatter
+    """Add the modifier to nequip's ``GraphModel``, the outer module of every NequIP and Allegro
+    model (once). Allegro's classes cannot be imported while nequip itself is being imported."""
+    from nequip.nn.graph_model import GraphModel
     from nequip.nn.model_modifier_utils import model_modifier
 
-    if MODIFIER in TensorProductScatter.__dict__:
-        return
-    modifier = model_modifier(persistent=False, private=False, supported_compile_modes=[])(classmethod(_enable))
-    setattr(TensorProductScatter, MODIFIER, modifier)
+    if MODIFIER not in GraphModel.__dict__:
+        modifier = model_modifier(persistent=False, private=False, supported_compile_modes=[])(classmethod(_enable))
+        setattr(GraphModel, MODIFIER, modifier)
 
 
 register()

@@ -11,20 +11,21 @@ irreps_in2.dim]`` and ``edge_weight`` (:math:`W`) ``[num_edges, weight_numel]``;
 ``[num_nodes, irreps_out.dim]``. :class:`WorkbenchTensorProductScatter` is nequip's class
 with that forward as one :class:`~workbench.kernels.ops.EdgePolyOp`
 (:func:`~workbench.kernels.e3nn_tp.channelwise_tp_op`), differentiable to any order. Modules
-get it by ``__class__`` assignment: the same object, so parameters, buffers (persistent or
-not), ``state_dict`` keys and the module's ``model_dtype`` stay nequip's; :func:`unswap`
-assigns nequip's class back.
+get it by ``__class__`` assignment (:data:`SWAP`, a :class:`~workbench.kernels.class_swap.ClassSwap`):
+the same object, so parameters, buffers (persistent or not), ``state_dict`` keys and the
+module's ``model_dtype`` stay nequip's.
 """
 
 from __future__ import annotations
 
 import torch
 
+from workbench.kernels.class_swap import ClassSwap
 from workbench.kernels.e3nn_tp import ChannelwiseOpCache, channelwise_tp_op
 from workbench.kernels.lazy_class import LazyClass
 from workbench.kernels.ops import EdgeGraph, apply_edge_poly_op
 
-__all__ = ["WorkbenchTensorProductScatter", "is_native", "swap", "unswap"]  # noqa: F822 (module __getattr__)
+__all__ = ["SWAP", "WorkbenchTensorProductScatter", "is_native", "is_workbench"]  # noqa: F822 (module __getattr__)
 
 
 def _native_class() -> type:
@@ -49,50 +50,26 @@ def _make_class() -> type:
     return WorkbenchTensorProductScatter
 
 
-# built on first use: importing workbench.kernels does not import nequip
-_workbench_class = LazyClass(globals(), "WorkbenchTensorProductScatter", _make_class)
-__getattr__ = _workbench_class.module_getattr
+def _check(m: torch.nn.Module) -> None:
+    channelwise_tp_op(m.tp)  # refuses instructions the polynomial does not describe (unequal multiplicities)
 
 
-def is_native(m: torch.nn.Module) -> bool:
-    """``m`` is exactly nequip's e3nn ``TensorProductScatter`` (not ours, nor a cuEquivariance one)."""
-    try:
-        return type(m) is _native_class()
-    except ImportError:
-        return False
+def _site(name: str, m: torch.nn.Module):
+    from workbench.kernels.launches import OpSite
+
+    op = m.channelwise_op()[0]
+    return OpSite(name, op, op.channels)
 
 
-def is_workbench(m: torch.nn.Module) -> bool:
-    try:
-        return isinstance(m, _workbench_class())
-    except ImportError:
-        return False
-
-
-def check(m: torch.nn.Module, name: str) -> None:
-    """Refuse, naming the module, one the workbench cannot run: another library's subclass, or
-    instructions the channelwise polynomial does not describe (e.g. ``num_features`` that differ
-    between irreps)."""
-    if is_native(m) or is_workbench(m):
-        try:
-            channelwise_tp_op(m.tp)
-        except ValueError as exc:
-            raise TypeError(f"{name} ({type(m).__name__}): {exc}") from None
-        return
-    raise TypeError(
-        f"{name} is a {type(m).__module__}.{type(m).__name__}, not nequip's e3nn TensorProductScatter "
-        "(a model with the cuEquivariance or OpenEquivariance modifier applied: build it without)"
-    )
-
-
-def swap(m: torch.nn.Module, backend: str) -> None:
-    """``m`` (nequip's class, checked) runs on the workbench kernels of ``backend`` from now on."""
-    m.__class__ = _workbench_class()
-    m.kernel_backend = backend
-
-
-def unswap(m: torch.nn.Module) -> None:
-    """Back to nequip's class; same object, same parameters."""
-    m.__class__ = _native_class()
-    m.__dict__.pop("_wb_op", None)
-    m.__dict__.pop("kernel_backend", None)
+# the subclass is built on first use: importing workbench.kernels does not import nequip
+SWAP = ClassSwap(
+    "channelwise_tp",
+    _native_class,
+    LazyClass(globals(), "WorkbenchTensorProductScatter", _make_class),
+    "nequip's e3nn TensorProductScatter",
+    "nequip's own modifiers (enable_CuEquivariance, enable_OpenEquivariance)",
+    _check,
+    _site,
+)
+__getattr__ = SWAP.ours.module_getattr
+is_native, is_workbench = SWAP.is_native, SWAP.is_ours

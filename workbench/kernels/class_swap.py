@@ -1,0 +1,105 @@
+"""A model family whose hot op is one module class, swapped in place for the workbench's subclass.
+
+NequIP's ``TensorProductScatter`` and Allegro's ``Contracter`` go to the workbench kernels by
+``__class__`` assignment: the same object, so parameters, buffers (persistent or not), the
+``state_dict`` and the optimizer's references stay the library's. :class:`ClassSwap` is that
+swap and, through its methods, the whole adapter protocol of
+:class:`~workbench.kernels.registry.ModelAdapter`; a family's ``adapter`` module only names them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from workbench.kernels.lazy_class import LazyClass
+
+__all__ = ["ClassSwap"]
+
+
+@dataclass(frozen=True)
+class ClassSwap:
+    """``op``: the op's name; ``native``: the library's class (imported on call); ``ours``: the
+    workbench subclass; ``what``: the class in words, for errors; ``modifiers``: the library's own
+    accelerations (what ``convert`` points to); ``check``: raises ``ValueError`` for a module the
+    kernels cannot run; ``site``: ``(name, module) -> OpSite`` of an accelerated module."""
+
+    op: str
+    native: Callable[[], type]
+    ours: LazyClass
+    what: str
+    modifiers: str
+    check: Callable[[torch.nn.Module], None]
+    site: Callable[[str, torch.nn.Module], object]
+
+    @property
+    def OPS(self) -> tuple[str, ...]:
+        return (self.op,)
+
+    def is_native(self, m: torch.nn.Module) -> bool:
+        """``m`` is exactly the library's class (not ours, nor another library's subclass)."""
+        try:
+            return type(m) is self.native()
+        except ImportError:
+            return False
+
+    def is_ours(self, m: torch.nn.Module) -> bool:
+        try:
+            return isinstance(m, self.ours())
+        except ImportError:
+            return False
+
+    def swap(self, m: torch.nn.Module, backend: str) -> None:
+        m.__class__ = self.ours()
+        m.kernel_backend = backend
+
+    def unswap(self, m: torch.nn.Module) -> None:
+        m.__class__ = self.native()
+        for key in ("_wb_op", "kernel_backend"):
+            m.__dict__.pop(key, None)
+
+    def _sites(self, model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+        try:
+            native = self.native()
+        except ImportError:
+            return []
+        return [(n, m) for n, m in model.named_modules() if isinstance(m, native)]
+
+    # -- the adapter protocol
+    def matches(self, model: torch.nn.Module) -> bool:
+        return bool(self._sites(model))
+
+    def to_workbench(self, model: torch.nn.Module, ops: Sequence[str], backend: str) -> None:
+        """Every module of the class onto descriptor ``backend``: all checked first, then swapped."""
+        if self.op not in ops:
+            return
+        sites = self._sites(model)
+        for name, m in sites:
+            if not (self.is_native(m) or self.is_ours(m)):
+                raise TypeError(
+                    f"{name} is a {type(m).__module__}.{type(m).__name__}, not {self.what} (a model "
+                    f"with {self.modifiers} applied: build it without)"
+                )
+            try:
+                self.check(m)
+            except ValueError as exc:
+                raise TypeError(f"{name} ({type(m).__name__}): {exc}") from None
+        for _, m in sites:
+            self.swap(m, backend)
+
+    def to_native(self, model: torch.nn.Module, ops: Sequence[str]) -> None:
+        if self.op in ops:
+            for _, m in self._sites(model):
+                if self.is_ours(m):
+                    self.unswap(m)
+
+    def accelerated(self, model: torch.nn.Module) -> dict[str, bool]:
+        return {self.op: any(self.is_ours(m) for _, m in self._sites(model))}
+
+    def convert(self, model: torch.nn.Module, backend: str) -> torch.nn.Module:
+        raise ValueError(f"these models convert to {backend!r} with {self.modifiers}, not through accelerate()")
+
+    def model_ops(self, model: torch.nn.Module) -> list:
+        return [self.site(name, m) for name, m in self._sites(model) if self.is_ours(m)]
