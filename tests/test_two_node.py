@@ -1,7 +1,8 @@
 """Multi-node for real: a two-node SLURM (two slurmd under one slurmctld) on this machine.
 
 The reference is an uninterrupted run across both nodes. The fault run meets, in turn, a rank
-killed on the second node (the job fails over: it requeues itself), the second node hanging
+killed on the second node and one on the first (each time the job fails over: it requeues
+itself), the second node hanging
 (SLURM marks it DOWN and requeues; the job waits for the node) and ``scancel`` (a clean stop;
 launching again resumes). Its steps, losses, graphs per epoch and final weights must equal the
 reference's, bit for bit.
@@ -118,18 +119,21 @@ def _attempt_running(run, attempt: int, steps_past: int):
 
 
 def test_two_node_faults_resume_exactly(cluster, reference, dataset, tmp_path):
-    """Kill node 2's rank, hang node 2, scancel: every graph once per epoch, the reference's losses and weights."""
+    """Kill a rank on each node, hang node 2, scancel: every graph once per epoch, the reference's losses and weights."""
     ref_cfg, _ = reference
     first, second = cluster.node_names
     cfg = config(tmp_path, "faults", dataset)
-    run = launch(cfg, backend="slurm", nodes=2, gpus_per_node=1, time="00:30:00", max_restarts=1)
+    run = launch(cfg, backend="slurm", nodes=2, gpus_per_node=1, time="00:30:00", max_restarts=2)
 
-    # 1. a rank dies (SIGKILL) on the second node: the job requeues itself (failover 1 of 1)
+    # 1. a rank dies (SIGKILL) on either node: the job requeues itself (failovers 1 and 2 of 2)
     wait_until(_attempt_running(run, 0, 3), START_TIMEOUT, "attempt 1 to train 3 steps")
     assert _kill_rank_on(run, second) == 1
-    wait_until(_attempt_running(run, 1, run.metrics().global_step + 2), START_TIMEOUT, "the failover attempt")
-    (failover,) = read_jsonl(RunDir(cfg.run_dir).failovers)
-    assert failover["attempt"] == f"{run.job_id}.0" and "rank(s) 1 vanished" in failover["why"]
+    wait_until(_attempt_running(run, 1, run.metrics().global_step + 2), START_TIMEOUT, "the first failover")
+    assert _kill_rank_on(run, first) == 0  # the node that also runs the job script
+    wait_until(_attempt_running(run, 2, run.metrics().global_step + 2), START_TIMEOUT, "the second failover")
+    failovers = read_jsonl(RunDir(cfg.run_dir).failovers)
+    assert [f["attempt"] for f in failovers] == [f"{run.job_id}.0", f"{run.job_id}.1"]
+    assert "rank(s) 1 vanished" in failovers[0]["why"] and "rank(s) 0 vanished" in failovers[1]["why"]
 
     # 2. the second node hangs: SLURM marks it DOWN, requeues the job, which waits for two nodes
     cluster.stop_node(second)
@@ -140,9 +144,9 @@ def test_two_node_faults_resume_exactly(cluster, reference, dataset, tmp_path):
         return (status, reason) if "down now" in reason else None
 
     status, reason = wait_until(waiting_for_node, 90, "the requeued job to wait for the node")
-    assert status == "pending" and f"waiting for nodes; down now: {second}" in reason and reason.endswith(", attempt 3")
+    assert status == "pending" and f"waiting for nodes; down now: {second}" in reason and reason.endswith(", attempt 4")
     cluster.start_node(second)
-    wait_until(_attempt_running(run, 2, run.metrics().global_step + 2), START_TIMEOUT, "the attempt after the node")
+    wait_until(_attempt_running(run, 3, run.metrics().global_step + 2), START_TIMEOUT, "the attempt after the node")
     assert {m["node"] for m in run.rank_states().values()} == {first, second}
 
     # 3. scancel: every rank stops at one step boundary after a checkpoint; launching again resumes

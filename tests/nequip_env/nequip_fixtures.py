@@ -66,22 +66,10 @@ def molecule(rng: np.random.Generator, n: int, types: int) -> ase.Atoms:
 
 
 def batch(frames: list[ase.Atoms], model: torch.nn.Module, r_max: float = 3.5, shuffle_edges: int | None = None):
-    """nequip's batched ``AtomicDataDict`` of ``frames``: types, neighbour list, float64 positions."""
-    from nequip.data import AtomicDataDict, from_ase
-    from nequip.data._nl import compute_neighborlist_
-    from nequip.data.transforms import ChemicalSpeciesToAtomTypeMapper
+    """nequip's batched ``AtomicDataDict`` of ``frames`` for ``model``."""
+    from workbench.kernels.nequip.graphs import atomic_data
 
-    mapper = ChemicalSpeciesToAtomTypeMapper(model_type_names=list(model.type_names))
-    data = []
-    for atoms in frames:
-        d = mapper(compute_neighborlist_(from_ase(atoms), r_max))
-        if shuffle_edges is not None:  # unsorted edges: the kernels must not assume an order
-            perm = torch.randperm(d["edge_index"].shape[1], generator=torch.Generator().manual_seed(shuffle_edges))
-            d["edge_index"] = d["edge_index"][:, perm]
-            if "edge_cell_shift" in d:
-                d["edge_cell_shift"] = d["edge_cell_shift"][perm]
-        data.append(d)
-    return AtomicDataDict.batched_from_list(data)
+    return atomic_data(frames, model.type_names, r_max, shuffle_edges)
 
 
 def cu_dataset(path, n: int, seed: int = 0):

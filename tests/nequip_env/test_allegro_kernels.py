@@ -18,6 +18,14 @@ CONFIGS = {
     "lmax2-uncoupled-paths": {"tp_path_channel_coupling": False},
     "lmax1-noparity-3types": {"l_max": 1, "parity": False, "num_types": 3},
     "lmax3-trainable-scales": {"l_max": 3, "per_type_energy_scales_trainable": True},
+    "spline-embedding-edge-cutoffs": {
+        "radial_chemical_embed": {
+            "_target_": "allegro.nn.TwoBodySplineScalarEmbed",
+            "num_splines": 8,
+            "spline_span": 4,
+        },
+        "per_edge_type_cutoff": {"H": 2.6, "C": {"H": 3.0, "C": 3.5}},
+    },
 }
 
 

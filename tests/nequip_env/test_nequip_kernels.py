@@ -30,6 +30,9 @@ CONFIGS = {
         "per_type_energy_shifts_trainable": True,
     },
     "lmax3-parity-deep-radial": {"l_max": 3, "parity": True, "radial_mlp_depth": 2, "num_bessels": 6},
+    # nequip's minimal_toy_emt.yaml model (l_max 1, 3 layers, 16 features, float64), one species
+    "toy-emt-config": {"l_max": 1, "num_layers": 3, "num_features": 16, "radial_mlp_width": 8, "num_types": 1},
+    "per-edge-type-cutoffs": {"l_max": 2, "per_edge_type_cutoff": {"H": 2.6, "C": {"H": 3.0, "C": 3.5}}},
 }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from workbench.bench import cold_start, cpu, data, kernel_cli, quality, step, train
+from workbench.bench import cold_start, cpu, data, kernel_cli, nequip, quality, step, train
 from workbench.bench.quality_summary import PARITY_TOLERANCE
 from workbench.bench.workloads import MODELS
 from workbench.cli_args import option_values
@@ -177,6 +177,30 @@ def _register_cpu(bench_sub) -> None:
     p.set_defaults(func=_cpu)
 
 
+def _nequip(args: argparse.Namespace) -> int:
+    lists = option_values(args, "families", "configs", "dtypes")
+    res = nequip.bench_nequip(
+        **{k: _items(v) for k, v in lists.items()}, **option_values(args, "repeat", "repeats", "threads", "out")
+    )
+    return _done(nequip.format_table(res), args.out)
+
+
+def _register_nequip(bench_sub) -> None:
+    p = bench_sub.add_parser(
+        "nequip",
+        help="NequIP and Allegro on a CPU: MD and train steps, their own path vs the numba kernels, "
+        "interleaved (run in the NequIP environment, .venv-nequip)",
+    )
+    p.add_argument("--families", default=",".join(nequip.FAMILIES), help="comma list of %(default)s")
+    p.add_argument("--configs", default=",".join(nequip.CONFIGS), help="comma list of %(default)s")
+    p.add_argument("--dtypes", default="float32,float64", help="comma list of %(default)s")
+    p.add_argument("--repeat", type=int, default=4, help="fcc Cu cell of 4*repeat^3 atoms (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=5, help="timed steps per backend (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=2, help="torch and numba threads (default: %(default)s)")
+    p.add_argument("--out", default="runs/bench/nequip.json", help="JSON (default: %(default)s)")
+    p.set_defaults(func=_nequip)
+
+
 def _step(args: argparse.Namespace) -> int:
     import shlex
     import sys
@@ -284,6 +308,7 @@ def register_bench(bench_sub) -> None:
     _register_data(bench_sub)
     _register_quality(bench_sub)
     _register_cpu(bench_sub)
+    _register_nequip(bench_sub)
     _register_step(bench_sub)
     _register_train(bench_sub)
     _register_cold_start(bench_sub)

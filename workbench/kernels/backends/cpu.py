@@ -15,7 +15,7 @@ one vector program per input row (an atom, an edge), summed over a *segment* of 
   operands, e.g. the message cotangent), whose rows are then loaded once, stored per edge (a channel-summed output is
   reduced over channels as :data:`LANES` interleaved partial sums, in a fixed order).
 
-Coefficients that carry broadcast factors (MACE's spherical harmonics) are computed for every
+Coefficients that carry broadcast factors (e.g. an edge's spherical harmonics) are computed for every
 row before the pass (:func:`row_coefficients`, vectorised over rows).
 
 All the outputs of one pass with the same row shape share one program, so their common
@@ -24,7 +24,7 @@ monomials are built once and every operand row is read once. Segments run in par
 in a fixed order: the same inputs give the same bits on every run and thread count.
 
 Layout: a vector register is a contiguous run of ``C`` channels. Channelwise operands whose
-components are not already contiguous (MACE's ``[rows, C, 2l+1]`` irreps) are copied to
+components are not already contiguous (e3nn's ``[rows, C, 2l+1]`` irrep blocks) are copied to
 component-major ``[rows, size * C]`` once per call (:func:`channels_last`); outputs are stored
 in their own layout directly.
 

@@ -19,7 +19,7 @@ derived, never hand written: the vector-Jacobian product of a sparse polynomial 
 respect to an operand is again a sparse polynomial (:meth:`SparsePolynomial.vjp`), so
 forward, backward and double backward share one description (as in cuEquivariance's
 segmented polynomials). Factors inside a term are kept sorted and equal monomials are
-merged, which exploits the symmetry of MACE's products :math:`x_{i_1} \cdots x_{i_\nu}`.
+merged, which exploits the symmetry of products :math:`x_{i_1} \cdots x_{i_\nu}` of one operand.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class Operand:
 
     @staticmethod
     def channel_major(name: str, size: int, channels: int, rows: str = "atom", *, batch: str | None = None) -> Operand:
-        """Layout ``[rows, channels, size]`` (MACE's ``[atoms, channels, (lmax+1)^2]`` features);
+        """Layout ``[rows, channels, size]`` (e.g. equivariant features ``[atoms, channels, (lmax+1)^2]``);
         ``batch`` is the former name of ``rows``."""
         return Operand(name, size, batch or rows, tuple(range(size)), (size,) * size, channels * size)
 
@@ -87,7 +87,7 @@ class Operand:
     def component_major(
         name: str, size: int, channels: int, rows: str = "species", *, batch: str | None = None
     ) -> Operand:
-        """Layout ``[rows, size, channels]`` (MACE's ``[elements, k, channels]`` weights);
+        """Layout ``[rows, size, channels]`` (e.g. per-element weights ``[elements, k, channels]``);
         ``batch`` is the former name of ``rows``."""
         return Operand(
             name, size, batch or rows, tuple(k * channels for k in range(size)), (1,) * size, size * channels

@@ -19,7 +19,7 @@ on the GPU): operands are ranked by how often their components occur as factors,
 grouped by their monomial in the first operand (built once from a shared two-factor prefix and
 reused by every output), and inside a group by the next operand, and so on.
 
-Operands broadcast over channels (zero channel stride: MACE's spherical harmonics ``Y``) are
+Operands broadcast over channels (zero channel stride: e.g. an edge's spherical harmonics ``Y``) are
 *scalars* per row: their factors move into the instruction's coefficient, a small scalar
 program evaluated once per row (:attr:`VectorProgram.k_terms`), so ``Σ_j C_ij Y_j h_i R_k``
 costs one vector instruction per ``(i, k)`` and not one per ``(i, j, k)``.
@@ -60,7 +60,7 @@ SET_MUL, ADD_MUL, SET_AXPY, ADD_AXPY, SET_K, ADD_K = range(6)
 INSTRUCTIONS: tuple[str, ...] = ("SET_MUL", "ADD_MUL", "SET_AXPY", "ADD_AXPY", "SET_K", "ADD_K")
 #: floating-point operations per channel of each opcode (a fused multiply-add counts 2)
 _FLOPS = (2, 3, 1, 2, 0, 1)
-#: scalar factors a coefficient term may carry (MACE's ops have at most 2)
+#: scalar factors a coefficient term may carry (the contraction and the tensor product have at most 2)
 MAX_SCALAR_FACTORS = 3
 
 

@@ -1,0 +1,153 @@
+"""``workbench bench nequip``: NequIP and Allegro on the workbench kernels against their own
+e3nn/einsum path, on the CPU (run it in the NequIP environment, ``.venv-nequip``).
+
+Per family (``nequip``, ``allegro``), config (``tutorial``: the model of nequip's own minimal
+test config, and Allegro's defaults; ``large``: wider and higher ``l_max``) and dtype, an MD
+step (energy and forces, ``eval()``) and a train step (energy + force loss, its gradient to every
+parameter: forces differentiate twice) on a periodic fcc Cu cell, each timed for the family's
+own modules and the accelerated copy with the same weights, interleaved, median of ``repeats``.
+The table gives the speedups against the targets (NequIP 3x, Allegro 2x at the tutorial config
+in float32); the JSON is rewritten after every case.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from workbench.bench.table import Column, cpu_name, render, run_versions, verdict, write_json
+
+FAMILIES = ("nequip", "allegro")
+CONFIGS = ("tutorial", "large")
+BUILDERS = {"nequip": "nequip.model.NequIPGNNModel", "allegro": "allegro.model.AllegroModel"}
+#: model hyperparameters per family and config (nequip: minimal_toy_emt.yaml's model; allegro: its defaults)
+MODELS: dict[tuple[str, str], dict[str, Any]] = {
+    ("nequip", "tutorial"): {"l_max": 1, "num_layers": 3, "num_features": 16, "radial_mlp_width": 8},
+    ("nequip", "large"): {"l_max": 2, "num_layers": 4, "num_features": 32, "radial_mlp_width": 64},
+    ("allegro", "tutorial"): {"l_max": 2, "num_layers": 2, "num_scalar_features": 64, "num_tensor_features": 16},
+    ("allegro", "large"): {"l_max": 3, "num_layers": 2, "num_scalar_features": 64, "num_tensor_features": 32},
+}
+TARGETS = {"nequip": 3.0, "allegro": 2.0}  # tutorial config, float32, MD and train
+R_MAX = 5.0
+
+
+def build(family: str, config: str, dtype: str) -> Any:
+    """The family's model through its own builder (seeded: the same weights in every dtype)."""
+    from hydra.utils import get_method
+    from nequip.utils.global_state import set_global_state
+
+    set_global_state()
+    args = {"seed": 1, "model_dtype": dtype, "r_max": R_MAX, "type_names": ["Cu"], "avg_num_neighbors": 40.0}
+    args.update(per_type_energy_scales=0.5, per_type_energy_shifts=-3.0, **MODELS[(family, config)])
+    if family == "allegro":
+        args["radial_chemical_embed"] = {"_target_": "allegro.nn.TwoBodyBesselScalarEmbed", "num_bessels": 8}
+    return get_method(BUILDERS[family])(**args)
+
+
+def cu_cell(repeat: int, seed: int = 0):
+    """A rattled fcc Cu cell of ``4 * repeat**3`` atoms."""
+    import numpy as np
+    from ase.build import bulk
+
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(repeat)
+    atoms.positions += np.random.default_rng(seed).normal(0.0, 0.05, atoms.positions.shape)
+    return atoms
+
+
+def md_step(model, data: dict):
+    return model({k: v.clone() for k, v in data.items()})["forces"]
+
+
+def train_step(model, data: dict):
+    model.zero_grad(set_to_none=True)
+    out = model({k: v.clone() for k, v in data.items()})
+    loss = out["total_energy"].pow(2).mean() + out["forces"].pow(2).mean()
+    loss.backward()
+    return loss
+
+
+def _models(family: str, config: str, dtype: str) -> dict:
+    from workbench.kernels import accelerate
+
+    native = build(family, config, dtype)
+    fast = accelerate(copy.deepcopy(native), backend="numba")
+    return {("native", "md"): native.eval(), ("numba", "md"): fast.eval(), ("native", "train"): None}
+
+
+def _time(family: str, config: str, dtype: str, data: dict, repeats: int) -> dict:
+    models = _models(family, config, dtype)
+    models[("native", "train")] = copy.deepcopy(models[("native", "md")]).train()
+    models[("numba", "train")] = copy.deepcopy(models[("numba", "md")]).train()
+    steps = {"md": md_step, "train": train_step}
+    times: dict[str, list[float]] = {}
+    for _ in range(repeats + 1):  # the first round warms up: numba compiles, caches fill
+        for step, fn in steps.items():
+            for backend in ("native", "numba"):
+                t = time.perf_counter()
+                fn(models[(backend, step)], data)
+                times.setdefault(f"{backend}_{step}", []).append(time.perf_counter() - t)
+    res = {k: 1e3 * statistics.median(v[1:]) for k, v in times.items()}
+    for step in steps:
+        res[f"speedup_{step}"] = res[f"native_{step}"] / res[f"numba_{step}"]
+    return res
+
+
+def bench_nequip(
+    families: Sequence[str] = FAMILIES,
+    configs: Sequence[str] = CONFIGS,
+    dtypes: Sequence[str] = ("float32", "float64"),
+    repeat: int = 4,
+    repeats: int = 5,
+    threads: int = 2,
+    out: str | Path = "runs/bench/nequip.json",
+) -> dict:
+    """Time every (family, config, dtype) case; returns the result the JSON holds."""
+    from workbench.bench.cpu import set_threads
+    from workbench.kernels.nequip.graphs import atomic_data
+
+    set_threads(threads)
+    atoms = cu_cell(repeat)
+    res: dict[str, Any] = {"machine": {"cpu": cpu_name(), "threads": threads}, "versions": run_versions()}
+    res.update(atoms=len(atoms), r_max=R_MAX, repeats=repeats, cases=[])
+    data = atomic_data([atoms], ["Cu"], R_MAX)
+    res["edges"] = int(data["edge_index"].shape[1])
+    for family in families:
+        for config in configs:
+            for dtype in dtypes:
+                case = {"family": family, "config": config, "dtype": dtype, **MODELS[(family, config)]}
+                case.update(_time(family, config, dtype, data, repeats))
+                res["cases"].append(case)
+                write_json(out, res)
+    return res
+
+
+def _met(case: dict) -> str | None:
+    if case["config"] != "tutorial" or case["dtype"] != "float32":
+        return None
+    target = TARGETS[case["family"]]
+    return verdict(min(case["speedup_md"], case["speedup_train"]) >= target) + f" ({target:g}x)"
+
+
+def format_table(res: dict) -> str:
+    ms = ".1f"
+    columns = [
+        Column("family", "family", align="<"),
+        Column("config", "config", align="<"),
+        Column("dtype", "dtype", align="<"),
+        Column("MD own ms", "native_md", ms),
+        Column("MD numba ms", "numba_md", ms),
+        Column("MD x", "speedup_md", ".2f"),
+        Column("train own ms", "native_train", ms),
+        Column("train numba ms", "numba_train", ms),
+        Column("train x", "speedup_train", ".2f"),
+        Column("target", _met, align="<"),
+    ]
+    title = (
+        f"NequIP / Allegro on {res['machine']['cpu']}, {res['machine']['threads']} threads: fcc Cu, "
+        f"{res['atoms']} atoms, {res['edges']} edges at {res['r_max']} A (median of {res['repeats']}, interleaved)"
+    )
+    return render(res["cases"], columns, title=title)
