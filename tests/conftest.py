@@ -50,7 +50,8 @@ def slurm_cluster():
             f"SLURM is not installed here ({', '.join(missing)} missing); "
             "`make system-deps` or apt-get install slurm-wlm munge"
         )
-    cluster = LocalSlurm().start()
+    # requeued jobs start again after 6 s, not SLURM's default 121 s, as nothing else forces them
+    cluster = LocalSlurm(requeue_delay_s=6).start()
     try:
         yield cluster
     finally:
