@@ -14,7 +14,7 @@ LOCK   ?= requirements.lock
 INSTALL_FLAGS := $(if $(LOCK),-c $(LOCK),--upgrade --upgrade-strategy eager)
 STAMP  := $(VENV)/.installed$(if $(LOCK),-locked,-latest)
 
-.PHONY: demo test test-nequip lint lab venv lock lock-nequip bench-packing clean-venv system-deps
+.PHONY: demo test test-nequip lint lab venv lock lock-nequip bench-packing bench-cpu clean-venv system-deps
 
 $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,16 +52,17 @@ system-deps:
 # single-threaded, so both cores stay busy. TEST_WORKERS=0 runs everything in one process.
 # (Not --dist loadgroup: under pytest 9 its group suffix no longer reaches the scheduler.)
 TEST_WORKERS ?= 2
-test: $(STAMP) lint system-deps
-	WORKBENCH_LOCK="$(LOCK)" $(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
-	$(MAKE) --no-print-directory test-nequip
-
-# NequIP and Allegro (nequip needs e3nn >= 0.6, mace-torch pins 0.4.4): their own venv and lock,
-# and the tests under tests/nequip_env, which the main run leaves out (tests/conftest.py).
+# The NequIP environment is built first: notebook 06 (in the main run) measures through it.
 NEQUIP_VENV ?= .venv-nequip
 NEQUIP_LOCK ?= requirements-nequip.lock
 NEQUIP_PY   := $(NEQUIP_VENV)/bin/python
 NEQUIP_STAMP := $(NEQUIP_VENV)/.installed
+test: $(STAMP) $(NEQUIP_STAMP) lint system-deps
+	WORKBENCH_LOCK="$(LOCK)" $(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-nequip
+
+# NequIP and Allegro (nequip needs e3nn >= 0.6, mace-torch pins 0.4.4): their own venv and lock
+# (NEQUIP_* above), and the tests under tests/nequip_env, which the main run leaves out (tests/conftest.py).
 $(NEQUIP_STAMP): pyproject.toml $(NEQUIP_LOCK)
 	@test -x $(NEQUIP_PY) || $(PYTHON) -m venv $(NEQUIP_VENV)
 	$(NEQUIP_PY) -m pip install -q --upgrade pip -c $(NEQUIP_LOCK)
@@ -100,6 +101,10 @@ lab: $(STAMP)
 
 bench-packing: $(STAMP)
 	$(VENV)/bin/workbench bench packing
+
+# MACE, NequIP and Allegro on this CPU against their own paths (the families part runs in .venv-nequip).
+bench-cpu: $(STAMP) $(NEQUIP_STAMP)
+	$(VENV)/bin/workbench bench cpu --nequip-python $(NEQUIP_PY)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -44,6 +44,9 @@ def test_smoke_preset_writes_table_json_and_trajectory_figure(tmp_path):
     assert (
         "speed-up" not in res.stdout and "small  water-24" in res.stdout and "trajectory 4 steps, float64" in res.stdout
     )
+    # this environment has no nequip: the families part says so and how to get its rows
+    assert "--nequip-python" in data["families"]["skipped"]
+    assert "NequIP / Allegro: skipped" in res.stdout
 
 
 def test_mixed_batch_is_packed_from_several_families():
@@ -72,6 +75,8 @@ def test_hot_op_timer_counts_every_pass():
 
 
 def test_bad_arguments_are_named(tmp_path):
+    with pytest.raises(ValueError, match="--nequip-python: .*nope.* is not an executable file"):
+        bench_cpu(parts=["families"], nequip_python=tmp_path / "nope", out=tmp_path / "x.json")
     with pytest.raises(ValueError, match="unknown preset 'huge'; choose one of full, smoke"):
         bench_cpu(preset="huge", out=tmp_path / "x.json")
     with pytest.raises(ValueError, match="unknown part"):

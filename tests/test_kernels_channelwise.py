@@ -333,3 +333,24 @@ def test_other_supported_blocks_match_e3nn_float64(icls):
     assert sum(isinstance(m, FusedChannelwiseTensorProduct) for m in fast.modules()) == 2
     data = mixed_graphs(cfg[4])
     compare(energy_force_grads(model, data), energy_force_grads(fast, data), tol=1e-10)
+
+
+def test_edge_graph_is_shared_by_layers_until_the_edges_change():
+    """``EdgeGraph.of`` hands the layers of one forward the same graph (one CSR sort), and a new one
+    when the edge tensor is another object, was changed in place, or the node count differs."""
+    g = torch.Generator().manual_seed(11)
+    edge_index = torch.randint(0, 9, (2, 40), generator=g)
+    first = EdgeGraph.of(edge_index[0], edge_index[1], 9)
+    assert EdgeGraph.of(edge_index[0], edge_index[1], 9) is first  # new views of the same tensor
+    ptr, perm = first.csr("receiver")
+    assert torch.equal(torch.sort(edge_index[1], stable=True).indices, perm)
+    assert torch.equal(ptr, torch.searchsorted(torch.sort(edge_index[1]).values, torch.arange(10)))
+    assert EdgeGraph.of(edge_index[0], edge_index[1], 10) is not first
+    second = EdgeGraph.of(edge_index[0], edge_index[1], 9)
+    assert EdgeGraph.of(edge_index[1], edge_index[0], 9) is not second  # sender and receiver swapped
+    copy_ = edge_index.clone()
+    third = EdgeGraph.of(copy_[0], copy_[1], 9)
+    assert third is not second and torch.equal(third.receiver, edge_index[1])
+    copy_[1, 0] = (copy_[1, 0] + 1) % 9  # in place: the version counter moves
+    fourth = EdgeGraph.of(copy_[0], copy_[1], 9)
+    assert fourth is not third and int(fourth.receiver[0]) == int(copy_[1, 0])

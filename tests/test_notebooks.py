@@ -24,6 +24,7 @@ EXPECTED = [
     "03_kernel_timings.ipynb",
     "04_train_and_launch.ipynb",
     "05_scaling_projection.ipynb",
+    "06_nequip_and_allegro.ipynb",
 ]
 BUDGET_S = 120  # each notebook must run on the CPU with the embedded data in under 2 minutes
 ARTIFACTS = Path(os.environ.get("WORKBENCH_ARTIFACTS", NOTEBOOKS.parent / "runs" / "test-artifacts"))
@@ -135,6 +136,21 @@ def test_notebook_runs(name, runs):
         assert "Precomputed grid" in text and "paper" in text
     if name.startswith("05"):
         assert "packer + kernels" in text and "cost model:" in text
+    if name.startswith("06"):
+        _check_06(text)
+
+
+def _check_06(text: str) -> None:
+    """Notebook 06 measures through the NequIP environment (``make test`` builds it first)."""
+    from workbench.viz.families import SETUP_HINT, nequip_python
+
+    if nequip_python() is None:
+        assert SETUP_HINT in text
+        return
+    rows = [line.split() for line in text.splitlines() if line.startswith(("nequip ", "allegro "))]
+    parity = [r for r in rows if r[1] == "tutorial" and r[-1] in ("yes", "NO")]
+    assert len(parity) == 8 and all(r[-1] == "yes" for r in parity), parity
+    assert "NequIP / Allegro on" in text and "fcc Cu, 4 atoms" in text
 
 
 def test_notebook_04_local(runs):

@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from train_fixtures import run_cli
 
 from workbench.data.embedded import EMBEDDED_PATH
 from workbench.data.io import StructureError, read_structures, write_structures
 from workbench.data.prepare import prepare
 from workbench.data.sizes import graph_sizes
 from workbench.data.store import GraphStore
-from workbench.launch.local import train_cli_command
 from workbench.train import TrainConfig
 from workbench.train.presets import tiny_config
 
@@ -255,34 +255,25 @@ def test_mace_hdf5_shards_are_accepted(embedded_store, embedded_frames, tmp_path
     np.testing.assert_array_equal(g.forces, h.forces)
 
 
-def _run_train(cfg: TrainConfig, tmp_path: Path, env_extra: dict | None = None, restarts: int = 0):
-    path = tmp_path / f"{cfg.name}.yaml"
-    cfg.to_yaml(path)
-    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
-    cmd = train_cli_command(path, 2, restarts)
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
-
-
 def test_prepare_train_resume_under_torchrun(embedded_store, tmp_path):
     from workbench.train.rundir import RunDir, read_steps
 
+    # Checkpoints at steps 3, 6 and 9: a failure after step 5 resumes from step 3.
+    schedule = dict(capacity=250, epochs=5, max_steps=9, checkpoint_every=3)
     base = dict(
         dataset=str(embedded_store.path),
         families=["water_clusters", "hea", "mptrj"],
         max_structures=200,
-        capacity=250,
-        epochs=5,
-        max_steps=9,
-        checkpoint_every=3,
         num_workers=2,
         dtype="float64",
+        **schedule,
     )
     ref = tiny_config(tmp_path, "ref", **base)
-    out = _run_train(ref, tmp_path)
+    out = run_cli(ref, tmp_path, 2)
     assert out.returncode == 0, out.stderr[-4000:]
     # Rank 1 dies after step 5; torchrun restarts the group, which resumes from the step-3 checkpoint.
     cut = tiny_config(tmp_path, "cut", **base)
-    resumed = _run_train(cut, tmp_path, {"WORKBENCH_FAIL_AT_STEP": "5", "WORKBENCH_FAIL_RANK": "1"}, restarts=1)
+    resumed = run_cli(cut, tmp_path, 2, {"WORKBENCH_FAIL_AT_STEP": "5", "WORKBENCH_FAIL_RANK": "1"}, restarts=1)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert "resume: from step 3" in resumed.stderr
     for rank in (0, 1):

@@ -23,6 +23,9 @@ Parts (``--parts``):
   difference step by step; for scale, e3nn's own float32 run drifts from its float64 run by tens
   of percent within 100 steps, which the JSON records). ``--out`` gets a ``.html`` twin with
   both curves.
+* ``families`` - NequIP and Allegro MD and train steps against their own path
+  (:mod:`workbench.bench.families`: run in the NequIP environment's interpreter,
+  ``nequip_python``, since the two families cannot share one environment).
 
 The table and JSON go to stdout and ``--out``; the JSON is rewritten after every case.
 """
@@ -43,7 +46,7 @@ from workbench.bench.workloads import MODELS, system_batch
 
 __all__ = ["PARTS", "PRESETS", "bench_cpu", "format_table", "hot_op_timer", "peak_gflops", "step_profile"]
 
-PARTS = ("steps", "ops", "profile", "trajectory")
+PARTS = ("steps", "ops", "profile", "trajectory", "families")
 PRESETS: dict[str, dict[str, Any]] = {
     "full": dict(
         models=("paper", "small"),
@@ -98,14 +101,6 @@ def train_step(model, batch: dict):
 
 
 STEPS = {"md": md_step, "train": train_step}
-
-
-def set_threads(threads: int) -> None:
-    import numba
-    import torch
-
-    torch.set_num_threads(threads)
-    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
 
 
 def peak_gflops(dtype: str, n: int = 1536, repeats: int = 5) -> float:
@@ -327,11 +322,16 @@ def bench_cpu(
     threads: int = 2,
     out: str | os.PathLike = "runs/bench/cpu.json",
     workdir: str | os.PathLike = "runs/bench/cpu",
+    nequip_python: str | os.PathLike | None = None,
 ) -> dict:
     """Run the parts of the benchmark (see the module docstring) and write ``out`` after each case."""
     from workbench.bench.cpu_trajectory import trajectory, trajectory_figure
+    from workbench.bench.families import check_python, run_families
+    from workbench.bench.harness import set_threads
 
     s = _resolve(preset, parts, models, systems, dtypes, repeats)
+    if nequip_python is not None and "families" in parts:
+        check_python(nequip_python)  # before hours of other parts
     set_threads(threads)
     res: dict[str, Any] = {
         "preset": preset,
@@ -353,6 +353,9 @@ def bench_cpu(
         html = out.with_suffix(".html")
         trajectory_figure(res["trajectory"], html)
         res["trajectory"]["figure"] = str(html)
+        write_json(out, res)
+    if "families" in parts:  # last: nequip sets global torch state in this process
+        res["families"] = run_families(preset, threads, nequip_python)
         write_json(out, res)
     return res
 
@@ -436,4 +439,8 @@ def format_table(res: dict) -> str:
         lines.append(_profile_table(res["profile"]))
     if "trajectory" in res:
         lines += ["", *trajectory_lines(res["trajectory"])]
+    if "families" in res:
+        from workbench.bench.families import family_lines
+
+        lines += family_lines(res["families"])
     return "\n".join(lines)

@@ -25,7 +25,7 @@ import platform
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -362,59 +362,53 @@ def bench_data(
     return res
 
 
-def _section(title: str, rows: dict, columns: list[Column], label_width: int) -> list[str]:
-    """A titled table, a line per row, its label (the key in ``rows``) first."""
-    label = Column("", "label", width=label_width - 1, align="<")
-    table = render([{"label": k, **r} for k, r in rows.items()], [label, *columns], title=title, rule=False)
-    return [table, ""]
-
-
 def _anchor(key: str):
     return lambda r: f"{r[key]:.2f}" if key in r else "anchor"
+
+
+#: part -> its table: the title (from the part's result), the columns, the label column's width
+_TABLES: dict[str, tuple[Callable[[dict], str], list[Column], int]] = {
+    "prepare": (
+        lambda p: f"prepare: {p['frames']} frames, {p['atoms']} atoms, {p['bytes'] / 1e6:.0f} MB extxyz",
+        [
+            Column("s", "seconds", ".1f", 7),
+            Column("graphs/s", "graphs_per_s", ".0f", 9),
+            Column("atoms/s", "atoms_per_s", ".0f", 10),
+            Column("/worker vs 1 iread", _anchor("per_worker_vs_parse"), width=19),
+            Column("vs as many ireads", _anchor("vs_parallel_parse"), width=18),
+        ],
+        28,
+    ),
+    "layout": (
+        lambda lay: f"layout: {lay['graphs']} graphs, {lay['reads']} random reads",
+        [
+            Column("write s", "write_s", ".2f", 8),
+            Column("MB", "mb", ".1f", 7),
+            Column("read µs/graph", "read_us", ".1f", 14),
+        ],
+        40,
+    ),
+    "train": (
+        lambda tr: f"train: {tr['model']} (tiled sets are throughput data, not physics)",
+        [
+            Column("graphs", "graphs", width=9),
+            Column("peak RSS MB r0/r1", lambda r: "/".join(f"{x:.0f}" for x in r["peak_rss_mb"]), width=19),
+            Column("first step s", "launch_to_first_step_s", ".1f", 13),
+            Column("data wait", "data_wait_share", ".1%", 10),
+            Column("step ms", "step_ms_median", ".1f", 8),
+        ],
+        18,
+    ),
+}
 
 
 def format_table(res: dict) -> str:
     """The prepare, layout and train tables and the targets' verdicts."""
     lines = []
-    if "prepare" in res:
-        p = res["prepare"]
-        lines += _section(
-            f"prepare: {p['frames']} frames, {p['atoms']} atoms, {p['bytes'] / 1e6:.0f} MB extxyz",
-            p["rows"],
-            [
-                Column("s", "seconds", ".1f", 7),
-                Column("graphs/s", "graphs_per_s", ".0f", 9),
-                Column("atoms/s", "atoms_per_s", ".0f", 10),
-                Column("/worker vs 1 iread", _anchor("per_worker_vs_parse"), width=19),
-                Column("vs as many ireads", _anchor("vs_parallel_parse"), width=18),
-            ],
-            28,
-        )
-    if "layout" in res:
-        lay = res["layout"]
-        lines += _section(
-            f"layout: {lay['graphs']} graphs, {lay['reads']} random reads",
-            lay["rows"],
-            [
-                Column("write s", "write_s", ".2f", 8),
-                Column("MB", "mb", ".1f", 7),
-                Column("read µs/graph", "read_us", ".1f", 14),
-            ],
-            40,
-        )
-    if "train" in res:
-        tr = res["train"]
-        lines += _section(
-            f"train: {tr['model']} (tiled sets are throughput data, not physics)",
-            tr["rows"],
-            [
-                Column("graphs", "graphs", width=9),
-                Column("peak RSS MB r0/r1", lambda r: "/".join(f"{x:.0f}" for x in r["peak_rss_mb"]), width=19),
-                Column("first step s", "launch_to_first_step_s", ".1f", 13),
-                Column("data wait", "data_wait_share", ".1%", 10),
-                Column("step ms", "step_ms_median", ".1f", 8),
-            ],
-            18,
-        )
+    for part, (title, columns, label_width) in _TABLES.items():
+        if part in res:
+            label = Column("", "label", width=label_width - 1, align="<")
+            rows = [{"label": k, **r} for k, r in res[part]["rows"].items()]
+            lines += [render(rows, [label, *columns], title=title(res[part]), rule=False), ""]
     lines += [f"target {k}: {verdict(ok)}" for k, ok in res.get("targets", {}).items()]
     return "\n".join(lines)

@@ -33,6 +33,7 @@ __all__ = [
     "peak_memory",
     "precompile_for_bench",
     "record_outputs",
+    "set_threads",
     "snapshot",
     "timer",
     "use_backend_kernels",
@@ -252,3 +253,11 @@ def pass_costs(ops: Sequence, flops: Sequence[float], min_bytes: Sequence[float]
         "flops": dict(zip(passes, flops, strict=True)),
         "min_bytes": dict(zip(passes, min_bytes, strict=True)),
     }
+
+
+def set_threads(threads: int) -> None:
+    """torch's and numba's CPU threads (numba's at most what its pool was started with)."""
+    import numba
+
+    torch.set_num_threads(threads)
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))

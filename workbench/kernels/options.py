@@ -129,13 +129,38 @@ class KernelOptions:
 
 
 def kernel_options() -> KernelOptions:
-    """The defaults with every ``WORKBENCH_*`` override that is set (an empty value counts as unset)."""
-    values = {}
-    for name, (env, parse, _) in ENV.items():
-        text = os.environ.get(env, "")
-        if text:
-            values[name] = parse(env, text) if parse is not str else text
-    return KernelOptions(**values)
+    """The defaults with every ``WORKBENCH_*`` override that is set (an empty value counts as unset).
+    Re-read on every call, so a variable set at any time counts; parsed again only when one changed
+    (a kernel call asks several times)."""
+    texts = _environment_texts()
+    cached = _PARSED.get(texts)
+    if cached is None:
+        values = {}
+        for (name, (env, parse, _)), raw in zip(ENV.items(), texts):
+            text = os.fsdecode(raw)
+            if text:
+                values[name] = parse(env, text) if parse is not str else text
+        cached = KernelOptions(**values)
+        if len(_PARSED) > 64:
+            _PARSED.clear()
+        _PARSED[texts] = cached
+    return cached
+
+
+_PARSED: dict[tuple, KernelOptions] = {}
+
+
+def _environment_texts() -> tuple:
+    """The option variables' raw values: on POSIX straight from ``os.environ``'s byte mapping
+    (20 ``os.environ.get`` calls cost ~20 us, more than some kernel calls)."""
+    raw = getattr(os.environ, "_data", None)
+    if isinstance(raw, dict) and os.name == "posix":
+        return tuple(raw.get(key, b"") for key in _RAW_KEYS)
+    return tuple(os.environ.get(env, "") for env in _NAMES)
+
+
+_NAMES = tuple(env for env, _, _ in ENV.values())
+_RAW_KEYS = tuple(os.fsencode(env) for env in _NAMES)
 
 
 def _render(value: Any) -> str:

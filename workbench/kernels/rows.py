@@ -9,6 +9,8 @@ per species or per node.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -71,6 +73,20 @@ class EdgeGraph:
         self.num_edges = int(ei.shape[1])
         self._csr: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
+    @classmethod
+    def of(cls, sender: torch.Tensor, receiver: torch.Tensor, num_nodes: int) -> EdgeGraph:
+        """The graph of ``sender`` / ``receiver`` ``[num_edges]``, shared with the previous call
+        on this thread when that was given the same tensors (or the same views of one
+        ``edge_index``), unmodified since: a model's layers then sort the edges into CSR groups
+        once per forward, not once per layer."""
+        key = (_tensor_key(sender), _tensor_key(receiver), int(num_nodes))
+        last = getattr(_LAST_GRAPH, "value", None)
+        if last is not None and _same_key(last[0], key):
+            return last[1]
+        graph = cls(torch.stack((sender, receiver)), num_nodes)
+        _LAST_GRAPH.value = (key, graph)
+        return graph
+
     def csr(self, rows: str) -> tuple[torch.Tensor, torch.Tensor]:
         """``(ptr [num_nodes + 1], perm [num_edges])``: edges ``perm[ptr[n]:ptr[n+1]]`` have
         their ``rows`` node (``"sender"`` or ``"receiver"``) equal to ``n``."""
@@ -96,6 +112,23 @@ class EdgeGraph:
 
 
 RowIndex = SpeciesIndex | EdgeGraph
+
+_LAST_GRAPH = threading.local()
+
+
+def _tensor_key(t: torch.Tensor) -> tuple:
+    """What identifies an index tensor's values while it lives: the tensor it views (held weakly:
+    a freed tensor's address may be reused), where in it, and its in-place version counter."""
+    base = t if t._base is None else t._base
+    return (weakref.ref(base), t.storage_offset(), tuple(t.stride()), tuple(t.shape), t._version, t.device, t.dtype)
+
+
+def _same_key(a: tuple, b: tuple) -> bool:
+    for ta, tb in zip(a[:2], b[:2]):
+        alive = ta[0]()
+        if alive is None or alive is not tb[0]() or ta[1:] != tb[1:]:
+            return False
+    return a[2] == b[2]
 
 
 def _csr(idx: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:

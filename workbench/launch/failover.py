@@ -27,7 +27,6 @@ requeued keeps the state its step earned.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -77,18 +76,6 @@ def decide(markers: dict[int, dict], step_exit: int, world_size: int, used: int,
     return Decision(True, f"{who}; failover {used + 1} of {max_restarts}: requeued to resume from the checkpoint")
 
 
-def current_markers(run_dir: Path, attempt: str) -> dict[int, dict]:
-    out = {}
-    for f in RunDir(run_dir).rank_markers():
-        try:
-            m = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-        if m.get("attempt") == attempt:
-            out[int(m["rank"])] = m
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workbench.launch.failover", description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", type=Path)
@@ -100,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = RunDir(args.run_dir)
     used = sum(1 for r in read_jsonl(paths.failovers) if str(r.get("job_id")) == job)
     world = int(os.environ.get("SLURM_NTASKS") or 0) or len(paths.rank_markers())
-    d = decide(current_markers(args.run_dir, attempt), args.step_exit, world, used, args.max_restarts)
+    d = decide(paths.read_rank_markers(attempt), args.step_exit, world, used, args.max_restarts)
     print(f"workbench: job {job} attempt {attempt}: {d.why}", file=sys.stderr, flush=True)
     if d.requeue:
         if args.step_exit != 0:  # a failover, not a time-limit requeue: it spends the budget

@@ -153,23 +153,12 @@ class Run:
             self._last = (self._last[0], f"cannot query SLURM: {exc}")
         return self._last
 
-    def _markers(self, attempt: str | None) -> dict[int, dict]:
-        out = {}
-        for f in self.paths.rank_markers():
-            try:
-                m = json.loads(f.read_text())
-            except (OSError, json.JSONDecodeError):
-                continue
-            if attempt is None or m.get("attempt") == attempt:
-                out[int(m["rank"])] = m
-        return out
-
     def _latest_attempt(self) -> str | None:
         if self.backend != "slurm":
             return self.info.get("attempt")
         attempts = [
             str(m.get("attempt", ""))
-            for m in self._markers(None).values()
+            for m in self.paths.read_rank_markers().values()
             if str(m.get("attempt", "")).startswith(f"{self.job_id}.")
         ]
         return max(attempts, key=lambda a: int(a.split(".")[1]), default=None)
@@ -178,7 +167,7 @@ class Run:
         """Each rank of the latest attempt as its marker says: ``state``, ``node``, ``local_rank``,
         ``host``, ``pid``, ``master_addr``, ``global_step`` (when stopped) ...; ``{}`` before any started."""
         attempt = self._latest_attempt()
-        return self._markers(attempt) if attempt else {}
+        return self.paths.read_rank_markers(attempt) if attempt else {}
 
     def _from_markers(self, markers: dict[int, dict]) -> tuple[str, str] | None:
         failed = sorted(r for r, m in markers.items() if m["state"] == "failed")
@@ -208,7 +197,7 @@ class Run:
         return f"training, step {step}" if step else "starting"
 
     def _evaluate_local(self) -> tuple[str, str]:
-        markers = self._markers(self.info.get("attempt"))
+        markers = self.paths.read_rank_markers(self.info.get("attempt"))
         rc = self._local_returncode()
         decided = self._from_markers(markers)
         if decided:
@@ -240,7 +229,7 @@ class Run:
 
         info = slurm.job_info(self.job_id)
         attempt = f"{self.job_id}.{info.restarts}" if info is not None else self._latest_attempt()
-        markers = self._markers(attempt) if attempt else {}
+        markers = self.paths.read_rank_markers(attempt) if attempt else {}
         if info is not None and info.state in slurm.PENDING_STATES:
             why = slurm.pending_reason(info.reason) if info.reason not in ("", "None") else "queued"
             return "pending", f"job {self.job_id} {info.state.lower()} ({why})" + (
@@ -290,7 +279,7 @@ class Run:
     def traceback(self) -> str:
         """The traceback of the first failed rank of the current attempt ('' when none)."""
         for rank, f in self.paths.rank_errors():
-            marker = self._markers(None).get(rank)
+            marker = self.paths.read_rank_markers().get(rank)
             if marker and marker.get("state") == "failed":
                 return f.read_text()
         # A crash before the worker could write its file (import error, OOM kill): search the logs.

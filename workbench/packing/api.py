@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -57,55 +57,57 @@ class Algorithm:
         return self.count_bound is not None
 
 
+# The two kinds of algorithm: what a kind implies is said once, here.
+def _to_capacity(name: str, run: Runner, description: str, **properties: Any) -> Algorithm:
+    """An algorithm that fills batches up to the capacity, never past it."""
+    return Algorithm(name=name, run=run, description=description, respects_capacity=True, **properties)
+
+
+def _by_count(name: str, run: Runner, description: str, bound: Literal["batch", "step"]) -> Algorithm:
+    """A batcher that cuts shuffled graphs by count (per batch or per ``bound="step"``), blind to the capacity."""
+    return Algorithm(
+        name=name, run=run, description=description, respects_capacity=False, count_bound=bound, randomized=True
+    )
+
+
 #: The packing algorithms, in the order tables and figures show them: the packers, then the baselines.
 ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
-        Algorithm(
-            name="paper",
-            run=lambda c, cap, r, rng, **o: paper_bins(c, cap, r, **o),
-            respects_capacity=True,
+        _to_capacity(
+            "paper",
+            lambda c, cap, r, rng, **o: paper_bins(c, cap, r, **o),
+            "Algorithm 1 of the paper (cyclic dealing of size-sorted graphs, adaptive reopening)",
             randomized=False,
             order_steps_by_load=True,
-            description="Algorithm 1 of the paper (cyclic dealing of size-sorted graphs, adaptive reopening)",
         ),
-        Algorithm(
-            name="shuffled-paper",
-            run=shuffled_paper_bins,
-            respects_capacity=True,
+        _to_capacity(
+            "shuffled-paper",
+            shuffled_paper_bins,
+            "Algorithm 1 on a per-epoch window-shuffled size order (ours)",
             randomized=True,
             order_steps_by_load=True,
-            description="Algorithm 1 on a per-epoch window-shuffled size order (ours)",
         ),
-        Algorithm(
-            name="ffd",
-            run=lambda c, cap, r, rng, **o: baselines.ffd(c, cap, **o),
-            respects_capacity=True,
-            randomized=False,
-            description="first-fit decreasing",
+        _to_capacity(
+            "ffd", lambda c, cap, r, rng, **o: baselines.ffd(c, cap, **o), "first-fit decreasing", randomized=False
         ),
-        Algorithm(
-            name="dynamic",
-            run=lambda c, cap, r, rng, **o: baselines.dynamic(c, cap, rng, **o),
-            respects_capacity=True,
+        _to_capacity(
+            "dynamic",
+            lambda c, cap, r, rng, **o: baselines.dynamic(c, cap, rng, **o),
+            "PyG DynamicBatchSampler: greedy next-fit up to max_num on shuffled graphs",
             randomized=True,
-            description="PyG DynamicBatchSampler: greedy next-fit up to max_num on shuffled graphs",
         ),
-        Algorithm(
-            name="lpt",
-            run=lambda c, cap, r, rng, **o: baselines.lpt(c, r, rng, **o),
-            respects_capacity=False,
-            count_bound="step",
-            randomized=True,
-            description="fairchem-style: shuffled global batch per step, LPT-balanced across ranks",
+        _by_count(
+            "lpt",
+            lambda c, cap, r, rng, **o: baselines.lpt(c, r, rng, **o),
+            "fairchem-style: shuffled global batch per step, LPT-balanced across ranks",
+            "step",
         ),
-        Algorithm(
-            name="fixed-count",
-            run=lambda c, cap, r, rng, **o: baselines.fixed_count(c, r, rng, **o),
-            respects_capacity=False,
-            count_bound="batch",
-            randomized=True,
-            description="PyG default: fixed graphs per batch, shuffled, split like DistributedSampler",
+        _by_count(
+            "fixed-count",
+            lambda c, cap, r, rng, **o: baselines.fixed_count(c, r, rng, **o),
+            "PyG default: fixed graphs per batch, shuffled, split like DistributedSampler",
+            "batch",
         ),
     )
 }

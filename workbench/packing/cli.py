@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from workbench.cli_args import add_command
+
 _NPY_MAGIC = b"\x93NUMPY"
 _ZIP_MAGIC = b"PK\x03\x04"
 
@@ -83,6 +85,7 @@ def _non_negative(text: str) -> int:
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
+    """pack a dataset or sizes file into batches for R ranks"""
     from workbench.packing.api import ALGORITHMS, pack
     from workbench.packing.cost import CostModel
 
@@ -137,46 +140,42 @@ def register(subparsers) -> None:
     """Add ``workbench pack``."""
     from workbench.packing.api import ALGORITHMS
 
-    p = subparsers.add_parser(
-        "pack",
-        help="pack a dataset or sizes file into batches for R ranks",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("sizes", help="dataset (.extxyz[.gz]) or sizes file (.npy/.npz)")
-    p.add_argument(
-        "--capacity", type=float, default=3072, help="max cost per batch (default 3072; in seconds with --cost model)"
-    )
-    p.add_argument("--replicas", type=int, default=1, help="number of DDP ranks (default 1)")
-    p.add_argument(
-        "--algorithm",
-        default="paper",
-        choices=list(ALGORITHMS),
-        help="; ".join(f"{a.name}: {a.description}" for a in ALGORITHMS.values()),
-    )
-    p.add_argument(
-        "--cost",
-        default="atoms",
-        choices=("atoms", "edges", "model"),
-        help="per-graph cost: atoms, edges, or the cost model's b*atoms + c*edges",
-    )
-    p.add_argument(
-        "--graphs-per-batch",
-        type=int,
-        default=None,
-        help="graphs per batch, for the algorithms that batch by count (default: theirs, 8)",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epoch", type=_non_negative, default=0, help="epoch to pack (>= 0, default 0)")
-    p.add_argument(
-        "--oversize",
-        default="error",
-        choices=("error", "alone"),
-        help="graphs above capacity: error (default) or a batch of their own",
-    )
-    p.add_argument(
-        "--out", "-o", default=None, help="packing file to write (default runs/pack/<name>.<algorithm>.r<replicas>.npz)"
-    )
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--no-randomness", action="store_true", help="skip the epoch-to-epoch repeat metric")
-    p.set_defaults(func=_cmd_pack)
+    options = {
+        "sizes": {"help": "dataset (.extxyz[.gz]) or sizes file (.npy/.npz)"},
+        "--capacity": {
+            "type": float,
+            "default": 3072,
+            "help": "max cost per batch (default 3072; in seconds with --cost model)",
+        },
+        "--replicas": {"type": int, "default": 1, "help": "number of DDP ranks (default 1)"},
+        "--algorithm": {
+            "default": "paper",
+            "choices": list(ALGORITHMS),
+            "help": "; ".join(f"{a.name}: {a.description}" for a in ALGORITHMS.values()),
+        },
+        "--cost": {
+            "default": "atoms",
+            "choices": ("atoms", "edges", "model"),
+            "help": "per-graph cost: atoms, edges, or the cost model's b*atoms + c*edges",
+        },
+        "--graphs-per-batch": {
+            "type": int,
+            "default": None,
+            "help": "graphs per batch, for the algorithms that batch by count (default: theirs, 8)",
+        },
+        "--seed": {"type": int, "default": 0},
+        "--epoch": {"type": _non_negative, "default": 0, "help": "epoch to pack (>= 0, default 0)"},
+        "--oversize": {
+            "default": "error",
+            "choices": ("error", "alone"),
+            "help": "graphs above capacity: error (default) or a batch of their own",
+        },
+        ("--out", "-o"): {
+            "default": None,
+            "help": "packing file to write (default runs/pack/<name>.<algorithm>.r<replicas>.npz)",
+        },
+        "--json": {"action": "store_true", "help": "print the summary as JSON"},
+        "--no-randomness": {"action": "store_true", "help": "skip the epoch-to-epoch repeat metric"},
+    }
+    raw = argparse.RawDescriptionHelpFormatter  # the module docstring's layout, as written
+    add_command(subparsers, "pack", options, _cmd_pack, description=__doc__, formatter_class=raw)

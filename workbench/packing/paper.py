@@ -175,12 +175,11 @@ def _paper_round(
     integer: bool,
     descending: bool,
     assign: np.ndarray,
-    load: np.ndarray,
 ) -> int:
     """One round of Algorithm 1 on graphs ``order[start:]`` and bins ``first_bin..first_bin+n_bins``.
 
-    Writes ``assign[graph] = bin`` and ``load[bin]``; returns the position in
-    ``order`` of the first graph left unassigned (``len(order)`` when done).
+    Writes ``assign[graph] = bin``; returns the position in ``order`` of the first graph left
+    unassigned (``len(order)`` when done).
     """
     n = order.shape[0]
     remaining = np.full(n_bins, cap, dtype=np.float64)
@@ -210,36 +209,16 @@ def _paper_round(
             active = _drop_full(active, is_full, n_new_full)
         if n_full > 0 and active.shape[0] > 0 and g < n:
             active, n_full = _reopen(active, full, n_full, remaining, is_full)
-    for b in range(n_bins):
-        load[first_bin + b] = cap - remaining[b]
     return g
 
 
 @njit(cache=True)
-def _paper_all(
-    order: np.ndarray,
-    sizes: np.ndarray,
-    n_bins0: int,
-    cap: float,
-    integer: bool,
-    descending: bool,
-    assign: np.ndarray,
-    load: np.ndarray,
-) -> int:
-    """Round 1 with ``n_bins0`` bins, then leftover rounds in new bins; returns bins used."""
-    n = order.shape[0]
-    g = 0
-    used = 0
-    n_bins = n_bins0
-    while g < n:
-        g = _paper_round(order, sizes, g, n_bins, used, cap, integer, descending, assign, load)
-        used += n_bins
-        if g < n:
-            left = 0.0
-            for k in range(g, n):
-                left += sizes[order[k]]
-            n_bins = max(1, int(np.ceil(left / cap)))
-    return used
+def _leftover_bins(order: np.ndarray, sizes: np.ndarray, start: int, cap: float) -> int:
+    """Bins for the leftover round of graphs ``order[start:]``: ``ceil(sum(left) / cap)``, at least 1."""
+    left = 0.0
+    for k in range(start, order.shape[0]):
+        left += sizes[order[k]]
+    return max(1, int(np.ceil(left / cap)))
 
 
 def paper_bins(
@@ -271,10 +250,14 @@ def paper_bins(
     lb = max(1, int(np.ceil(sizes.sum() / capacity)))
     n_bins0 = -(-lb // num_replicas) * num_replicas
     assign = np.empty(n, dtype=np.int64)
-    used = 0
+    cap, descending = float(capacity), order == "emptier-first"
     for _ in range(max_restarts + 1):
-        load = np.zeros(n_bins0 + n + 1, dtype=np.float64)
-        used = _paper_all(graph_order, sizes, n_bins0, float(capacity), integer, order == "emptier-first", assign, load)
+        g = used = 0
+        n_bins = n_bins0
+        while g < n:  # round 1 with n_bins0 bins, then leftover rounds in new bins
+            g = _paper_round(graph_order, sizes, g, n_bins, used, cap, integer, descending, assign)
+            used += n_bins
+            n_bins = _leftover_bins(graph_order, sizes, g, cap)
         result = compact_bins(assign, used)
         # Restart with one more step of bins only when leftover rounds broke the multiple.
         if result[1] % num_replicas == 0 or used == n_bins0:

@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from workbench.cli_args import option_values
+from workbench.cli_args import Options, add_command, option_values
+from workbench.kernels.registry import BACKENDS
 
 __all__ = ["ENSEMBLES", "MDResult", "MDRunaway", "energy_drift", "load_calculator", "run_md", "temperature_limit"]
 
@@ -335,6 +336,7 @@ def write_result(result: MDResult, path: str | os.PathLike) -> None:
 
 
 def _cli(args: Any) -> int:
+    """molecular dynamics with a mace model (NVE energy drift, ns/day) on the workbench kernels"""
 
     _output_path(args.json, "--json")
     names = ("steps", "ensemble", "temperature", "backend", "index", "trajectory", "write_every", "seed", "dtype")
@@ -354,34 +356,29 @@ def _cli(args: Any) -> int:
     return 0
 
 
+#: ``workbench md``'s options (the kernel backends' registry is light: no torch)
+_OPTIONS: Options = {
+    "model": {"help": "a mace-torch model file (e.g. runs/<name>/model.model)"},
+    "--structure": {"required": True, "help": "starting structure (any file ASE reads; frame --index)"},
+    "--index": {"type": int, "default": 0, "help": "frame of --structure (default: %(default)s)"},
+    "--steps": {"type": int, "default": 1000, "help": "MD steps (default: %(default)s)"},
+    "--ensemble": {"default": "nve", "choices": ENSEMBLES},
+    "--temperature": {"type": float, "default": 300.0, "help": "K, initial velocities and NVT (default: %(default)s)"},
+    "--timestep": {"type": float, "default": 0.5, "help": "fs (default: %(default)s)"},
+    "--backend": {
+        "default": "numba",
+        "choices": [n for n, b in BACKENDS.items() if b.kind != "convert"],  # swapped in place, in the calculator
+        "help": "kernels for the model's hot ops (default: %(default)s)",
+    },
+    "--dtype": {"choices": ["float32", "float64"], "help": "default: the model's own"},
+    "--trajectory": {"help": "write frames here (extxyz)"},
+    "--write-every": {"type": int, "default": 10, "help": "frames between trajectory writes (default: %(default)s)"},
+    "--seed": {"type": int, "default": 0, "help": "initial velocities (default: %(default)s)"},
+    "--json": {"help": "also write the energies, drift and speed as JSON here"},
+}
+
+
 def register(sub) -> None:
-    from workbench.kernels.registry import BACKENDS
     from workbench.train.cli import add_trust_model_arg
 
-    p = sub.add_parser(
-        "md", help="molecular dynamics with a mace model (NVE energy drift, ns/day) on the workbench kernels"
-    )
-    p.add_argument("model", help="a mace-torch model file (e.g. runs/<name>/model.model)")
-    p.add_argument("--structure", required=True, help="starting structure (any file ASE reads; frame --index)")
-    p.add_argument("--index", type=int, default=0, help="frame of --structure (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=1000, help="MD steps (default: %(default)s)")
-    p.add_argument("--ensemble", default="nve", choices=ENSEMBLES)
-    p.add_argument(
-        "--temperature", type=float, default=300.0, help="K, initial velocities and NVT (default: %(default)s)"
-    )
-    p.add_argument("--timestep", type=float, default=0.5, help="fs (default: %(default)s)")
-    p.add_argument(
-        "--backend",
-        default="numba",
-        choices=[n for n, b in BACKENDS.items() if b.kind != "convert"],  # swapped in place, in the calculator
-        help="kernels for the model's hot ops (default: %(default)s)",
-    )
-    p.add_argument("--dtype", choices=["float32", "float64"], help="default: the model's own")
-    p.add_argument("--trajectory", help="write frames here (extxyz)")
-    p.add_argument(
-        "--write-every", type=int, default=10, help="frames between trajectory writes (default: %(default)s)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="initial velocities (default: %(default)s)")
-    p.add_argument("--json", help="also write the energies, drift and speed as JSON here")
-    add_trust_model_arg(p)
-    p.set_defaults(func=_cli)
+    add_trust_model_arg(add_command(sub, "md", _OPTIONS, _cli))

@@ -77,6 +77,16 @@ def previous_path(path: Path) -> Path:
     return path.with_name(path.stem + ".prev" + path.suffix)
 
 
+def _file(name: str, under: str = "") -> property:
+    """A :class:`RunDir` property: the path ``name`` in the run directory, or in its folder
+    ``under`` (another such property), so each name is spelled once."""
+
+    def path(run: RunDir) -> Path:
+        return (getattr(run, under) if under else run.path) / name
+
+    return property(path, doc=f"``{name}``")
+
+
 class RunDir:
     """Paths of one run directory (nothing is created until a writer needs it)."""
 
@@ -87,29 +97,12 @@ class RunDir:
         return f"RunDir({str(self.path)!r})"
 
     # -- trainer
-    @property
-    def config(self) -> Path:
-        return self.path / "config.yaml"
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.path / "checkpoint.pt"
-
-    @property
-    def info(self) -> Path:
-        return self.path / "run.json"
-
-    @property
-    def packing(self) -> Path:
-        return self.path / "packing.npz"
-
-    @property
-    def lock(self) -> Path:
-        return self.path / "run.lock"
-
-    @property
-    def metrics_dir(self) -> Path:
-        return self.path / "metrics"
+    config = _file("config.yaml")
+    checkpoint = _file("checkpoint.pt")
+    info = _file("run.json")
+    packing = _file("packing.npz")
+    lock = _file("run.lock")
+    metrics_dir = _file("metrics")
 
     def step_log(self, rank: int) -> Path:
         return self.metrics_dir / f"rank{int(rank)}.jsonl"
@@ -119,24 +112,14 @@ class RunDir:
         files = self.metrics_dir.glob("rank*.jsonl") if self.metrics_dir.is_dir() else []
         return sorted(files, key=lambda f: int(f.stem.removeprefix("rank") or 0))
 
-    @property
-    def epoch_log(self) -> Path:
-        return self.path / "metrics.jsonl"
-
-    @property
-    def model(self) -> Path:
-        return self.path / "model.model"
+    epoch_log = _file("metrics.jsonl")
+    model = _file("model.model")
 
     def accelerated_model(self, backend: str) -> Path:
         return self.path / f"model_{backend}.model"
 
-    @property
-    def report(self) -> Path:
-        return self.path / "report.html"
-
-    @property
-    def finished(self) -> Path:
-        return self.path / "finished.json"
+    report = _file("report.html")
+    finished = _file("finished.json")
 
     def records(self) -> list[Path]:
         """Everything a training run wrote here (not the lock, the launcher's state or superseded runs)."""
@@ -163,17 +146,9 @@ class RunDir:
         return dest
 
     # -- launcher
-    @property
-    def launch(self) -> Path:
-        return self.path / "launch"
-
-    @property
-    def launch_info(self) -> Path:
-        return self.launch / "launch.json"
-
-    @property
-    def launch_config(self) -> Path:
-        return self.launch / "config.yaml"
+    launch = _file("launch")
+    launch_info = _file("launch.json", under="launch")
+    launch_config = _file("config.yaml", under="launch")
 
     def rank_marker(self, rank: int) -> Path:
         return self.launch / f"rank{int(rank)}.json"
@@ -181,35 +156,31 @@ class RunDir:
     def rank_markers(self) -> list[Path]:
         return sorted(self.launch.glob("rank*.json"))
 
+    def read_rank_markers(self, attempt: str | None = None) -> dict[int, dict]:
+        """Each rank's marker of ``attempt`` (None: of any attempt), by rank. A marker that cannot
+        be read (a worker is writing it) is left out: the caller looks again later."""
+        out = {}
+        for f in self.rank_markers():
+            try:
+                m = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
+            if attempt is None or m.get("attempt") == attempt:
+                out[int(m["rank"])] = m
+        return out
+
     def rank_error(self, rank: int) -> Path:
         return self.launch / f"error_rank{int(rank)}.txt"
 
     def rank_errors(self) -> list[tuple[int, Path]]:
         return sorted((int(f.stem.removeprefix("error_rank")), f) for f in self.launch.glob("error_rank*.txt"))
 
-    @property
-    def attempts(self) -> Path:
-        return self.launch / "attempts.jsonl"
-
-    @property
-    def failovers(self) -> Path:
-        return self.launch / "failovers.jsonl"
-
-    @property
-    def exit_status(self) -> Path:
-        return self.launch / "exit.json"
-
-    @property
-    def cancelled(self) -> Path:
-        return self.launch / "cancelled.json"
-
-    @property
-    def local_log(self) -> Path:
-        return self.launch / "local.log"
-
-    @property
-    def slurm(self) -> Path:
-        return self.path / "slurm"
+    attempts = _file("attempts.jsonl", under="launch")
+    failovers = _file("failovers.jsonl", under="launch")
+    exit_status = _file("exit.json", under="launch")
+    cancelled = _file("cancelled.json", under="launch")
+    local_log = _file("local.log", under="launch")
+    slurm = _file("slurm")
 
     def launch_state_files(self) -> list[Path]:
         """One launch's state, cleared before the next (``attempts.jsonl`` keeps the history)."""

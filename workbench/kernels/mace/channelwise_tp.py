@@ -73,7 +73,7 @@ def _make_fused_class():
             if edge_index is None:
                 return super().forward(x, y, weight)
             op, _ = self.channelwise_op()
-            graph = EdgeGraph(edge_index, x.shape[0])
+            graph = EdgeGraph.of(edge_index[0], edge_index[1], x.shape[0])
             (out,) = apply_edge_poly_op(op, graph, x, y, weight, backend=self.__dict__.get("kernel_backend", "numba"))
             return out
 

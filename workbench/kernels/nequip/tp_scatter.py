@@ -39,7 +39,7 @@ def _make_class() -> type:
         """nequip's ``TensorProductScatter`` whose forward runs the workbench's edge polynomial."""
 
         def forward(self, x, edge_attr, edge_weight, edge_dst, edge_src):
-            graph = EdgeGraph(torch.stack((edge_src, edge_dst)), x.shape[0])
+            graph = EdgeGraph.of(edge_src, edge_dst, x.shape[0])
             backend = self.__dict__.get("kernel_backend", "numba")
             (out,) = apply_edge_poly_op(self.channelwise_op()[0], graph, x, edge_attr, edge_weight, backend=backend)
             return out
