@@ -16,6 +16,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from workbench.kernels.options import environment
+
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 ALL = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 EXPECTED = [
@@ -76,21 +78,13 @@ def execute(name: str, env: dict[str, str] | None = None, timeout: int = BUDGET_
     from nbclient import NotebookClient
 
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    old = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})
-    try:
+    with environment(env or {}):
         client = NotebookClient(
             nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
         )
         t0 = time.perf_counter()
         client.execute()
         seconds = time.perf_counter() - t0
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     out = ARTIFACTS / "executed"
     out.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, out / name)  # for a look at what the run printed; never into notebooks/

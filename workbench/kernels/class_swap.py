@@ -9,11 +9,13 @@ swap and, through its methods, the whole adapter protocol of
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from workbench.kernels.launches import OpSite
 from workbench.kernels.lazy_class import LazyClass
 
 __all__ = ["ClassSwap"]
@@ -21,22 +23,28 @@ __all__ = ["ClassSwap"]
 
 @dataclass(frozen=True)
 class ClassSwap:
-    """``op``: the op's name; ``native``: the library's class (imported on call); ``ours``: the
-    workbench subclass; ``what``: the class in words, for errors; ``modifiers``: the library's own
-    accelerations (what ``convert`` points to); ``check``: raises ``ValueError`` for a module the
-    kernels cannot run; ``site``: ``(name, module) -> OpSite`` of an accelerated module."""
+    """``op``: the op's name; ``native_path``: the library's class as ``"package.module.Class"``;
+    ``ours``: the workbench subclass; ``what``: the class in words, for errors; ``modifiers``: the
+    library's own accelerations (what ``convert`` points to); ``check``: raises ``ValueError`` for
+    a module the kernels cannot run (what it returns is unused); ``site``: ``module -> (op,
+    channels)`` of an accelerated module."""
 
     op: str
-    native: Callable[[], type]
+    native_path: str
     ours: LazyClass
     what: str
     modifiers: str
-    check: Callable[[torch.nn.Module], None]
-    site: Callable[[str, torch.nn.Module], object]
+    check: Callable[[torch.nn.Module], object]
+    site: Callable[[torch.nn.Module], tuple[object, int]]
 
     @property
     def OPS(self) -> tuple[str, ...]:
         return (self.op,)
+
+    def native(self) -> type:
+        """The library's class, imported on call: importing the workbench does not import the library."""
+        module, _, name = self.native_path.rpartition(".")
+        return getattr(importlib.import_module(module), name)
 
     def is_native(self, m: torch.nn.Module) -> bool:
         """``m`` is exactly the library's class (not ours, nor another library's subclass)."""
@@ -102,4 +110,4 @@ class ClassSwap:
         raise ValueError(f"these models convert to {backend!r} with {self.modifiers}, not through accelerate()")
 
     def model_ops(self, model: torch.nn.Module) -> list:
-        return [self.site(name, m) for name, m in self._sites(model) if self.is_ours(m)]
+        return [OpSite(name, *self.site(m)) for name, m in self._sites(model) if self.is_ours(m)]

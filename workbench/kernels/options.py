@@ -7,7 +7,7 @@ split sizes, block size, fusion of a pass's outputs, the CPU code generator, ...
 default and documents it). :func:`kernel_options` reads the environment at call time, so a
 variable set by a test or a benchmark takes effect at the next kernel plan; :func:`overridden`
 sets fields for a block of code through the same variables (child processes, such as the
-precompile workers, inherit them).
+precompile workers, inherit them), with :func:`environment`, which sets and restores any variables.
 
 ==============================  ==============================  =====================================
 field                           environment variable            meaning
@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["ENV", "KernelOptions", "kernel_options", "overridden"]
+__all__ = ["ENV", "KernelOptions", "environment", "kernel_options", "overridden"]
 
 
 def _flag(name: str, text: str) -> bool:
@@ -174,20 +174,28 @@ def overridden(**changes: Any) -> Iterator[KernelOptions]:
     unknown = sorted(set(changes) - set(ENV))
     if unknown:
         raise ValueError(f"unknown kernel option(s) {unknown}; the options are {', '.join(ENV)}")
-    saved = {ENV[k][0]: os.environ.get(ENV[k][0]) for k in changes}
-    try:
-        for name, value in changes.items():
-            if value is None:
-                os.environ.pop(ENV[name][0], None)
-            else:
-                os.environ[ENV[name][0]] = _render(value)
+    with environment({ENV[k][0]: None if v is None else _render(v) for k, v in changes.items()}):
         yield kernel_options()
+
+
+@contextlib.contextmanager
+def environment(changes: Mapping[str, str | None]) -> Iterator[None]:
+    """Set environment variables for the block, ``None`` unsetting one; the previous values come back."""
+    saved = {env: os.environ.get(env) for env in changes}
+    try:
+        for env, value in changes.items():
+            _put(env, value)
+        yield
     finally:
         for env, old in saved.items():
-            if old is None:
-                os.environ.pop(env, None)
-            else:
-                os.environ[env] = old
+            _put(env, old)
+
+
+def _put(env: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(env, None)
+    else:
+        os.environ[env] = value
 
 
 if __doc__:  # python -OO strips docstrings

@@ -63,14 +63,8 @@ def contracter_polynomial(m: torch.nn.Module) -> SparsePolynomial:
     return SparsePolynomial.from_terms((x1, x2, w), out, terms)
 
 
-def _native_class() -> type:
-    from allegro.nn._strided._contract import Contracter
-
-    return Contracter
-
-
 def _make_class() -> type:
-    class WorkbenchContracter(_native_class()):
+    class WorkbenchContracter(SWAP.native()):
         """Allegro's ``Contracter`` whose contraction runs the workbench's sparse polynomial."""
 
         def _contract_conv(self, x1: torch.Tensor, x2: torch.Tensor, idxs: torch.Tensor) -> torch.Tensor:
@@ -96,25 +90,15 @@ def _make_class() -> type:
     return WorkbenchContracter
 
 
-def _check(m: torch.nn.Module) -> None:
-    contracter_polynomial(m)
-
-
-def _site(name: str, m: torch.nn.Module):
-    from workbench.kernels.launches import OpSite
-
-    return OpSite(name, m.contraction_op(), m.mul)
-
-
 # the subclass is built on first use: importing workbench.kernels does not import allegro
 SWAP = ClassSwap(
     "strided_contraction",
-    _native_class,
+    "allegro.nn._strided._contract.Contracter",
     LazyClass(globals(), "WorkbenchContracter", _make_class),
     "Allegro's Contracter",
     "Allegro's own modifiers (enable_CuEquivarianceContracter, enable_TritonContracter)",
-    _check,
-    _site,
+    contracter_polynomial,
+    lambda m: (m.contraction_op(), m.mul),
 )
 __getattr__ = SWAP.ours.module_getattr
 is_native, is_workbench = SWAP.is_native, SWAP.is_ours

@@ -23,19 +23,13 @@ import torch
 from workbench.kernels.class_swap import ClassSwap
 from workbench.kernels.e3nn_tp import ChannelwiseOpCache, channelwise_tp_op
 from workbench.kernels.lazy_class import LazyClass
-from workbench.kernels.ops import EdgeGraph, apply_edge_poly_op
+from workbench.kernels.ops import EdgeGraph, EdgePolyOp, apply_edge_poly_op
 
 __all__ = ["SWAP", "WorkbenchTensorProductScatter", "is_native", "is_workbench"]  # noqa: F822 (module __getattr__)
 
 
-def _native_class() -> type:
-    from nequip.nn._tp_scatter_base import TensorProductScatter
-
-    return TensorProductScatter
-
-
 def _make_class() -> type:
-    class WorkbenchTensorProductScatter(ChannelwiseOpCache, _native_class()):
+    class WorkbenchTensorProductScatter(ChannelwiseOpCache, SWAP.native()):
         """nequip's ``TensorProductScatter`` whose forward runs the workbench's edge polynomial."""
 
         def forward(self, x, edge_attr, edge_weight, edge_dst, edge_src):
@@ -54,17 +48,15 @@ def _check(m: torch.nn.Module) -> None:
     channelwise_tp_op(m.tp)  # refuses instructions the polynomial does not describe (unequal multiplicities)
 
 
-def _site(name: str, m: torch.nn.Module):
-    from workbench.kernels.launches import OpSite
-
+def _site(m: torch.nn.Module) -> tuple[EdgePolyOp, int]:
     op = m.channelwise_op()[0]
-    return OpSite(name, op, op.channels)
+    return op, op.channels
 
 
 # the subclass is built on first use: importing workbench.kernels does not import nequip
 SWAP = ClassSwap(
     "channelwise_tp",
-    _native_class,
+    "nequip.nn._tp_scatter_base.TensorProductScatter",
     LazyClass(globals(), "WorkbenchTensorProductScatter", _make_class),
     "nequip's e3nn TensorProductScatter",
     "nequip's own modifiers (enable_CuEquivariance, enable_OpenEquivariance)",
