@@ -84,3 +84,20 @@ def test_bad_arguments_are_named(tmp_path):
     with pytest.raises(ValueError, match="a water box needs a multiple of 3 atoms"):
         system_batch("water-25", "float32")
     assert format_table({"cases": []}) == ""
+
+
+def test_families_part_names_an_interpreter_without_nequip(tmp_path, monkeypatch):
+    """Pointed at a python that lacks nequip (this environment's), the part records the failure
+    and the table says so; a bad $WORKBENCH_NEQUIP_PYTHON is named as such."""
+    import sys
+
+    res = bench_cpu(preset="smoke", parts=["families"], nequip_python=sys.executable, out=tmp_path / "x.json")
+    err = res["families"]["error"]
+    assert err.startswith(f"{sys.executable}: bench nequip exited 2: workbench: error: nequip and nequip-allegro are ")
+    assert json.loads((tmp_path / "x.json").read_text())["families"]["error"] == err
+    assert "NequIP / Allegro: failed" in format_table(res)
+    from workbench.viz.families import nequip_python
+
+    monkeypatch.setenv("WORKBENCH_NEQUIP_PYTHON", str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match=r"\$WORKBENCH_NEQUIP_PYTHON: .*missing.* is not an executable file"):
+        nequip_python()

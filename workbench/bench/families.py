@@ -16,7 +16,6 @@ tiny cell, tutorial config, float64.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import tempfile
@@ -46,20 +45,16 @@ NEQUIP_PYTHON_ENV = "WORKBENCH_NEQUIP_PYTHON"
 TIMEOUT_S = 3600
 
 
-def _here() -> bool:
-    return all(importlib.util.find_spec(name) is not None for name in ("nequip", "allegro"))
-
-
 def named_python() -> str | None:
     """``$WORKBENCH_NEQUIP_PYTHON``, or None when it is unset or empty."""
     return os.environ.get(NEQUIP_PYTHON_ENV) or None
 
 
-def check_python(python: str | os.PathLike) -> Path:
-    """``python`` as an executable file, or a ValueError naming the option."""
+def check_python(python: str | os.PathLike, source: str = "--nequip-python") -> Path:
+    """``python`` as an executable file, or a ValueError naming where it came from (``source``)."""
     path = Path(python).expanduser()
     if not path.is_file() or not os.access(path, os.X_OK):
-        raise ValueError(f"--nequip-python: {str(path)!r} is not an executable file (e.g. .venv-nequip/bin/python)")
+        raise ValueError(f"{source}: {str(path)!r} is not an executable file (e.g. .venv-nequip/bin/python)")
     return path
 
 
@@ -79,6 +74,14 @@ def _command(python: Path, settings: dict, threads: int, out: Path) -> list[str]
     return cmd + ["--repeat", str(settings["repeat"]), "--repeats", str(settings["repeats"])]
 
 
+def _why(done: subprocess.CompletedProcess) -> str:
+    """The one-line ``workbench: error: ...`` of a failed command, else the end of its output."""
+    lines = [line for line in (done.stderr or done.stdout or "").splitlines() if line.strip()]
+    if lines and lines[-1].startswith("workbench: error:"):
+        return lines[-1]
+    return "\n".join(lines[-25:])
+
+
 def _subprocess(python: Path, settings: dict, threads: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-families-") as tmp:
         out = Path(tmp) / "nequip.json"
@@ -90,8 +93,7 @@ def _subprocess(python: Path, settings: dict, threads: int) -> dict:
         except subprocess.TimeoutExpired:
             return {"error": f"{python}: bench nequip ran over {TIMEOUT_S} s", "command": cmd}
         if done.returncode != 0 or not out.is_file():
-            tail = (done.stderr or done.stdout)[-2000:]
-            return {"error": f"{python}: bench nequip exited {done.returncode}: {tail}", "command": cmd}
+            return {"error": f"{python}: bench nequip exited {done.returncode}: {_why(done)}", "command": cmd}
         res = read_json(out)
     res.update(python=str(python), command=cmd)
     return res
@@ -106,13 +108,13 @@ def run_families(
     settings = SETTINGS[preset] if settings is None else settings
     if nequip_python is not None:
         return _subprocess(check_python(nequip_python), settings, threads)
-    if not _here():
+    from workbench.bench.nequip import bench_nequip, installed
+
+    if not installed():
         return {
             "skipped": "nequip and allegro are not installed in this environment; name the NequIP environment's "
             "interpreter with --nequip-python (make bench-cpu passes .venv-nequip/bin/python)"
         }
-    from workbench.bench.nequip import bench_nequip
-
     with tempfile.TemporaryDirectory(prefix="bench-families-") as tmp:
         res = bench_nequip(threads=threads, out=Path(tmp) / "nequip.json", **settings)
     return res

@@ -38,6 +38,24 @@ TARGETS = {"nequip": 3.0, "allegro": 2.0}  # tutorial config, float32, MD and tr
 R_MAX = 5.0
 
 
+def installed() -> bool:
+    """Whether nequip and nequip-allegro import in this environment."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("nequip", "allegro"))
+
+
+def require_installed() -> None:
+    """A ValueError (one line on the command line) when this environment lacks nequip or allegro."""
+    import sys
+
+    if not installed():
+        raise ValueError(
+            f"nequip and nequip-allegro are not installed in this environment ({sys.executable}); run this in the "
+            "NequIP environment (.venv-nequip, made by make test-nequip) or pip install 'cfm-workbench[nequip]'"
+        )
+
+
 def build(family: str, config: str, dtype: str) -> Any:
     """The family's model through its own builder (seeded: the same weights on every call with the same dtype)."""
     from hydra.utils import get_method
@@ -138,6 +156,7 @@ def bench_nequip(
     out: str | Path = "runs/bench/nequip.json",
 ) -> dict:
     """Time every (family, config, dtype) case; returns the result the JSON holds."""
+    require_installed()
     from workbench.bench.harness import set_threads
     from workbench.kernels.nequip.graphs import atomic_data
 

@@ -93,6 +93,9 @@ def _frames(tiny: bool) -> list:
 
 def parity_report(families: Sequence[str] = ("nequip", "allegro"), tiny: bool = False) -> dict:
     """:func:`parity` of every family at its tutorial config, with the tolerances."""
+    from workbench.bench.nequip import require_installed
+
+    require_installed()
     rows = [parity(family, "tutorial", _frames(tiny)) for family in families]
     return {"tolerances": {"float64": FLOAT64_TOL, "float32_vs_float64": FLOAT32_TOL}, "rows": rows}
 

@@ -44,7 +44,7 @@ def nequip_python() -> Path | None:
     this package runs from, else None."""
     named = named_python()
     if named:
-        return check_python(named)
+        return check_python(named, f"${NEQUIP_PYTHON_ENV}")
     beside = Path(__file__).resolve().parents[2] / ".venv-nequip" / "bin" / "python"
     return beside if beside.is_file() else None
 
