@@ -222,9 +222,7 @@ def drivers(body: list[str] | None) -> tuple[Any, Any]:
 
 
 @njit(cache=True, fastmath=FASTMATH)
-def coefficients_by_row(S, k_reg, k_coef, k_fac, nk):
-    """``K[row, k_reg[t]] += k_coef[t] * S[f1, row] * S[f2, row] * S[f3, row]`` over the terms
-    ``t``, vectorised over rows; ``S`` ``[scalars + 1, rows]`` (last row ones)."""
+def _coefficients_by_register(S, k_reg, k_coef, k_fac, nk):
     n = S.shape[1]
     Kt = np.zeros((nk, n), dtype=S.dtype)
     for t in range(k_reg.shape[0]):
@@ -233,11 +231,15 @@ def coefficients_by_row(S, k_reg, k_coef, k_fac, nk):
         coef = k_coef[t]
         for i in range(np.uint64(n)):
             Kt[r, i] += coef * S[f0, i] * S[f1, i] * S[f2, i]
-    K = np.empty((n, nk), dtype=S.dtype)
-    for i in range(n):
-        for k in range(nk):
-            K[i, k] = Kt[k, i]
-    return K
+    return Kt
+
+
+def coefficients_by_row(S: np.ndarray, k_reg: np.ndarray, k_coef: np.ndarray, k_fac: np.ndarray, nk: int) -> np.ndarray:
+    """``K[row, k_reg[t]] += k_coef[t] * S[f1, row] * S[f2, row] * S[f3, row]`` over the terms
+    ``t``, vectorised over rows; ``S`` ``[scalars + 1, rows]`` (last row ones). Summed per
+    register ``[nk, rows]`` and transposed by numpy's blocked copy: an element-wise transpose
+    loop took 10x the sums (1.35 of 1.48 ms at 11,050 rows and 34 registers)."""
+    return np.ascontiguousarray(_coefficients_by_register(S, k_reg, k_coef, k_fac, nk).T)
 
 
 @njit(cache=True)
