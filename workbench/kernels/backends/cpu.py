@@ -112,8 +112,17 @@ class RowPass:
         return drivers(None)
 
     def coefficients(self, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        k = self.program.k_terms
-        return (k[:, 0].astype(np.int64), k[:, 1].astype(dtype), np.ascontiguousarray(k[:, 2:]).astype(np.int64))
+        """``(register, constant, broadcast factors)`` of every coefficient term, in ``dtype``
+        (built once per dtype: a training step asks hundreds of times)."""
+        cached = self.__dict__.setdefault("_coefficients", {})
+        if dtype not in cached:
+            k = self.program.k_terms
+            cached[dtype] = (
+                k[:, 0].astype(np.int64),
+                k[:, 1].astype(dtype),
+                np.ascontiguousarray(k[:, 2:]).astype(np.int64),
+            )
+        return cached[dtype]
 
 
 def make_pass(
@@ -183,10 +192,11 @@ def row_coefficients(
         K = np.zeros((1, nk), dtype=dtype)
         np.add.at(K[0], k_reg, k_coef)
         return K
-    rows = {ROW_SELF: np.arange(num_rows), ROW_IDX1: idx1, ROW_IDX2: idx2}
+    rows = {ROW_IDX1: idx1, ROW_IDX2: idx2}
     S = np.ones((rp.program.num_scalars + 1, num_rows), dtype=dtype)
     for j, (aid, code, off) in enumerate(zip(rp.sca_arr, rp.sca_code, rp.sca_off)):
-        S[j] = arrays[aid][rows[int(code)], off]
+        column = arrays[aid][:, off]  # a row's own scalar: a strided copy, no index array
+        S[j] = column if code == ROW_SELF else column[rows[int(code)]]
     return coefficients_by_row(S, k_reg, k_coef, k_fac, nk)
 
 
