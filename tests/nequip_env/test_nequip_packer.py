@@ -16,7 +16,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 import yaml
 from nequip_fixtures import cu_dataset, frame_key
 
@@ -98,9 +100,23 @@ def test_packed_loader_guarantees_without_a_trainer(tmp_path):
     from nequip.data.transforms import ChemicalSpeciesToAtomTypeMapper, NeighborListTransform
 
     data = cu_dataset(tmp_path / "cu.xyz", 30)
-    ds = ASEDataset(str(data), [ChemicalSpeciesToAtomTypeMapper(["Cu"]), NeighborListTransform(4.0)])
-    sizes = graph_sizes(ds)
+    calls: list = []
+
+    def counted(d):
+        calls.append(1)
+        return d
+
+    ds = ASEDataset(str(data), [ChemicalSpeciesToAtomTypeMapper(["Cu"]), NeighborListTransform(4.0), counted])
+    sizes = graph_sizes(ds, edges=True)
+    assert len(calls) == 30
     assert len(set(sizes["atoms"].tolist())) >= 4 and (sizes["edges"] > 0).all()
+    # the packer's atom counts come without the neighbour list, through nequip's num_atoms
+    fast = graph_sizes(ds)
+    assert fast.dtype.names == ("atoms",) and np.array_equal(fast["atoms"], sizes["atoms"])
+    assert len(calls) == 30, "no transform ran for the atom counts"
+    half = torch.utils.data.Subset(ds, list(range(0, 30, 2)))
+    both = torch.utils.data.ConcatDataset([half, ds])
+    assert np.array_equal(graph_sizes(both)["atoms"], np.concatenate([sizes["atoms"][::2], sizes["atoms"]]))
     loaders = [PackedDataLoader(ds, 120, num_replicas=2, rank=r, sizes=sizes, collate_fn=list) for r in (0, 1)]
     for epoch in (0, 1):
         for dl in loaders:

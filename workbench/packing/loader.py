@@ -42,9 +42,33 @@ def _size(item: Any, index: int) -> tuple[int, int]:
     return atoms, edges
 
 
-def graph_sizes(dataset: Sequence) -> np.ndarray:
-    """Atoms and edges of every graph of ``dataset`` (a structured array with fields ``atoms``,
-    ``edges``), read item by item: the dataset's own transforms (the neighbour list) run once."""
+def _atom_counts(dataset: Any) -> np.ndarray | None:
+    """Atom counts without running the dataset's transforms, where the dataset can tell them:
+    nequip's ``AtomicDataset.num_atoms`` (also through ``torch.utils.data.Subset`` and
+    ``ConcatDataset``); None otherwise."""
+    if isinstance(dataset, torch.utils.data.Subset):
+        inner = _atom_counts(dataset.dataset)
+        return None if inner is None else inner[np.asarray(dataset.indices, dtype=np.int64)]
+    if isinstance(dataset, torch.utils.data.ConcatDataset):
+        parts = [_atom_counts(d) for d in dataset.datasets]
+        return None if any(p is None for p in parts) else np.concatenate(parts)
+    count = getattr(dataset, "num_atoms", None)
+    if not callable(count):
+        return None
+    return np.asarray(count(list(range(len(dataset)))), dtype=np.int64).reshape(len(dataset))
+
+
+def graph_sizes(dataset: Sequence, edges: bool = False) -> np.ndarray:
+    """Atoms (and with ``edges``, edges) of every graph of ``dataset``, as a structured array
+    with fields ``atoms`` (and ``edges``). The packer needs atoms only; a nequip dataset reports
+    them without its transforms. Edges, which only the straggler metrics read, come from reading
+    every item: the dataset's transforms (its neighbour list) run once per graph, a full epoch of
+    data loading."""
+    atoms = None if edges else _atom_counts(dataset)
+    if atoms is not None:
+        sizes = np.zeros(len(dataset), dtype=[("atoms", np.int64)])
+        sizes["atoms"] = atoms
+        return sizes
     sizes = np.zeros(len(dataset), dtype=[("atoms", np.int64), ("edges", np.int64)])
     for i in range(len(dataset)):
         sizes[i] = _size(dataset[i], i)
@@ -67,7 +91,8 @@ class PackedDataLoader(DataLoader):
     dataset : a map-style dataset of graphs.
     capacity : atoms per batch (the paper's bin capacity).
     algorithm, seed, shuffle, num_replicas, rank : as :class:`BinPackingBatchSampler`.
-    sizes : per-graph atom counts (or a structured sizes array); default: read from the dataset.
+    sizes : per-graph atom counts (or a structured sizes array); default: :func:`graph_sizes`
+        (a nequip dataset's atom counts, without running its transforms).
     collate_fn, num_workers, **kwargs : as ``DataLoader``.
     batch_size, generator : accepted and unused, so that configs written for a plain
         ``DataLoader`` (nequip passes both) work unchanged: the packer decides batch sizes and
