@@ -54,9 +54,15 @@ PRESETS: dict[str, dict[str, Any]] = {
         dtypes=("float32", "float64"),
         repeats=3,
         trajectory_steps=100,
+        families={"configs": ("tutorial", "large"), "dtypes": ("float32", "float64"), "repeat": 4, "repeats": 5},
     ),
     "smoke": dict(
-        models=("small",), systems=("water-24",), dtypes=("float32", "float64"), repeats=1, trajectory_steps=6
+        models=("small",),
+        systems=("water-24",),
+        dtypes=("float32", "float64"),
+        repeats=1,
+        trajectory_steps=6,
+        families={"configs": ("tutorial",), "dtypes": ("float64",), "repeat": 1, "repeats": 1},
     ),
 }
 #: targets (paper config, float32 and float64): speed-up of numba over e3nn
@@ -355,7 +361,7 @@ def bench_cpu(
         res["trajectory"]["figure"] = str(html)
         write_json(out, res)
     if "families" in parts:  # last: nequip sets global torch state in this process
-        res["families"] = run_families(preset, threads, nequip_python)
+        res["families"] = run_families(PRESETS[preset]["families"], threads, nequip_python)
         write_json(out, res)
     return res
 

@@ -9,9 +9,9 @@ environments (``.venv`` and ``.venv-nequip``). This part runs :mod:`workbench.be
 * in this process when no interpreter is named and nequip and allegro import here;
 * not at all otherwise: the result says why, and how to get the rows.
 
-The settings follow the ``bench cpu`` preset (:data:`SETTINGS`): the full preset times both
-families at the tutorial and the larger config in float32 and float64; the smoke preset one
-tiny cell, tutorial config, float64.
+The settings (configs, dtypes, cell size, repeats) come from the ``bench cpu`` preset's
+``families`` entry: the full preset times both families at the tutorial and the larger config in
+float32 and float64; the smoke preset one tiny cell, tutorial config, float64.
 """
 
 from __future__ import annotations
@@ -20,25 +20,11 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from workbench.bench.table import read_json
 
-__all__ = [
-    "NEQUIP_PYTHON_ENV",
-    "SETTINGS",
-    "check_python",
-    "family_lines",
-    "named_python",
-    "run_families",
-    "subprocess_env",
-]
+__all__ = ["NEQUIP_PYTHON_ENV", "check_python", "failure", "family_lines", "named_python", "run_families", "run_python"]
 
-#: per ``bench cpu`` preset, the ``bench nequip`` settings
-SETTINGS: dict[str, dict[str, Any]] = {
-    "full": {"configs": ("tutorial", "large"), "dtypes": ("float32", "float64"), "repeat": 4, "repeats": 5},
-    "smoke": {"configs": ("tutorial",), "dtypes": ("float64",), "repeat": 1, "repeats": 1},
-}
 #: names the NequIP environment's interpreter (``bench cpu --nequip-python``'s default, notebook 06's)
 NEQUIP_PYTHON_ENV = "WORKBENCH_NEQUIP_PYTHON"
 #: a subprocess that runs longer than this is stopped (the full preset takes about 10 minutes)
@@ -58,23 +44,22 @@ def check_python(python: str | os.PathLike, source: str = "--nequip-python") -> 
     return path
 
 
-def subprocess_env() -> dict[str, str]:
-    """This process's environment for the NequIP interpreter, less what points into this one: a
-    Jupyter kernel's ``MPLBACKEND`` names a backend only this environment has (nequip's imports
-    reach matplotlib), and ``PYTHONHOME`` / ``PYTHONPATH`` would mix the two environments' packages."""
-    env = dict(os.environ)
-    for name in ("MPLBACKEND", "PYTHONHOME", "PYTHONPATH"):
-        env.pop(name, None)
-    return env
+def run_python(python: Path, args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """``python args`` with its text output captured, in this process's environment less what
+    points into this one: a Jupyter kernel's ``MPLBACKEND`` names a backend only this environment
+    has (nequip's imports reach matplotlib), and ``PYTHONHOME`` / ``PYTHONPATH`` would mix the two
+    environments' packages."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MPLBACKEND", "PYTHONHOME", "PYTHONPATH")}
+    return subprocess.run([str(python), *args], capture_output=True, text=True, timeout=timeout, check=False, env=env)
 
 
-def _command(python: Path, settings: dict, threads: int, out: Path) -> list[str]:
-    cmd = [str(python), "-m", "workbench.cli", "bench", "nequip", "--threads", str(threads), "--out", str(out)]
+def _arguments(settings: dict, threads: int, out: Path) -> list[str]:
+    cmd = ["-m", "workbench.cli", "bench", "nequip", "--threads", str(threads), "--out", str(out)]
     cmd += ["--configs", ",".join(settings["configs"]), "--dtypes", ",".join(settings["dtypes"])]
     return cmd + ["--repeat", str(settings["repeat"]), "--repeats", str(settings["repeats"])]
 
 
-def _why(done: subprocess.CompletedProcess) -> str:
+def failure(done: subprocess.CompletedProcess) -> str:
     """The one-line ``workbench: error: ...`` of a failed command, else the end of its output."""
     lines = [line for line in (done.stderr or done.stdout or "").splitlines() if line.strip()]
     if lines and lines[-1].startswith("workbench: error:"):
@@ -85,27 +70,23 @@ def _why(done: subprocess.CompletedProcess) -> str:
 def _subprocess(python: Path, settings: dict, threads: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-families-") as tmp:
         out = Path(tmp) / "nequip.json"
-        cmd = _command(python, settings, threads, out)
+        args = _arguments(settings, threads, out)
+        cmd = [str(python), *args]
         try:
-            done = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False, env=subprocess_env()
-            )
+            done = run_python(python, args, TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return {"error": f"{python}: bench nequip ran over {TIMEOUT_S} s", "command": cmd}
         if done.returncode != 0 or not out.is_file():
-            return {"error": f"{python}: bench nequip exited {done.returncode}: {_why(done)}", "command": cmd}
+            return {"error": f"{python}: bench nequip exited {done.returncode}: {failure(done)}", "command": cmd}
         res = read_json(out)
     res.update(python=str(python), command=cmd)
     return res
 
 
-def run_families(
-    preset: str, threads: int, nequip_python: str | os.PathLike | None = None, settings: dict | None = None
-) -> dict:
-    """NequIP and Allegro MD and train steps against their own path (see the module docstring):
-    ``bench nequip``'s result, or ``{"skipped": why}`` / ``{"error": ...}``. ``settings``
-    (configs, dtypes, repeat, repeats) replace the preset's."""
-    settings = SETTINGS[preset] if settings is None else settings
+def run_families(settings: dict, threads: int, nequip_python: str | os.PathLike | None = None) -> dict:
+    """NequIP and Allegro MD and train steps against their own path (see the module docstring),
+    with ``bench nequip``'s ``settings`` (configs, dtypes, repeat, repeats): its result, or
+    ``{"skipped": why}`` / ``{"error": ...}``."""
     if nequip_python is not None:
         return _subprocess(check_python(nequip_python), settings, threads)
     from workbench.bench.nequip import bench_nequip, installed

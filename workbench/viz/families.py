@@ -13,11 +13,10 @@ from __future__ import annotations
 import html
 import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
-from workbench.bench.families import NEQUIP_PYTHON_ENV, check_python, named_python, run_families, subprocess_env
+from workbench.bench.families import NEQUIP_PYTHON_ENV, check_python, failure, named_python, run_families, run_python
 from workbench.bench.table import Column, render
 
 __all__ = [
@@ -55,14 +54,14 @@ def _tiny(tiny: bool | None) -> bool:
 
 def family_parity(python: str | os.PathLike | None = None, tiny: bool | None = None) -> dict:
     """:func:`workbench.bench.nequip_parity.parity_report` run by the NequIP environment
-    (``{"skipped": why}`` without one; a RuntimeError with its stderr when it fails)."""
+    (``{"skipped": why}`` without one; a RuntimeError saying why when it fails)."""
     python = check_python(python) if python is not None else nequip_python()
     if python is None:
         return {"skipped": SETUP_HINT}
-    cmd = [str(python), "-m", "workbench.bench.nequip_parity", *(["--tiny"] if _tiny(tiny) else [])]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False, env=subprocess_env())
+    args = ["-m", "workbench.bench.nequip_parity", *(["--tiny"] if _tiny(tiny) else [])]
+    done = run_python(python, args, timeout=1800)
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr[-2000:]}")
+        raise RuntimeError(f"{python} {' '.join(args)} exited {done.returncode}: {failure(done)}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -95,8 +94,10 @@ def family_timings(python: str | os.PathLike | None = None, tiny: bool | None = 
     python = python if python is not None else nequip_python()
     if python is None:
         return {"skipped": SETUP_HINT}
-    tiny = _tiny(tiny)
-    return run_families("smoke" if tiny else "full", threads, python, None if tiny else NOTEBOOK_SETTINGS)
+    from workbench.bench.cpu import PRESETS
+
+    settings = PRESETS["smoke"]["families"] if _tiny(tiny) else NOTEBOOK_SETTINGS
+    return run_families(settings, threads, python)
 
 
 def _label(case: dict) -> str:
