@@ -105,15 +105,15 @@ def free_ops(model: Any, family: str) -> Any:
     so every other op's forward and backward runs). Its step time is what no kernel can remove:
     ``native / free`` bounds the speedup that faster kernels alone can give."""
     if family == "nequip":
-        from nequip.nn._tp_scatter_base import TensorProductScatter as cls
+        from workbench.kernels.nequip.tp_scatter import SWAP
 
         name, fn = "forward", _zero_message
     else:
-        from allegro.nn._strided._contract import Contracter as cls
+        from workbench.kernels.allegro.contracter import SWAP
 
         name, fn = "_contract_conv", _zero_contraction
     for m in model.modules():
-        if isinstance(m, cls):
+        if SWAP.is_native(m):
             setattr(m, name, fn.__get__(m))
     return model
 
