@@ -9,6 +9,7 @@ two-node SLURM.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -38,6 +39,9 @@ def test_all_notebooks_present():
 
 @pytest.mark.parametrize("name", ALL)
 def test_committed_without_outputs(name):
+    raw = json.loads((NOTEBOOKS / name).read_text())  # nbformat.read fills in missing ids, so check the file
+    missing = [k for k, cell in enumerate(raw["cells"]) if not cell.get("id")]
+    assert not missing, f"{name}: cells {missing} have no id (nbformat 4.5 requires one)"
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     nbformat.validate(nb)
     for cell in nb.cells:

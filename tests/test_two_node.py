@@ -21,7 +21,7 @@ import torch
 from workbench.data.embedded import EMBEDDED_PATH
 from workbench.launch import attach, launch
 from workbench.launch.failover import decide, peer_lost
-from workbench.launch.testing import LocalSlurm, missing_daemons, wait_for
+from workbench.launch.testing import LocalSlurm, WaitError, missing_daemons, wait_for
 from workbench.train.presets import small_dataset, tiny_config
 from workbench.train.rundir import RunDir, read_jsonl, read_steps
 
@@ -29,8 +29,32 @@ EPOCHS = 8
 START_TIMEOUT = 300  # s: a rank's start (torch + mace import) is slow on a loaded 2-core machine
 
 
-def wait_until(check, timeout: float, what: str):
-    return wait_for(check, what, timeout, interval_s=0.1)
+def wait_until(check, timeout: float, what: str, run=None, cluster=None):
+    """``wait_for``; a timeout also says where the run and the cluster stood (CI keeps only the output)."""
+    try:
+        return wait_for(check, what, timeout, interval_s=0.1)
+    except WaitError as e:
+        raise WaitError(f"{e}\n{_where_things_stand(run, cluster)}") from None
+
+
+def _where_things_stand(run, cluster) -> str:
+    parts = []
+    if run is not None:
+        status, reason = run.refresh()
+        parts += [
+            f"run: {status}: {reason}",
+            f"rank markers: {run.rank_states()}",
+            f"failovers: {run.paths.failovers.read_text() if run.paths.failovers.exists() else '(none)'}",
+        ]
+        parts.append(f"global step: {run.metrics().global_step}\n{run.logs(tail=30)}")
+    if cluster is not None:
+        job = cluster.run("scontrol", "show", "job", str(run.job_id) if run is not None else "")
+        parts += [f"sinfo: {cluster.node_states()}", f"scontrol show job:\n{job.stdout}{job.stderr}"]
+        parts += [
+            f"==> {d} <==\n{cluster.logs(d, tail=60)}"
+            for d in ("slurmctld", *(f"slurmd-{n}" for n in cluster.node_names))
+        ]
+    return "\n".join(parts)
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +131,11 @@ def _kill_rank_on(run, node: str) -> int:
 
 
 def _attempt_running(run, attempt: int, steps_past: int):
+    polls = iter(range(10**9))
+
     def ok():
+        if next(polls) % 20 == 19 and run.refresh()[0] in ("done", "failed"):  # every 2 s: no wait for a job that ended
+            raise WaitError(f"the run ended while waiting for attempt {attempt}: {run.status}: {run.reason}")
         states = run.rank_states()
         return (
             len(states) == 2
@@ -126,27 +154,39 @@ def test_two_node_faults_resume_exactly(cluster, reference, dataset, tmp_path):
     run = launch(cfg, backend="slurm", nodes=2, gpus_per_node=1, time="00:30:00", max_restarts=2)
 
     # 1. a rank dies (SIGKILL) on either node: the job requeues itself (failovers 1 and 2 of 2)
-    wait_until(_attempt_running(run, 0, 3), START_TIMEOUT, "attempt 1 to train 3 steps")
+    wait_until(_attempt_running(run, 0, 3), START_TIMEOUT, "attempt 1 to train 3 steps", run, cluster)
     assert _kill_rank_on(run, second) == 1
-    wait_until(_attempt_running(run, 1, run.metrics().global_step + 2), START_TIMEOUT, "the first failover")
+    wait_until(
+        _attempt_running(run, 1, run.metrics().global_step + 2), START_TIMEOUT, "the first failover", run, cluster
+    )
     assert _kill_rank_on(run, first) == 0  # the node that also runs the job script
-    wait_until(_attempt_running(run, 2, run.metrics().global_step + 2), START_TIMEOUT, "the second failover")
+    wait_until(
+        _attempt_running(run, 2, run.metrics().global_step + 2), START_TIMEOUT, "the second failover", run, cluster
+    )
     failovers = read_jsonl(RunDir(cfg.run_dir).failovers)
     assert [f["attempt"] for f in failovers] == [f"{run.job_id}.0", f"{run.job_id}.1"]
     assert "rank(s) 1 vanished" in failovers[0]["why"] and "rank(s) 0 vanished" in failovers[1]["why"]
 
     # 2. the second node hangs: SLURM marks it DOWN, requeues the job, which waits for two nodes
     cluster.stop_node(second)
-    wait_until(lambda: cluster.node_states().get(second, "").startswith("down"), 120, f"node {second} DOWN")
+    wait_until(
+        lambda: cluster.node_states().get(second, "").startswith("down"), 120, f"node {second} DOWN", run, cluster
+    )
 
     def waiting_for_node():
         status, reason = run.refresh()
         return (status, reason) if "down now" in reason else None
 
-    status, reason = wait_until(waiting_for_node, 90, "the requeued job to wait for the node")
+    status, reason = wait_until(waiting_for_node, 90, "the requeued job to wait for the node", run, cluster)
     assert status == "pending" and f"waiting for nodes; down now: {second}" in reason and reason.endswith(", attempt 4")
     cluster.start_node(second)
-    wait_until(_attempt_running(run, 3, run.metrics().global_step + 2), START_TIMEOUT, "the attempt after the node")
+    wait_until(
+        _attempt_running(run, 3, run.metrics().global_step + 2),
+        START_TIMEOUT,
+        "the attempt after the node",
+        run,
+        cluster,
+    )
     assert {m["node"] for m in run.rank_states().values()} == {first, second}
 
     # 3. scancel: every rank stops at one step boundary after a checkpoint; launching again resumes

@@ -59,28 +59,9 @@ def _table_kernel(nb_dtype: Any, SP: int, TPB: int, pick: Any, u64: Any, D: np.u
     """The table kernel with its compile-time constants (:func:`get_kernel`) as closure variables."""
 
     def sparse_poly_kernel(
-        a0,
-        a1,
-        a2,
-        a3,
-        a4,
-        a5,
-        s0,
-        s1,
-        s2,
-        s3,
-        species,
-        C,
-        slot_src,
-        slot_off,
-        slot_cs,
-        t_out,
-        t_fac,
-        t_coef,
-        out,
-        out_off,
-        out_cs,
-    ):
+        a0, a1, a2, a3, a4, a5, s0, s1, s2, s3, species, C,
+        slot_src, slot_off, slot_cs, t_out, t_fac, t_coef, out, out_off, out_cs,
+    ):  # fmt: skip
         v = cuda.shared.array((TPB, SP), nb_dtype)
         tid = u64(cuda.threadIdx.x)
         gid = u64(cuda.blockIdx.x) * u64(cuda.blockDim.x) + tid

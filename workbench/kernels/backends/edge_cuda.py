@@ -82,30 +82,12 @@ def _node_kernel(nb_dtype: Any, SP: int, TPB: int, REDUCE: bool, A0: int, load: 
     """The node kernel with its compile-time constants (:func:`get_node_kernel`) as closure variables."""
 
     def edge_poly_node_kernel(
-        a0,
-        a1,
-        a2,
-        a3,
-        a4,
-        a5,
-        a6,
-        a7,
-        sender,
-        receiver,
-        seg_ptr,
-        seg_perm,
-        C,
-        slot_arr,
-        slot_rows,
-        slot_off,
-        slot_cs,
-        t_out,
-        t_fac,
-        t_coef,
-        out,
-        out_off,
-        out_cs,
-    ):
+        a0, a1, a2, a3, a4, a5, a6, a7,
+        sender, receiver, seg_ptr, seg_perm, C,
+        slot_arr, slot_rows, slot_off, slot_cs,
+        t_out, t_fac, t_coef,
+        out, out_off, out_cs,
+    ):  # fmt: skip
         v = cuda.shared.array((TPB, SP), nb_dtype)
         tid = cuda.threadIdx.x
         gid = cuda.blockIdx.x * cuda.blockDim.x + tid
@@ -178,30 +160,12 @@ def _edge_kernel(nb_dtype: Any, SP: int, TPB: int, A0: int, load: Any, split: An
     """The edge kernel with its compile-time constants (:func:`get_edge_kernel`) as closure variables."""
 
     def edge_poly_edge_kernel(
-        a0,
-        a1,
-        a2,
-        a3,
-        a4,
-        a5,
-        a6,
-        a7,
-        sender,
-        receiver,
-        G,
-        C,
-        slot_arr,
-        slot_rows,
-        slot_off,
-        slot_cs,
-        t_out,
-        t_fac,
-        t_coef,
-        out,
-        out_off,
-        out_cs,
-        reduce_channels,
-    ):
+        a0, a1, a2, a3, a4, a5, a6, a7,
+        sender, receiver, G, C,
+        slot_arr, slot_rows, slot_off, slot_cs,
+        t_out, t_fac, t_coef,
+        out, out_off, out_cs, reduce_channels,
+    ):  # fmt: skip
         v = cuda.shared.array((TPB, SP), nb_dtype)
         tid = cuda.threadIdx.x
         gid = cuda.blockIdx.x * cuda.blockDim.x + tid
