@@ -25,6 +25,7 @@ FLOORS = {
     "quiet": 0,
     "limits": 0,
     "cli_args": 0,
+    "cache_dir": 0,
     "data": 1,
     "kernels": 1,
     "packing": 2,

@@ -19,6 +19,8 @@ from pathlib import Path
 import ase
 import numpy as np
 
+from workbench.cache_dir import cache_dir
+
 CACHE_VERSION = 3  # bump when the stored form or what the readers accept changes
 
 
@@ -26,7 +28,7 @@ def cache_path(raw: bytes, path: Path, options: tuple) -> Path | None:
     """Where the frames of this content, read with ``options``, are cached; None when disabled."""
     if os.environ.get("WORKBENCH_CACHE", "1") == "0":
         return None
-    root = Path(os.environ.get("WORKBENCH_CACHE_DIR") or Path.home() / ".cache" / "cfm-workbench") / "structures"
+    root = cache_dir("structures")
     digest = hashlib.sha256(raw)
     digest.update(repr(("".join(Path(path).suffixes), options, ase.__version__, CACHE_VERSION)).encode())
     return root / f"{digest.hexdigest()}.npz"

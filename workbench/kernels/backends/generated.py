@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from workbench.cache_dir import cache_dir
 from workbench.kernels.options import ENV, kernel_options
 
 __all__ = ["KERNEL_CACHE_ENV", "load_module", "source_dir"]
@@ -28,7 +29,7 @@ def source_dir() -> Path:
     cache = kernel_options().kernel_cache
     if cache:
         return Path(cache).expanduser()
-    return Path(os.environ.get("WORKBENCH_CACHE_DIR") or Path.home() / ".cache" / "cfm-workbench") / "kernels"
+    return cache_dir("kernels")
 
 
 def load_module(text: str, prefix: str) -> ModuleType:
