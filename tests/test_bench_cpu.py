@@ -77,6 +77,13 @@ def test_hot_op_timer_counts_every_pass():
 def test_bad_arguments_are_named(tmp_path):
     with pytest.raises(ValueError, match="--nequip-python: .*nope.* is not an executable file"):
         bench_cpu(parts=["families"], nequip_python=tmp_path / "nope", out=tmp_path / "x.json")
+    with pytest.raises(ValueError, match="--nequip-python: empty; name the NequIP environment's python"):
+        bench_cpu(parts=["families"], nequip_python="", out=tmp_path / "x.json")
+    quiet = bench_cpu(preset="smoke", parts=["families"], nequip_python="/bin/true", out=tmp_path / "x.json")
+    assert quiet["families"]["error"] == (
+        "/bin/true: bench nequip exited 0 without writing nequip.json: "
+        "no output (is it a python with the workbench installed?)"
+    )
     with pytest.raises(ValueError, match="unknown preset 'huge'; choose one of full, smoke"):
         bench_cpu(preset="huge", out=tmp_path / "x.json")
     with pytest.raises(ValueError, match="unknown part"):

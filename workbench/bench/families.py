@@ -38,6 +38,8 @@ def named_python() -> str | None:
 
 def check_python(python: str | os.PathLike, source: str = "--nequip-python") -> Path:
     """``python`` as an executable file, or a ValueError naming where it came from (``source``)."""
+    if not str(python).strip():
+        raise ValueError(f"{source}: empty; name the NequIP environment's python (e.g. .venv-nequip/bin/python)")
     path = Path(python).expanduser()
     if not path.is_file() or not os.access(path, os.X_OK):
         raise ValueError(f"{source}: {str(path)!r} is not an executable file (e.g. .venv-nequip/bin/python)")
@@ -64,7 +66,7 @@ def failure(done: subprocess.CompletedProcess) -> str:
     lines = [line for line in (done.stderr or done.stdout or "").splitlines() if line.strip()]
     if lines and lines[-1].startswith("workbench: error:"):
         return lines[-1]
-    return "\n".join(lines[-25:])
+    return "\n".join(lines[-25:]) or "no output (is it a python with the workbench installed?)"
 
 
 def _subprocess(python: Path, settings: dict, threads: int) -> dict:
@@ -77,7 +79,8 @@ def _subprocess(python: Path, settings: dict, threads: int) -> dict:
         except subprocess.TimeoutExpired:
             return {"error": f"{python}: bench nequip ran over {TIMEOUT_S} s", "command": cmd}
         if done.returncode != 0 or not out.is_file():
-            return {"error": f"{python}: bench nequip exited {done.returncode}: {failure(done)}", "command": cmd}
+            wrote = "" if done.returncode != 0 else f" without writing {out.name}"
+            return {"error": f"{python}: bench nequip exited {done.returncode}{wrote}: {failure(done)}", "command": cmd}
         res = read_json(out)
     res.update(python=str(python), command=cmd)
     return res
