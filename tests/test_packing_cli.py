@@ -80,6 +80,44 @@ def test_load_sizes_formats(tmp_path):
         load_sizes(tmp_path / "x.csv")
 
 
+@pytest.mark.parametrize(
+    ("name", "save", "message"),
+    [
+        ("neg.npy", lambda p: np.save(p, np.array([3, 5, -2])), "neg.npy: graph 2 has atoms -2; sizes must be finite"),
+        ("nan.npy", lambda p: np.save(p, np.array([3.0, np.nan])), "nan.npy: graph 1 has atoms nan"),
+        ("empty.npy", lambda p: np.save(p, np.array([], dtype=np.int64)), "empty.npy: holds no graphs"),
+        ("text.npy", lambda p: np.save(p, np.array(["a", "b"])), "text.npy: atoms has dtype <U1; sizes must be"),
+        (
+            "objects.npy",
+            lambda p: np.save(p, np.array([{"atoms": 1}], dtype=object), allow_pickle=True),
+            "objects.npy: holds Python objects, which are never unpickled",
+        ),
+        (
+            "objects.npz",
+            lambda p: np.savez(p, atoms=np.array([{"atoms": 1}], dtype=object)),
+            "objects.npz: holds Python objects",
+        ),
+        (
+            "lengths.npz",
+            lambda p: np.savez(p, atoms=np.array([1, 2, 3]), edges=np.array([4, 5])),
+            r"lengths.npz: 'atoms' and 'edges' must be 1-D, one entry per graph; shapes \{'atoms': \(3,\), 'edges': \(2,\)\}",
+        ),
+        (
+            "edges.npz",
+            lambda p: np.savez(p, atoms=np.array([1, 2]), edges=np.array([4.0, np.inf])),
+            "edges.npz: graph 1 has edges inf",
+        ),
+    ],
+)
+def test_bad_sizes_files_are_named(tmp_path, capsys, name, save, message):
+    """Each bad sizes file: one line naming the file, the field and the graph; exit code 2."""
+    save(tmp_path / name)
+    with pytest.raises(ValueError, match=message):
+        load_sizes(tmp_path / name)
+    assert main(["pack", str(tmp_path / name), "--capacity", "100", "--out", str(tmp_path / "o.npz")]) == 2
+    assert name in capsys.readouterr().err
+
+
 def test_bench_cli_small(tmp_path, sizes_file, capsys):
     out = tmp_path / "bench.json"
     assert (

@@ -35,14 +35,27 @@ def _load_npz(path: Path) -> np.ndarray:
         if "sizes" in keys:
             return z["sizes"]
         if "atoms" in keys:
-            fields = [("atoms", np.int64)] + ([("edges", np.int64)] if "edges" in keys else [])
-            arr = np.zeros(z["atoms"].shape[0], dtype=fields)
-            for f, _ in fields:
-                arr[f] = z[f]
+            columns = {f: z[f] for f in ("atoms", "edges") if f in keys}
+            lengths = {f: c.shape for f, c in columns.items()}
+            if any(len(shape) != 1 for shape in lengths.values()) or len({*lengths.values()}) > 1:
+                raise ValueError(f"{path}: 'atoms' and 'edges' must be 1-D, one entry per graph; shapes {lengths}")
+            arr = np.zeros(columns["atoms"].shape[0], dtype=[(f, np.int64) for f in columns])
+            for f, column in columns.items():
+                _check_numbers(path, column, f)
+                arr[f] = column
             return arr
         if keys == ["arr_0"]:  # one unnamed array (np.savez(path, costs)): a plain cost array
             return z["arr_0"]
     raise ValueError(f"{path}: missing key 'atoms' (or 'sizes'): the .npz holds {keys}")
+
+
+def _check_numbers(path: Path, values: np.ndarray, field: str) -> None:
+    """Sizes are finite numbers >= 0, one per graph; the error names the file, field and graph."""
+    if not (np.issubdtype(values.dtype, np.integer) or np.issubdtype(values.dtype, np.floating)):
+        raise ValueError(f"{path}: {field} has dtype {values.dtype}; sizes must be integers or floats")
+    bad = np.flatnonzero(~np.isfinite(values) | (values < 0)) if values.size else []
+    if len(bad):
+        raise ValueError(f"{path}: graph {bad[0]} has {field} {values[bad[0]]}; sizes must be finite and >= 0")
 
 
 def load_sizes(path: str | Path) -> np.ndarray:
@@ -53,10 +66,10 @@ def load_sizes(path: str | Path) -> np.ndarray:
     name = path.name.lower()
     if name.endswith(".npy"):
         _check_magic(path, _NPY_MAGIC, ".npy array")
-        arr = np.load(path, allow_pickle=False)
+        arr = _no_objects(path, lambda: np.load(path, allow_pickle=False))
     elif name.endswith(".npz"):
         _check_magic(path, _ZIP_MAGIC, ".npz archive")
-        arr = _load_npz(path)
+        arr = _no_objects(path, lambda: _load_npz(path))
     elif ".extxyz" in name or ".xyz" in name:
         from workbench.data import graph_sizes, read_structures
 
@@ -68,10 +81,24 @@ def load_sizes(path: str | Path) -> np.ndarray:
             raise ValueError(f"{path}: expected a 1-D array of sizes, got shape {arr.shape}")
         out = np.zeros(arr.shape[0], dtype=[("atoms", arr.dtype)])
         out["atoms"] = arr
-        return out
+        arr = out
     if "atoms" not in arr.dtype.names:
         raise KeyError(f"{path}: sizes array has no 'atoms' field (fields: {arr.dtype.names})")
+    for field in arr.dtype.names:
+        _check_numbers(path, arr[field], field)
+    if arr.shape[0] == 0:
+        raise ValueError(f"{path}: holds no graphs")
     return arr
+
+
+def _no_objects(path: Path, load):
+    """``load()``, with numpy's refusal of a pickled (object) array said in terms of the file."""
+    try:
+        return load()
+    except ValueError as e:
+        if "allow_pickle" not in str(e):
+            raise
+        raise ValueError(f"{path}: holds Python objects, which are never unpickled; save a numeric array") from None
 
 
 def _non_negative(text: str) -> int:
