@@ -229,3 +229,14 @@ def test_generated_straight_line_code_equals_the_interpreter(monkeypatch):
     monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "fastest")
     with pytest.raises(ValueError, match="WORKBENCH_CPU_KERNELS must be one of interpreter, generated"):
         op.evaluate(ts, graph=graph)
+
+
+def test_small_channel_passes_run_in_parallel():
+    """The serial threshold counts a row's own cost: NequIP's 4-instruction passes over 11,050
+    edges at 16 channels (0.55 ms serial, 0.27 ms on 2 threads) run in parallel, one water
+    molecule's passes serially."""
+    from workbench.kernels.backends.cpu import SERIAL_WORK, pass_work
+
+    assert pass_work(11_050, 4, 16) == 11_050 * (4 * 16 + 150) > SERIAL_WORK
+    assert pass_work(840, 9, 32) > SERIAL_WORK  # 24 waters' smallest edge pass: 0.09 ms serial
+    assert pass_work(9, 19, 32) < SERIAL_WORK and pass_work(3, 0, 32) == 3 * (32 + 150)

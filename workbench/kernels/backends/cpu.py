@@ -51,10 +51,12 @@ from workbench.kernels.options import kernel_options
 __all__ = [
     "NUM_ARRAYS",
     "PIECE",
+    "ROW_WORK",
     "SERIAL_WORK",
     "CpuPlan",
     "RowPass",
     "channels_last",
+    "pass_work",
     "plan",
     "run_atom",
     "run_edge",
@@ -66,9 +68,14 @@ __all__ = [
 
 #: rows per segment where segments are free to choose (species pieces, runs of edges)
 PIECE = 16
-#: below this many channel-instructions (rows x instructions x channels) a pass runs serially
-#: (``KernelOptions.cpu_serial_work`` overrides it)
-SERIAL_WORK = 2_000_000
+#: below this much work (:func:`pass_work`) a pass runs serially (``KernelOptions.cpu_serial_work``
+#: overrides it): about 30 us on one core. Replayed passes of MACE (water, 24 to 96 atoms) and
+#: NequIP (11,050 edges) ran in parallel in at most the serial time down to 0.01 ms, and whole
+#: MD and train steps down to one water molecule were no slower in parallel
+SERIAL_WORK = 100_000
+#: a row's own cost (loading its registers, storing its outputs) in channel-instructions: a
+#: 4-instruction pass over 11,050 edges at 16 channels took 50 ns a row, ~150 of them
+ROW_WORK = 150
 #: how an operand row is found from an input row: the row itself, or through index 1 / 2
 #: (atom ops: species; edge ops: sender, receiver)
 ROW_SELF, ROW_IDX1, ROW_IDX2 = 0, 1, 2
@@ -200,6 +207,11 @@ def row_coefficients(
     return coefficients_by_row(S, k_reg, k_coef, k_fac, nk)
 
 
+def pass_work(rows: int, instructions: int, channels: int) -> int:
+    """A row pass's work in channel-instructions: ``rows * (instructions * channels + ROW_WORK)``."""
+    return rows * (max(instructions, 1) * channels + ROW_WORK)
+
+
 def run_pass(
     rp: RowPass,
     arrays: Sequence[np.ndarray],
@@ -221,7 +233,7 @@ def run_pass(
     outs = list(outs) + [outs[0]] * (4 - len(outs))
     ptr, perm, row = segments
     K = row_coefficients(rp, arrays, idx1, idx2, int(perm.shape[0]), dtype)
-    work = int(perm.shape[0]) * max(prog.num_instructions, 1) * channels
+    work = pass_work(int(perm.shape[0]), prog.num_instructions, channels)
     parallel, serial = rp.drivers(dtype, channels)
     (serial if work < (kernel_options().cpu_serial_work or SERIAL_WORK) else parallel)(
         *arrays,
