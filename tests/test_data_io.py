@@ -78,6 +78,17 @@ def test_malformed_frame_is_named(tmp_path, frames):
     assert err.value.frame == 2
 
 
+@pytest.mark.parametrize("format", [None, "xyz"])
+def test_unknown_element_symbol_is_named(tmp_path, format):
+    """ASE's bare KeyError('Xx') becomes the frame and the symbol, in our extxyz reader and
+    through ASE's other readers (``format="xyz"``)."""
+    p = tmp_path / "symbol.xyz"
+    frame = "2\nProperties=species:S:1:pos:R:3 energy=1.0\nH 0 0 0\nXx 0 0 0.74\n"
+    p.write_text(frame + frame.replace("Xx", "H"))
+    with pytest.raises(StructureError, match=r"symbol\.xyz, frame 0: unknown chemical symbol 'Xx'"):
+        read_structures(p, format=format, validate=False)
+
+
 def test_garbage_file(tmp_path):
     p = tmp_path / "garbage.extxyz"
     p.write_text("this is not\nan xyz file\n")

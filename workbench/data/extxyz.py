@@ -223,6 +223,14 @@ def _atoms(frame):
     return atoms
 
 
+def parse_failure(exc: Exception) -> str:
+    """What a parser's exception means, for a :class:`StructureError`: an element symbol ASE does
+    not know arrives as a bare ``KeyError('Xx')``."""
+    if isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str) and len(exc.args[0]) <= 3:
+        return f"unknown chemical symbol {exc.args[0]!r}"
+    return f"cannot parse ({type(exc).__name__}: {exc})"
+
+
 def parse_frames(path: str | os.PathLike, first: int, frames: list[bytes]) -> list[tuple[int, object]]:
     """``[(frame, ase.Atoms or StructureError)]`` for consecutive frames starting at ``first``:
     the C parser for the frames :func:`_check_frame` passes as plain, ASE for the rest."""
@@ -253,7 +261,7 @@ def parse_frames(path: str | os.PathLike, first: int, frames: list[bytes]) -> li
             try:
                 atoms = ase.io.read(io.StringIO(text), format="extxyz")
             except Exception as exc:
-                atoms = StructureError(path, first + k, f"cannot parse ({type(exc).__name__}: {exc})")
+                atoms = StructureError(path, first + k, parse_failure(exc))
         out.append((first + k, atoms))
     return out
 

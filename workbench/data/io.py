@@ -256,7 +256,7 @@ def read_structures(
 def _parse(path: Path, raw: bytes, index: str | int | slice, format: str | None) -> list:
     from ase.io.formats import string2index
 
-    from workbench.data.extxyz import is_extxyz, read_frames
+    from workbench.data.extxyz import is_extxyz, parse_failure, read_frames
 
     if is_extxyz(path, format):
         frames = read_frames(path)
@@ -274,7 +274,7 @@ def _parse(path: Path, raw: bytes, index: str | int | slice, format: str | None)
         for atoms in ase.io.iread(source, index=index, format=format):
             frames.append(atoms)
     except Exception as exc:  # ASE raises many types for malformed files
-        raise StructureError(path, len(frames), f"cannot parse ({type(exc).__name__}: {exc})") from exc
+        raise StructureError(path, len(frames), parse_failure(exc)) from exc
     return frames
 
 
