@@ -44,6 +44,14 @@ def test_control_characters_are_refused(tmp_path, capsys, args, expected):
 
 
 @pytest.mark.parametrize(
+    ("flag", "value"), [("--partition", "gpu;rm"), ("--account", "a$(id)"), ("--qos", "a b"), ("--partition", "gpu,")]
+)
+def test_slurm_names_with_other_characters_are_refused(tmp_path, capsys, flag, value):
+    field = flag.removeprefix("--")
+    assert f"{field}={value!r}: not a SLURM {field} name; use letters, digits" in refused(tmp_path, capsys, flag, value)
+
+
+@pytest.mark.parametrize(
     ("flag", "value", "rule"),
     [
         ("--cpus-per-task", -2, "a positive integer"),

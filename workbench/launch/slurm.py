@@ -160,7 +160,10 @@ class SlurmOptions:
 
     def check(self) -> None:
         """Refuse, naming the option, any value that would not be one valid sbatch setting."""
-        for key in ("account", "partition", "qos", "constraint", "job_name"):
+        for key in ("account", "partition", "qos"):
+            if getattr(self, key) is not None:
+                validate.check_slurm_name(key, getattr(self, key))
+        for key in ("constraint", "job_name"):  # constraints have their own syntax (&, |, [...], *)
             if getattr(self, key) is not None:
                 validate.check_text(key, getattr(self, key))
         for key in ("gpus_per_task", "cpus_per_task"):

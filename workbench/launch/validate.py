@@ -16,6 +16,8 @@ _TAB = re.compile(r"\t")
 _MEM = re.compile(r"\d+(?:[KMGT]B?)?", re.IGNORECASE)
 _KEY = re.compile(r"[a-z][a-z0-9-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: a SLURM account, partition or qos name, or a comma list of them (sbatch takes several partitions)
+_SLURM_NAMES = re.compile(r"[A-Za-z0-9_.\-]+(?:,[A-Za-z0-9_.\-]+)*")
 
 MEM_FORMAT = "megabytes as an integer, or an integer with a K, M, G or T suffix (e.g. 64G; 0 = all of a node's memory)"
 
@@ -98,6 +100,17 @@ def check_text(name: str, value: Any, *, tabs: bool = False, empty: bool = False
         raise ValueError(
             f"{name}={value!r}: contains the control character {bad.group()!r}; "
             "a value in the job script must be one line of printable text"
+        )
+    return value
+
+
+def check_slurm_name(name: str, value: Any) -> str:
+    """An account, partition or qos: names of letters, digits, '_', '.' and '-', comma-separated."""
+    check_text(name, value)
+    if not _SLURM_NAMES.fullmatch(value):
+        raise ValueError(
+            f"{name}={value!r}: not a SLURM {name} name; use letters, digits, '_', '.' and '-' "
+            "(several separated by commas)"
         )
     return value
 
