@@ -89,6 +89,15 @@ def test_unknown_element_symbol_is_named(tmp_path, format):
         read_structures(p, format=format, validate=False)
 
 
+def test_other_key_errors_are_not_called_symbols():
+    from workbench.data.extxyz import parse_failure
+
+    try:
+        {}["pos"]
+    except KeyError as exc:
+        assert parse_failure(exc) == "cannot parse (KeyError: 'pos')"
+
+
 def test_garbage_file(tmp_path):
     p = tmp_path / "garbage.extxyz"
     p.write_text("this is not\nan xyz file\n")

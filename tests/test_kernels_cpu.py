@@ -231,12 +231,24 @@ def test_generated_straight_line_code_equals_the_interpreter(monkeypatch):
         op.evaluate(ts, graph=graph)
 
 
-def test_small_channel_passes_run_in_parallel():
-    """The serial threshold counts a row's own cost: NequIP's 4-instruction passes over 11,050
-    edges at 16 channels (0.55 ms serial, 0.27 ms on 2 threads) run in parallel, one water
-    molecule's passes serially."""
-    from workbench.kernels.backends.cpu import SERIAL_WORK, pass_work
+def test_small_channel_passes_run_in_parallel(monkeypatch):
+    """The serial threshold counts a row's own cost (``cpu.pass_work``): a 2-instruction pass at
+    16 channels over 11,050 rows runs on the thread pool (the old rows x instructions x channels
+    kept such passes serial, at half the speed), a 3-row pass on the calling thread."""
+    x = Operand.channel_major("x", 2, 16)
+    p = SparsePolynomial.from_terms((x,), Operand.channel_major("y", 2, 16), [(0, [(0, 0)], 2.0), (1, [(0, 1)], 3.0)])
+    op = PolyOp((x,), [p])
+    used = []
+    original = cpu.RowPass.drivers
 
-    assert pass_work(11_050, 4, 16) == 11_050 * (4 * 16 + 150) > SERIAL_WORK
-    assert pass_work(840, 9, 32) > SERIAL_WORK  # 24 waters' smallest edge pass: 0.09 ms serial
-    assert pass_work(9, 19, 32) < SERIAL_WORK and pass_work(3, 0, 32) == 3 * (32 + 150)
+    def spy(self, dtype, channels):
+        parallel, serial = original(self, dtype, channels)
+        return (lambda *a: used.append("parallel") or parallel(*a)), (lambda *a: used.append("serial") or serial(*a))
+
+    monkeypatch.setattr(cpu.RowPass, "drivers", spy)
+    for rows, expected in ((11_050, "parallel"), (3, "serial")):
+        used.clear()
+        h = torch.randn(rows, 32, generator=torch.Generator().manual_seed(rows))
+        (y,) = op.evaluate([h], torch.zeros(rows, dtype=torch.int64), 1)
+        assert used == [expected]
+        torch.testing.assert_close(y, h * torch.tensor([2.0, 3.0]).repeat(16))

@@ -51,6 +51,13 @@ def test_slurm_names_with_other_characters_are_refused(tmp_path, capsys, flag, v
     assert f"{field}={value!r}: not a SLURM {field} name; use letters, digits" in refused(tmp_path, capsys, flag, value)
 
 
+def test_real_slurm_names_pass():
+    from workbench.launch.validate import check_slurm_name
+
+    for value in ("gpu", "gpu,cpu", "abc@v100", "proj-123.x_y", "a100+debug"):
+        assert check_slurm_name("account", value) == value
+
+
 @pytest.mark.parametrize(
     ("flag", "value", "rule"),
     [

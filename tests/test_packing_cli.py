@@ -75,6 +75,14 @@ def test_load_sizes_formats(tmp_path):
     np.savez(tmp_path / "ae.npz", atoms=np.array([1, 2]), edges=np.array([5, 6]))
     s = load_sizes(tmp_path / "ae.npz")
     assert s["edges"].tolist() == [5, 6]
+    # what `workbench data sizes` writes: SIZES_DTYPE, whose family column is a label
+    from workbench.data.sizes import SIZES_DTYPE
+
+    written = np.array([(3, 40, "water_clusters"), (8, 200, "hea")], dtype=SIZES_DTYPE)
+    np.save(tmp_path / "sizes.npy", written)
+    assert load_sizes(tmp_path / "sizes.npy").tolist() == written.tolist()
+    np.savez(tmp_path / "float.npz", atoms=np.array([1.5, 2.0]))
+    assert load_sizes(tmp_path / "float.npz")["atoms"].tolist() == [1.5, 2.0]  # costs keep their values
     with pytest.raises(ValueError, match="unknown format"):
         (tmp_path / "x.csv").write_text("1\n")
         load_sizes(tmp_path / "x.csv")
@@ -101,6 +109,16 @@ def test_load_sizes_formats(tmp_path):
             "lengths.npz",
             lambda p: np.savez(p, atoms=np.array([1, 2, 3]), edges=np.array([4, 5])),
             r"lengths.npz: 'atoms' and 'edges' must be 1-D, one entry per graph; shapes \{'atoms': \(3,\), 'edges': \(2,\)\}",
+        ),
+        (
+            "scalar.npy",
+            lambda p: np.save(p, np.zeros((), dtype=[("atoms", np.int64)])),
+            r"scalar.npy: expected a 1-D array of sizes, one entry per graph, got shape \(\)",
+        ),
+        (
+            "pairs.npy",
+            lambda p: np.save(p, np.zeros(3, dtype=[("atoms", np.int64, (2,))])),
+            r"pairs.npy: atoms must hold one number per graph, not arrays of shape \(2,\)",
         ),
         (
             "edges.npz",

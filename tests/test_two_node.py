@@ -10,6 +10,7 @@ reference's, bit for bit.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 from collections import Counter
@@ -34,27 +35,33 @@ def wait_until(check, timeout: float, what: str, run=None, cluster=None):
     try:
         return wait_for(check, what, timeout, interval_s=0.1)
     except WaitError as e:
+        if run is None:
+            raise
         raise WaitError(f"{e}\n{_where_things_stand(run, cluster)}") from None
 
 
 def _where_things_stand(run, cluster) -> str:
-    parts = []
-    if run is not None:
-        status, reason = run.refresh()
-        parts += [
-            f"run: {status}: {reason}",
-            f"rank markers: {run.rank_states()}",
-            f"failovers: {run.paths.failovers.read_text() if run.paths.failovers.exists() else '(none)'}",
-        ]
-        parts.append(f"global step: {run.metrics().global_step}\n{run.logs(tail=30)}")
-    if cluster is not None:
-        job = cluster.run("scontrol", "show", "job", str(run.job_id) if run is not None else "")
-        parts += [f"sinfo: {cluster.node_states()}", f"scontrol show job:\n{job.stdout}{job.stderr}"]
-        parts += [
-            f"==> {d} <==\n{cluster.logs(d, tail=60)}"
+    """The run's and the cluster's state, each part on its own: one that fails says so."""
+    parts = {
+        "run": lambda: "{}: {}".format(*run.refresh()),
+        "rank markers": lambda: run.rank_states(),  # noqa: PLW0108 (evaluated inside the try)
+        "failovers": lambda: run.paths.failovers.read_text() if run.paths.failovers.exists() else "(none)",
+        "global step": lambda: run.metrics().global_step,
+        "logs": lambda: run.logs(tail=30),
+        "sinfo": lambda: cluster.node_states(),  # noqa: PLW0108
+        "scontrol show job": lambda: cluster.run("scontrol", "show", "job", str(run.job_id)).stdout,
+        **{
+            f"{d} log": (lambda d=d: cluster.logs(d, tail=60))
             for d in ("slurmctld", *(f"slurmd-{n}" for n in cluster.node_names))
-        ]
-    return "\n".join(parts)
+        },
+    }
+    lines = []
+    for name, part in parts.items():
+        try:
+            lines.append(f"==> {name}: {part()}")
+        except Exception as e:  # a diagnostic must not hide the timeout it explains
+            lines.append(f"==> {name}: unavailable ({e!r})")
+    return "\n".join(lines)
 
 
 @pytest.fixture(scope="module")
@@ -131,11 +138,13 @@ def _kill_rank_on(run, node: str) -> int:
 
 
 def _attempt_running(run, attempt: int, steps_past: int):
-    polls = iter(range(10**9))
+    polls = itertools.count(1)
 
     def ok():
-        if next(polls) % 20 == 19 and run.refresh()[0] in ("done", "failed"):  # every 2 s: no wait for a job that ended
-            raise WaitError(f"the run ended while waiting for attempt {attempt}: {run.status}: {run.reason}")
+        if next(polls) % 20 == 0:  # every 2 s: no waiting on a job that has ended
+            status, reason = run.refresh()
+            if status in ("done", "failed"):
+                raise WaitError(f"the run ended while waiting for attempt {attempt}: {status}: {reason}")
         states = run.rank_states()
         return (
             len(states) == 2
@@ -144,6 +153,25 @@ def _attempt_running(run, attempt: int, steps_past: int):
         )
 
     return ok
+
+
+def _next_attempt(run, cluster, attempt: int, what: str) -> None:
+    """Wait until every rank runs ``attempt`` and it has trained 2 steps past the run's last."""
+    wait_until(_attempt_running(run, attempt, run.metrics().global_step + 2), START_TIMEOUT, what, run, cluster)
+
+
+def _hang_and_reboot(run, cluster, node: str) -> None:
+    """``node`` hangs; SLURM marks it DOWN and requeues the job, which waits for it; it reboots."""
+    cluster.stop_node(node)
+    wait_until(lambda: cluster.node_states().get(node, "").startswith("down"), 120, f"node {node} DOWN", run, cluster)
+
+    def waiting_for_node():
+        status, reason = run.refresh()
+        return (status, reason) if "down now" in reason else None
+
+    status, reason = wait_until(waiting_for_node, 90, "the requeued job to wait for the node", run, cluster)
+    assert status == "pending" and f"waiting for nodes; down now: {node}" in reason and reason.endswith(", attempt 4")
+    cluster.start_node(node)
 
 
 def test_two_node_faults_resume_exactly(cluster, reference, dataset, tmp_path):
@@ -156,37 +184,16 @@ def test_two_node_faults_resume_exactly(cluster, reference, dataset, tmp_path):
     # 1. a rank dies (SIGKILL) on either node: the job requeues itself (failovers 1 and 2 of 2)
     wait_until(_attempt_running(run, 0, 3), START_TIMEOUT, "attempt 1 to train 3 steps", run, cluster)
     assert _kill_rank_on(run, second) == 1
-    wait_until(
-        _attempt_running(run, 1, run.metrics().global_step + 2), START_TIMEOUT, "the first failover", run, cluster
-    )
+    _next_attempt(run, cluster, 1, "the first failover")
     assert _kill_rank_on(run, first) == 0  # the node that also runs the job script
-    wait_until(
-        _attempt_running(run, 2, run.metrics().global_step + 2), START_TIMEOUT, "the second failover", run, cluster
-    )
+    _next_attempt(run, cluster, 2, "the second failover")
     failovers = read_jsonl(RunDir(cfg.run_dir).failovers)
     assert [f["attempt"] for f in failovers] == [f"{run.job_id}.0", f"{run.job_id}.1"]
     assert "rank(s) 1 vanished" in failovers[0]["why"] and "rank(s) 0 vanished" in failovers[1]["why"]
 
     # 2. the second node hangs: SLURM marks it DOWN, requeues the job, which waits for two nodes
-    cluster.stop_node(second)
-    wait_until(
-        lambda: cluster.node_states().get(second, "").startswith("down"), 120, f"node {second} DOWN", run, cluster
-    )
-
-    def waiting_for_node():
-        status, reason = run.refresh()
-        return (status, reason) if "down now" in reason else None
-
-    status, reason = wait_until(waiting_for_node, 90, "the requeued job to wait for the node", run, cluster)
-    assert status == "pending" and f"waiting for nodes; down now: {second}" in reason and reason.endswith(", attempt 4")
-    cluster.start_node(second)
-    wait_until(
-        _attempt_running(run, 3, run.metrics().global_step + 2),
-        START_TIMEOUT,
-        "the attempt after the node",
-        run,
-        cluster,
-    )
+    _hang_and_reboot(run, cluster, second)
+    _next_attempt(run, cluster, 3, "the attempt after the node")
     assert {m["node"] for m in run.rank_states().values()} == {first, second}
 
     # 3. scancel: every rank stops at one step boundary after a checkpoint; launching again resumes

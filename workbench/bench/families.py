@@ -66,7 +66,9 @@ def failure(done: subprocess.CompletedProcess) -> str:
     lines = [line for line in (done.stderr or done.stdout or "").splitlines() if line.strip()]
     if lines and lines[-1].startswith("workbench: error:"):
         return lines[-1]
-    return "\n".join(lines[-25:]) or "no output (is it a python with the workbench installed?)"
+    if not lines:
+        return "no output" + (" (is it a python with the workbench installed?)" if done.returncode == 0 else "")
+    return "\n".join(lines[-25:])
 
 
 def _subprocess(python: Path, settings: dict, threads: int) -> dict:

@@ -225,9 +225,13 @@ def _atoms(frame):
 
 def parse_failure(exc: Exception) -> str:
     """What a parser's exception means, for a :class:`StructureError`: an element symbol ASE does
-    not know arrives as a bare ``KeyError('Xx')``."""
-    if isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str) and len(exc.args[0]) <= 3:
-        return f"unknown chemical symbol {exc.args[0]!r}"
+    not know arrives as a bare ``KeyError('Xx')`` from ``ase.symbols.symbols2numbers``."""
+    import traceback
+
+    if isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str):
+        frames = traceback.extract_tb(exc.__traceback__)
+        if frames and frames[-1].name == "symbols2numbers":
+            return f"unknown chemical symbol {exc.args[0]!r}"
     return f"cannot parse ({type(exc).__name__}: {exc})"
 
 

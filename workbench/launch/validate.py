@@ -16,8 +16,9 @@ _TAB = re.compile(r"\t")
 _MEM = re.compile(r"\d+(?:[KMGT]B?)?", re.IGNORECASE)
 _KEY = re.compile(r"[a-z][a-z0-9-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-#: a SLURM account, partition or qos name, or a comma list of them (sbatch takes several partitions)
-_SLURM_NAMES = re.compile(r"[A-Za-z0-9_.\-]+(?:,[A-Za-z0-9_.\-]+)*")
+#: a SLURM account, partition or qos name, or a comma list of them (sbatch takes several
+#: partitions); '@' and '+' occur in real account names (e.g. IDRIS's ``abc@v100``)
+_SLURM_NAMES = re.compile(r"[A-Za-z0-9_.@+\-]+(?:,[A-Za-z0-9_.@+\-]+)*")
 
 MEM_FORMAT = "megabytes as an integer, or an integer with a K, M, G or T suffix (e.g. 64G; 0 = all of a node's memory)"
 
@@ -105,11 +106,11 @@ def check_text(name: str, value: Any, *, tabs: bool = False, empty: bool = False
 
 
 def check_slurm_name(name: str, value: Any) -> str:
-    """An account, partition or qos: names of letters, digits, '_', '.' and '-', comma-separated."""
+    """An account, partition or qos: names of letters, digits and ``_ . - @ +``, comma-separated."""
     check_text(name, value)
     if not _SLURM_NAMES.fullmatch(value):
         raise ValueError(
-            f"{name}={value!r}: not a SLURM {name} name; use letters, digits, '_', '.' and '-' "
+            f"{name}={value!r}: not a SLURM {name} name; use letters, digits and _ . - @ + "
             "(several separated by commas)"
         )
     return value

@@ -39,9 +39,8 @@ def _load_npz(path: Path) -> np.ndarray:
             lengths = {f: c.shape for f, c in columns.items()}
             if any(len(shape) != 1 for shape in lengths.values()) or len({*lengths.values()}) > 1:
                 raise ValueError(f"{path}: 'atoms' and 'edges' must be 1-D, one entry per graph; shapes {lengths}")
-            arr = np.zeros(columns["atoms"].shape[0], dtype=[(f, np.int64) for f in columns])
+            arr = np.zeros(columns["atoms"].shape[0], dtype=[(f, c.dtype) for f, c in columns.items()])
             for f, column in columns.items():
-                _check_numbers(path, column, f)
                 arr[f] = column
             return arr
         if keys == ["arr_0"]:  # one unnamed array (np.savez(path, costs)): a plain cost array
@@ -51,6 +50,8 @@ def _load_npz(path: Path) -> np.ndarray:
 
 def _check_numbers(path: Path, values: np.ndarray, field: str) -> None:
     """Sizes are finite numbers >= 0, one per graph; the error names the file, field and graph."""
+    if values.ndim != 1:
+        raise ValueError(f"{path}: {field} must hold one number per graph, not arrays of shape {values.shape[1:]}")
     if not (np.issubdtype(values.dtype, np.integer) or np.issubdtype(values.dtype, np.floating)):
         raise ValueError(f"{path}: {field} has dtype {values.dtype}; sizes must be integers or floats")
     bad = np.flatnonzero(~np.isfinite(values) | (values < 0)) if values.size else []
@@ -76,16 +77,17 @@ def load_sizes(path: str | Path) -> np.ndarray:
         return graph_sizes(read_structures(path))
     else:
         raise ValueError(f"{path}: unknown format; use .extxyz[.gz], .npy or .npz")
+    if arr.ndim != 1:
+        raise ValueError(f"{path}: expected a 1-D array of sizes, one entry per graph, got shape {arr.shape}")
     if arr.dtype.names is None:
-        if arr.ndim != 1:
-            raise ValueError(f"{path}: expected a 1-D array of sizes, got shape {arr.shape}")
         out = np.zeros(arr.shape[0], dtype=[("atoms", arr.dtype)])
         out["atoms"] = arr
         arr = out
     if "atoms" not in arr.dtype.names:
         raise KeyError(f"{path}: sizes array has no 'atoms' field (fields: {arr.dtype.names})")
-    for field in arr.dtype.names:
-        _check_numbers(path, arr[field], field)
+    for field in ("atoms", "edges"):  # other fields (e.g. SIZES_DTYPE's family) are labels
+        if field in arr.dtype.names:
+            _check_numbers(path, arr[field], field)
     if arr.shape[0] == 0:
         raise ValueError(f"{path}: holds no graphs")
     return arr

@@ -137,9 +137,7 @@ class TrainConfig:
     )
     # kernels
     backend: str = "e3nn"
-    kernel_cache: str = (
-        ""  # compiled-kernel folder ("" = $WORKBENCH_KERNEL_CACHE or ~/.cache/cfm-workbench/kernels); may be shared
-    )
+    kernel_cache: str = ""  # compiled-kernel folder ("": generated.source_dir()'s default); may be shared
     # length and checkpoints
     epochs: int = 1
     max_steps: int | None = None  # stop after this many optimiser steps in total

@@ -91,7 +91,8 @@ def register_kernels(ks) -> None:
     p.add_argument(
         "--cache",
         default=None,
-        help="kernel cache folder (default $WORKBENCH_KERNEL_CACHE or ~/.cache/cfm-workbench/kernels)",
+        help="kernel cache folder (default: $WORKBENCH_KERNEL_CACHE, else $WORKBENCH_CACHE_DIR/kernels, "
+        "else ~/.cache/cfm-workbench/kernels)",
     )
     p.add_argument(
         "--modules",
