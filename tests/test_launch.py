@@ -456,3 +456,24 @@ def test_preempt_guard_records_signals_and_restores_handlers(monkeypatch):
     monkeypatch.setenv(preempt.ENV_VAR, "TERM,NOPE")
     with pytest.raises(ValueError, match="'NOPE' is not a signal name"), preempt.guard_from_env():
         pass
+
+
+def test_a_failed_rank_decides_only_once_the_job_has_ended(tmp_path, monkeypatch):
+    """Between a rank's death and the failover's requeue the job is still RUNNING: the run is
+    'running' (the reason names the rank), not 'failed', so wait() does not give up on a run
+    that will resume; once SLURM says the job ended, the marker decides."""
+    from workbench.launch import slurm
+    from workbench.launch.run import Run
+
+    paths = RunDir(tmp_path / "run")
+    paths.launch.mkdir(parents=True)
+    error = "RuntimeError: [gloo] Read error: Connection reset by peer"
+    paths.rank_marker(0).write_text(json.dumps({"rank": 0, "attempt": "42.0", "state": "failed", "error": error}))
+    paths.rank_marker(1).write_text(json.dumps({"rank": 1, "attempt": "42.0", "state": "running"}))
+    state = {"now": "RUNNING"}
+    monkeypatch.setattr(slurm, "job_info", lambda job_id: slurm.JobInfo(job_id, state["now"], "None", 0, "0:0"))
+    run = Run(tmp_path / "run", {"backend": "slurm", "job_id": "42"})
+    status, reason = run.refresh()
+    assert status == "running" and f"rank 0 failed: {error}" in reason and "decides whether to fail over" in reason
+    state["now"] = "FAILED"
+    assert run.refresh() == ("failed", f"rank 0 failed: {error}")

@@ -95,7 +95,9 @@ class Run:
     """A launched run. Create with :func:`workbench.launch.launch` or :func:`workbench.launch.attach`.
 
     ``status`` is one of ``"pending"``, ``"running"``, ``"done"``, ``"failed"``; ``reason`` says
-    why in one line (a cancelled run is ``"failed"`` with reason ``"cancelled by user ..."``).
+    why in one line (a cancelled run is ``"failed"`` with reason ``"cancelled by user ..."``). A
+    rank that failed while the job (or torchrun) still runs leaves it ``"running"``, the reason
+    naming the rank, until the failover has decided: it may requeue and resume.
     """
 
     def __init__(
@@ -200,10 +202,12 @@ class Run:
         markers = self.paths.read_rank_markers(self.info.get("attempt"))
         rc = self._local_returncode()
         decided = self._from_markers(markers)
+        if rc is None and (not decided or decided[0] == "failed"):
+            # a failed rank decides only once torchrun has ended: it may still restart the group
+            lost = f"; {decided[1][:200]} (torchrun decides whether to restart)" if decided else ""
+            return "running", self._progress() + lost
         if decided:
             return decided
-        if rc is None:
-            return "running", self._progress()
         if rc == 0 and not markers:
             return "failed", "the local process exited before any worker started; see logs()"
         code = "an unknown exit code" if rc == -1 else f"exit code {rc}"
@@ -236,10 +240,12 @@ class Run:
                 f", attempt {info.restarts + 1}" if info.restarts else ""
             )
         decided = self._from_markers(markers)
+        if info is not None and info.state in slurm.RUNNING_STATES and (not decided or decided[0] == "failed"):
+            # a failed rank decides only once the job has ended: its failover may still requeue it
+            lost = f"; {decided[1][:200]} (the job decides whether to fail over)" if decided else ""
+            return "running", f"job {self.job_id}: " + self._progress() + lost
         if decided:
             return decided
-        if info is not None and info.state in slurm.RUNNING_STATES:
-            return "running", f"job {self.job_id}: " + self._progress()
         if info is None:
             return "failed", self._stopped_reason(
                 markers, f"job {self.job_id} is no longer known to SLURM and left no result"
