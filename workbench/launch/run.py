@@ -91,6 +91,12 @@ def read_metrics(run_dir: str | os.PathLike) -> RunMetrics:
 
 
 # --------------------------------------------------------------------------- the handle
+def _still_running(progress: str, failed: tuple[str, str] | None, decider: str) -> tuple[str, str]:
+    """``running`` while the job or torchrun runs: a failed rank (``failed``) decides only once
+    it has ended, since its failover or restart may still resume the run."""
+    return "running", progress + (f"; {failed[1][:200]} ({decider})" if failed else "")
+
+
 class Run:
     """A launched run. Create with :func:`workbench.launch.launch` or :func:`workbench.launch.attach`.
 
@@ -203,9 +209,7 @@ class Run:
         rc = self._local_returncode()
         decided = self._from_markers(markers)
         if rc is None and (not decided or decided[0] == "failed"):
-            # a failed rank decides only once torchrun has ended: it may still restart the group
-            lost = f"; {decided[1][:200]} (torchrun decides whether to restart)" if decided else ""
-            return "running", self._progress() + lost
+            return _still_running(self._progress(), decided, "torchrun decides whether to restart")
         if decided:
             return decided
         if rc == 0 and not markers:
@@ -241,9 +245,8 @@ class Run:
             )
         decided = self._from_markers(markers)
         if info is not None and info.state in slurm.RUNNING_STATES and (not decided or decided[0] == "failed"):
-            # a failed rank decides only once the job has ended: its failover may still requeue it
-            lost = f"; {decided[1][:200]} (the job decides whether to fail over)" if decided else ""
-            return "running", f"job {self.job_id}: " + self._progress() + lost
+            progress = f"job {self.job_id}: " + self._progress()
+            return _still_running(progress, decided, "the job decides whether to fail over")
         if decided:
             return decided
         if info is None:

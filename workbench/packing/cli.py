@@ -54,7 +54,7 @@ def _check_numbers(path: Path, values: np.ndarray, field: str) -> None:
         raise ValueError(f"{path}: {field} must hold one number per graph, not arrays of shape {values.shape[1:]}")
     if not (np.issubdtype(values.dtype, np.integer) or np.issubdtype(values.dtype, np.floating)):
         raise ValueError(f"{path}: {field} has dtype {values.dtype}; sizes must be integers or floats")
-    bad = np.flatnonzero(~np.isfinite(values) | (values < 0)) if values.size else []
+    bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
     if len(bad):
         raise ValueError(f"{path}: graph {bad[0]} has {field} {values[bad[0]]}; sizes must be finite and >= 0")
 
