@@ -137,24 +137,16 @@ def _kill_rank_on(run, node: str) -> int:
     return rank
 
 
-#: SLURM job states after which no attempt follows (a failover's requeue passes through REQUEUED/PENDING)
-FINAL_JOB_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY")
-
-
-def _job_state(cluster, job_id) -> str:
-    out = cluster.run("scontrol", "show", "job", str(job_id)).stdout
-    return next((w.split("=", 1)[1] for w in out.split() if w.startswith("JobState=")), "")
-
-
-def _attempt_running(run, cluster, attempt: int, steps_past: int):
-    """Every rank runs ``attempt`` and the run is past ``steps_past``. Every 2 s SLURM is asked
-    whether the job has ended for good; the run's own status is not enough, since a rank is
-    "failed" between a peer's death and the failover's requeue."""
+def _attempt_running(run, attempt: int, steps_past: int):
+    """Every rank runs ``attempt`` and the run is past ``steps_past``. Every 2 s the wait stops
+    if the run has ended for good (a rank that died while the job runs leaves it "running")."""
     polls = itertools.count(1)
 
     def ok():
-        if next(polls) % 20 == 0 and (state := _job_state(cluster, run.job_id)) in FINAL_JOB_STATES:
-            raise WaitError(f"job {state} while waiting for attempt {attempt}: " + "{}: {}".format(*run.refresh()))
+        if next(polls) % 20 == 0:
+            status, reason = run.refresh()
+            if status in ("done", "failed"):
+                raise WaitError(f"the run ended while waiting for attempt {attempt}: {status}: {reason}")
         states = run.rank_states()
         return (
             len(states) == 2
@@ -168,7 +160,7 @@ def _attempt_running(run, cluster, attempt: int, steps_past: int):
 def _next_attempt(run, cluster, attempt: int, what: str) -> None:
     """Wait until every rank runs ``attempt`` and it has trained 2 steps past the run's last."""
     steps_past = run.metrics().global_step + 2
-    wait_until(_attempt_running(run, cluster, attempt, steps_past), START_TIMEOUT, what, run, cluster)
+    wait_until(_attempt_running(run, attempt, steps_past), START_TIMEOUT, what, run, cluster)
 
 
 def _hang_and_reboot(run, cluster, node: str) -> None:
@@ -193,7 +185,7 @@ def test_two_node_faults_resume_exactly(cluster, reference, dataset, tmp_path):
     run = launch(cfg, backend="slurm", nodes=2, gpus_per_node=1, time="00:30:00", max_restarts=2)
 
     # 1. a rank dies (SIGKILL) on either node: the job requeues itself (failovers 1 and 2 of 2)
-    wait_until(_attempt_running(run, cluster, 0, 3), START_TIMEOUT, "attempt 1 to train 3 steps", run, cluster)
+    wait_until(_attempt_running(run, 0, 3), START_TIMEOUT, "attempt 1 to train 3 steps", run, cluster)
     assert _kill_rank_on(run, second) == 1
     _next_attempt(run, cluster, 1, "the first failover")
     assert _kill_rank_on(run, first) == 0  # the node that also runs the job script
