@@ -91,7 +91,8 @@ def _rows(trainer, sampler, e, f):
 
 def test_verdicts_by_hand():
     rng = np.random.default_rng()
-    e_m, f_m = rng.uniform(50, 80, 3), rng.uniform(40, 60, 3)
+    # Seeds spread at least 1 meV apart: the "paper" rows' +0.1 excess must stay inside the spread.
+    e_m, f_m = rng.uniform([50, 61, 72], [58, 69, 80]), rng.uniform([40, 47, 54], [46, 53, 60])
     rows = (
         _rows("mace_run_train", "fixed 8", e_m, f_m)
         + _rows("workbench", "fixed-count", e_m * 1.03, f_m * 0.98)

@@ -35,6 +35,12 @@ def _vesin(positions, cell, pbc, cutoff, min_distance):
     )
 
 
+def _plane_spacing(vectors: np.ndarray) -> np.ndarray:
+    """Distance between the lattice planes that each of the (periodic) ``vectors`` crosses."""
+    duals = np.linalg.solve(vectors @ vectors.T, vectors)
+    return 1.0 / np.linalg.norm(duals, axis=1)
+
+
 def _same(ours, ref):
     assert (ours.edges, ours.connected, ours.close_pairs) == ref[:3]
     if ref[3] is None:
@@ -67,6 +73,8 @@ def test_random_cells_skewed_small_and_mixed_periodic():
         if abs(np.linalg.det(cell)) < 2:
             continue
         pbc = rng.random(3) < 0.7
+        if pbc.any() and _plane_spacing(cell[pbc]).min() < 0.5:
+            continue  # thousands of image shells: vesin takes minutes (thin cells have their own test)
         # Coordinates inside and well outside the cell (wrapping), some atoms on top of each other.
         pos = rng.uniform(-15, 25, size=(n, 3))
         if n > 3:
@@ -107,3 +115,34 @@ def test_tied_closest_pairs_accept_any_of_them():
     assert pairs == {frozenset((k,)) for k in range(3)} and shortest == pytest.approx(0.7, abs=1e-12)
     assert got.closest[0] == got.closest[1] and got.closest[2] == pytest.approx(0.7, abs=1e-12)
     _same(got, _vesin(pos, cell, [True] * 3, 3.0, 0.8))
+
+
+THIN = """
+import resource, sys
+import numpy as np
+from workbench.data.neighbours import neighbour_stats
+cell = np.array([[100.0, 0, 0], [100.0, 0.02, 0], [0, 0, 1.0]])
+pos = np.array([[0.3, 0.01, 0.2], [50.0, 0.005, 0.7]])
+neighbour_stats(pos[:1], np.eye(3) * 3, [True] * 3, 2.0, 0.5)  # compile before the limit
+vm = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + 100 * 2**20, resource.RLIM_INFINITY))
+s = neighbour_stats(pos, cell, [True] * 3, 6.0, 0.8)
+print(s.edges, s.connected, s.close_pairs, s.closest[0], s.closest[1], repr(s.closest[2]))
+"""
+
+
+def test_a_thin_cell_does_not_store_every_candidate_image(tmp_path):
+    # Plane spacing 0.02 A: 601 x 601 x 13 shifts per atom, of which a few thousand land within
+    # reach. Storing every candidate took 300 MB for these two atoms (and tens of GB for 40).
+    import subprocess
+    import sys
+
+    cell = np.array([[100.0, 0, 0], [100.0, 0.02, 0], [0, 0, 1.0]])
+    pos = np.array([[0.3, 0.01, 0.2], [50.0, 0.005, 0.7]])
+    assert _plane_spacing(cell).min() == pytest.approx(0.02)
+    out = subprocess.run([sys.executable, "-c", THIN], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    edges, connected, close_pairs, i, j, d = out.stdout.split()
+    ref = _vesin(pos, cell, [True] * 3, 6.0, 0.8)
+    assert (int(edges), int(connected), int(close_pairs)) == ref[:3]
+    assert frozenset((int(i), int(j))) in ref[3][0] and float(d) == pytest.approx(ref[3][1], abs=1e-12)

@@ -152,15 +152,16 @@ def test_cost_model_fit_from_logs(ddp_run):
     cfg, _ = ddp_run
     recs = read_steps(cfg.run_dir)
     assert len(recs) == 2 * cfg.max_steps
+    kept = [r for r in recs if r["global_step"] > 2]
+    measured = np.array([r["compute_s"] for r in kept])
+    sizes = np.array([r["atoms"] for r in kept]), np.array([r["edges"] for r in kept])
+    # Least squares with an intercept is unbiased on its own data. (The default non-negative fit
+    # is not once it clamps the intercept to 0, which timing noise does now and then: batches
+    # span only 140-200 atoms, so the intercept is an extrapolation.)
+    free = fit_cost_model(cfg.run_dir, nonnegative=False)
+    assert abs(free.batch_seconds(*sizes).mean() - measured.mean()) < 1e-6 + 1e-9 * measured.mean()
     model = fit_cost_model(cfg.run_dir)
-    measured = np.array([r["compute_s"] for r in recs if r["global_step"] > 2])
-    predicted = model.batch_seconds(
-        np.array([r["atoms"] for r in recs if r["global_step"] > 2]),
-        np.array([r["edges"] for r in recs if r["global_step"] > 2]),
-    )
-    # The least-squares fit is unbiased on its own data, and the per-edge cost is positive.
-    assert abs(predicted.mean() - measured.mean()) < 1e-6 + 1e-3 * measured.mean()
-    assert model.b * 200 + model.c * 4000 > 0
+    assert min(model.a, model.b, model.c) >= 0 and model.b * 200 + model.c * 4000 > 0
 
 
 def test_numba_backend_trains_like_e3nn(tmp_path):

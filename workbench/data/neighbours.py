@@ -80,29 +80,14 @@ def _lattice(cell, pbc):
 
 
 @njit(cache=True)
-def _with_ghosts(positions, vectors, duals, shells, reach):
-    """Central atoms wrapped into the cell, then the image copies within ``reach`` of their bounding
-    box; ``owner`` maps every point to its atom."""
-    n, k = positions.shape[0], vectors.shape[0]
-    pos = positions.copy()
-    for p in range(n):
-        for a in range(k):
-            c = np.floor(pos[p, 0] * duals[a, 0] + pos[p, 1] * duals[a, 1] + pos[p, 2] * duals[a, 2])
-            for d in range(3):
-                pos[p, d] -= c * vectors[a, d]
-    lo = np.empty(3)
-    hi = np.empty(3)
-    for d in range(3):
-        lo[d] = pos[:, d].min() - reach
-        hi[d] = pos[:, d].max() + reach
+def _images(pos, vectors, shells, lo, hi, points, owner, write):
+    """The image copies of ``pos`` (shifted by the lattice, the zero shift left out) inside the box
+    ``lo``..``hi``: how many there are, and, with ``write``, those copies appended to ``points``
+    and ``owner`` after the central atoms."""
+    n, k = pos.shape[0], vectors.shape[0]
     n_shifts = 1
     for a in range(k):
         n_shifts *= 2 * shells[a] + 1
-    points = np.empty((n * n_shifts, 3))
-    owner = np.empty(n * n_shifts, dtype=np.int64)
-    points[:n] = pos
-    for p in range(n):
-        owner[p] = p
     m = n
     shift = np.zeros(3, dtype=np.int64)
     for s in range(n_shifts):
@@ -121,10 +106,38 @@ def _with_ghosts(positions, vectors, duals, shells, reach):
         for p in range(n):
             x, y, z = pos[p, 0] + sx, pos[p, 1] + sy, pos[p, 2] + sz
             if lo[0] <= x <= hi[0] and lo[1] <= y <= hi[1] and lo[2] <= z <= hi[2]:
-                points[m, 0], points[m, 1], points[m, 2] = x, y, z
-                owner[m] = p
+                if write:
+                    points[m, 0], points[m, 1], points[m, 2] = x, y, z
+                    owner[m] = p
                 m += 1
-    return points[:m], owner[:m]
+    return m
+
+
+@njit(cache=True)
+def _with_ghosts(positions, vectors, duals, shells, reach):
+    """Central atoms wrapped into the cell, then the image copies within ``reach`` of their bounding
+    box; ``owner`` maps every point to its atom. The copies are counted before they are stored: a
+    thin cell can have millions of candidate shifts of which few land in the box."""
+    n, k = positions.shape[0], vectors.shape[0]
+    pos = positions.copy()
+    for p in range(n):
+        for a in range(k):
+            c = np.floor(pos[p, 0] * duals[a, 0] + pos[p, 1] * duals[a, 1] + pos[p, 2] * duals[a, 2])
+            for d in range(3):
+                pos[p, d] -= c * vectors[a, d]
+    lo = np.empty(3)
+    hi = np.empty(3)
+    for d in range(3):
+        lo[d] = pos[:, d].min() - reach
+        hi[d] = pos[:, d].max() + reach
+    m = _images(pos, vectors, shells, lo, hi, np.empty((0, 3)), np.empty(0, dtype=np.int64), False)
+    points = np.empty((m, 3))
+    owner = np.empty(m, dtype=np.int64)
+    points[:n] = pos
+    for p in range(n):
+        owner[p] = p
+    _images(pos, vectors, shells, lo, hi, points, owner, True)
+    return points, owner
 
 
 @njit(cache=True)
