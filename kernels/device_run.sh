@@ -8,13 +8,15 @@
 #                                        # then start in the background (setsid) the compile of the other
 #                                        # configurations' kernels and OpenEquivariance's extension
 #   bash kernels/device_run.sh bench     # carry .whl-b: install it too, then the whole train step
-#                                        # (numba / cueq / e3nn), its profile, and the per-pass tables
+#                                        # (numba / cueq / e3nn), its profile, the per-pass tables, and
+#                                        # NequIP and Allegro against their own path and cueq/oeq modifiers
 #
 # Each step has its own time limit, so one that fails or hangs leaves the others' results. A call
 # returns at most 8 files: the bench stage's JSON go to runs/device-results/, packed into
 # $OUT/results.tgz after every step; every step's output goes to one log in $OUT.
 # SMOKE=1 runs the same plumbing on this CPU with tiny sizes (no cueq unless installed). A partial
-# rerun: PARTS (default "cold step passes oeq"), CONFIGS (hidden irreps) and PASS_DTYPES narrow it.
+# rerun: PARTS (default "cold step passes oeq nequip"), CONFIGS (hidden irreps) and PASS_DTYPES narrow it.
+# SMOKE=1 runs the nequip part with NEQUIP_PY (default .venv-nequip/bin/python) instead of a site.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGE=${1:?usage: device_run.sh install|bench}
@@ -22,6 +24,7 @@ T0=$SECONDS
 OUT=${OUT:-runs/device-out}
 SITE=$PWD/runs/device-site
 OEQ_SITE=$PWD/runs/device-oeq  # apart: mace imports openequivariance when it can, which builds its extension
+NQ_SITE=$PWD/runs/device-nequip  # apart: NequIP needs e3nn 0.6, MACE's site has 0.4.4
 BUDGET=${DEVICE_BUDGET_S:-540}
 RES=$PWD/runs/device-results
 mkdir -p "$OUT" "$SITE" "$RES" runs/device-cache
@@ -40,6 +43,9 @@ else
   STEP_ARGS="--preset gpu --repeats 8"
   COLD_ARGS=""; CONFIGS=${CONFIGS:-"128x0e+128x1o 128x0e+128x1o+128x2e 256x0e+256x1o"}
 fi
+# NequIP / Allegro: tutorial and large configs on a 2,048-atom fcc Cu cell (CPU smoke: 4 atoms)
+NQ_ARGS=${NQ_ARGS:-$([ "${SMOKE:-0}" = 1 ] && echo "--configs tutorial --dtypes float64 --repeat 1 --repeats 1" \
+  || echo "--configs tutorial,large --dtypes float32,float64 --repeat 8 --repeats 10")}
 
 step() {  # step NAME SECONDS COMMAND...: run with a time limit (never past the budget); output to $LOG
   local name=$1 limit=$2; shift 2
@@ -51,10 +57,11 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit (never past the 
   echo "== $name rc=$? after $((SECONDS - T0))s" | tee -a "$LOG"
   tar czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null
 }
-install_wheels() {
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$@" 2>&1 | tail -3
+install_into() {  # install_into SITE WHEEL...
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$1" "${@:2}" 2>&1 | tail -3
 }
-has() { case " ${PARTS:-cold step passes oeq} " in *" $1 "*) return 0;; *) return 1;; esac; }
+install_wheels() { install_into "$SITE" "$@"; }
+has() { case " ${PARTS:-cold step passes oeq nequip} " in *" $1 "*) return 0;; *) return 1;; esac; }
 config_tag() { case $1 in 128x0e+128x1o) echo paper;; 128x0e+128x1o+128x2e) echo 128x2e;; 256x0e+256x1o) echo 256;; *) echo smoke;; esac; }
 
 versions() {
@@ -118,26 +125,44 @@ stage_bench() {
   versions >> "$LOG" 2>&1
   wait_background 40
   has step && step train_step 190 "$PY" -m workbench.cli bench step $STEP_ARGS --dtypes float32 --budget-s 120 --out "$RES/train_step_gpu.json"
-  has passes || return 0
-  for c in $CONFIGS; do
-    t=$(config_tag "$c")
-    step "contraction_$t" 80 "$PY" -m workbench.cli bench symmetric-contraction $SC_ARGS --dtypes ${PASS_DTYPES:-float32 float64} --hidden "$c" \
-      --backends numba e3nn cueq --out "$RES/symmetric_contraction_gpu_$t.json"
-    step "tp_$t" 80 "$PY" -m workbench.cli bench channelwise-tp $TP_ARGS --dtypes ${PASS_DTYPES:-float32 float64} --hidden "$c" \
-      --backends numba e3nn cueq --out "$RES/channelwise_tp_gpu_$t.json"
-    if has step && { [ "$t" = paper ] || [ "$t" = smoke ]; }; then
-      step train_step_f64 90 "$PY" -m workbench.cli bench step $STEP_ARGS --dtypes float64 --parts steps \
-        --workloads $F64_WORKLOAD --out "$RES/train_step_gpu_float64.json"
+  if has passes; then
+    for c in $CONFIGS; do
+      t=$(config_tag "$c")
+      step "contraction_$t" 80 "$PY" -m workbench.cli bench symmetric-contraction $SC_ARGS --dtypes ${PASS_DTYPES:-float32 float64} --hidden "$c" \
+        --backends numba e3nn cueq --out "$RES/symmetric_contraction_gpu_$t.json"
+      step "tp_$t" 80 "$PY" -m workbench.cli bench channelwise-tp $TP_ARGS --dtypes ${PASS_DTYPES:-float32 float64} --hidden "$c" \
+        --backends numba e3nn cueq --out "$RES/channelwise_tp_gpu_$t.json"
+      if has step && { [ "$t" = paper ] || [ "$t" = smoke ]; }; then
+        step train_step_f64 90 "$PY" -m workbench.cli bench step $STEP_ARGS --dtypes float64 --parts steps \
+          --workloads $F64_WORKLOAD --out "$RES/train_step_gpu_float64.json"
+      fi
+    done
+    if has oeq && grep -q "oeq built: True" runs/device-cache/background.log 2>/dev/null; then
+      step tp_oeq_paper 70 env PYTHONPATH="$OEQ_SITE:$PYTHONPATH" "$PY" -m workbench.cli bench channelwise-tp $TP_ARGS \
+        --backends oeq e3nn --out "$RES/channelwise_tp_gpu_paper_oeq.json"
+    else
+      echo "== oeq not built (see background.log): no oeq row" | tee -a "$LOG"
     fi
-  done
-  if has oeq && grep -q "oeq built: True" runs/device-cache/background.log 2>/dev/null; then
-    step tp_oeq_paper 70 env PYTHONPATH="$OEQ_SITE:$PYTHONPATH" "$PY" -m workbench.cli bench channelwise-tp $TP_ARGS \
-      --backends oeq e3nn --out "$RES/channelwise_tp_gpu_paper_oeq.json"
-  else
-    echo "== oeq not built (see background.log): no oeq row" | tee -a "$LOG"
   fi
+  has nequip && nequip_rows
   cp runs/device-cache/background.log "$RES/" 2>/dev/null
   tar czf "$OUT/results.tgz" -C "$RES" .
+}
+
+nequip_rows() {  # NequIP, then Allegro: ours vs their own path and their cueq / oeq modifiers
+  local py=$PY path="$PWD:$NQ_SITE:$OEQ_SITE:$SITE"
+  if [ "${SMOKE:-0}" = 1 ]; then
+    py=${NEQUIP_PY:-.venv-nequip/bin/python}; path=$PWD
+  else
+    mkdir -p "$NQ_SITE"
+    install_into "$NQ_SITE" .whl-b/nequip/*.whl
+    tar xzf .whl-b/nequip/antlr4-python3-runtime-*.tar.gz -C runs/ && cp -r runs/antlr4-python3-runtime-*/src/antlr4 "$NQ_SITE/"
+  fi
+  for family in nequip allegro; do
+    # shellcheck disable=SC2086  # NQ_ARGS is a list of options
+    step "nequip_$family" 120 env PYTHONPATH="$path" "$py" -m workbench.cli bench nequip --device $DEV --families $family \
+      $NQ_ARGS --out "$RES/nequip_allegro_gpu_$family.json"
+  done
 }
 
 echo "== stage $STAGE on $(hostname) at $(date -u +%FT%TZ)" | tee "$LOG"

@@ -5,7 +5,9 @@
 # the wheels travel in two calls made back to back on a warm machine:
 #   .whl-a/  mace-torch and its small dependencies, cuequivariance(-torch), cuequivariance-ops-cu13,
 #            and OpenEquivariance 0.7's source (it ships no wheel; its kernels compile at run time)
-#   .whl-b/  cuequivariance-ops-torch-cu13, and numba-cuda for an image whose own is older
+#   .whl-b/  cuequivariance-ops-torch-cu13, and numba-cuda for an image whose own is older;
+#            .whl-b/nequip/: NequIP, Allegro and e3nn 0.6 for their rows (a site of their own on the
+#            machine, since MACE's has e3nn 0.4.4), at the versions requirements-nequip.lock pins
 # Both folders are git-ignored. Prints each payload and fails if one would not fit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +26,12 @@ python3 -m pip download -q --no-deps --no-binary=:all: -d .whl-a openequivarianc
 get .whl-b cuequivariance-ops-torch-cu13==$CUEQ
 # installed only where the image's numba-cuda is older than the one the kernels were checked with
 get .whl-b/numba_cuda numba-cuda==0.30.4
+# the NequIP environment's own pins (requirements-nequip.lock owns them); antlr4 4.9 ships no wheel
+mkdir -p .whl-b/nequip
+nequip_pins=$(grep -E -i '^(nequip|nequip-allegro|e3nn|hydra-core|omegaconf|lightning|lightning-utilities|torchmetrics|opt-einsum-fx|fsspec|tqdm|pyyaml|requests|urllib3|idna|certifi|charset-normalizer)==' requirements-nequip.lock)
+# shellcheck disable=SC2086  # one argument per pin
+get .whl-b/nequip $nequip_pins
+python3 -m pip download -q --no-deps --no-binary=:all: -d .whl-b/nequip "$(grep -E '^antlr4-python3-runtime==' requirements-nequip.lock)"
 tree_bytes=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s}')
 untracked=$(git ls-files -z --others --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
 limit=$((64 * 1024 * 1024))

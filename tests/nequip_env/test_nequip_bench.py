@@ -51,3 +51,26 @@ def test_bench_cpu_families_part_runs_the_nequip_environment(tmp_path):
     assert json.loads((tmp_path / "cpu.json").read_text())["families"]["cases"] == fam["cases"]
     table = format_table(res)
     assert "NequIP / Allegro on" in table and "MD bound x" in table and "allegro tutorial float64" in table
+
+
+def test_gpu_backends_are_skipped_with_their_reason_where_they_cannot_run(tmp_path):
+    """On a CPU (and without cuEquivariance / OpenEquivariance) the families' GPU modifiers are
+    recorded as skipped, each with its own reason, and the required rows still run; an unknown
+    backend is refused with the choices."""
+    import pytest
+
+    from workbench.bench.nequip import BACKENDS, bench_nequip, format_table
+
+    res = bench_nequip(
+        configs=["tutorial"], dtypes=["float64"], repeat=1, repeats=1, backends=["cueq", "oeq"], out=tmp_path / "n.json"
+    )
+    assert res["backends"] == list(BACKENDS) and res["machine"]["device"] == "cpu"
+    nequip, allegro = res["cases"]
+    assert allegro["skipped"]["oeq"] == "LookupError: allegro has no oeq modifier"
+    assert set(nequip["skipped"]) == {"cueq", "oeq"} and "cueq" in allegro["skipped"]
+    assert all(c["numba_train"] > 0 and c["free_md"] > 0 and "cueq_md" not in c for c in res["cases"])
+    table = format_table(res)
+    assert "MD cueq/numba" in table and "train oeq/numba" in table and "skipped" in table.splitlines()[3]
+    assert "allegro tutorial float64: oeq skipped (LookupError: allegro has no oeq modifier)" in table
+    with pytest.raises(ValueError, match="unknown cuda; choose from native, numba, free, cueq, oeq"):
+        bench_nequip(backends=["cuda"], out=tmp_path / "x.json")

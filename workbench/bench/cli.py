@@ -178,11 +178,12 @@ _CPU_OPTIONS: Options = {
 
 
 def _nequip(args: argparse.Namespace) -> int:
-    """NequIP and Allegro on a CPU: MD and train steps, their own path vs the numba kernels, interleaved (run in the
-    NequIP environment, .venv-nequip)"""
-    lists = option_values(args, "families", "configs", "dtypes")
+    """NequIP and Allegro: MD and train steps, their own path vs the numba kernels (and, on a GPU, vs their cueq and
+    oeq modifiers), interleaved (run in the NequIP environment, .venv-nequip)"""
+    lists = option_values(args, "families", "configs", "dtypes", "backends")
     res = nequip.bench_nequip(
-        **{k: _items(v) for k, v in lists.items()}, **option_values(args, "repeat", "repeats", "threads", "out")
+        **{k: _items(v) for k, v in lists.items()},
+        **option_values(args, "repeat", "repeats", "threads", "out", "device"),
     )
     return _done(nequip.format_table(res), args.out)
 
@@ -194,6 +195,11 @@ _NEQUIP_OPTIONS: Options = {
     "--repeat": {"type": int, "default": 4, "help": "fcc Cu cell of 4*repeat^3 atoms (default: %(default)s)"},
     "--repeats": {"type": int, "default": 5, "help": "timed steps per backend (default: %(default)s)"},
     "--threads": {"type": int, "default": 2, "help": "torch and numba threads (default: %(default)s)"},
+    "--device": {"default": "cpu", "help": "cpu, cuda or cuda:N (default: %(default)s)"},
+    "--backends": {
+        "help": f"comma list of {','.join(nequip.BACKENDS)} ({','.join(nequip.REQUIRED)} always run; "
+        "default: all on a GPU, those three on a CPU)"
+    },
     "--out": {"default": "runs/bench/nequip.json", "help": "JSON (default: %(default)s)"},
 }
 

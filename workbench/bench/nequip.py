@@ -1,5 +1,5 @@
 """``workbench bench nequip``: NequIP and Allegro on the workbench kernels against their own
-e3nn/einsum path, on the CPU (run it in the NequIP environment, ``.venv-nequip``).
+e3nn/einsum path, on the CPU or a GPU (run it in the NequIP environment, ``.venv-nequip``).
 
 Per family (``nequip``, ``allegro``), config (``tutorial``: the model of nequip's own minimal
 test config, and Allegro's defaults; ``large``: wider and higher ``l_max``) and dtype, an MD
@@ -8,7 +8,11 @@ parameter: forces differentiate twice) on a periodic fcc Cu cell, each timed for
 own modules and the accelerated copy with the same weights, interleaved, median of ``repeats``.
 The table gives the speedups against the targets (NequIP 3x, Allegro 2x at the tutorial config
 in float32) and, as "bound", the speedup with the replaced ops costing nothing (:func:`free_ops`):
-what the rest of the model leaves to gain. The JSON is rewritten after every case.
+what the rest of the model leaves to gain. On a GPU (``device="cuda"``) the families' own kernel
+modifiers join as ``cueq`` (cuEquivariance: NequIP's ``enable_CuEquivariance``, Allegro's
+``enable_CuEquivarianceContracter``) and ``oeq`` (OpenEquivariance, NequIP only), and the table
+gives their times over ours. A backend that cannot run here (not installed, no such modifier for
+the family, a CPU) is recorded as skipped with the reason. The JSON is rewritten after every case.
 """
 
 from __future__ import annotations
@@ -32,8 +36,18 @@ MODELS: dict[tuple[str, str], dict[str, Any]] = {
     ("allegro", "tutorial"): {"l_max": 2, "num_layers": 2, "num_scalar_features": 64, "num_tensor_features": 16},
     ("allegro", "large"): {"l_max": 3, "num_layers": 2, "num_scalar_features": 64, "num_tensor_features": 32},
 }
-#: the family's own modules, ours, and theirs with the replaced ops costing nothing (:func:`free_ops`)
-BACKENDS = ("native", "numba", "free")
+#: the family's own modules, ours, theirs with the replaced ops costing nothing (:func:`free_ops`),
+#: and their GPU kernel modifiers
+BACKENDS = ("native", "numba", "free", "cueq", "oeq")
+#: the family's own modifier per GPU backend (a pair not here: the family has none)
+MODIFIERS = {
+    ("nequip", "cueq"): "enable_CuEquivariance",
+    ("nequip", "oeq"): "enable_OpenEquivariance",
+    ("allegro", "cueq"): "enable_CuEquivarianceContracter",
+}
+#: the backends every case needs: the reference, ours and the bound
+REQUIRED = ("native", "numba", "free")
+STEPS = ("md", "train")
 TARGETS = {"nequip": 3.0, "allegro": 2.0}  # tutorial config, float32, MD and train
 R_MAX = 5.0
 
@@ -118,31 +132,86 @@ def free_ops(model: Any, family: str) -> Any:
     return model
 
 
-def _models(family: str, config: str, dtype: str) -> dict:
-    from workbench.kernels import accelerate
+def default_backends(device: str) -> tuple[str, ...]:
+    """Every backend on a GPU; the three that run on a CPU otherwise."""
+    return BACKENDS if device.startswith("cuda") else REQUIRED
 
+
+def check_backends(backends: Sequence[str]) -> tuple[str, ...]:
+    """``backends`` in table order, or a ValueError naming the unknown ones and the choices."""
+    unknown = sorted(set(backends) - set(BACKENDS))
+    if unknown:
+        raise ValueError(f"--backends: unknown {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
+    return tuple(b for b in BACKENDS if b in backends or b in REQUIRED)
+
+
+def variant(native: Any, family: str, backend: str) -> Any:
+    """A copy of ``native`` on ``backend`` (``native`` itself for ``"native"``); a LookupError when
+    the family has no such modifier, the modifier's own error when it cannot run here."""
+    if backend == "native":
+        return native
+    if backend == "numba":
+        from workbench.kernels import accelerate
+
+        return accelerate(copy.deepcopy(native), backend="numba")
+    if backend == "free":
+        return free_ops(copy.deepcopy(native), family)
+    name = MODIFIERS.get((family, backend))
+    if name is None:
+        raise LookupError(f"{family} has no {backend} modifier")
+    from nequip.model.modify_utils import modify
+
+    return modify(copy.deepcopy(native), [{"modifier": name}])
+
+
+def _models(family: str, config: str, dtype: str, backends: Sequence[str], device: str, data: dict) -> tuple:
+    """``({(backend, step): model}, {backend: why skipped})``: each model on ``device``, run once
+    (a backend whose build or first step fails is skipped, unless it is a required one)."""
     native = build(family, config, dtype)
-    fast = accelerate(copy.deepcopy(native), backend="numba")
-    free = free_ops(copy.deepcopy(native), family)
-    return {("native", "md"): native.eval(), ("numba", "md"): fast.eval(), ("free", "md"): free.eval()}
+    models, skipped = {}, {}
+    for backend in backends:
+        try:
+            md = variant(native, family, backend).to(device).eval()
+            train = copy.deepcopy(md).train()
+            md_step(md, data), train_step(train, data)
+        except Exception as exc:
+            if backend in REQUIRED:
+                raise
+            skipped[backend] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            continue
+        models[(backend, "md")], models[(backend, "train")] = md, train
+    return models, skipped
 
 
-def _time(family: str, config: str, dtype: str, data: dict, repeats: int) -> dict:
-    models = _models(family, config, dtype)
-    for backend in BACKENDS:
-        models[(backend, "train")] = copy.deepcopy(models[(backend, "md")]).train()
+def _timed(fn, model, data: dict, device: str) -> float:
+    import torch
+
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync()
+    t = time.perf_counter()
+    fn(model, data)
+    sync()
+    return time.perf_counter() - t
+
+
+def _time(family: str, config: str, dtype: str, data: dict, repeats: int, backends=REQUIRED, device="cpu") -> dict:
+    models, skipped = _models(family, config, dtype, backends, device, data)
     steps = {"md": md_step, "train": train_step}
     times: dict[str, list[float]] = {}
-    for _ in range(repeats + 1):  # the first round warms up: numba compiles, caches fill
+    for _ in range(repeats + 1):  # the first round warms up: caches fill, clocks settle
         for step, fn in steps.items():
-            for backend in BACKENDS:
-                t = time.perf_counter()
-                fn(models[(backend, step)], data)
-                times.setdefault(f"{backend}_{step}", []).append(time.perf_counter() - t)
-    res = {k: 1e3 * statistics.median(v[1:]) for k, v in times.items()}
+            for backend in backends:
+                if backend not in skipped:
+                    times.setdefault(f"{backend}_{step}", []).append(_timed(fn, models[(backend, step)], data, device))
+    res: dict[str, Any] = {k: 1e3 * statistics.median(v[1:]) for k, v in times.items()}
     for step in steps:
         res[f"speedup_{step}"] = res[f"native_{step}"] / res[f"numba_{step}"]
         res[f"bound_{step}"] = res[f"native_{step}"] / res[f"free_{step}"]
+        for other in ("cueq", "oeq"):
+            if f"{other}_{step}" in res:  # theirs over ours: above 1, ours is faster
+                res[f"{other}_over_numba_{step}"] = res[f"{other}_{step}"] / res[f"numba_{step}"]
+    if skipped:
+        res["skipped"] = skipped
     return res
 
 
@@ -154,26 +223,40 @@ def bench_nequip(
     repeats: int = 5,
     threads: int = 2,
     out: str | Path = "runs/bench/nequip.json",
+    device: str = "cpu",
+    backends: Sequence[str] | None = None,
 ) -> dict:
-    """Time every (family, config, dtype) case; returns the result the JSON holds."""
+    """Time every (family, config, dtype) case on ``device`` (``backends``: default
+    :func:`default_backends`); returns the result the JSON holds."""
     require_installed()
     from workbench.bench.harness import set_threads
     from workbench.kernels.nequip.graphs import atomic_data
 
+    backends = check_backends(default_backends(device) if backends is None else backends)
     set_threads(threads)
     atoms = cu_cell(repeat)
-    res: dict[str, Any] = {"machine": {"cpu": cpu_name(), "threads": threads}, "versions": run_versions()}
-    res.update(atoms=len(atoms), r_max=R_MAX, repeats=repeats, cases=[])
+    res: dict[str, Any] = {"machine": _machine(device, threads), "versions": run_versions()}
+    res.update(atoms=len(atoms), r_max=R_MAX, repeats=repeats, backends=list(backends), cases=[])
     data = atomic_data([atoms], ["Cu"], R_MAX)
     res["edges"] = int(data["edge_index"].shape[1])
+    data = {k: v.to(device) for k, v in data.items()}
     for family in families:
         for config in configs:
             for dtype in dtypes:
                 case = {"family": family, "config": config, "dtype": dtype, **MODELS[(family, config)]}
-                case.update(_time(family, config, dtype, data, repeats))
+                case.update(_time(family, config, dtype, data, repeats, backends, device))
                 res["cases"].append(case)
                 write_json(out, res)
     return res
+
+
+def _machine(device: str, threads: int) -> dict:
+    import torch
+
+    machine: dict[str, Any] = {"cpu": cpu_name(), "threads": threads, "device": device}
+    if device.startswith("cuda"):
+        machine["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return machine
 
 
 def _met(case: dict) -> str | None:
@@ -183,24 +266,38 @@ def _met(case: dict) -> str | None:
     return verdict(min(case["speedup_md"], case["speedup_train"]) >= target) + f" ({target:g}x)"
 
 
+def _theirs(backend: str, step: str):
+    """A column's value: the family's ``backend`` modifier's time over ours, or why it was skipped."""
+
+    def value(case: dict):
+        skipped = case.get("skipped", {}).get(backend)
+        return "skipped" if skipped else case.get(f"{backend}_over_numba_{step}")
+
+    return value
+
+
 def format_table(res: dict) -> str:
+    """The cases as a table; on a GPU with the family modifiers' times over ours (above 1: ours is
+    faster) and, below it, why a backend was skipped."""
     ms = ".1f"
-    columns = [
-        Column("family", "family", align="<"),
-        Column("config", "config", align="<"),
-        Column("dtype", "dtype", align="<"),
-        Column("MD own ms", "native_md", ms),
-        Column("MD numba ms", "numba_md", ms),
-        Column("MD x", "speedup_md", ".2f"),
-        Column("MD bound x", "bound_md", ".2f"),
-        Column("train own ms", "native_train", ms),
-        Column("train numba ms", "numba_train", ms),
-        Column("train x", "speedup_train", ".2f"),
-        Column("train bound x", "bound_train", ".2f"),
-        Column("target", _met, align="<"),
-    ]
+    on_gpu = res["machine"].get("device", "cpu").startswith("cuda")
+    theirs = [b for b in ("cueq", "oeq") if b in res.get("backends", ())]
+    columns = [Column("family", "family", align="<"), Column("config", "config", align="<")]
+    columns.append(Column("dtype", "dtype", align="<"))
+    for step, name in (("md", "MD"), ("train", "train")):
+        columns += [Column(f"{name} own ms", f"native_{step}", ms), Column(f"{name} numba ms", f"numba_{step}", ms)]
+        columns += [Column(f"{name} x", f"speedup_{step}", ".2f"), Column(f"{name} bound x", f"bound_{step}", ".2f")]
+        columns += [Column(f"{name} {b}/numba", _theirs(b, step), ".2f") for b in theirs]
+    if not on_gpu:  # the targets are the CPU's
+        columns.append(Column("target", _met, align="<"))
+    where = f"{res['machine']['gpu']} ({res['machine']['device']})" if on_gpu else res["machine"]["cpu"]
     title = (
-        f"NequIP / Allegro on {res['machine']['cpu']}, {res['machine']['threads']} threads: fcc Cu, "
+        f"NequIP / Allegro on {where}, {res['machine']['threads']} threads: fcc Cu, "
         f"{res['atoms']} atoms, {res['edges']} edges at {res['r_max']} A (median of {res['repeats']}, interleaved)"
     )
-    return render(res["cases"], columns, title=title)
+    notes = [
+        f"  {c['family']} {c['config']} {c['dtype']}: {b} skipped ({why})"
+        for c in res["cases"]
+        for b, why in c.get("skipped", {}).items()
+    ]
+    return "\n".join([render(res["cases"], columns, title=title), *notes])
