@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU number the kernel notes record (cold start, train step and its profile, per-pass tables
 # of three configurations), in two device calls made back to back on a warm machine
-# (one call carries at most 64 MiB; the wheels are 82 MB: kernels/device_wheels.sh splits them).
+# (one call carries at most 64 MiB; the wheels are 87 MB: kernels/device_wheels.sh splits them).
 #
 #   bash kernels/device_run.sh install   # carry .whl-a: install into runs/device-site (stays on the
 #                                        # machine), measure the cold start with an empty kernel cache,
@@ -17,6 +17,8 @@
 # SMOKE=1 runs the same plumbing on this CPU with tiny sizes (no cueq unless installed). A partial
 # rerun: PARTS (default "cold step passes oeq nequip"), CONFIGS (hidden irreps) and PASS_DTYPES narrow it.
 # SMOKE=1 runs the nequip part with NEQUIP_PY (default .venv-nequip/bin/python) instead of a site.
+# The nequip part comes last, so a full bench call may spend its budget before it: then a third
+# call, `PARTS="nequip oeq" bash kernels/device_run.sh bench` (carrying .whl-b), runs it alone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGE=${1:?usage: device_run.sh install|bench}
@@ -150,18 +152,24 @@ stage_bench() {
 }
 
 nequip_rows() {  # NequIP, then Allegro: ours vs their own path and their cueq / oeq modifiers
-  local py=$PY path="$PWD:$NQ_SITE:$OEQ_SITE:$SITE"
+  local py=$PY path="$PWD:$NQ_SITE:$OEQ_SITE:$PYTHONPATH" backends=native,numba,free,cueq
+  # oeq only where its extension built: otherwise the first case would wait on a JIT build
+  has oeq && grep -q "oeq built: True" runs/device-cache/background.log 2>/dev/null && backends+=,oeq
   if [ "${SMOKE:-0}" = 1 ]; then
     py=${NEQUIP_PY:-.venv-nequip/bin/python}; path=$PWD
-  else
+  elif compgen -G ".whl-b/nequip/*.whl" >/dev/null; then
     mkdir -p "$NQ_SITE"
     install_into "$NQ_SITE" .whl-b/nequip/*.whl
-    tar xzf .whl-b/nequip/antlr4-python3-runtime-*.tar.gz -C runs/ && cp -r runs/antlr4-python3-runtime-*/src/antlr4 "$NQ_SITE/"
+    rm -rf "$NQ_SITE/antlr4" && tar xzf .whl-b/nequip/antlr4-python3-runtime-*.tar.gz -C runs/ \
+      && cp -r runs/antlr4-python3-runtime-*/src/antlr4 "$NQ_SITE/"
+  else
+    echo "== nequip skipped: no .whl-b/nequip (run kernels/device_wheels.sh and carry .whl-b)" | tee -a "$LOG"
+    return
   fi
   for family in nequip allegro; do
     # shellcheck disable=SC2086  # NQ_ARGS is a list of options
     step "nequip_$family" 120 env PYTHONPATH="$path" "$py" -m workbench.cli bench nequip --device $DEV --families $family \
-      $NQ_ARGS --out "$RES/nequip_allegro_gpu_$family.json"
+      --backends "$backends" $NQ_ARGS --out "$RES/nequip_allegro_gpu_$family.json"
   done
 }
 

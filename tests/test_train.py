@@ -160,8 +160,10 @@ def test_cost_model_fit_from_logs(ddp_run):
     # span only 140-200 atoms, so the intercept is an extrapolation.)
     free = fit_cost_model(cfg.run_dir, nonnegative=False)
     assert abs(free.batch_seconds(*sizes).mean() - measured.mean()) < 1e-6 + 1e-9 * measured.mean()
+    # The default fit stays close on average (within 5%: CI saw 0.1% when it clamped the intercept).
     model = fit_cost_model(cfg.run_dir)
-    assert min(model.a, model.b, model.c) >= 0 and model.b * 200 + model.c * 4000 > 0
+    assert abs(model.batch_seconds(*sizes).mean() - measured.mean()) < 0.05 * measured.mean()
+    assert model.b * 200 + model.c * 4000 > 0
 
 
 def test_numba_backend_trains_like_e3nn(tmp_path):

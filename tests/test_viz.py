@@ -127,7 +127,7 @@ def test_capacity_grid_is_exact_for_the_paper_sizes():
         cap_w.value = value
         times.append(time.perf_counter() - t0)
     print(f"capacity app update on 2.65M sizes (grid): {', '.join(f'{t * 1e3:.0f} ms' for t in times)}")
-    assert sorted(times)[1] < 1.0  # the second fastest: a busy runner may stall any one update
+    assert sorted(times)[-2] < 1.0  # the second slowest: a busy runner may stall any one update
 
 
 def test_capacity_grid_roundtrip_and_live_mode(small, tmp_path):

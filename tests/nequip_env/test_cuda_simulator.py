@@ -5,7 +5,7 @@ double backward) thread by thread. ``WORKBENCH_KERNELS_CUDASIM=1`` routes CPU te
 them. The simulator must be on before ``numba.cuda`` is first imported, so each check runs in a
 fresh interpreter; it compares energy, forces, stress and every parameter gradient with the
 family's own path in float64 (1e-10), and says how many kernels each family compiled, so a
-family that silently fell back to the CPU loops fails.
+family that silently fell back to the CPU loops fails (and the CPU loops raise if called).
 """
 
 from __future__ import annotations
@@ -24,8 +24,13 @@ import numpy as np
 sys.path.insert(0, {here!r})
 from nequip_fixtures import batch, build_allegro, build_model, cell, molecule, outputs, rel
 from workbench.kernels import accelerate
-from workbench.kernels.backends import cuda as kc, edge_cuda as ec, unrolled as un
+from workbench.kernels.backends import cpu, cuda as kc, edge_cuda as ec, unrolled as un
 assert kc.cudasim_enabled() and kc.cuda_available()
+
+def no_cpu_loops(*args, **kwargs):
+    raise AssertionError("an op ran on the CPU loops, not on the CUDA kernels")
+
+cpu.run_edge = cpu.run_atom = no_cpu_loops
 
 def compiled():
     return un._compile.cache_info().currsize + kc.get_kernel.cache_info().currsize + \

@@ -54,9 +54,9 @@ def test_bench_cpu_families_part_runs_the_nequip_environment(tmp_path):
 
 
 def test_gpu_backends_are_skipped_with_their_reason_where_they_cannot_run(tmp_path):
-    """On a CPU (and without cuEquivariance / OpenEquivariance) the families' GPU modifiers are
-    recorded as skipped, each with its own reason, and the required rows still run; an unknown
-    backend is refused with the choices."""
+    """On a CPU the families' GPU modifiers are recorded as skipped for both steps, each with its
+    own reason (theirs would fall back to their own path off a GPU, which is no row), and the
+    required rows still run; an unknown backend or device is refused with the choices."""
     import pytest
 
     from workbench.bench.nequip import BACKENDS, bench_nequip, format_table
@@ -66,11 +66,19 @@ def test_gpu_backends_are_skipped_with_their_reason_where_they_cannot_run(tmp_pa
     )
     assert res["backends"] == list(BACKENDS) and res["machine"]["device"] == "cpu"
     nequip, allegro = res["cases"]
-    assert allegro["skipped"]["oeq"] == "LookupError: allegro has no oeq modifier"
-    assert set(nequip["skipped"]) == {"cueq", "oeq"} and "cueq" in allegro["skipped"]
+    assert nequip["skipped"] == {
+        "cueq_md": "LookupError: enable_CuEquivariance needs a CUDA device",
+        "cueq_train": "LookupError: enable_CuEquivariance needs a CUDA device",
+        "oeq_md": "LookupError: enable_OpenEquivariance needs a CUDA device",
+        "oeq_train": "LookupError: enable_OpenEquivariance needs a CUDA device",
+    }
+    assert allegro["skipped"]["oeq_train"] == "LookupError: allegro has no oeq modifier"
+    assert allegro["skipped"]["cueq_md"] == "LookupError: enable_CuEquivarianceContracter needs a CUDA device"
     assert all(c["numba_train"] > 0 and c["free_md"] > 0 and "cueq_md" not in c for c in res["cases"])
     table = format_table(res)
     assert "MD cueq/numba" in table and "train oeq/numba" in table and "skipped" in table.splitlines()[3]
-    assert "allegro tutorial float64: oeq skipped (LookupError: allegro has no oeq modifier)" in table
+    assert "allegro tutorial float64: oeq train skipped (LookupError: allegro has no oeq modifier)" in table
     with pytest.raises(ValueError, match="unknown cuda; choose from native, numba, free, cueq, oeq"):
         bench_nequip(backends=["cuda"], out=tmp_path / "x.json")
+    with pytest.raises(ValueError, match="--device: 'gpu' is not cpu, cuda or cuda:N"):
+        bench_nequip(device="gpu", out=tmp_path / "x.json")

@@ -11,8 +11,9 @@ in float32) and, as "bound", the speedup with the replaced ops costing nothing (
 what the rest of the model leaves to gain. On a GPU (``device="cuda"``) the families' own kernel
 modifiers join as ``cueq`` (cuEquivariance: NequIP's ``enable_CuEquivariance``, Allegro's
 ``enable_CuEquivarianceContracter``) and ``oeq`` (OpenEquivariance, NequIP only), and the table
-gives their times over ours. A backend that cannot run here (not installed, no such modifier for
-the family, a CPU) is recorded as skipped with the reason. The JSON is rewritten after every case.
+gives their times over ours. A backend step that cannot run here (not installed, no such modifier
+for the family, a modifier that replaces nothing, one asked for off a GPU, a failing first step)
+is recorded as skipped with the reason. The JSON is rewritten after every case.
 """
 
 from __future__ import annotations
@@ -145,9 +146,11 @@ def check_backends(backends: Sequence[str]) -> tuple[str, ...]:
     return tuple(b for b in BACKENDS if b in backends or b in REQUIRED)
 
 
-def variant(native: Any, family: str, backend: str) -> Any:
-    """A copy of ``native`` on ``backend`` (``native`` itself for ``"native"``); a LookupError when
-    the family has no such modifier, the modifier's own error when it cannot run here."""
+def variant(native: Any, family: str, backend: str, device: str = "cpu") -> Any:
+    """A copy of ``native`` on ``backend`` (``native`` itself for ``"native"``). A LookupError when
+    the family has no such modifier, when a GPU modifier is asked for off a GPU, or when the
+    modifier leaves the model as it was (Allegro's keeps a single-path contraction); the
+    modifier's own error when it cannot run here."""
     if backend == "native":
         return native
     if backend == "numba":
@@ -159,34 +162,62 @@ def variant(native: Any, family: str, backend: str) -> Any:
     name = MODIFIERS.get((family, backend))
     if name is None:
         raise LookupError(f"{family} has no {backend} modifier")
+    if not device.startswith("cuda"):  # theirs fall back to their own path off a GPU: not a row
+        raise LookupError(f"{name} needs a CUDA device")
     from nequip.model.modify_utils import modify
 
-    return modify(copy.deepcopy(native), [{"modifier": name}])
+    before = [type(m) for m in native.modules()]
+    model = modify(copy.deepcopy(native), [{"modifier": name}])
+    if [type(m) for m in model.modules()] == before:
+        raise LookupError(f"{name} replaced no module of this model")
+    return model
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _first_step(model: Any, step: str, data: dict, device: str) -> Any:
+    """``model`` after one ``step`` on ``device``, synchronised so that an asynchronous CUDA error
+    is raised here, against the backend that caused it."""
+    import torch
+
+    (md_step if step == "md" else train_step)(model, data)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+    return model
 
 
 def _models(family: str, config: str, dtype: str, backends: Sequence[str], device: str, data: dict) -> tuple:
-    """``({(backend, step): model}, {backend: why skipped})``: each model on ``device``, run once
-    (a backend whose build or first step fails is skipped, unless it is a required one)."""
+    """``({(backend, step): model}, {"<backend>_<step>": why skipped})``: each model on ``device``,
+    run once per step (a backend whose build or first step fails is skipped for that step, unless
+    it is a required one)."""
     native = build(family, config, dtype)
     models, skipped = {}, {}
     for backend in backends:
         try:
-            md = variant(native, family, backend).to(device).eval()
-            train = copy.deepcopy(md).train()
-            md_step(md, data), train_step(train, data)
+            base = variant(native, family, backend, device).to(device)
         except Exception as exc:
             if backend in REQUIRED:
                 raise
-            skipped[backend] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            skipped.update({f"{backend}_{step}": _reason(exc) for step in STEPS})
             continue
-        models[(backend, "md")], models[(backend, "train")] = md, train
+        for step in STEPS:
+            try:
+                model = base.eval() if step == "md" else copy.deepcopy(base).train()
+                models[(backend, step)] = _first_step(model, step, data, device)
+            except Exception as exc:
+                if backend in REQUIRED:
+                    raise
+                skipped[f"{backend}_{step}"] = _reason(exc)
     return models, skipped
 
 
 def _timed(fn, model, data: dict, device: str) -> float:
     import torch
 
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.startswith("cuda") else (lambda: None)
     sync()
     t = time.perf_counter()
     fn(model, data)
@@ -201,7 +232,7 @@ def _time(family: str, config: str, dtype: str, data: dict, repeats: int, backen
     for _ in range(repeats + 1):  # the first round warms up: caches fill, clocks settle
         for step, fn in steps.items():
             for backend in backends:
-                if backend not in skipped:
+                if (backend, step) in models:
                     times.setdefault(f"{backend}_{step}", []).append(_timed(fn, models[(backend, step)], data, device))
     res: dict[str, Any] = {k: 1e3 * statistics.median(v[1:]) for k, v in times.items()}
     for step in steps:
@@ -213,6 +244,22 @@ def _time(family: str, config: str, dtype: str, data: dict, repeats: int, backen
     if skipped:
         res["skipped"] = skipped
     return res
+
+
+def check_device(device: str) -> str:
+    """``device`` when it is ``cpu`` or an available ``cuda[:N]``; else a ValueError naming --device."""
+    import re
+
+    if device == "cpu":
+        return device
+    if not re.fullmatch(r"cuda(:\d+)?", device):
+        raise ValueError(f"--device: {device!r} is not cpu, cuda or cuda:N")
+    import torch
+
+    index = int(device.partition(":")[2] or 0)
+    if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+        raise ValueError(f"--device: {device} is not available here ({torch.cuda.device_count()} CUDA devices)")
+    return device
 
 
 def bench_nequip(
@@ -232,6 +279,7 @@ def bench_nequip(
     from workbench.bench.harness import set_threads
     from workbench.kernels.nequip.graphs import atomic_data
 
+    device = check_device(device)
     backends = check_backends(default_backends(device) if backends is None else backends)
     set_threads(threads)
     atoms = cu_cell(repeat)
@@ -270,7 +318,7 @@ def _theirs(backend: str, step: str):
     """A column's value: the family's ``backend`` modifier's time over ours, or why it was skipped."""
 
     def value(case: dict):
-        skipped = case.get("skipped", {}).get(backend)
+        skipped = case.get("skipped", {}).get(f"{backend}_{step}")
         return "skipped" if skipped else case.get(f"{backend}_over_numba_{step}")
 
     return value
@@ -296,7 +344,7 @@ def format_table(res: dict) -> str:
         f"{res['atoms']} atoms, {res['edges']} edges at {res['r_max']} A (median of {res['repeats']}, interleaved)"
     )
     notes = [
-        f"  {c['family']} {c['config']} {c['dtype']}: {b} skipped ({why})"
+        f"  {c['family']} {c['config']} {c['dtype']}: {b.replace('_', ' ')} skipped ({why})"
         for c in res["cases"]
         for b, why in c.get("skipped", {}).items()
     ]

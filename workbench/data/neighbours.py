@@ -82,8 +82,8 @@ def _lattice(cell, pbc):
 @njit(cache=True)
 def _images(pos, vectors, shells, lo, hi, points, owner, write):
     """The image copies of ``pos`` (shifted by the lattice, the zero shift left out) inside the box
-    ``lo``..``hi``: how many there are, and, with ``write``, those copies appended to ``points``
-    and ``owner`` after the central atoms."""
+    ``lo``..``hi``: the number of central atoms plus copies, and, with ``write``, the copies
+    appended to ``points`` and ``owner`` after the central atoms."""
     n, k = pos.shape[0], vectors.shape[0]
     n_shifts = 1
     for a in range(k):
@@ -136,7 +136,8 @@ def _with_ghosts(positions, vectors, duals, shells, reach):
     points[:n] = pos
     for p in range(n):
         owner[p] = p
-    _images(pos, vectors, shells, lo, hi, points, owner, True)
+    stored = _images(pos, vectors, shells, lo, hi, points, owner, True)
+    assert stored == m  # the same shifts and tests both times
     return points, owner
 
 
