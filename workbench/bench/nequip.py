@@ -48,7 +48,6 @@ MODIFIERS = {
 }
 #: the backends every case needs: the reference, ours and the bound
 REQUIRED = ("native", "numba", "free")
-STEPS = ("md", "train")
 TARGETS = {"nequip": 3.0, "allegro": 2.0}  # tutorial config, float32, MD and train
 R_MAX = 5.0
 
@@ -104,6 +103,10 @@ def train_step(model, data: dict):
     loss = out["total_energy"].pow(2).mean() + out["forces"].pow(2).mean()
     loss.backward()
     return loss
+
+
+#: the timed steps, in table order
+STEPS = {"md": md_step, "train": train_step}
 
 
 def _zero_message(self, x, edge_attr, edge_weight, edge_dst, edge_src):
@@ -178,17 +181,6 @@ def _reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
-def _first_step(model: Any, step: str, data: dict, device: str) -> Any:
-    """``model`` after one ``step`` on ``device``, synchronised so that an asynchronous CUDA error
-    is raised here, against the backend that caused it."""
-    import torch
-
-    (md_step if step == "md" else train_step)(model, data)
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
-    return model
-
-
 def _models(family: str, config: str, dtype: str, backends: Sequence[str], device: str, data: dict) -> tuple:
     """``({(backend, step): model}, {"<backend>_<step>": why skipped})``: each model on ``device``,
     run once per step (a backend whose build or first step fails is skipped for that step, unless
@@ -206,7 +198,8 @@ def _models(family: str, config: str, dtype: str, backends: Sequence[str], devic
         for step in STEPS:
             try:
                 model = base.eval() if step == "md" else copy.deepcopy(base).train()
-                models[(backend, step)] = _first_step(model, step, data, device)
+                _timed(STEPS[step], model, data, device)  # synchronised: a CUDA error is charged here
+                models[(backend, step)] = model
             except Exception as exc:
                 if backend in REQUIRED:
                     raise
@@ -215,27 +208,25 @@ def _models(family: str, config: str, dtype: str, backends: Sequence[str], devic
 
 
 def _timed(fn, model, data: dict, device: str) -> float:
-    import torch
+    from workbench.bench.step_model import sync
 
-    sync = (lambda: torch.cuda.synchronize(device)) if device.startswith("cuda") else (lambda: None)
-    sync()
+    sync(device)
     t = time.perf_counter()
     fn(model, data)
-    sync()
+    sync(device)
     return time.perf_counter() - t
 
 
 def _time(family: str, config: str, dtype: str, data: dict, repeats: int, backends=REQUIRED, device="cpu") -> dict:
     models, skipped = _models(family, config, dtype, backends, device, data)
-    steps = {"md": md_step, "train": train_step}
     times: dict[str, list[float]] = {}
     for _ in range(repeats + 1):  # the first round warms up: caches fill, clocks settle
-        for step, fn in steps.items():
+        for step, fn in STEPS.items():
             for backend in backends:
                 if (backend, step) in models:
                     times.setdefault(f"{backend}_{step}", []).append(_timed(fn, models[(backend, step)], data, device))
     res: dict[str, Any] = {k: 1e3 * statistics.median(v[1:]) for k, v in times.items()}
-    for step in steps:
+    for step in STEPS:
         res[f"speedup_{step}"] = res[f"native_{step}"] / res[f"numba_{step}"]
         res[f"bound_{step}"] = res[f"native_{step}"] / res[f"free_{step}"]
         for other in ("cueq", "oeq"):

@@ -54,7 +54,7 @@ def sync(device: str) -> None:
     import torch
 
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)  # this device's work, not the current one's (cuda:1)
 
 
 def free_memory(device: str) -> None:
