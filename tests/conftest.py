@@ -23,6 +23,12 @@ def _installed(dist: str) -> bool:
 
 # tests/nequip_env run in the NequIP venv (`make test-nequip`): nequip needs e3nn >= 0.6, mace-torch 0.4.4
 collect_ignore = [] if _installed("nequip") else ["nequip_env"]
+# The default CPU kernels ("auto") compile one fused kernel per small row pass, about a second
+# each on a cold cache, and the suites build hundreds of model configurations: they run on the
+# interpreter, which compiles once. The fused kernels are tested pass by pass against it
+# (test_kernels_cpu_fused.py) and end to end, on the default, by the NequIP and Allegro parity
+# tests of their tutorial-sized configurations (nequip_fixtures.default_cpu_kernels).
+os.environ.setdefault("WORKBENCH_CPU_KERNELS", "interpreter")
 
 # Under pytest-xdist ``make test`` runs ``-n 2 --dist loadfile``: a module runs whole on one
 # worker, so its module fixtures (a JupyterLab, compiled kernels, a prepared store) start once.

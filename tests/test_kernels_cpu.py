@@ -213,21 +213,25 @@ def test_poison_reveals_an_unwritten_element(monkeypatch):
     assert torch.equal(y, torch.tensor([[2.0, 3.0] * 4] * 5, dtype=torch.float64))
 
 
-def test_generated_straight_line_code_equals_the_interpreter(monkeypatch):
-    """``WORKBENCH_CPU_KERNELS=generated`` compiles a program to one vectorised loop body; it
-    computes what the interpreter computes (float64, to rounding)."""
-    from workbench.kernels.backends import cpu_unrolled
+@pytest.mark.parametrize("kind", ["generated", "fused"])
+def test_generated_and_fused_code_equal_the_interpreter(monkeypatch, kind):
+    """``WORKBENCH_CPU_KERNELS=generated`` compiles a program to one vectorised loop body and
+    ``fused`` each row pass to its own kernel; both compute what the interpreter computes
+    (float64, to rounding)."""
+    from workbench.kernels.backends import cpu_fused, cpu_unrolled
 
     op = mace_ops()["channelwise_tp"][0]
     graph = EdgeGraph(torch.randint(0, 12, (2, 90), generator=torch.Generator().manual_seed(4)), 12)
     ts = _random_inputs(op, {"edge": 90, "sender": 12, "receiver": 12}, torch.float64, 7)
+    monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "interpreter")
     (ref,) = op.evaluate(ts, graph=graph)
-    monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "generated")
-    assert all(cpu_unrolled.use_generated(rp.program) for _, rp in op.cpu_plan(8).passes)
+    monkeypatch.setenv("WORKBENCH_CPU_KERNELS", kind)
+    chosen = cpu_unrolled.use_generated if kind == "generated" else lambda p: cpu_fused.use_fused(p, 8)
+    assert all(chosen(rp.program) for _, rp in op.cpu_plan(8).passes)
     (got,) = op.evaluate(ts, graph=graph)
     torch.testing.assert_close(got, ref, rtol=1e-13, atol=1e-13 * float(ref.abs().max()))
     monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "fastest")
-    with pytest.raises(ValueError, match="WORKBENCH_CPU_KERNELS must be one of interpreter, generated"):
+    with pytest.raises(ValueError, match="WORKBENCH_CPU_KERNELS must be one of auto, interpreter, generated, fused"):
         op.evaluate(ts, graph=graph)
 
 
@@ -238,6 +242,7 @@ def test_small_channel_passes_run_in_parallel(monkeypatch):
     x = Operand.channel_major("x", 2, 16)
     p = SparsePolynomial.from_terms((x,), Operand.channel_major("y", 2, 16), [(0, [(0, 0)], 2.0), (1, [(0, 1)], 3.0)])
     op = PolyOp((x,), [p])
+    monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "interpreter")
     used = []
     original = cpu.RowPass.drivers
 

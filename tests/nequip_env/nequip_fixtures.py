@@ -127,3 +127,20 @@ class RecordGraphs(Callback):
 def mixed_frames(seed: int, types: int):
     rng = np.random.default_rng(seed)
     return [cell(rng, 9, types), molecule(rng, 6, types), cell(rng, 4, types, size=2.6)]
+
+
+def default_cpu_kernels(monkeypatch) -> list:
+    """Run the rest of the test on the package's default CPU kernels (the suites default to the
+    interpreter, tests/conftest.py); the returned list records every fused pass that runs."""
+    from workbench.kernels.backends import cpu_fused
+
+    monkeypatch.delenv("WORKBENCH_CPU_KERNELS", raising=False)
+    runs: list = []
+    original = cpu_fused.FusedPass.run
+
+    def spy(self, *args, **kwargs):
+        runs.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cpu_fused.FusedPass, "run", spy)
+    return runs

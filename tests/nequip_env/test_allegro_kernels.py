@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from nequip_fixtures import batch, build_allegro, mixed_frames, outputs, rel
+from nequip_fixtures import batch, build_allegro, default_cpu_kernels, mixed_frames, outputs, rel
 
 from workbench.kernels import accelerate
 from workbench.kernels.allegro import contracter
@@ -29,8 +29,13 @@ CONFIGS = {
 }
 
 
+#: run on the default CPU kernels (fused passes), the others on the interpreter
+ON_DEFAULT_KERNELS = ("lmax2-coupled",)
+
+
 @pytest.mark.parametrize("name", CONFIGS)
-def test_float64_parity_with_allegros_own_path(name):
+def test_float64_parity_with_allegros_own_path(name, monkeypatch):
+    fused = default_cpu_kernels(monkeypatch) if name in ON_DEFAULT_KERNELS else None
     kw = dict(CONFIGS[name])
     model = build_allegro(**kw)
     data = batch(mixed_frames(5, kw.get("num_types", 2)), model, shuffle_edges=1)
@@ -43,6 +48,9 @@ def test_float64_parity_with_allegros_own_path(name):
     assert got.keys() == ref.keys() and any(k.endswith("weights") for k in ref)
     worst = {k: rel(got[k], ref[k]) for k in ref}
     assert max(worst.values()) <= 1e-10, sorted(worst.items(), key=lambda kv: -kv[1])[:3]
+    assert (
+        fused is None or len(fused) >= 4
+    )  # at least forward and backward of both layers (longer programs: interpreter)
 
 
 def test_float32_against_float64():

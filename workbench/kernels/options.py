@@ -80,10 +80,14 @@ ENV: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
     "segment_lanes": ("WORKBENCH_SEGMENT_LANES", _positive(int), "row lanes per column of the per-species sums"),
     "cpu_kernels": (
         "WORKBENCH_CPU_KERNELS",
-        _choice("interpreter", "generated"),
-        "CPU row passes: the vector-program interpreter, or generated code",
+        _choice("auto", "interpreter", "generated", "fused"),
+        "CPU row passes: auto (fused kernels for small passes), the interpreter, generated bodies, or fused everywhere",
     ),
-    "cpu_unroll_max": ("WORKBENCH_CPU_UNROLL_MAX", _positive(int), "largest program run as generated CPU code"),
+    "cpu_unroll_max": (
+        "WORKBENCH_CPU_UNROLL_MAX",
+        _positive(int),
+        "largest program run as generated or fused CPU code",
+    ),
     "cpu_serial_work": ("WORKBENCH_CPU_SERIAL_WORK", _positive(int), "below this work a CPU pass runs serially"),
     "host_fallback": (
         "WORKBENCH_KERNELS_HOST_FALLBACK",
@@ -116,7 +120,7 @@ class KernelOptions:
     unroll_weight_groups: int | None = None
     pass_max_terms: int | None = None
     segment_lanes: int | None = None
-    cpu_kernels: str = "interpreter"
+    cpu_kernels: str = "auto"
     cpu_unroll_max: int | None = None
     cpu_serial_work: int | None = None
     host_fallback: bool = False

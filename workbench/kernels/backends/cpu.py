@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench.kernels.backends.cpu_fused import fused_pass, use_fused
 from workbench.kernels.backends.cpu_loops import NUM_ARRAYS, coefficients_by_row, drivers, sum_pieces
 from workbench.kernels.descriptor.program import VectorProgram, vector_program
 from workbench.kernels.options import kernel_options
@@ -232,10 +233,14 @@ def run_pass(
     dtype = str(outs[0].dtype)
     outs = list(outs) + [outs[0]] * (4 - len(outs))
     ptr, perm, row = segments
-    K = row_coefficients(rp, arrays, idx1, idx2, int(perm.shape[0]), dtype)
     work = pass_work(int(perm.shape[0]), prog.num_instructions, channels)
+    in_parallel = work >= (kernel_options().cpu_serial_work or SERIAL_WORK)
+    if use_fused(prog, channels):
+        fused_pass(rp, channels, dtype).run(in_parallel, arrays, idx1, idx2, segments, outs)
+        return
+    K = row_coefficients(rp, arrays, idx1, idx2, int(perm.shape[0]), dtype)
     parallel, serial = rp.drivers(dtype, channels)
-    (serial if work < (kernel_options().cpu_serial_work or SERIAL_WORK) else parallel)(
+    (parallel if in_parallel else serial)(
         *arrays,
         idx1,
         idx2,
@@ -381,7 +386,8 @@ def run_edge(
     grouped by their ``"sender"`` or ``"receiver"`` node."""
     arrays = _host_arrays(cp, arrays)
     for kind, rp in cp.passes:
-        if kind == "edge" and rp.const_code == -1:
+        # fused kernels read operands in place: per-edge outputs walk the edges in memory order
+        if kind == "edge" and (rp.const_code == -1 or use_fused(rp.program, channels)):
             ptr, perm = _runs(sender.shape[0])
             seg = (ptr, perm, perm)
         else:  # node outputs, or edge outputs walked by the end point whose rows are loaded once

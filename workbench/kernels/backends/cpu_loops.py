@@ -34,6 +34,7 @@ __all__ = [
     "NUM_ARRAYS",
     "NUM_OUTPUTS",
     "coefficients_by_row",
+    "csr_by_counting",
     "driver_source",
     "drivers",
     "sum_pieces",
@@ -198,7 +199,7 @@ def _version() -> str:
     function's own file only, so a change here must give the drivers a new module."""
     here = Path(__file__).parent
     h = hashlib.sha1()
-    for name in ("cpu_loops.py", "cpu_unrolled.py"):
+    for name in ("cpu_loops.py", "cpu_unrolled.py", "cpu_fused.py"):
         h.update((here / name).read_bytes())
     return h.hexdigest()[:16]
 
@@ -250,3 +251,24 @@ def sum_pieces(partial, piece_ptr, out):
         for p in range(piece_ptr[z], piece_ptr[z + 1]):
             acc += partial[p]
         out[z] = acc
+
+
+@njit(cache=True)
+def csr_by_counting(idx, num_rows):
+    """``(ptr [num_rows + 1], perm)``: the positions of ``idx`` grouped by value, ascending within
+    a group (a stable counting sort, O(n)); values outside ``[0, num_rows)`` go before (negative)
+    or after (too large) every group, in no group."""
+    start = np.zeros(num_rows + 3, dtype=np.int64)
+    for v in idx:
+        b = 0 if v < 0 else (v + 1 if v < num_rows else num_rows + 1)
+        start[b + 1] += 1
+    for b in range(num_rows + 2):
+        start[b + 1] += start[b]
+    ptr = start[1 : num_rows + 2].copy()
+    perm = np.empty(idx.shape[0], dtype=np.int64)
+    for i in range(idx.shape[0]):
+        v = idx[i]
+        b = 0 if v < 0 else (v + 1 if v < num_rows else num_rows + 1)
+        perm[start[b]] = i
+        start[b] += 1
+    return ptr, perm

@@ -35,7 +35,7 @@ import numpy as np
 from workbench.kernels.descriptor.program import ADD_AXPY, ADD_K, ADD_MUL, SET_AXPY, SET_K, SET_MUL, VectorProgram
 from workbench.kernels.options import kernel_options
 
-__all__ = ["DEFAULT_MAX_INSTRUCTIONS", "body_source", "use_generated"]
+__all__ = ["DEFAULT_MAX_INSTRUCTIONS", "body_source", "instruction_lines", "use_generated"]
 
 #: largest program (instructions) ``WORKBENCH_CPU_KERNELS=generated`` compiles to straight-line code
 DEFAULT_MAX_INSTRUCTIONS = 1000
@@ -96,7 +96,18 @@ def body_source(program: VectorProgram, channels: int, dtype: str, per_segment: 
         r = V + j
         name[r] = f"s{j}"  # not a{j}: the drivers' operand arrays are a0..a9
         lines.append(f"{ind}s{j} = F[{r * C} + c]" if per_segment[j] else f"{ind}s{j} = {zero}")
-    fresh = 0
+    lines += [ind + line for line in instruction_lines(program, name, kname)]
+    for j in range(A):
+        lines.append(f"{ind}F[{(V + j) * C} + c] = s{j}")
+    return lines
+
+
+def instruction_lines(program: VectorProgram, name: dict[int, str], kname) -> list[str]:
+    """The program's instructions as assignments in SSA form (one channel): ``name`` maps the
+    operand and accumulator registers to their local names (updated as registers are written),
+    ``kname(k)`` gives coefficient ``k``'s name or literal."""
+    V, A = program.num_vectors, program.num_accumulators
+    lines, fresh = [], 0
     for op, d, a, b, k in program.ins.tolist():
         if d >= V + A and op in (SET_MUL, SET_AXPY, SET_K):
             target = f"t{fresh}"  # a temporary: a new local for every write keeps the code in SSA form
@@ -105,9 +116,6 @@ def body_source(program: VectorProgram, channels: int, dtype: str, per_segment: 
             target = name[d]
         if op not in _EXPRESSIONS:
             raise ValueError(f"unknown opcode {op}")
-        expr = _EXPRESSIONS[op].format(d=name.get(d), k=kname(k), a=name.get(a), b=name.get(b))
-        lines.append(f"{ind}{target} = {expr}")
+        lines.append(f"{target} = " + _EXPRESSIONS[op].format(d=name.get(d), k=kname(k), a=name.get(a), b=name.get(b)))
         name[d] = target
-    for j in range(A):
-        lines.append(f"{ind}F[{(V + j) * C} + c] = s{j}")
     return lines

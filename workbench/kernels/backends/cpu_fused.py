@@ -1,0 +1,228 @@
+r"""Fused CPU row passes: one numba kernel per :class:`~workbench.kernels.backends.cpu.RowPass`, with
+everything the interpreter looks up per row written out as constants.
+
+The interpreter (:mod:`~workbench.kernels.backends.cpu_loops`) and its generated body
+(:mod:`~workbench.kernels.backends.cpu_unrolled`) share one driver for every pass: per row it
+picks each register's array through an ``if`` chain, copies the register into a scratch row,
+reads the row's coefficients from a table built before the pass, and chooses each output's
+layout at run time. At few channels (NequIP's 16, where a row's program is 4 to 50 instructions)
+that bookkeeping is the pass: a 4-instruction pass over 11,050 edges took 0.53 ms, the same
+work written by hand 0.04 ms. Here a pass is its own kernel:
+
+.. code-block:: python
+
+    for s in prange(seg_ptr.shape[0] - 1):       # segments (a receiver's edges, ...)
+        acc = np.zeros(A * 16)                     # accumulators, summed over the segment's rows
+        for p in range(seg_ptr[s], seg_ptr[s + 1]):
+            row = seg_perm[p]
+            r1 = idx1[row]                         # the sender
+            y1 = a1[row, 1]                        # broadcast scalars (spherical harmonics) ...
+            k0 = f32(0.4886) * y1                  # ... into the row's coefficients, inline
+            for c in range(16):                    # one vectorised loop, C a literal
+                v0 = a0[r1, 0 + c]                 # operands read in place
+                v1 = a2[row, 16 + c]
+                s0 = acc[0 + c]
+                s0 = s0 + k0 * v0 * v1             # the program, in SSA form
+                acc[0 + c] = s0
+        for c in range(16):
+            o0[seg_row[s], 0 + c * 3] = acc[0 + c]  # outputs in their own layout
+
+The arithmetic is the program's, in its order, with the interpreter's rules
+(``fastmath={"contract"}``, channel sums as :data:`~workbench.kernels.backends.cpu_loops.LANES`
+partial sums in a fixed order), so results do not depend on the thread count. Kernels are
+written under the kernel cache and compiled with numba's on-disk cache: once per pass shape,
+channel count and dtype on a machine (about a second each). :func:`use_fused` decides where:
+small channel counts and short programs, where the bookkeeping dominates.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import numba
+import numpy as np
+
+from workbench.kernels.backends.cpu_loops import LANES
+from workbench.kernels.backends.cpu_unrolled import instruction_lines
+from workbench.kernels.options import kernel_options
+
+__all__ = ["FUSED_MAX_CHANNELS", "FUSED_MAX_INSTRUCTIONS", "FusedPass", "fused_pass", "use_fused"]
+
+#: ``cpu_kernels="auto"`` fuses passes of at most this many channels ...
+FUSED_MAX_CHANNELS = 32
+#: ... and at most this many instructions (bigger programs spill and compile for long)
+FUSED_MAX_INSTRUCTIONS = 160
+#: segments are handed to the threads in about this many chunks per thread (balance against
+#: the cost of a call: numba counts references to its array arguments)
+CHUNKS = 8
+_ROW = {0: "row", 1: "r1", 2: "r2"}
+
+
+def use_fused(program: Any, channels: int) -> bool:
+    """Whether a pass of ``program`` at ``channels`` runs as a fused kernel: always with
+    ``WORKBENCH_CPU_KERNELS=fused``, never with ``interpreter`` or ``generated``, and with the
+    default ``auto`` for at most :data:`FUSED_MAX_CHANNELS` channels and
+    :data:`FUSED_MAX_INSTRUCTIONS` instructions (``WORKBENCH_CPU_UNROLL_MAX`` overrides)."""
+    options = kernel_options()
+    if options.cpu_kernels in ("interpreter", "generated"):
+        return False
+    if options.cpu_kernels == "fused":
+        return True
+    limit = options.cpu_unroll_max or FUSED_MAX_INSTRUCTIONS
+    return channels <= FUSED_MAX_CHANNELS and program.num_instructions <= limit
+
+
+class FusedPass:
+    """A row pass's fused kernels: ``parallel`` / ``serial`` take the arrays :attr:`arrays`
+    (indices into the pass's 10 kernel arrays), the row indices :attr:`indices` (``1``:
+    ``idx1``, ``2``: ``idx2``), ``seg_ptr, seg_perm, seg_row`` and the outputs :attr:`outputs`."""
+
+    def __init__(self, module: Any, arrays: tuple[int, ...], indices: tuple[int, ...], outputs: tuple[int, ...]):
+        self.module, self.arrays, self.indices, self.outputs = module, arrays, indices, outputs
+
+    def run(self, parallel: bool, arrays, idx1, idx2, segments, outs) -> None:
+        args = [arrays[a] for a in self.arrays] + [idx1 if i == 1 else idx2 for i in self.indices]
+        args += list(segments) + [outs[q] for q in self.outputs]
+        if parallel:
+            size = max(1, (segments[0].shape[0] - 1) // (CHUNKS * numba.get_num_threads()))
+            self.module.run_parallel(size, *args)
+        else:
+            self.module.run_serial(*args)
+
+
+def _signature(rp: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    arrays = tuple(sorted({int(a) for a in rp.vec_arr} | {int(a) for a in rp.sca_arr}))
+    codes = {int(c) for c in rp.vec_code} | {int(c) for c in rp.sca_code}
+    indices = tuple(i for i in (1, 2) if i in codes)
+    return arrays, indices, tuple(sorted({int(q) for q in rp.acc_out}))
+
+
+def _coefficient_lines(rp: Any, cast: str) -> tuple[list[str], dict[int, str]]:
+    """Per-row lines reading the broadcast scalars and building the coefficients, and the name (or
+    literal) of each coefficient register."""
+    prog = rp.program
+    S = prog.num_scalars
+    lit = (lambda v: f"{cast}({float(v)!r})") if cast else (lambda v: repr(float(v)))
+    terms: dict[int, list[str]] = {}
+    for reg, coef, *factors in prog.k_terms.tolist():
+        names = [f"y{int(f)}" for f in factors if int(f) != S]
+        terms.setdefault(int(reg), []).append(" * ".join([lit(coef), *names]))
+    if S == 0:  # constants: summed in float64 and rounded once, as the generated bodies do
+        consts = np.zeros(max(prog.num_k, 1))
+        for reg, coef, *_ in prog.k_terms.tolist():
+            consts[int(reg)] += coef
+        return [], {k: lit(consts[k]) for k in range(prog.num_k)}
+    lines = [
+        f"y{j} = a{int(a)}[{_ROW[int(code)]}, {int(off)}]"
+        for j, (a, code, off) in enumerate(zip(rp.sca_arr, rp.sca_code, rp.sca_off))
+    ]
+    for k in range(prog.num_k):
+        parts = terms.get(k, [lit(0.0)])
+        lines.append(f"k{k} = " + " + ".join(parts) if len(parts) > 1 else f"k{k} = {parts[0]}")
+    return lines, {k: f"k{k}" for k in range(prog.num_k)}
+
+
+def _lane_sum(target: str, first: int, C: int, ind: str) -> list[str]:
+    """``target = `` the sum of ``acc[first : first + C]`` as :data:`LANES` partial sums, fixed order."""
+    full = C - C % LANES
+    lines = [f"{ind}for lane in range({LANES}):", f"{ind}    lanes[lane] = zero"]
+    if full:
+        lines += [f"{ind}for c0 in range(0, {full}, {LANES}):", f"{ind}    for lane in range({LANES}):"]
+        lines.append(f"{ind}        lanes[lane] += acc[{first} + c0 + lane]")
+    lines += [f"{ind}lanes[{c - full}] += acc[{first + c}]" for c in range(full, C)]
+    lines.append(f"{ind}{target} = lanes[0]")
+    lines += [f"{ind}{target} += lanes[{lane}]" for lane in range(1, LANES)]
+    return lines
+
+
+def _store_lines(rp: Any, C: int, per_segment: bool, target_row: str, ind: str) -> list[str]:
+    """Store the accumulators of one kind (per segment or per row) into their outputs."""
+    lines = []
+    for j, (q, off, cs, seg) in enumerate(zip(rp.acc_out, rp.acc_off, rp.acc_cs, rp.acc_seg)):
+        if bool(seg) != per_segment:
+            continue
+        if cs == 0:
+            lines += _lane_sum("total", j * C, C, ind)
+            lines.append(f"{ind}o{int(q)}[{target_row}, {int(off)}] = total")
+        else:
+            lines.append(f"{ind}for c in range({C}):")
+            lines.append(f"{ind}    o{int(q)}[{target_row}, {int(off)} + c * {int(cs)}] = acc[{j * C} + c]")
+    return lines
+
+
+def _row_lines(rp: Any, C: int, cast: str, ind: str) -> list[str]:
+    """One row: its indices, coefficients and the program over its channels."""
+    prog = rp.program
+    V = prog.num_vectors
+    indices = _signature(rp)[1]
+    lines = [f"{ind}row = seg_perm[p]"] + [f"{ind}r{i} = idx{i}[row]" for i in indices]
+    coef_lines, kname = _coefficient_lines(rp, cast)
+    lines += [ind + line for line in coef_lines]
+    lines.append(f"{ind}for c in range({C}):")
+    inner = ind + "    "
+    name: dict[int, str] = {}
+    for j, (a, code, base) in enumerate(zip(rp.vec_arr, rp.vec_code, rp.vec_base)):
+        lines.append(f"{inner}v{j} = a{int(a)}[{_ROW[int(code)]}, {int(base)} + c]")
+        name[j] = f"v{j}"
+    zero = f"{cast}(0.0)" if cast else "0.0"
+    for j, seg in enumerate(rp.acc_seg):
+        name[V + j] = f"s{j}"
+        lines.append(f"{inner}s{j} = acc[{j * C} + c]" if seg else f"{inner}s{j} = {zero}")
+    lines += [inner + line for line in instruction_lines(prog, name, kname.__getitem__)]
+    lines += [f"{inner}acc[{j * C} + c] = {name[V + j]}" for j in range(prog.num_accumulators)]
+    return lines + _store_lines(rp, C, False, "row", ind)
+
+
+def kernel_source(rp: Any, channels: int, dtype: str) -> str:
+    """Source of ``run_parallel`` and ``run_serial`` for ``rp`` at ``channels`` in ``dtype``."""
+    arrays, indices, outputs = _signature(rp)
+    C = channels
+    cast = "" if dtype == "float64" else "f32"
+    args = [f"a{a}" for a in arrays] + [f"idx{i}" for i in indices]
+    args = ", ".join(args + ["seg_ptr", "seg_perm", "seg_row"] + [f"o{q}" for q in outputs])
+    acc_size = max(rp.program.num_accumulators, 1) * C
+    body = [
+        f"    acc = np.zeros({acc_size}, dtype=np.{dtype})",
+        f"    lanes = np.empty({LANES}, dtype=np.{dtype})",
+        f"    zero = {cast}(0.0)" if cast else "    zero = 0.0",
+        "    for p in range(seg_ptr[s], seg_ptr[s + 1]):",
+        *_row_lines(rp, C, cast, "        "),
+        "    q = seg_row[s]",
+        *_store_lines(rp, C, True, "q", "    "),
+    ]
+    body = [line for line in body if line.strip()]
+    call = f"run_segments(s0, s1, {args})"
+    return "\n".join(
+        ["@njit(cache=True, fastmath=FASTMATH, nogil=True)", f"def run_segments(s0, s1, {args}):"]
+        + ["    for s in range(s0, s1):"]
+        + ["    " + line for line in body]
+        + ["", "", "@njit(cache=True, parallel=True)", f"def run_parallel(size, {args}):"]
+        + ["    n = seg_ptr.shape[0] - 1"]
+        + ["    for k in prange((n + size - 1) // size):", "        s0 = k * size", "        s1 = min(n, s0 + size)"]
+        + [f"        {call}", "", "", "@njit(cache=True)", f"def run_serial({args}):"]
+        + ["    s0 = 0", "    s1 = seg_ptr.shape[0] - 1", f"    {call}", ""]
+    )
+
+
+@cache
+def _module(source: str) -> Any:
+    from workbench.kernels.backends.cpu_loops import _version
+    from workbench.kernels.backends.generated import load_module
+
+    head = (
+        f"# generated by workbench.kernels.backends.cpu_fused (version {_version()}); safe to delete\n"
+        "import numba\nimport numpy as np\nfrom numba import njit, prange\n"
+        "from workbench.kernels.backends.cpu_loops import FASTMATH\n\nf32 = numba.float32\n\n\n"
+    )
+    return load_module(head + source, "workbench_fused")
+
+
+def fused_pass(rp: Any, channels: int, dtype: str) -> FusedPass:
+    """The fused kernels of ``rp`` (generated, written and imported once per process)."""
+    cached = rp.__dict__.setdefault("_fused", {})
+    key = (channels, dtype)
+    if key not in cached:
+        arrays, indices, outputs = _signature(rp)
+        cached[key] = FusedPass(_module(kernel_source(rp, channels, dtype)), arrays, indices, outputs)
+    return cached[key]
