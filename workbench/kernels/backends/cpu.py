@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -233,9 +234,10 @@ def run_pass(
     dtype = str(outs[0].dtype)
     outs = list(outs) + [outs[0]] * (4 - len(outs))
     ptr, perm, row = segments
+    options = kernel_options()
     work = pass_work(int(perm.shape[0]), prog.num_instructions, channels)
-    in_parallel = work >= (kernel_options().cpu_serial_work or SERIAL_WORK)
-    if use_fused(prog, channels):
+    in_parallel = work >= (options.cpu_serial_work or SERIAL_WORK)
+    if use_fused(prog, channels, options):
         fused_pass(rp, channels, dtype).run(in_parallel, arrays, idx1, idx2, segments, outs)
         return
     K = row_coefficients(rp, arrays, idx1, idx2, int(perm.shape[0]), dtype)
@@ -320,11 +322,16 @@ def _host_arrays(cp: CpuPlan, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
     return arrays
 
 
+@lru_cache(maxsize=32)
 def _runs(n: int, size: int = PIECE) -> tuple[np.ndarray, np.ndarray]:
-    """Segments of ``size`` consecutive rows: ``(ptr, perm)``."""
-    return np.minimum(np.arange(0, n + size, size, dtype=np.int64), n)[: -(-n // size) + 1], np.arange(
-        n, dtype=np.int64
-    )
+    """Segments of ``size`` consecutive rows: ``(ptr, perm)`` (kept: every step asks again; the
+    kernels only read them)."""
+    return np.minimum(np.arange(0, n + size, size, dtype=np.int64), n)[: -(-n // size) + 1], _arange(n)
+
+
+@lru_cache(maxsize=32)
+def _arange(n: int) -> np.ndarray:
+    return np.arange(n, dtype=np.int64)
 
 
 def species_pieces(
@@ -385,13 +392,14 @@ def run_edge(
     """Evaluate an edge op's outputs ``outs``; ``csr(rows)`` gives ``(ptr, perm)`` of the edges
     grouped by their ``"sender"`` or ``"receiver"`` node."""
     arrays = _host_arrays(cp, arrays)
+    options = kernel_options()
     for kind, rp in cp.passes:
-        # fused kernels read operands in place: per-edge outputs walk the edges in memory order
-        if kind == "edge" and (rp.const_code == -1 or use_fused(rp.program, channels)):
+        # fused kernels load no row once per segment: per-edge outputs walk the edges in memory order
+        if kind == "edge" and (rp.const_code == -1 or use_fused(rp.program, channels, options)):
             ptr, perm = _runs(sender.shape[0])
             seg = (ptr, perm, perm)
         else:  # node outputs, or edge outputs walked by the end point whose rows are loaded once
             rows = kind if kind != "edge" else ("sender" if rp.const_code == ROW_IDX1 else "receiver")
             ptr, perm = csr(rows)
-            seg = (ptr, perm, np.arange(num_nodes, dtype=np.int64))
+            seg = (ptr, perm, _arange(num_nodes))
         run_pass(rp, arrays, sender, receiver, seg, channels, [outs[k] for k in rp.outputs])

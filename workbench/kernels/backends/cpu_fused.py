@@ -59,12 +59,13 @@ CHUNKS = 8
 _ROW = {0: "row", 1: "r1", 2: "r2"}
 
 
-def use_fused(program: Any, channels: int) -> bool:
+def use_fused(program: Any, channels: int, options: Any = None) -> bool:
     """Whether a pass of ``program`` at ``channels`` runs as a fused kernel: always with
     ``WORKBENCH_CPU_KERNELS=fused``, never with ``interpreter`` or ``generated``, and with the
     default ``auto`` for at most :data:`FUSED_MAX_CHANNELS` channels and
-    :data:`FUSED_MAX_INSTRUCTIONS` instructions (``WORKBENCH_CPU_UNROLL_MAX`` overrides)."""
-    options = kernel_options()
+    :data:`FUSED_MAX_INSTRUCTIONS` instructions (``WORKBENCH_CPU_UNROLL_MAX`` overrides).
+    ``options``: the :class:`~workbench.kernels.options.KernelOptions` in effect, if read already."""
+    options = options or kernel_options()
     if options.cpu_kernels in ("interpreter", "generated"):
         return False
     if options.cpu_kernels == "fused":
