@@ -3,6 +3,12 @@ own kernel computes what the interpreter computes, at channel counts below, at a
 multiples of the lane count, in every derivative order; which passes ``auto`` fuses; the
 counting-sort CSR the edge passes walk."""
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -24,13 +30,27 @@ def _orders(op):
     return op, d1, d2
 
 
+@pytest.fixture
+def fused_runs(monkeypatch) -> list:
+    """Every fused pass that runs (so a test cannot compare the interpreter with itself)."""
+    runs: list = []
+    original = cpu_fused.FusedPass.run
+
+    def spy(self, *args, **kwargs):
+        runs.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cpu_fused.FusedPass, "run", spy)
+    return runs
+
+
 def _inputs(op, rows: dict, seed: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(rows[o.rows], o.width, generator=g, dtype=torch.float64) for o in op.operands]
 
 
 @pytest.mark.parametrize("channels,max_ell", [(3, 1), (13, 2)])
-def test_fused_edge_passes_equal_the_interpreter(monkeypatch, channels, max_ell):
+def test_fused_edge_passes_equal_the_interpreter(monkeypatch, fused_runs, channels, max_ell):
     """A message op: forward (receiver sums), backward (sender sums, per-edge and channel-summed
     outputs) and double backward, on a graph with a self-loop and an isolated node, at channel
     counts below and between multiples of the lane count; float64 to rounding, and (13
@@ -43,39 +63,84 @@ def test_fused_edge_passes_equal_the_interpreter(monkeypatch, channels, max_ell)
         ts = _inputs(d, rows, seed=10 * channels + order)
         monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "interpreter")
         ref = d.evaluate(ts, graph=graph)
+        ref32 = d.evaluate([t.float() for t in ts], graph=graph) if channels == 13 else ref
         monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "fused")
+        fused_runs.clear()
         got = d.evaluate(ts, graph=graph)
+        assert len(fused_runs) == len(d.cpu_plan(channels).passes)
         got32 = d.evaluate([t.float() for t in ts], graph=graph) if channels == 13 else got
-        for comp, r, a, a32 in zip(d.compiled, ref, got, got32):
+        for comp, r, a, a32, r32 in zip(d.compiled, ref, got, got32, ref32):
             scale = float(r.abs().max())
             assert scale > 0 and not torch.isnan(a).any()
             torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-13 * scale)
             assert float((a32.double() - r).abs().max()) <= 1e-5 * scale
+            assert float((a32 - r32).abs().max()) <= 1e-5 * scale and a32.dtype == r32.dtype
             if comp.poly.output.rows in ("sender", "receiver"):
                 assert not a[N - 1].any()  # the isolated node's row is written, with zeros
 
 
-def test_fused_atom_passes_equal_the_interpreter(monkeypatch):
-    """Atom rows in species pieces: a polynomial of strided atom features and per-species weights,
-    and its backward, whose weight gradient is summed over pieces of 1 to 16 atoms of each
-    species (one species has no atom)."""
-    C = 5
+def test_fused_atom_passes_equal_the_interpreter(monkeypatch, fused_runs):
+    """Atom rows in species pieces: a polynomial of strided atom features, per-species weights and
+    a per-species scalar broadcast over channels, and its backward, whose weight gradients are
+    summed over pieces of 1 to 16 atoms of each species (one species has no atom), the scalar's
+    over the channels too."""
+    C = 16
     x = Operand.channel_major("x", 4, C, "atom")
     w = Operand.component_major("w", 3, C, "species")
+    b = Operand("b", 2, "species", (0, 1), (0, 0), 2)
     y = Operand.channel_major("y", 2, C, "atom")
-    terms = [(0, [(0, 0), (1, 0)], 0.5), (0, [(0, 1), (0, 2), (1, 1)], 1.0), (1, [(0, 3), (1, 2)], -1.5)]
-    terms.append((1, [(0, 0), (0, 1)], 0.25))
-    op = PolyOp((x, w), [SparsePolynomial.from_terms((x, w), y, terms)])
+    terms = [(0, [(0, 0), (1, 0)], 0.5), (0, [(0, 1), (0, 2), (1, 1)], 1.0), (1, [(0, 3), (1, 2), (2, 0)], -1.5)]
+    terms += [(1, [(0, 0), (0, 1), (2, 1)], 0.25)]
+    op = PolyOp((x, w, b), [SparsePolynomial.from_terms((x, w, b), y, terms)])
     species = torch.tensor([0] * 17 + [2] * 23)[torch.randperm(40, generator=torch.Generator().manual_seed(3))]
     for d in _orders(op)[:2]:
         ts = _inputs(d, {"atom": 40, "species": 3}, seed=len(d.outputs))
         monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "interpreter")
         ref = d.evaluate(ts, species, 3)
         monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "fused")
+        fused_runs.clear()
         got = d.evaluate(ts, species, 3)
+        assert fused_runs
         for r, a in zip(ref, got):
             assert float(r.abs().max()) > 0
             torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-13 * float(r.abs().max()))
+    assert [c.poly.output.rows for c in d.compiled] == ["atom", "species", "species"]  # x, w and b's gradients
+
+
+_THREADS = textwrap.dedent("""
+    import sys, hashlib, numba, torch
+    sys.path.insert(0, "tests")
+    from test_kernels_cpu_fused import _inputs, _orders
+    from test_kernels_channelwise import make_conv_tp
+    from workbench.kernels.e3nn_tp import channelwise_tp_op
+    from workbench.kernels.ops import EdgeGraph
+    numba.set_num_threads(int(sys.argv[1]))
+    h = hashlib.sha1()
+    g = EdgeGraph(torch.randint(0, 150, (2, 3000), generator=torch.Generator().manual_seed(2)), 150)
+    for order, d in enumerate(_orders(channelwise_tp_op(make_conv_tp("3x0e+3x1o", 1))[0])):
+        ts = [t.float() for t in _inputs(d, {"edge": 3000, "sender": 150, "receiver": 150}, order)]
+        for t in d.evaluate(ts, graph=g):
+            h.update(t.numpy().tobytes())
+    print("DIGEST", h.hexdigest())
+""")
+
+
+def test_fused_bits_identical_across_thread_counts():
+    """Fused passes large enough to run on the thread pool, float32: the same bits on 1 and 2
+    threads (segments in chunks, no atomics, channel sums in a fixed order)."""
+    digests = []
+    for threads in ("2", "1"):
+        res = subprocess.run(
+            [sys.executable, "-c", _THREADS, threads],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parent.parent,
+            env={**os.environ, "WORKBENCH_CPU_KERNELS": "fused"},
+            timeout=600,
+        )
+        assert res.returncode == 0, res.stderr[-3000:]
+        digests.append(res.stdout.split("DIGEST")[-1].strip())
+    assert len(set(digests)) == 1 and len(digests[0]) == 40, digests
 
 
 def test_auto_fuses_small_channel_counts_and_short_programs(monkeypatch):

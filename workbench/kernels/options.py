@@ -86,7 +86,7 @@ ENV: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
     "cpu_unroll_max": (
         "WORKBENCH_CPU_UNROLL_MAX",
         _positive(int),
-        "largest program run as generated or fused CPU code",
+        "largest program run as generated code, or fused under auto",
     ),
     "cpu_serial_work": ("WORKBENCH_CPU_SERIAL_WORK", _positive(int), "below this work a CPU pass runs serially"),
     "host_fallback": (

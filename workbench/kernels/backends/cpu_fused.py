@@ -11,7 +11,8 @@ work written by hand 0.04 ms. Here a pass is its own kernel:
 
 .. code-block:: python
 
-    for s in prange(seg_ptr.shape[0] - 1):       # segments (a receiver's edges, ...)
+    for s in range(lo, hi):                      # segments (a receiver's edges, ...), in
+                                                 # chunks spread over the threads
         acc = np.zeros(A * 16)                     # accumulators, summed over the segment's rows
         for p in range(seg_ptr[s], seg_ptr[s + 1]):
             row = seg_perm[p]
@@ -29,7 +30,10 @@ work written by hand 0.04 ms. Here a pass is its own kernel:
 
 The arithmetic is the program's, in its order, with the interpreter's rules
 (``fastmath={"contract"}``, channel sums as :data:`~workbench.kernels.backends.cpu_loops.LANES`
-partial sums in a fixed order), so results do not depend on the thread count. Kernels are
+partial sums in a fixed order), so results do not depend on the thread count. They equal the
+interpreter's to rounding, not to the bit: values the interpreter rounds through memory (a
+coefficient's terms, a temporary that is set and then added to) stay in registers here, where
+LLVM may fuse a multiply and the next add. Kernels are
 written under the kernel cache and compiled with numba's on-disk cache: once per pass shape,
 channel count and dtype on a machine (about a second each). :func:`use_fused` decides where:
 small channel counts and short programs, where the bookkeeping dominates.
@@ -176,33 +180,34 @@ def _row_lines(rp: Any, C: int, cast: str, ind: str) -> list[str]:
 
 
 def kernel_source(rp: Any, channels: int, dtype: str) -> str:
-    """Source of ``run_parallel`` and ``run_serial`` for ``rp`` at ``channels`` in ``dtype``."""
+    """Source of ``run_segments`` (segments ``lo .. hi - 1``), ``run_parallel`` (every segment, in
+    chunks of ``size`` over numba's threads) and ``run_serial`` for ``rp`` at ``channels`` in ``dtype``."""
     arrays, indices, outputs = _signature(rp)
     C = channels
     cast = "" if dtype == "float64" else "f32"
     args = [f"a{a}" for a in arrays] + [f"idx{i}" for i in indices]
     args = ", ".join(args + ["seg_ptr", "seg_perm", "seg_row"] + [f"o{q}" for q in outputs])
     acc_size = max(rp.program.num_accumulators, 1) * C
+    zeroed = [j for j, seg in enumerate(rp.acc_seg) if seg]  # summed over the segment: zeroed per segment
     body = [
-        f"    acc = np.zeros({acc_size}, dtype=np.{dtype})",
-        f"    lanes = np.empty({LANES}, dtype=np.{dtype})",
-        f"    zero = {cast}(0.0)" if cast else "    zero = 0.0",
+        *[line for j in zeroed for line in (f"    for c in range({C}):", f"        acc[{j * C} + c] = zero")],
         "    for p in range(seg_ptr[s], seg_ptr[s + 1]):",
         *_row_lines(rp, C, cast, "        "),
         "    q = seg_row[s]",
         *_store_lines(rp, C, True, "q", "    "),
     ]
     body = [line for line in body if line.strip()]
-    call = f"run_segments(s0, s1, {args})"
+    call = f"run_segments(lo, hi, {args})"  # not s0, s1: the accumulators are s0, s1, ...
     return "\n".join(
-        ["@njit(cache=True, fastmath=FASTMATH, nogil=True)", f"def run_segments(s0, s1, {args}):"]
-        + ["    for s in range(s0, s1):"]
+        ["@njit(cache=True, fastmath=FASTMATH, nogil=True)", f"def run_segments(lo, hi, {args}):"]
+        + [f"    acc = np.empty({acc_size}, dtype=np.{dtype})", f"    lanes = np.empty({LANES}, dtype=np.{dtype})"]
+        + [f"    zero = {cast}(0.0)" if cast else "    zero = 0.0", "    for s in range(lo, hi):"]
         + ["    " + line for line in body]
         + ["", "", "@njit(cache=True, parallel=True)", f"def run_parallel(size, {args}):"]
         + ["    n = seg_ptr.shape[0] - 1"]
-        + ["    for k in prange((n + size - 1) // size):", "        s0 = k * size", "        s1 = min(n, s0 + size)"]
+        + ["    for k in prange((n + size - 1) // size):", "        lo = k * size", "        hi = min(n, lo + size)"]
         + [f"        {call}", "", "", "@njit(cache=True)", f"def run_serial({args}):"]
-        + ["    s0 = 0", "    s1 = seg_ptr.shape[0] - 1", f"    {call}", ""]
+        + ["    lo = 0", "    hi = seg_ptr.shape[0] - 1", f"    {call}", ""]
     )
 
 

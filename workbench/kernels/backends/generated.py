@@ -8,6 +8,7 @@ import hashlib
 import importlib.util
 import os
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 
@@ -15,6 +16,8 @@ from workbench.cache_dir import cache_dir
 from workbench.kernels.options import ENV, kernel_options
 
 __all__ = ["KERNEL_CACHE_ENV", "load_module", "source_dir"]
+
+_LOCK = threading.RLock()
 
 
 #: the kernel cache folder; a cluster may point it at a shared filesystem, so that a kernel one
@@ -37,12 +40,17 @@ def load_module(text: str, prefix: str) -> ModuleType:
     :func:`source_dir` first (atomically, so concurrent ranks never read half a file) and
     registered in ``sys.modules`` (numba's cache re-imports a function's module by name)."""
     name = f"{prefix}_{hashlib.sha1(text.encode()).hexdigest()[:20]}"
-    if name in sys.modules:
-        return sys.modules[name]
+    with _LOCK:  # threads of one process: one writes and imports, the others get its module
+        if name in sys.modules:
+            return sys.modules[name]
+        return _write_and_import(name, text)
+
+
+def _write_and_import(name: str, text: str) -> ModuleType:
     path = source_dir() / f"{name}.py"
     if not path.exists() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(text)
         os.replace(tmp, path)
     spec = importlib.util.spec_from_file_location(name, path)
