@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fused_spy import spy_fused_runs
 from test_kernels_channelwise import make_conv_tp, random_graph
 
 import workbench  # noqa: F401
@@ -33,15 +34,7 @@ def _orders(op):
 @pytest.fixture
 def fused_runs(monkeypatch) -> list:
     """Every fused pass that runs (so a test cannot compare the interpreter with itself)."""
-    runs: list = []
-    original = cpu_fused.FusedPass.run
-
-    def spy(self, *args, **kwargs):
-        runs.append(self)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(cpu_fused.FusedPass, "run", spy)
-    return runs
+    return spy_fused_runs(monkeypatch)
 
 
 def _inputs(op, rows: dict, seed: int) -> list[torch.Tensor]:

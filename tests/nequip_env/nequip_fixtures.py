@@ -132,15 +132,7 @@ def mixed_frames(seed: int, types: int):
 def default_cpu_kernels(monkeypatch) -> list:
     """Run the rest of the test on the package's default CPU kernels (the suites default to the
     interpreter, tests/conftest.py); the returned list records every fused pass that runs."""
-    from workbench.kernels.backends import cpu_fused
+    from fused_spy import spy_fused_runs
 
     monkeypatch.delenv("WORKBENCH_CPU_KERNELS", raising=False)
-    runs: list = []
-    original = cpu_fused.FusedPass.run
-
-    def spy(self, *args, **kwargs):
-        runs.append(self)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(cpu_fused.FusedPass, "run", spy)
-    return runs
+    return spy_fused_runs(monkeypatch)
