@@ -26,8 +26,9 @@ collect_ignore = [] if _installed("nequip") else ["nequip_env"]
 # The default CPU kernels ("auto") compile one fused kernel per small row pass, about a second
 # each on a cold cache, and the suites build hundreds of model configurations: they run on the
 # interpreter, which compiles once. The fused kernels are tested pass by pass against it
-# (test_kernels_cpu_fused.py) and end to end, on the default, by the NequIP and Allegro parity
-# tests of their tutorial-sized configurations (nequip_fixtures.default_cpu_kernels).
+# (test_kernels_cpu_fused.py) and end to end, on the default, by MACE training
+# (test_train.py::test_numba_backend_trains_like_e3nn) and the NequIP and Allegro parity tests
+# of their tutorial-sized configurations (nequip_fixtures.default_cpu_kernels).
 os.environ.setdefault("WORKBENCH_CPU_KERNELS", "interpreter")
 
 # Under pytest-xdist ``make test`` runs ``-n 2 --dist loadfile``: a module runs whole on one

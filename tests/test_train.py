@@ -166,10 +166,17 @@ def test_cost_model_fit_from_logs(ddp_run):
     assert model.b * 200 + model.c * 4000 > 0
 
 
-def test_numba_backend_trains_like_e3nn(tmp_path):
-    """The kernels are a drop-in: the same run with backend="numba" follows the e3nn run's losses."""
+def test_numba_backend_trains_like_e3nn(tmp_path, monkeypatch):
+    """The kernels are a drop-in: the same run with backend="numba" follows the e3nn run's losses.
+    On the default CPU kernels (the suite runs the interpreter, tests/conftest.py): this small
+    model's message passes run fused, so MACE training covers them end to end."""
+    from fused_spy import spy_fused_runs
+
     from workbench.train import train
     from workbench.train.metrics import read_steps
+
+    monkeypatch.delenv("WORKBENCH_CPU_KERNELS", raising=False)
+    fused = spy_fused_runs(monkeypatch)
 
     losses = {}
     for backend in ("e3nn", "numba"):
@@ -178,6 +185,7 @@ def test_numba_backend_trains_like_e3nn(tmp_path):
         losses[backend] = [s["loss"] for s in read_steps(cfg.run_dir)]
         assert result.model_path.exists()
     np.testing.assert_allclose(losses["numba"], losses["e3nn"], rtol=1e-9)
+    assert fused, "no fused pass ran"
     # The exported model.model is plain mace-torch (e3nn), and the numba form is kept beside it.
     from mace.modules.symmetric_contraction import SymmetricContraction as MaceSC
 
