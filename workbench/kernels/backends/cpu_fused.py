@@ -11,9 +11,11 @@ work written by hand 0.04 ms. Here a pass is its own kernel:
 
 .. code-block:: python
 
-    for s in range(lo, hi):                      # segments (a receiver's edges, ...), in
-                                                 # chunks spread over the threads
-        acc = np.zeros(A * 16)                     # accumulators, summed over the segment's rows
+    acc = np.empty(A * 16)                       # accumulators, once per chunk of segments
+    for s in range(lo, hi):                      # segments (a receiver's edges, ...); chunks of
+                                                 # them are spread over the threads
+        for c in range(16):
+            acc[0 + c] = zero                      # summed over the segment's rows
         for p in range(seg_ptr[s], seg_ptr[s + 1]):
             row = seg_perm[p]
             r1 = idx1[row]                         # the sender
@@ -45,10 +47,9 @@ from functools import cache
 from typing import Any
 
 import numba
-import numpy as np
 
 from workbench.kernels.backends.cpu_loops import LANES
-from workbench.kernels.backends.cpu_unrolled import instruction_lines
+from workbench.kernels.backends.cpu_unrolled import constant_coefficients, instruction_lines, literal
 from workbench.kernels.options import kernel_options
 
 __all__ = ["FUSED_MAX_CHANNELS", "FUSED_MAX_INSTRUCTIONS", "FusedPass", "fused_pass", "use_fused"]
@@ -103,29 +104,23 @@ def _signature(rp: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ..
     return arrays, indices, tuple(sorted({int(q) for q in rp.acc_out}))
 
 
-def _coefficient_lines(rp: Any, cast: str) -> tuple[list[str], dict[int, str]]:
+def _coefficient_lines(rp: Any, cast: str) -> tuple[list[str], list[str]]:
     """Per-row lines reading the broadcast scalars and building the coefficients, and the name (or
     literal) of each coefficient register."""
     prog = rp.program
     S = prog.num_scalars
-    lit = (lambda v: f"{cast}({float(v)!r})") if cast else (lambda v: repr(float(v)))
+    if S == 0:
+        return [], constant_coefficients(prog, cast)
     terms: dict[int, list[str]] = {}
     for reg, coef, *factors in prog.k_terms.tolist():
         names = [f"y{int(f)}" for f in factors if int(f) != S]
-        terms.setdefault(int(reg), []).append(" * ".join([lit(coef), *names]))
-    if S == 0:  # constants: summed in float64 and rounded once, as the generated bodies do
-        consts = np.zeros(max(prog.num_k, 1))
-        for reg, coef, *_ in prog.k_terms.tolist():
-            consts[int(reg)] += coef
-        return [], {k: lit(consts[k]) for k in range(prog.num_k)}
+        terms.setdefault(int(reg), []).append(" * ".join([literal(coef, cast), *names]))
     lines = [
         f"y{j} = a{int(a)}[{_ROW[int(code)]}, {int(off)}]"
         for j, (a, code, off) in enumerate(zip(rp.sca_arr, rp.sca_code, rp.sca_off))
     ]
-    for k in range(prog.num_k):
-        parts = terms.get(k, [lit(0.0)])
-        lines.append(f"k{k} = " + " + ".join(parts) if len(parts) > 1 else f"k{k} = {parts[0]}")
-    return lines, {k: f"k{k}" for k in range(prog.num_k)}
+    lines += [f"k{k} = " + " + ".join(terms.get(k, [literal(0.0, cast)])) for k in range(prog.num_k)]
+    return lines, [f"k{k}" for k in range(prog.num_k)]
 
 
 def _lane_sum(target: str, first: int, C: int, ind: str) -> list[str]:
@@ -156,11 +151,11 @@ def _store_lines(rp: Any, C: int, per_segment: bool, target_row: str, ind: str) 
     return lines
 
 
-def _row_lines(rp: Any, C: int, cast: str, ind: str) -> list[str]:
-    """One row: its indices, coefficients and the program over its channels."""
+def _row_lines(rp: Any, C: int, cast: str, indices: tuple[int, ...], ind: str) -> list[str]:
+    """One row: its indices (those of :func:`_signature`), coefficients and the program over its
+    channels."""
     prog = rp.program
     V = prog.num_vectors
-    indices = _signature(rp)[1]
     lines = [f"{ind}row = seg_perm[p]"] + [f"{ind}r{i} = idx{i}[row]" for i in indices]
     coef_lines, kname = _coefficient_lines(rp, cast)
     lines += [ind + line for line in coef_lines]
@@ -170,10 +165,9 @@ def _row_lines(rp: Any, C: int, cast: str, ind: str) -> list[str]:
     for j, (a, code, base) in enumerate(zip(rp.vec_arr, rp.vec_code, rp.vec_base)):
         lines.append(f"{inner}v{j} = a{int(a)}[{_ROW[int(code)]}, {int(base)} + c]")
         name[j] = f"v{j}"
-    zero = f"{cast}(0.0)" if cast else "0.0"
     for j, seg in enumerate(rp.acc_seg):
         name[V + j] = f"s{j}"
-        lines.append(f"{inner}s{j} = acc[{j * C} + c]" if seg else f"{inner}s{j} = {zero}")
+        lines.append(f"{inner}s{j} = acc[{j * C} + c]" if seg else f"{inner}s{j} = zero")
     lines += [inner + line for line in instruction_lines(prog, name, kname.__getitem__)]
     lines += [f"{inner}acc[{j * C} + c] = {name[V + j]}" for j in range(prog.num_accumulators)]
     return lines + _store_lines(rp, C, False, "row", ind)
@@ -192,7 +186,7 @@ def kernel_source(rp: Any, channels: int, dtype: str) -> str:
     body = [
         *[line for j in zeroed for line in (f"    for c in range({C}):", f"        acc[{j * C} + c] = zero")],
         "    for p in range(seg_ptr[s], seg_ptr[s + 1]):",
-        *_row_lines(rp, C, cast, "        "),
+        *_row_lines(rp, C, cast, indices, "        "),
         "    q = seg_row[s]",
         *_store_lines(rp, C, True, "q", "    "),
     ]
@@ -201,7 +195,7 @@ def kernel_source(rp: Any, channels: int, dtype: str) -> str:
     return "\n".join(
         ["@njit(cache=True, fastmath=FASTMATH, nogil=True)", f"def run_segments(lo, hi, {args}):"]
         + [f"    acc = np.empty({acc_size}, dtype=np.{dtype})", f"    lanes = np.empty({LANES}, dtype=np.{dtype})"]
-        + [f"    zero = {cast}(0.0)" if cast else "    zero = 0.0", "    for s in range(lo, hi):"]
+        + [f"    zero = {literal(0.0, cast)}", "    for s in range(lo, hi):"]
         + ["    " + line for line in body]
         + ["", "", "@njit(cache=True, parallel=True)", f"def run_parallel(size, {args}):"]
         + ["    n = seg_ptr.shape[0] - 1"]

@@ -35,7 +35,14 @@ import numpy as np
 from workbench.kernels.descriptor.program import ADD_AXPY, ADD_K, ADD_MUL, SET_AXPY, SET_K, SET_MUL, VectorProgram
 from workbench.kernels.options import kernel_options
 
-__all__ = ["DEFAULT_MAX_INSTRUCTIONS", "body_source", "instruction_lines", "use_generated"]
+__all__ = [
+    "DEFAULT_MAX_INSTRUCTIONS",
+    "body_source",
+    "constant_coefficients",
+    "instruction_lines",
+    "literal",
+    "use_generated",
+]
 
 #: largest program (instructions) ``WORKBENCH_CPU_KERNELS=generated`` compiles to straight-line code
 DEFAULT_MAX_INSTRUCTIONS = 1000
@@ -73,16 +80,7 @@ def body_source(program: VectorProgram, channels: int, dtype: str, per_segment: 
     V = program.num_vectors
     cast = "" if dtype == "float64" else "f32"
     varying = program.num_scalars > 0
-    consts = np.zeros(max(program.num_k, 1))
-    if not varying:
-        for r, coef, *_ in program.k_terms:
-            consts[int(r)] += coef
-
-    def kname(k: int) -> str:
-        if varying:
-            return f"k{k}"
-        return f"{cast}({float(consts[k])!r})" if cast else repr(float(consts[k]))
-
+    kname = (lambda k: f"k{k}") if varying else constant_coefficients(program, cast).__getitem__
     lines = [f"k{k} = K_rows[krow, {k}]" for k in range(program.num_k)] if varying else []
     lines.append(f"for c in range({C}):")
     ind = "    "
@@ -100,6 +98,20 @@ def body_source(program: VectorProgram, channels: int, dtype: str, per_segment: 
     for j in range(A):
         lines.append(f"{ind}F[{(V + j) * C} + c] = s{j}")
     return lines
+
+
+def literal(value: float, cast: str) -> str:
+    """``value`` as a source literal, wrapped in ``cast`` (``"f32"``: a float32 constant) if any."""
+    return f"{cast}({float(value)!r})" if cast else repr(float(value))
+
+
+def constant_coefficients(program: VectorProgram, cast: str) -> list[str]:
+    """The literal of each coefficient register of a program without broadcast scalars: its
+    terms summed in float64, rounded once."""
+    consts = np.zeros(max(program.num_k, 1))
+    for r, coef, *_ in program.k_terms.tolist():
+        consts[int(r)] += coef
+    return [literal(v, cast) for v in consts]
 
 
 def instruction_lines(program: VectorProgram, name: dict[int, str], kname) -> list[str]:
