@@ -17,8 +17,8 @@ import pytest
 import torch
 from nequip_fixtures import batch, build_model, default_cpu_kernels, mixed_frames, outputs, rel
 
-from workbench.kernels import accelerate
-from workbench.kernels.nequip import tp_scatter
+from workbench.kernels import accelerate, silu
+from workbench.kernels.nequip import radial, tp_scatter
 
 CONFIGS = {
     "lmax1-parity-2types": {"l_max": 1, "parity": True},
@@ -29,7 +29,13 @@ CONFIGS = {
         "per_type_energy_scales_trainable": True,
         "per_type_energy_shifts_trainable": True,
     },
-    "lmax3-parity-deep-radial": {"l_max": 3, "parity": True, "radial_mlp_depth": 2, "num_bessels": 6},
+    "lmax3-parity-deep-radial": {
+        "l_max": 3,
+        "parity": True,
+        "radial_mlp_depth": 2,
+        "num_bessels": 6,
+        "bessel_trainable": True,
+    },
     # nequip's minimal_toy_emt.yaml model (l_max 1, 3 layers, 16 features, float64), one species
     "toy-emt-config": {"l_max": 1, "num_layers": 3, "num_features": 16, "radial_mlp_width": 8, "num_types": 1},
     "per-edge-type-cutoffs": {"l_max": 2, "per_edge_type_cutoff": {"H": 2.6, "C": {"H": 3.0, "C": 3.5}}},
@@ -49,6 +55,8 @@ def test_float64_parity_with_nequips_e3nn_path(name, monkeypatch):
     fast = copy.deepcopy(model)
     assert accelerate(fast, backend="numba") is fast
     assert sum(tp_scatter.is_workbench(m) for m in fast.modules()) == kw.get("num_layers", 2)
+    assert sum(radial.SWAP.is_ours(m) for m in fast.modules()) == 1  # the Bessel encoding and the
+    assert sum(silu.SWAP.is_ours(m) for m in fast.modules()) >= kw.get("num_layers", 2)  # MLPs' SiLU too
     got = outputs(fast, data)
     assert got.keys() == ref.keys() and len([k for k in ref if k.startswith("grad:")]) >= 10
     worst = {k: rel(got[k], ref[k]) for k in ref}

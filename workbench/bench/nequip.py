@@ -120,8 +120,9 @@ def _zero_contraction(self, x1, x2, idxs):
 def free_ops(model: Any, family: str) -> Any:
     """``model`` (in place) with the ops the kernels replace costing next to nothing: NequIP's
     ``TensorProductScatter`` and Allegro's contraction return zeros (still wired to their inputs,
-    so every other op's forward and backward runs). Its step time is what no kernel can remove:
-    ``native / free`` bounds the speedup that faster kernels alone can give."""
+    so every other op's forward and backward runs), and the rest as :func:`accelerate` leaves it
+    (its companion swaps: the radial basis, the MLPs' SiLU). Its step time is what no faster
+    hot-op kernel can remove: ``native / free`` bounds the speedup such kernels can give."""
     if family == "nequip":
         from workbench.kernels.nequip.tp_scatter import SWAP
 
@@ -130,6 +131,7 @@ def free_ops(model: Any, family: str) -> Any:
         from workbench.kernels.allegro.contracter import SWAP
 
         name, fn = "_contract_conv", _zero_contraction
+    SWAP.swap_companions(model, "numba")
     for m in model.modules():
         if SWAP.is_native(m):
             setattr(m, name, fn.__get__(m))

@@ -5,6 +5,11 @@ NequIP's ``TensorProductScatter`` and Allegro's ``Contracter`` go to the workben
 ``state_dict`` and the optimizer's references stay the library's. :class:`ClassSwap` is that
 swap and, through its methods, the whole adapter protocol of
 :class:`~workbench.kernels.registry.ModelAdapter`; a family's ``adapter`` module only names them.
+
+A swap may bring **companions**: swaps of modules around the hot op that compute the same
+values with fewer passes (the radial basis, the radial MLP's activation). They go onto the
+workbench with the hot op, exact-class modules only (a subclass of someone else's is left
+alone), and back with it; they are not ops of their own.
 """
 
 from __future__ import annotations
@@ -36,6 +41,12 @@ class ClassSwap:
     modifiers: str
     check: Callable[[torch.nn.Module], object]
     site: Callable[[torch.nn.Module], tuple[object, int]]
+    companions: tuple[ClassSwap, ...] = ()
+
+    @classmethod
+    def companion(cls, name: str, native_path: str, ours: LazyClass, what: str) -> ClassSwap:
+        """A companion swap: no op of its own, nothing to check, no kernel site."""
+        return cls(name, native_path, ours, what, "", lambda m: None, lambda m: (None, 0))
 
     @property
     def OPS(self) -> tuple[str, ...]:
@@ -96,12 +107,22 @@ class ClassSwap:
                 raise TypeError(f"{name} ({type(m).__name__}): {exc}") from None
         for _, m in sites:
             self.swap(m, backend)
+        if sites:
+            self.swap_companions(model, backend)
+
+    def swap_companions(self, model: torch.nn.Module, backend: str) -> None:
+        """The companions' modules of ``model`` onto ``backend`` (exact-class ones only)."""
+        for companion in self.companions:
+            for _, m in companion._sites(model):
+                if companion.is_native(m) or companion.is_ours(m):
+                    companion.swap(m, backend)
 
     def to_native(self, model: torch.nn.Module, ops: Sequence[str]) -> None:
         if self.op in ops:
-            for _, m in self._sites(model):
-                if self.is_ours(m):
-                    self.unswap(m)
+            for swap in (self, *self.companions):
+                for _, m in swap._sites(model):
+                    if swap.is_ours(m):
+                        swap.unswap(m)
 
     def accelerated(self, model: torch.nn.Module) -> dict[str, bool]:
         return {self.op: any(self.is_ours(m) for _, m in self._sites(model))}

@@ -24,9 +24,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from workbench.kernels import silu
 from workbench.kernels.class_swap import ClassSwap
 from workbench.kernels.descriptor import Operand, SparsePolynomial
 from workbench.kernels.lazy_class import LazyClass
+from workbench.kernels.nequip import radial
 from workbench.kernels.ops import PolyOp, apply_poly_op
 
 __all__ = ["SWAP", "WorkbenchContracter", "contracter_polynomial", "is_native", "is_workbench"]  # noqa: F822
@@ -99,6 +101,7 @@ SWAP = ClassSwap(
     "Allegro's own modifiers (enable_CuEquivarianceContracter, enable_TritonContracter)",
     contracter_polynomial,
     lambda m: (m.contraction_op(), m.mul),
+    companions=(radial.SWAP, silu.SWAP),  # the radial basis and MLP go with the hot op
 )
 __getattr__ = SWAP.ours.module_getattr
 is_native, is_workbench = SWAP.is_native, SWAP.is_ours

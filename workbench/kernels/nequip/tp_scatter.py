@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import torch
 
+from workbench.kernels import silu
 from workbench.kernels.class_swap import ClassSwap
 from workbench.kernels.e3nn_tp import ChannelwiseOpCache, channelwise_tp_op
 from workbench.kernels.lazy_class import LazyClass
+from workbench.kernels.nequip import radial
 from workbench.kernels.ops import EdgeGraph, EdgePolyOp, apply_edge_poly_op
 
 __all__ = ["SWAP", "WorkbenchTensorProductScatter", "is_native", "is_workbench"]  # noqa: F822 (module __getattr__)
@@ -62,6 +64,7 @@ SWAP = ClassSwap(
     "nequip's own modifiers (enable_CuEquivariance, enable_OpenEquivariance)",
     _check,
     _site,
+    companions=(radial.SWAP, silu.SWAP),  # the radial basis and MLP go with the hot op
 )
 __getattr__ = SWAP.ours.module_getattr
 is_native, is_workbench = SWAP.is_native, SWAP.is_ours

@@ -1,0 +1,112 @@
+"""The swaps that go with the hot op (:mod:`workbench.kernels.nequip.radial`, :mod:`workbench.kernels.silu`):
+nequip's Bessel edge encoding and the MLPs' SiLU give nequip's values and derivatives, go onto
+the workbench with ``accelerate`` and come back with ``backend="e3nn"``."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from nequip_fixtures import build_allegro, build_model
+from torch.autograd import gradcheck, gradgradcheck
+
+from workbench.kernels import accelerate, silu
+from workbench.kernels.nequip import radial
+
+
+def _encoding(trainable: bool, cutoff: torch.nn.Module | None = None, p: float = 6.0):
+    from nequip.nn.embedding import BesselEdgeLengthEncoding, PolynomialCutoff
+
+    m = BesselEdgeLengthEncoding(cutoff=cutoff or PolynomialCutoff(p), num_bessels=7, trainable=trainable)
+    m._output_dtype = torch.float64
+    if trainable:  # away from 1..N, so that a wrong weight derivative shows
+        with torch.no_grad():
+            m.bessel_weights.add_(0.1 * torch.randn(m.bessel_weights.shape, dtype=torch.float64))
+    return m
+
+
+def _lengths(seed: int, n: int = 29) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (0.05 + 1.1 * torch.rand(n, 1, generator=g, dtype=torch.float64)).requires_grad_()  # some beyond the cutoff
+
+
+def _embed(m: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from nequip.data import AtomicDataDict
+
+    out = m({AtomicDataDict.NORM_LENGTH_KEY: x})
+    return out[AtomicDataDict.EDGE_EMBEDDING_KEY], out[AtomicDataDict.EDGE_CUTOFF_KEY]
+
+
+def _derivatives(m: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """Embedding, cutoff, d/dx and the gradients of a force-like loss to x and the weights."""
+    e, c = _embed(m, x)
+    g = torch.Generator().manual_seed(3)
+    v = torch.randn(e.shape, generator=g, dtype=e.dtype)
+    (dx,) = torch.autograd.grad((e * v).sum() + c.sum(), x, create_graph=True)
+    wrt = [x] + list(m.parameters())
+    return [e, c, dx, *torch.autograd.grad((dx**2).sum(), wrt)]
+
+
+class _SquareCutoff(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (1.0 - x).clamp(min=0.0) ** 2
+
+
+@pytest.mark.parametrize("trainable", [False, True])
+@pytest.mark.parametrize("cutoff", ["polynomial-6", "polynomial-3", "another module"])
+def test_bessel_encoding_matches_nequips_to_the_second_derivative(trainable, cutoff):
+    made = _SquareCutoff() if cutoff == "another module" else None
+    native = _encoding(trainable, made, p=float(cutoff.rpartition("-")[2]) if made is None else 6.0)
+    ours = copy.deepcopy(native)
+    radial.SWAP.swap(ours, "numba")
+    assert isinstance(ours, radial.WorkbenchBesselEdgeLengthEncoding)
+    assert (radial._power(ours.cutoff) is None) == (made is not None)  # Horner's rule for nequip's own
+    x = _lengths(1)
+    assert bool((x > 1).any()) and bool((x < 1).any())
+    ref, got = _derivatives(native, x), _derivatives(ours, x)
+    assert len(got) == (5 if trainable else 4)
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert (a - b).abs().max() <= 1e-12 * b.abs().max(), i
+
+
+def test_gradcheck_and_gradgradcheck_in_length_and_weights():
+    m = _encoding(trainable=True)
+    radial.SWAP.swap(m, "numba")
+    x = _lengths(2, 6)
+    w = m.bessel_weights.detach().clone().requires_grad_()
+    del m._parameters["bessel_weights"]  # a plain attribute from here on: g sets it
+
+    def g(x, w):
+        m.bessel_weights = w
+        return _embed(m, x)[0]
+
+    assert gradcheck(g, (x, w)) and gradgradcheck(g, (x, w))
+
+
+def test_float32_output_from_float64_lengths():
+    native = _encoding(False)
+    ours = copy.deepcopy(native)
+    radial.SWAP.swap(ours, "numba")
+    for m in (native, ours):
+        m._output_dtype = torch.float32
+    x = _lengths(4)
+    (e32, c32), (e64, _c64) = _embed(ours, x), _embed(native, x)
+    assert e32.dtype == c32.dtype == torch.float32
+    assert (e32.double() - e64.double()).abs().max() <= 1e-6 * e64.abs().max()
+
+
+@pytest.mark.parametrize("family", ["nequip", "allegro"])
+def test_accelerate_brings_the_companions_and_e3nn_takes_them_back(family):
+    model = build_model(l_max=1) if family == "nequip" else build_allegro()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    sites = {"bessel": radial.SWAP, "silu": silu.SWAP}
+    natives = {k: sum(s.is_native(m) for m in model.modules()) for k, s in sites.items()}
+    assert natives["bessel"] == 1 and natives["silu"] >= 2
+    accelerate(model, backend="torch")
+    ours = [m for s in sites.values() for m in model.modules() if s.is_ours(m)]
+    assert len(ours) == sum(natives.values()) and {m.kernel_backend for m in ours} == {"torch"}
+    accelerate(model, backend="e3nn")
+    assert {k: sum(s.is_native(m) for m in model.modules()) for k, s in sites.items()} == natives
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)

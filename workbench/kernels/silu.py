@@ -1,0 +1,129 @@
+r"""SiLU whose derivatives are one pass each: what a radial MLP pays in force training.
+
+.. math::
+
+    f(z) = z\,\sigma(z), \quad
+    f' = \sigma\,(1 + z(1-\sigma)), \quad
+    f'' = \sigma(1-\sigma)\,(2 + z(1-2\sigma)), \quad
+    f''' = \sigma(1-\sigma)\,\big((1-2\sigma)(3 + z(1-2\sigma)) - 2z\sigma(1-\sigma)\big)
+
+Training on forces differentiates a radial MLP twice (forces, then the loss's gradient to the
+weights). torch writes SiLU's second derivative as about ten elementwise ops over ``[edges,
+width]``, each a pass through memory; here it is one numba pass on the CPU
+(:func:`_second_cpu`, after torch's sigmoid) that writes both of its outputs. The chain is
+
+* :class:`_SiLU`: ``z -> f(z)`` (torch's own kernel), backward :class:`_SiLUGrad`;
+* :class:`_SiLUGrad`: ``(z, g) -> g f'(z)`` (torch's ``silu_backward``), backward :class:`_SiLUGrad2`;
+* :class:`_SiLUGrad2`: ``(z, g, h) -> (h g f''(z), h f'(z))``, backward in torch ops, so every
+  higher order is still right (slowly).
+
+Values agree with torch's SiLU to rounding. On CUDA tensors, or with ``fused=False``, the
+second derivative runs as torch ops. :data:`SWAP` turns ``torch.nn.SiLU`` modules into
+:class:`WorkbenchSiLU` in place (a companion of a family's hot-op swap,
+:class:`~workbench.kernels.class_swap.ClassSwap`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from workbench.kernels.class_swap import ClassSwap
+from workbench.kernels.lazy_class import LazyClass
+
+__all__ = ["SWAP", "WorkbenchSiLU", "silu"]  # noqa: F822 (module __getattr__)
+
+
+@njit(parallel=True, cache=True, fastmath={"contract"})
+def _second_cpu(z, sig, g, h, dz, dg):  # pragma: no cover - compiled by numba
+    for i in prange(z.shape[0]):  # the sigmoid comes from torch: numba's exp is scalar, 3x slower
+        zi, s = z[i], sig[i]
+        u = s * (1.0 - s)
+        dz[i] = h[i] * g[i] * (u * (2.0 + zi * (1.0 - 2.0 * s)))
+        dg[i] = h[i] * (s + zi * u)
+
+
+def _sigmoid_terms(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(f', f'', s(1-s))`` of SiLU at ``z``, in torch ops (differentiable)."""
+    s = torch.sigmoid(z)
+    u = s * (1 - s)
+    return s + z * u, u * (2 + z * (1 - 2 * s)), u
+
+
+def _second_torch(z: torch.Tensor, g: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    d1, d2, _ = _sigmoid_terms(z)
+    return h * g * d2, h * d1
+
+
+def _flat(t: torch.Tensor) -> np.ndarray:
+    return t.detach().contiguous().reshape(-1).numpy()
+
+
+class _SiLUGrad2(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z, g, h, fused: bool):
+        ctx.save_for_backward(z, g, h)
+        if not (fused and z.device.type == "cpu"):
+            return _second_torch(z, g, h)
+        dz = torch.empty(z.shape, dtype=z.dtype)
+        dg = torch.empty_like(dz)
+        sig = _flat(torch.sigmoid(z.detach()))
+        _second_cpu(_flat(z), sig, _flat(g), _flat(h), dz.view(-1).numpy(), dg.view(-1).numpy())
+        return dz, dg
+
+    @staticmethod
+    def backward(ctx, a, b):
+        z, g, h = ctx.saved_tensors
+        d1, d2, u = _sigmoid_terms(z)
+        s = torch.sigmoid(z)  # f''' (the terms of the third derivative) in torch ops: any order stays right
+        d3 = u * ((1 - 2 * s) * (3 + z * (1 - 2 * s)) - 2 * z * u)
+        return a * h * g * d3 + b * h * d2, a * h * d2, a * g * d2 + b * d1, None
+
+
+class _SiLUGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z, g, fused: bool):
+        ctx.save_for_backward(z, g)
+        ctx.fused = fused
+        return torch.ops.aten.silu_backward(g, z)
+
+    @staticmethod
+    def backward(ctx, h):
+        z, g = ctx.saved_tensors
+        dz, dg = _SiLUGrad2.apply(z, g, h, ctx.fused)
+        return dz, dg, None
+
+
+class _SiLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z, fused: bool):
+        ctx.save_for_backward(z)
+        ctx.fused = fused
+        return torch.nn.functional.silu(z)
+
+    @staticmethod
+    def backward(ctx, g):
+        (z,) = ctx.saved_tensors
+        return _SiLUGrad.apply(z, g, ctx.fused), None
+
+
+def silu(z: torch.Tensor, fused: bool = True) -> torch.Tensor:
+    """``z * sigmoid(z)``, shape kept, differentiable to any order; ``fused``: the second
+    derivative as one numba pass when ``z`` is on the CPU."""
+    return _SiLU.apply(z, fused)
+
+
+def _make_class() -> type:
+    class WorkbenchSiLU(torch.nn.SiLU):
+        """``torch.nn.SiLU`` through :func:`silu` (never in place); the fused second derivative
+        on the ``numba`` backend, torch ops on the others."""
+
+        def forward(self, input: torch.Tensor) -> torch.Tensor:
+            return silu(input, fused=self.__dict__.get("kernel_backend", "numba") == "numba")
+
+    return WorkbenchSiLU
+
+
+SWAP = ClassSwap.companion("silu", "torch.nn.SiLU", LazyClass(globals(), "WorkbenchSiLU", _make_class), "torch's SiLU")
+__getattr__ = SWAP.ours.module_getattr
