@@ -12,6 +12,7 @@ from nequip_fixtures import batch, build_allegro, default_cpu_kernels, mixed_fra
 
 from workbench.kernels import accelerate, silu
 from workbench.kernels.allegro import contracter
+from workbench.kernels.nequip import radial
 
 CONFIGS = {
     "lmax2-coupled": {},
@@ -44,7 +45,8 @@ def test_float64_parity_with_allegros_own_path(name, monkeypatch):
     accelerate(fast, backend="numba")
     sites = [m for m in fast.modules() if contracter.is_workbench(m)]
     assert len(sites) == 2 and any(m.w3j_is_ij_diagonal for m in sites)  # the last layer's diagonal w3j
-    assert any(silu.SWAP.is_ours(m) for m in fast.modules())  # the MLPs' SiLU goes along
+    assert any(silu.SWAP.is_ours(m) for m in fast.modules())  # the MLPs' SiLU goes along, and the
+    assert sum(radial.SWAP.is_ours(m) for m in fast.modules()) == ("Spline" not in str(kw))  # Bessel embedding
     got = outputs(fast, data)
     assert got.keys() == ref.keys() and any(k.endswith("weights") for k in ref)
     worst = {k: rel(got[k], ref[k]) for k in ref}

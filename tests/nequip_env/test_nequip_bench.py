@@ -25,6 +25,7 @@ def test_free_ops_zero_only_the_replaced_ops():
         for m in free.modules():
             if type(m).__name__ == cls:
                 m.register_forward_hook(lambda mod, args, out, record=record: record(out))
+        assert any(type(m).__name__ == "WorkbenchSiLU" for m in free.modules())  # the companions stay
         loss = train_step(free.train(), data)
         assert outputs and all(torch.count_nonzero(o) == 0 for o in outputs)
         assert torch.isfinite(loss)
@@ -64,7 +65,7 @@ def test_gpu_backends_are_skipped_with_their_reason_where_they_cannot_run(tmp_pa
     res = bench_nequip(
         configs=["tutorial"], dtypes=["float64"], repeat=1, repeats=1, backends=["cueq", "oeq"], out=tmp_path / "n.json"
     )
-    assert res["backends"] == list(BACKENDS) and res["machine"]["device"] == "cpu"
+    assert res["backends"] == [b for b in BACKENDS if b != "hot"] and res["machine"]["device"] == "cpu"
     nequip, allegro = res["cases"]
     assert nequip["skipped"] == {
         "cueq_md": "LookupError: enable_CuEquivariance needs a CUDA device",
@@ -78,7 +79,33 @@ def test_gpu_backends_are_skipped_with_their_reason_where_they_cannot_run(tmp_pa
     table = format_table(res)
     assert "MD cueq/numba" in table and "train oeq/numba" in table and "skipped" in table.splitlines()[3]
     assert "allegro tutorial float64: oeq train skipped (LookupError: allegro has no oeq modifier)" in table
-    with pytest.raises(ValueError, match="unknown cuda; choose from native, numba, free, cueq, oeq"):
+    with pytest.raises(ValueError, match="unknown cuda; choose from native, numba, free, hot, cueq, oeq"):
         bench_nequip(backends=["cuda"], out=tmp_path / "x.json")
     with pytest.raises(ValueError, match="--device: 'gpu' is not cpu, cuda or cuda:N"):
         bench_nequip(device="gpu", out=tmp_path / "x.json")
+
+
+def test_hot_backend_is_the_hot_op_without_its_companions(tmp_path):
+    """``--backends hot``: ours with the hot op swapped and every companion left as the family's,
+    timed beside ours, its time over ours in the table."""
+    from workbench.bench.nequip import bench_nequip, build, format_table, hot_op_only
+    from workbench.kernels import e3nn_linear, silu
+    from workbench.kernels.nequip import radial, tp_scatter
+
+    model = hot_op_only(build("nequip", "tutorial", "float64"), "nequip")
+    assert sum(tp_scatter.is_workbench(m) for m in model.modules()) == 3
+    companions = (radial.SWAP, silu.SWAP, e3nn_linear.SWAP)
+    assert not any(c.is_ours(m) for c in companions for m in model.modules())
+    assert all(any(c.is_native(m) for m in model.modules()) for c in companions)
+    res = bench_nequip(
+        families=["nequip"],
+        configs=["tutorial"],
+        dtypes=["float32"],
+        repeat=1,
+        repeats=1,
+        backends=["hot"],
+        out=tmp_path / "n.json",
+    )
+    (case,) = res["cases"]
+    assert case["hot_over_numba_md"] == case["hot_md"] / case["numba_md"] > 0
+    assert "MD hot/numba" in format_table(res)

@@ -11,7 +11,7 @@ import torch
 from nequip_fixtures import build_allegro, build_model
 from torch.autograd import gradcheck, gradgradcheck
 
-from workbench.kernels import accelerate, silu
+from workbench.kernels import accelerate, e3nn_linear, silu
 from workbench.kernels.nequip import radial
 
 
@@ -53,15 +53,28 @@ class _SquareCutoff(torch.nn.Module):
         return (1.0 - x).clamp(min=0.0) ** 2
 
 
+def _cutoff(kind: str) -> torch.nn.Module | None:
+    from nequip.nn.embedding import PolynomialCutoff
+
+    class Subclass(PolynomialCutoff):  # its own forward: must be called, not read as a polynomial
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) * (1.0 + 0.1 * x)
+
+    made = {"another module": _SquareCutoff(), "a subclass": Subclass(6.0)}
+    made["scripted-5"] = torch.jit.script(PolynomialCutoff(5.0))
+    return made.get(kind)
+
+
 @pytest.mark.parametrize("trainable", [False, True])
-@pytest.mark.parametrize("cutoff", ["polynomial-6", "polynomial-3", "another module"])
+@pytest.mark.parametrize("cutoff", ["polynomial-6", "polynomial-3", "scripted-5", "a subclass", "another module"])
 def test_bessel_encoding_matches_nequips_to_the_second_derivative(trainable, cutoff):
-    made = _SquareCutoff() if cutoff == "another module" else None
+    made = _cutoff(cutoff)
     native = _encoding(trainable, made, p=float(cutoff.rpartition("-")[2]) if made is None else 6.0)
     ours = copy.deepcopy(native)
     radial.SWAP.swap(ours, "numba")
     assert isinstance(ours, radial.WorkbenchBesselEdgeLengthEncoding)
-    assert (radial._power(ours.cutoff) is None) == (made is not None)  # Horner's rule for nequip's own
+    horner = cutoff.startswith(("polynomial", "scripted"))
+    assert (radial._power(ours.cutoff) is not None) == horner  # Horner's rule for exactly nequip's own
     x = _lengths(1)
     assert bool((x > 1).any()) and bool((x < 1).any())
     ref, got = _derivatives(native, x), _derivatives(ours, x)
@@ -85,24 +98,49 @@ def test_gradcheck_and_gradgradcheck_in_length_and_weights():
 
 
 def test_float32_output_from_float64_lengths():
-    native = _encoding(False)
+    native = _encoding(False)  # float64 output: the reference
     ours = copy.deepcopy(native)
     radial.SWAP.swap(ours, "numba")
-    for m in (native, ours):
-        m._output_dtype = torch.float32
+    ours._output_dtype = torch.float32
     x = _lengths(4)
-    (e32, c32), (e64, _c64) = _embed(ours, x), _embed(native, x)
-    assert e32.dtype == c32.dtype == torch.float32
-    assert (e32.double() - e64.double()).abs().max() <= 1e-6 * e64.abs().max()
+    (e32, c32), (e64, c64) = _embed(ours, x), _embed(native, x)
+    assert e32.dtype == c32.dtype == torch.float32 and e64.dtype == torch.float64
+    assert (e32.double() - e64).abs().max() <= 1e-6 * e64.abs().max()
+    assert (c32.double() - c64).abs().max() <= 1e-6
+
+
+def test_coincident_atoms_give_nequips_limit():
+    native = _encoding(True)
+    ours = copy.deepcopy(native)
+    radial.SWAP.swap(ours, "numba")
+    x = torch.tensor([[0.0], [0.3]], dtype=torch.float64)
+    (a, _), (b, _) = _embed(ours, x), _embed(native, x)
+    assert torch.isfinite(a).all() and (a - b).abs().max() <= 1e-12 * b.abs().max()
+
+
+class MySiLU(torch.nn.SiLU):
+    """Someone else's subclass: accelerate must leave it as it is."""
+
+
+def test_subclasses_are_left_alone_and_a_swapped_model_pickles():
+    import pickle
+
+    model = build_model(l_max=1)
+    model.extra = torch.nn.Sequential(MySiLU())  # someone else's subclass
+    accelerate(model, backend="numba")
+    assert type(model.extra[0]) is MySiLU
+    again = pickle.loads(pickle.dumps(model))
+    assert sum(radial.SWAP.is_ours(m) for m in again.modules()) == 1
+    assert sum(silu.SWAP.is_ours(m) for m in again.modules()) == sum(silu.SWAP.is_ours(m) for m in model.modules())
 
 
 @pytest.mark.parametrize("family", ["nequip", "allegro"])
 def test_accelerate_brings_the_companions_and_e3nn_takes_them_back(family):
     model = build_model(l_max=1) if family == "nequip" else build_allegro()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    sites = {"bessel": radial.SWAP, "silu": silu.SWAP}
+    sites = {"bessel": radial.SWAP, "silu": silu.SWAP, "linear": e3nn_linear.SWAP}
     natives = {k: sum(s.is_native(m) for m in model.modules()) for k, s in sites.items()}
-    assert natives["bessel"] == 1 and natives["silu"] >= 2
+    assert natives["bessel"] == 1 and natives["silu"] >= 2 and natives["linear"] >= (4 if family == "nequip" else 0)
     accelerate(model, backend="torch")
     ours = [m for s in sites.values() for m in model.modules() if s.is_ours(m)]
     assert len(ours) == sum(natives.values()) and {m.kernel_backend for m in ours} == {"torch"}

@@ -11,7 +11,9 @@ in float32) and, as "bound", the speedup with the replaced ops costing nothing (
 what the rest of the model leaves to gain. On a GPU (``device="cuda"``) the families' own kernel
 modifiers join as ``cueq`` (cuEquivariance: NequIP's ``enable_CuEquivariance``, Allegro's
 ``enable_CuEquivarianceContracter``) and ``oeq`` (OpenEquivariance, NequIP only), and the table
-gives their times over ours. A backend step that cannot run here (not installed, no such modifier
+gives their times over ours. ``hot`` (asked for with ``--backends``, on any device) is ours with
+the hot op alone, without the companion swaps (the radial basis, SiLU, e3nn's linears): its
+time over ours is what the companions give. A backend step that cannot run here (not installed, no such modifier
 for the family, a modifier that replaces nothing, one asked for off a GPU, a failing first step)
 is recorded as skipped with the reason. The JSON is rewritten after every case.
 """
@@ -39,7 +41,9 @@ MODELS: dict[tuple[str, str], dict[str, Any]] = {
 }
 #: the family's own modules, ours, theirs with the replaced ops costing nothing (:func:`free_ops`),
 #: and their GPU kernel modifiers
-BACKENDS = ("native", "numba", "free", "cueq", "oeq")
+BACKENDS = ("native", "numba", "free", "hot", "cueq", "oeq")
+#: backends the table shows as their time over ours (above 1: ours is faster)
+OVER_OURS = ("hot", "cueq", "oeq")
 #: the family's own modifier per GPU backend (a pair not here: the family has none)
 MODIFIERS = {
     ("nequip", "cueq"): "enable_CuEquivariance",
@@ -123,14 +127,8 @@ def free_ops(model: Any, family: str) -> Any:
     so every other op's forward and backward runs), and the rest as :func:`accelerate` leaves it
     (its companion swaps: the radial basis, the MLPs' SiLU). Its step time is what no faster
     hot-op kernel can remove: ``native / free`` bounds the speedup such kernels can give."""
-    if family == "nequip":
-        from workbench.kernels.nequip.tp_scatter import SWAP
-
-        name, fn = "forward", _zero_message
-    else:
-        from workbench.kernels.allegro.contracter import SWAP
-
-        name, fn = "_contract_conv", _zero_contraction
+    name, fn = ("forward", _zero_message) if family == "nequip" else ("_contract_conv", _zero_contraction)
+    SWAP = _family_swap(family)
     SWAP.swap_companions(model, "numba")
     for m in model.modules():
         if SWAP.is_native(m):
@@ -138,9 +136,30 @@ def free_ops(model: Any, family: str) -> Any:
     return model
 
 
+def hot_op_only(model: Any, family: str) -> Any:
+    """``model`` (in place) accelerated without the companion swaps: the hot op alone."""
+    from workbench.kernels import accelerate
+
+    swap = _family_swap(family)
+    accelerate(model, backend="numba")
+    for companion in swap.companions:
+        for m in model.modules():
+            if companion.is_ours(m):
+                companion.unswap(m)
+    return model
+
+
+def _family_swap(family: str):
+    if family == "nequip":
+        from workbench.kernels.nequip.tp_scatter import SWAP
+    else:
+        from workbench.kernels.allegro.contracter import SWAP
+    return SWAP
+
+
 def default_backends(device: str) -> tuple[str, ...]:
-    """Every backend on a GPU; the three that run on a CPU otherwise."""
-    return BACKENDS if device.startswith("cuda") else REQUIRED
+    """Every backend but ``hot`` on a GPU; the three required ones on a CPU."""
+    return tuple(b for b in BACKENDS if b != "hot") if device.startswith("cuda") else REQUIRED
 
 
 def check_backends(backends: Sequence[str]) -> tuple[str, ...]:
@@ -164,6 +183,8 @@ def variant(native: Any, family: str, backend: str, device: str = "cpu") -> Any:
         return accelerate(copy.deepcopy(native), backend="numba")
     if backend == "free":
         return free_ops(copy.deepcopy(native), family)
+    if backend == "hot":
+        return hot_op_only(copy.deepcopy(native), family)
     name = MODIFIERS.get((family, backend))
     if name is None:
         raise LookupError(f"{family} has no {backend} modifier")
@@ -231,7 +252,7 @@ def _time(family: str, config: str, dtype: str, data: dict, repeats: int, backen
     for step in STEPS:
         res[f"speedup_{step}"] = res[f"native_{step}"] / res[f"numba_{step}"]
         res[f"bound_{step}"] = res[f"native_{step}"] / res[f"free_{step}"]
-        for other in ("cueq", "oeq"):
+        for other in OVER_OURS:
             if f"{other}_{step}" in res:  # theirs over ours: above 1, ours is faster
                 res[f"{other}_over_numba_{step}"] = res[f"{other}_{step}"] / res[f"numba_{step}"]
     if skipped:
@@ -308,7 +329,8 @@ def _met(case: dict) -> str | None:
 
 
 def _theirs(backend: str, step: str):
-    """A column's value: the family's ``backend`` modifier's time over ours, or why it was skipped."""
+    """A column's value: ``backend``'s time over ours (a family modifier's, or our hot op alone),
+    or why it was skipped."""
 
     def value(case: dict):
         skipped = case.get("skipped", {}).get(f"{backend}_{step}")
@@ -322,7 +344,7 @@ def format_table(res: dict) -> str:
     faster) and, below it, why a backend was skipped."""
     ms = ".1f"
     on_gpu = res["machine"].get("device", "cpu").startswith("cuda")
-    theirs = [b for b in ("cueq", "oeq") if b in res.get("backends", ())]
+    theirs = [b for b in OVER_OURS if b in res.get("backends", ())]
     columns = [Column("family", "family", align="<"), Column("config", "config", align="<")]
     columns.append(Column("dtype", "dtype", align="<"))
     for step, name in (("md", "MD"), ("train", "train")):

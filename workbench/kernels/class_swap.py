@@ -7,9 +7,9 @@ swap and, through its methods, the whole adapter protocol of
 :class:`~workbench.kernels.registry.ModelAdapter`; a family's ``adapter`` module only names them.
 
 A swap may bring **companions**: swaps of modules around the hot op that compute the same
-values with fewer passes (the radial basis, the radial MLP's activation). They go onto the
-workbench with the hot op, exact-class modules only (a subclass of someone else's is left
-alone), and back with it; they are not ops of their own.
+values with fewer passes (the radial basis, the radial MLP's activation, e3nn's linears). They
+go onto the workbench with the hot op, exact-class modules that their check accepts only (a
+subclass of someone else's is left alone), and back with it; they are not ops of their own.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ class ClassSwap:
     ``ours``: the workbench subclass; ``what``: the class in words, for errors; ``modifiers``: the
     library's own accelerations (what ``convert`` points to); ``check``: raises ``ValueError`` for
     a module the kernels cannot run (what it returns is unused); ``site``: ``module -> (op,
-    channels)`` of an accelerated module."""
+    channels)`` of an accelerated module; ``companions``: swaps that go on and off with this one
+    (:meth:`companion`)."""
 
     op: str
     native_path: str
@@ -44,9 +45,17 @@ class ClassSwap:
     companions: tuple[ClassSwap, ...] = ()
 
     @classmethod
-    def companion(cls, name: str, native_path: str, ours: LazyClass, what: str) -> ClassSwap:
-        """A companion swap: no op of its own, nothing to check, no kernel site."""
-        return cls(name, native_path, ours, what, "", lambda m: None, lambda m: (None, 0))
+    def companion(
+        cls,
+        name: str,
+        native_path: str,
+        ours: LazyClass,
+        what: str,
+        check: Callable[[torch.nn.Module], object] | None = None,
+    ) -> ClassSwap:
+        """A companion swap: no op of its own, no kernel site; a module ``check`` refuses
+        (``ValueError``) stays the library's."""
+        return cls(name, native_path, ours, what, "", check or (lambda m: None), lambda m: (None, 0))
 
     @property
     def OPS(self) -> tuple[str, ...]:
@@ -115,6 +124,10 @@ class ClassSwap:
         for companion in self.companions:
             for _, m in companion._sites(model):
                 if companion.is_native(m) or companion.is_ours(m):
+                    try:
+                        companion.check(m)
+                    except ValueError:
+                        continue
                     companion.swap(m, backend)
 
     def to_native(self, model: torch.nn.Module, ops: Sequence[str]) -> None:

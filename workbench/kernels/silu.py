@@ -17,8 +17,10 @@ width]``, each a pass through memory; here it is one numba pass on the CPU
 * :class:`_SiLUGrad2`: ``(z, g, h) -> (h g f''(z), h f'(z))``, backward in torch ops, so every
   higher order is still right (slowly).
 
-Values agree with torch's SiLU to rounding. On CUDA tensors, or with ``fused=False``, the
-second derivative runs as torch ops. :data:`SWAP` turns ``torch.nn.SiLU`` modules into
+Values agree with torch's SiLU to rounding. On CUDA tensors, in other dtypes than float32 and
+float64, or with ``fused=False``, the second derivative runs as torch ops. The module swap
+passes ``fused`` for the ``numba`` backend whatever ``WORKBENCH_CPU_KERNELS`` says (that
+variable picks how the descriptor's passes run; this pass has one form). :data:`SWAP` turns ``torch.nn.SiLU`` modules into
 :class:`WorkbenchSiLU` in place (a companion of a family's hot-op swap,
 :class:`~workbench.kernels.class_swap.ClassSwap`).
 """
@@ -44,15 +46,15 @@ def _second_cpu(z, sig, g, h, dz, dg):  # pragma: no cover - compiled by numba
         dg[i] = h[i] * (s + zi * u)
 
 
-def _sigmoid_terms(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(f', f'', s(1-s))`` of SiLU at ``z``, in torch ops (differentiable)."""
+def _sigmoid_terms(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(f', f'', s, s(1-s))`` of SiLU at ``z`` with ``s = sigmoid(z)``, in torch ops (differentiable)."""
     s = torch.sigmoid(z)
     u = s * (1 - s)
-    return s + z * u, u * (2 + z * (1 - 2 * s)), u
+    return s + z * u, u * (2 + z * (1 - 2 * s)), s, u
 
 
 def _second_torch(z: torch.Tensor, g: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    d1, d2, _ = _sigmoid_terms(z)
+    d1, d2, _, _ = _sigmoid_terms(z)
     return h * g * d2, h * d1
 
 
@@ -64,9 +66,9 @@ class _SiLUGrad2(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z, g, h, fused: bool):
         ctx.save_for_backward(z, g, h)
-        if not (fused and z.device.type == "cpu"):
+        if not (fused and z.device.type == "cpu" and z.dtype in (torch.float32, torch.float64)):
             return _second_torch(z, g, h)
-        dz = torch.empty(z.shape, dtype=z.dtype)
+        dz = torch.empty(z.shape, dtype=z.dtype, device=z.device)
         dg = torch.empty_like(dz)
         sig = _flat(torch.sigmoid(z.detach()))
         _second_cpu(_flat(z), sig, _flat(g), _flat(h), dz.view(-1).numpy(), dg.view(-1).numpy())
@@ -75,8 +77,7 @@ class _SiLUGrad2(torch.autograd.Function):
     @staticmethod
     def backward(ctx, a, b):
         z, g, h = ctx.saved_tensors
-        d1, d2, u = _sigmoid_terms(z)
-        s = torch.sigmoid(z)  # f''' (the terms of the third derivative) in torch ops: any order stays right
+        d1, d2, s, u = _sigmoid_terms(z)  # torch ops: every higher order stays right
         d3 = u * ((1 - 2 * s) * (3 + z * (1 - 2 * s)) - 2 * z * u)
         return a * h * g * d3 + b * h * d2, a * h * d2, a * g * d2 + b * d1, None
 

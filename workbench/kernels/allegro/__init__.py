@@ -4,6 +4,5 @@ Allegro's hot op is its ``Contracter``: a Clebsch-Gordan-sparse bilinear product
 tensor features with the centre atom's environment, channel by channel, weighted per channel
 and path (:mod:`.contracter`), swapped with the same companions as NequIP's (the Bessel
 encoding of its two-body embedding, the MLPs' SiLU). :mod:`.adapter` is the family's entry in
-the registry. Importing
-this package needs nequip-allegro (and e3nn >= 0.6), not mace-torch.
+the registry. Importing this package needs nequip-allegro (and e3nn >= 0.6), not mace-torch.
 """

@@ -26,7 +26,8 @@ MODIFIER = "enable_WorkbenchKernels"
 def _enable(cls, model, backend: str = "numba"):
     """Run the model's hot ops (NequIP's message tensor product and scatter, Allegro's
     contraction) on the workbench's fused kernels (numba CUDA on GPU tensors, CPU loops
-    otherwise); in place, the state dict unchanged. ``backend``:
+    otherwise), with the radial basis and the MLPs' SiLU in fewer passes; in place, the state
+    dict unchanged. ``backend``:
     ``"numba"``, ``"torch"`` (the plain-torch reference) or ``"e3nn"`` (nequip's own modules)."""
     from workbench.kernels.acceleration import accelerate
 

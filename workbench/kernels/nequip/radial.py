@@ -14,9 +14,9 @@ with :math:`w_n` the module's ``bessel_weights`` (:math:`1 \dots N`, trainable o
 divisions over the same shape) times three ``pow`` of the cutoff. Here it is one ``sin`` over
 ``[num_edges, num_bessels]`` times an ``[num_edges, 1]`` factor, in float64 as nequip keeps
 it and plain torch, so every derivative order is exact. Values agree with nequip's to float64
-rounding. Like nequip's model (whose spherical harmonics divide by the length), it has no value
-at :math:`x = 0`: two atoms in one place. A cutoff module other than nequip's
-``PolynomialCutoff`` is called as nequip calls it.
+rounding, and at :math:`x = 0` (two atoms in one place) the embedding is the limit
+:math:`w_n u(0)`, as nequip's ``sinc`` gives. A cutoff module other than exactly nequip's
+``PolynomialCutoff`` (a subclass, a user's own) is called as nequip calls it.
 """
 
 from __future__ import annotations
@@ -37,11 +37,16 @@ def polynomial_cutoff(x: torch.Tensor, p: float) -> torch.Tensor:
     return (1.0 - torch.pow(x, p) * (a - x * (b - c * x))) * (x < 1.0)
 
 
+_SCRIPTED_NAME = "__torch__.nequip.nn.embedding.cutoffs.PolynomialCutoff"
+
+
 def _power(cutoff: torch.nn.Module) -> float | None:
-    """The power of nequip's ``PolynomialCutoff`` (plain or TorchScript), else ``None``."""
+    """The power of exactly nequip's ``PolynomialCutoff`` (plain or TorchScript), else ``None``."""
     from nequip.nn.embedding import PolynomialCutoff
 
-    if isinstance(cutoff, PolynomialCutoff) or getattr(cutoff, "original_name", None) == "PolynomialCutoff":
+    if type(cutoff) is PolynomialCutoff:
+        return float(cutoff.p)
+    if isinstance(cutoff, torch.jit.ScriptModule) and cutoff._c._type().qualified_name() == _SCRIPTED_NAME:
         return float(cutoff.p)
     return None
 
@@ -57,7 +62,9 @@ def _make_class() -> type:
             p = _power(self.cutoff)
             cutoff = self.cutoff(x) if p is None else polynomial_cutoff(x, p)
             data[AtomicDataDict.EDGE_CUTOFF_KEY] = cutoff.to(self._output_dtype)
-            embedding = torch.sin((math.pi * x) * self.bessel_weights) * (cutoff / (math.pi * x))
+            w, apart = self.bessel_weights, x != 0.0
+            scale = cutoff / (math.pi * torch.where(apart, x, 1.0))  # [num_edges, 1]: no 0/0 at x = 0
+            embedding = torch.where(apart, torch.sin((math.pi * x) * w) * scale, w * cutoff)
             data[self.edge_invariant_field] = embedding.to(self._output_dtype)
             return data
 
@@ -67,7 +74,7 @@ def _make_class() -> type:
 # built on first use: importing the workbench does not import nequip
 SWAP = ClassSwap.companion(
     "bessel_encoding",
-    "nequip.nn.embedding._edge.BesselEdgeLengthEncoding",
+    "nequip.nn.embedding.BesselEdgeLengthEncoding",
     LazyClass(globals(), "WorkbenchBesselEdgeLengthEncoding", _make_class),
     "nequip's BesselEdgeLengthEncoding",
 )

@@ -1,0 +1,196 @@
+r"""e3nn's ``o3.Linear`` as one matrix product per irrep dimension, in place.
+
+An equivariant linear map sends each input irrep block :math:`x_i` (``[N, mul_i, d]``) to the
+output blocks :math:`o` of the same irrep:
+
+.. math::
+
+    y_o[n, w, m] = \sum_{i \to o} \alpha_{io} \sum_u x_i[n, u, m]\, W_{io}[u, w]
+
+with :math:`W_{io}` ``[mul_i, mul_o]`` the instruction's slice of the flat ``weight`` and
+:math:`\alpha_{io}` its path weight. e3nn generates one einsum per instruction and a
+concatenation; at a few hundred atoms and 16 channels (NequIP's tutorial models) those calls,
+not the arithmetic, are the linear. Here every block of one irrep dimension :math:`d` goes in
+one product: the inputs of dimension :math:`d` gathered as ``[N, M_in, d]`` (``M_in`` their
+summed multiplicities), one ``mm`` (scalars) or einsum with the ``[M_in, M_out]`` matrix of
+every instruction between them (zero where irreps of one dimension but different parity meet), and the outputs
+put back in ``irreps_out`` order by one gather. The block matrices are built from ``weight`` on
+every call (``index_put``, differentiable), so parameters, the state dict and any optimizer
+stay e3nn's. Values agree with e3nn's to rounding.
+
+:data:`SWAP` turns ``e3nn.o3.Linear`` modules with internal, shared weights and no biases into
+:class:`WorkbenchLinear` (a companion of a family's hot-op swap); the others stay e3nn's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from workbench.kernels.class_swap import ClassSwap
+from workbench.kernels.lazy_class import LazyClass
+
+__all__ = ["SWAP", "LinearPlan", "WorkbenchLinear", "apply_plan", "linear_plan"]  # noqa: F822 (module __getattr__)
+
+
+@dataclass(frozen=True)
+class DimensionGroup:
+    """The irreps of one dimension ``d``: input ``columns`` (``[M_in * d]``, mul-major, or a
+    ``slice`` when contiguous) and their block matrix at ``offset`` in the flat blocks."""
+
+    d: int
+    m_in: int
+    m_out: int
+    columns: torch.Tensor | slice
+    offset: int
+
+
+@dataclass(frozen=True)
+class LinearPlan:
+    """How to evaluate one ``o3.Linear``: ``blocks`` entries (``position`` in the flat block
+    matrices, ``source`` index into ``weight``, ``coef`` the path weight), the ``groups`` in
+    output order of their first irrep and ``permute`` (``None``: outputs already in order)."""
+
+    position: torch.Tensor
+    source: torch.Tensor
+    coef: torch.Tensor
+    size: int
+    groups: tuple[DimensionGroup, ...]
+    permute: torch.Tensor | None
+
+
+def _offsets(irreps) -> list[int]:
+    out = [0]
+    for mul, ir in irreps:
+        out.append(out[-1] + mul * ir.dim)
+    return out
+
+
+def _group_muls(irreps, d: int) -> dict[int, int]:
+    """Irrep index -> its first multiplicity row within the group of dimension ``d``."""
+    rows, at = {}, 0
+    for i, (mul, ir) in enumerate(irreps):
+        if ir.dim == d:
+            rows[i], at = at, at + mul
+    return rows
+
+
+def _columns(irreps, rows: dict[int, int], used: set[int]) -> list[int]:
+    """Input columns of the used irreps of one group, block after block (mul-major)."""
+    offsets = _offsets(irreps)
+    return [c for i in rows if i in used for c in range(offsets[i], offsets[i + 1])]
+
+
+def _entries(lin, d: int, in_rows: dict[int, int], out_rows: dict[int, int], m_out: int) -> list[tuple]:
+    """``(position within the group's block matrix, weight index, path weight)`` per weight."""
+    entries, start = [], 0
+    for ins in lin.instructions:
+        mul_in, mul_out = lin.irreps_in[ins.i_in].mul, lin.irreps_out[ins.i_out].mul
+        if lin.irreps_in[ins.i_in].ir.dim == d:
+            r0, c0 = in_rows[ins.i_in], out_rows[ins.i_out]
+            for u in range(mul_in):
+                entries += [
+                    ((r0 + u) * m_out + c0 + w, start + u * mul_out + w, ins.path_weight) for w in range(mul_out)
+                ]
+        start += mul_in * mul_out
+    return entries
+
+
+def _renumber_rows(rows: dict[int, int], irreps, used: set[int]) -> dict[int, int]:
+    """Rows of the used input irreps only (the gather skips the unused ones)."""
+    out, at = {}, 0
+    for i in rows:
+        if i in used:
+            out[i], at = at, at + irreps[i].mul
+    return out
+
+
+def linear_plan(lin: torch.nn.Module, device: torch.device) -> LinearPlan:
+    """The :class:`LinearPlan` of e3nn ``o3.Linear`` ``lin``, its index tensors on ``device``."""
+    dims = list(dict.fromkeys(ir.dim for _, ir in lin.irreps_out))
+    used = {ins.i_in for ins in lin.instructions}
+    groups, entries, order, offset = [], [], [], 0
+    out_offsets = _offsets(lin.irreps_out)
+    for d in dims:
+        in_rows = _renumber_rows(_group_muls(lin.irreps_in, d), lin.irreps_in, used)
+        out_rows = _group_muls(lin.irreps_out, d)
+        m_in = sum(lin.irreps_in[i].mul for i in in_rows)
+        m_out = sum(lin.irreps_out[i].mul for i in out_rows)
+        columns = _columns(lin.irreps_in, in_rows, used)
+        contiguous = columns == list(range(columns[0], columns[0] + len(columns))) if columns else True
+        cols = slice(columns[0], columns[0] + len(columns)) if columns and contiguous else torch.tensor(columns)
+        groups.append(DimensionGroup(d, m_in, m_out, cols if columns else slice(0, 0), offset))
+        entries += [(offset + p, k, c) for p, k, c in _entries(lin, d, in_rows, out_rows, m_out)]
+        order += [c for i in out_rows for c in range(out_offsets[i], out_offsets[i + 1])]
+        offset += m_in * m_out
+    permute = None if order == sorted(order) else torch.tensor(order).argsort()
+    position, source, coef = zip(*entries) if entries else ((), (), ())
+
+    def to(t):
+        return t.to(device) if isinstance(t, torch.Tensor) else t
+
+    groups = tuple(DimensionGroup(g.d, g.m_in, g.m_out, to(g.columns), g.offset) for g in groups)
+    index = {"dtype": torch.long, "device": device}
+    coef = torch.tensor(coef, dtype=torch.float64, device=device)
+    return LinearPlan(torch.tensor(position, **index), torch.tensor(source, **index), coef, offset, groups, to(permute))
+
+
+def _group_product(x: torch.Tensor, g: DimensionGroup, blocks: torch.Tensor) -> torch.Tensor:
+    """``[N, M_out * d]``: one group's outputs, mul-major like e3nn's blocks."""
+    n = x.shape[0]
+    if g.m_in == 0:
+        return x.new_zeros(n, g.m_out * g.d)
+    w = blocks[g.offset : g.offset + g.m_in * g.m_out].view(g.m_in, g.m_out)
+    xd = x[:, g.columns] if isinstance(g.columns, slice) else x.index_select(1, g.columns)
+    if g.d == 1:
+        return xd @ w
+    return torch.einsum("nud,uw->nwd", xd.reshape(n, g.m_in, g.d), w).reshape(n, g.m_out * g.d)
+
+
+def _check(m: torch.nn.Module) -> None:
+    """A ValueError for the linears this form does not cover (they stay e3nn's)."""
+    if not (m.internal_weights and m.shared_weights) or m.weight.dim() != 1 or m.bias_numel:
+        raise ValueError("only internal, shared weights without biases")
+    for ins in m.instructions:
+        if tuple(ins.path_shape) != (m.irreps_in[ins.i_in].mul, m.irreps_out[ins.i_out].mul):
+            raise ValueError(f"instruction {ins} has path shape {ins.path_shape}")
+
+
+def apply_plan(plan: LinearPlan, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``[N, dim_out]``: the linear map of ``plan`` with flat ``weight`` applied to ``x`` ``[N, dim_in]``."""
+    values = weight[plan.source] * plan.coef.to(weight.dtype)
+    blocks = weight.new_zeros(plan.size).index_put((plan.position,), values)
+    outs = [_group_product(x, g, blocks) for g in plan.groups]
+    out = torch.cat(outs, 1) if len(outs) > 1 else outs[0]
+    return out if plan.permute is None else out.index_select(1, plan.permute)
+
+
+def _make_class() -> type:
+    class WorkbenchLinear(SWAP.native()):
+        """e3nn's ``o3.Linear`` as one product per irrep dimension (module docstring)."""
+
+        def forward(self, features, weight=None, bias=None):
+            if weight is not None or bias is not None:
+                return super().forward(features, weight, bias)
+            out = apply_plan(self.plan(features.device), features.reshape(-1, self.irreps_in.dim), self.weight)
+            return out.reshape(*features.shape[:-1], self.irreps_out.dim)
+
+        def plan(self, device: torch.device) -> LinearPlan:
+            cached = self.__dict__.get("_wb_op")
+            if cached is None or cached.position.device != device:
+                cached = self.__dict__["_wb_op"] = linear_plan(self, device)
+            return cached
+
+        def __getstate__(self):
+            state = dict(super().__getstate__())
+            state.pop("_wb_op", None)
+            return state
+
+    return WorkbenchLinear
+
+
+SWAP = ClassSwap.companion(
+    "e3nn_linear", "e3nn.o3.Linear", LazyClass(globals(), "WorkbenchLinear", _make_class), "e3nn's Linear", _check
+)
+__getattr__ = SWAP.ours.module_getattr
