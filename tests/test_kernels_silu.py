@@ -73,7 +73,23 @@ def test_float32_against_float64_and_strided_input(cpu_passes):
     assert len(cpu_passes) == 2  # float64 and float32
 
 
-def test_module_swap_in_place_and_back(cpu_passes):
+def test_small_inputs_keep_torchs_silu(cpu_passes, monkeypatch):
+    """Below MIN_ELEMENTS the module is torch's SiLU (the Functions cost more than they save)."""
+    act = torch.nn.SiLU()
+    SWAP.swap(act, "numba")
+    monkeypatch.setitem(silu_module.MIN_ELEMENTS, torch.float64, 50)
+    small, large = _z(8, (7, 7)), _z(9, (8, 7))  # 49 and 56 elements
+    assert act(small).grad_fn.name() == "SiluBackward0"
+    assert act(large).grad_fn.name() == "_SiLUBackward"
+    for z in (small, large):
+        got = _three_orders(act, z)
+        ref = _three_orders(torch.nn.functional.silu, z)
+        assert all((a - b).abs().max() <= 1e-12 * b.abs().max() for a, b in zip(got, ref))
+    assert len(cpu_passes) == 1  # the large input's second derivative only
+
+
+def test_module_swap_in_place_and_back(cpu_passes, monkeypatch):
+    monkeypatch.setitem(silu_module.MIN_ELEMENTS, torch.float64, 0)
     mlp = torch.nn.Sequential(torch.nn.Linear(3, 6), torch.nn.SiLU(), torch.nn.Linear(6, 2)).double()
     ref = torch.nn.Sequential(*list(mlp))  # the same modules: a second view of the model
     x = _z(6, (5, 3))
