@@ -4,6 +4,7 @@ once per machine, not once per process or rank."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -46,6 +47,12 @@ def load_module(text: str, prefix: str) -> ModuleType:
         return _write_and_import(name, text)
 
 
+def _mark_used(path: Path) -> None:
+    """The source's modification time is the module's last use (``workbench kernels cache --prune``)."""
+    with contextlib.suppress(OSError):  # a read-only shared cache: pruning goes by when it was written
+        os.utime(path)
+
+
 def _write_and_import(name: str, text: str) -> ModuleType:
     path = source_dir() / f"{name}.py"
     if not path.exists() or path.read_text() != text:
@@ -53,6 +60,8 @@ def _write_and_import(name: str, text: str) -> ModuleType:
         tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(text)
         os.replace(tmp, path)
+    else:
+        _mark_used(path)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

@@ -1,4 +1,5 @@
-"""``workbench kernels precompile``: fill the kernel cache for a model configuration ahead of a job.
+"""``workbench kernels precompile``: fill the kernel cache for a model configuration ahead of a
+job; ``workbench kernels cache``: what the cache holds, and pruning what no run loaded for a while.
 
 Building the command line's parser imports this module: it imports no torch (the command does,
 when it runs). Run it once on one GPU node with the cache folder a cluster shares (``--cache`` or
@@ -10,6 +11,7 @@ compiling them; ``--target ptx`` checks (and times) the compile on a machine wit
     workbench kernels precompile                                   # paper config, float32, this GPU
     workbench kernels precompile --hidden 128x0e+128x1o+128x2e --dtype float32 float64 --cache /shared/kernels
     workbench kernels precompile --target ptx                      # no GPU: PTX + ptxas for sm_90
+    workbench kernels cache --prune --older-than 30                 # drop modules unused for 30 days
 """
 
 from __future__ import annotations
@@ -71,6 +73,39 @@ def _main(args) -> int:
     return 1 if any(r["errors"] for r in reports.values()) else 0
 
 
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
+
+
+def _cache_main(args) -> int:
+    from datetime import datetime
+
+    from workbench.kernels.backends.generated import KERNEL_CACHE_ENV, source_dir
+    from workbench.kernels.tools.cache import prune, scan
+
+    if args.cache:
+        os.environ[KERNEL_CACHE_ENV] = os.path.abspath(os.path.expanduser(args.cache))
+    if args.older_than is not None and not args.prune:
+        raise ValueError("--older-than: give it with --prune")
+    directory = source_dir()
+    modules = scan(directory)
+    line = f"kernel cache {directory}: {len(modules)} modules, {_megabytes(sum(m.size for m in modules))}"
+    if modules:
+        first, last = (datetime.fromtimestamp(m.last_used).strftime("%Y-%m-%d") for m in (modules[0], modules[-1]))
+        line += f", last used {first} to {last}"
+    print(line)
+    if not args.prune:
+        return 0
+    days = 30.0 if args.older_than is None else args.older_than
+    report = prune(directory, days, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    print(
+        f"{verb} {len(report.modules)} modules not loaded for {days:g} days and {len(report.strays)} stray files: "
+        f"{_megabytes(report.size)}"
+    )
+    return 0
+
+
 def register_kernels(ks) -> None:
     """``workbench kernels precompile`` (``ks``: the ``kernels`` command's subparsers; the static
     resource report, ``workbench kernels resources``, is registered by :mod:`workbench.bench.cli`)."""
@@ -101,3 +136,9 @@ def register_kernels(ks) -> None:
     )
     p.add_argument("--json", default=None, help="write the reports here")
     p.set_defaults(func=_main)
+    c = ks.add_parser("cache", help="what the kernel cache holds; --prune removes modules no run loaded lately")
+    c.add_argument("--cache", default=None, help="kernel cache folder (default: as for precompile)")
+    c.add_argument("--prune", action="store_true", help="remove modules not loaded for --older-than days")
+    c.add_argument("--older-than", type=float, default=None, help="days since last load (default with --prune: 30)")
+    c.add_argument("--dry-run", action="store_true", help="with --prune: only say what would go")
+    c.set_defaults(func=_cache_main)
