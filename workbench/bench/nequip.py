@@ -128,10 +128,10 @@ def free_ops(model: Any, family: str) -> Any:
     (its companion swaps: the radial basis, the MLPs' SiLU). Its step time is what no faster
     hot-op kernel can remove: ``native / free`` bounds the speedup such kernels can give."""
     name, fn = ("forward", _zero_message) if family == "nequip" else ("_contract_conv", _zero_contraction)
-    SWAP = _family_swap(family)
-    SWAP.swap_companions(model, "numba")
+    swap = _family_swap(family)
+    swap.swap_companions(model, "numba")
     for m in model.modules():
-        if SWAP.is_native(m):
+        if swap.is_native(m):
             setattr(m, name, fn.__get__(m))
     return model
 
@@ -140,12 +140,8 @@ def hot_op_only(model: Any, family: str) -> Any:
     """``model`` (in place) accelerated without the companion swaps: the hot op alone."""
     from workbench.kernels import accelerate
 
-    swap = _family_swap(family)
     accelerate(model, backend="numba")
-    for companion in swap.companions:
-        for m in model.modules():
-            if companion.is_ours(m):
-                companion.unswap(m)
+    _family_swap(family).unswap_companions(model)
     return model
 
 

@@ -23,7 +23,28 @@ import torch
 from workbench.kernels.launches import OpSite
 from workbench.kernels.lazy_class import LazyClass
 
-__all__ = ["ClassSwap"]
+__all__ = ["CACHE", "ClassSwap", "KeepsOp"]
+
+#: where a workbench module keeps what it built from its own buffers (an op, a plan): never
+#: pickled, dropped when the module goes back to the library's class
+CACHE = "_wb_op"
+
+
+class KeepsOp:
+    """Mixin for a workbench module that builds something from its own buffers once (an op, a
+    plan) and keeps it in ``__dict__[CACHE]``; pickles leave it out (it is rebuilt on use)."""
+
+    def cached_op(self, build: Callable[[], object], valid: Callable[[object], bool] | None = None):
+        """The kept object, built by ``build()`` on first use or when ``valid(kept)`` is false."""
+        kept = self.__dict__.get(CACHE)
+        if kept is None or (valid is not None and not valid(kept)):
+            kept = self.__dict__[CACHE] = build()
+        return kept
+
+    def __getstate__(self):
+        state = dict(super().__getstate__())
+        state.pop(CACHE, None)
+        return state
 
 
 @dataclass(frozen=True)
@@ -85,7 +106,7 @@ class ClassSwap:
 
     def unswap(self, m: torch.nn.Module) -> None:
         m.__class__ = self.native()
-        for key in ("_wb_op", "kernel_backend"):
+        for key in (CACHE, "kernel_backend"):
             m.__dict__.pop(key, None)
 
     def _sites(self, model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -130,12 +151,19 @@ class ClassSwap:
                         continue
                     companion.swap(m, backend)
 
+    def unswap_companions(self, model: torch.nn.Module) -> None:
+        """The companions' modules of ``model`` back to the library's classes."""
+        for companion in self.companions:
+            for _, m in companion._sites(model):
+                if companion.is_ours(m):
+                    companion.unswap(m)
+
     def to_native(self, model: torch.nn.Module, ops: Sequence[str]) -> None:
         if self.op in ops:
-            for swap in (self, *self.companions):
-                for _, m in swap._sites(model):
-                    if swap.is_ours(m):
-                        swap.unswap(m)
+            for _, m in self._sites(model):
+                if self.is_ours(m):
+                    self.unswap(m)
+            self.unswap_companions(model)
 
     def accelerated(self, model: torch.nn.Module) -> dict[str, bool]:
         return {self.op: any(self.is_ours(m) for _, m in self._sites(model))}

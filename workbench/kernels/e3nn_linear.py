@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.kernels.class_swap import ClassSwap
+from workbench.kernels.class_swap import ClassSwap, KeepsOp
 from workbench.kernels.lazy_class import LazyClass
 
 __all__ = ["SWAP", "LinearPlan", "WorkbenchLinear", "apply_plan", "linear_plan"]  # noqa: F822 (module __getattr__)
@@ -117,23 +117,25 @@ def linear_plan(lin: torch.nn.Module, device: torch.device) -> LinearPlan:
         out_rows = _group_muls(lin.irreps_out, d)
         m_in = sum(lin.irreps_in[i].mul for i in in_rows)
         m_out = sum(lin.irreps_out[i].mul for i in out_rows)
-        columns = _columns(lin.irreps_in, in_rows, used)
-        contiguous = columns == list(range(columns[0], columns[0] + len(columns))) if columns else True
-        cols = slice(columns[0], columns[0] + len(columns)) if columns and contiguous else torch.tensor(columns)
-        groups.append(DimensionGroup(d, m_in, m_out, cols if columns else slice(0, 0), offset))
+        columns = _column_index(_columns(lin.irreps_in, in_rows, used), device)
+        groups.append(DimensionGroup(d, m_in, m_out, columns, offset))
         entries += [(offset + p, k, c) for p, k, c in _entries(lin, d, in_rows, out_rows, m_out)]
         order += [c for i in out_rows for c in range(out_offsets[i], out_offsets[i + 1])]
         offset += m_in * m_out
-    permute = None if order == sorted(order) else torch.tensor(order).argsort()
+    permute = None if order == sorted(order) else torch.tensor(order, device=device).argsort()
     position, source, coef = zip(*entries) if entries else ((), (), ())
-
-    def to(t):
-        return t.to(device) if isinstance(t, torch.Tensor) else t
-
-    groups = tuple(DimensionGroup(g.d, g.m_in, g.m_out, to(g.columns), g.offset) for g in groups)
     index = {"dtype": torch.long, "device": device}
     coef = torch.tensor(coef, dtype=torch.float64, device=device)
-    return LinearPlan(torch.tensor(position, **index), torch.tensor(source, **index), coef, offset, groups, to(permute))
+    return LinearPlan(
+        torch.tensor(position, **index), torch.tensor(source, **index), coef, offset, tuple(groups), permute
+    )
+
+
+def _column_index(columns: list[int], device: torch.device) -> torch.Tensor | slice:
+    """A slice when the columns are one contiguous run (or none), else an index tensor on ``device``."""
+    if not columns or columns == list(range(columns[0], columns[0] + len(columns))):
+        return slice(columns[0], columns[0] + len(columns)) if columns else slice(0, 0)
+    return torch.tensor(columns, device=device)
 
 
 def _group_product(x: torch.Tensor, g: DimensionGroup, blocks: torch.Tensor) -> torch.Tensor:
@@ -167,7 +169,7 @@ def apply_plan(plan: LinearPlan, x: torch.Tensor, weight: torch.Tensor) -> torch
 
 
 def _make_class() -> type:
-    class WorkbenchLinear(SWAP.native()):
+    class WorkbenchLinear(KeepsOp, SWAP.native()):
         """e3nn's ``o3.Linear`` as one product per irrep dimension (module docstring)."""
 
         def forward(self, features, weight=None, bias=None):
@@ -177,15 +179,7 @@ def _make_class() -> type:
             return out.reshape(*features.shape[:-1], self.irreps_out.dim)
 
         def plan(self, device: torch.device) -> LinearPlan:
-            cached = self.__dict__.get("_wb_op")
-            if cached is None or cached.position.device != device:
-                cached = self.__dict__["_wb_op"] = linear_plan(self, device)
-            return cached
-
-        def __getstate__(self):
-            state = dict(super().__getstate__())
-            state.pop("_wb_op", None)
-            return state
+            return self.cached_op(lambda: linear_plan(self, device), lambda plan: plan.position.device == device)
 
     return WorkbenchLinear
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from workbench.kernels.class_swap import KeepsOp
 from workbench.kernels.descriptor import Operand, SparsePolynomial
 from workbench.kernels.ops import EdgePolyOp
 
@@ -160,7 +161,7 @@ def channelwise_tp_op(tp: torch.nn.Module) -> tuple[EdgePolyOp, ChannelwiseTPSta
         return _OP_CACHE[key]
 
 
-class ChannelwiseOpCache:
+class ChannelwiseOpCache(KeepsOp):
     """Mixin for a module that runs an e3nn ``TensorProduct``'s channelwise op: the op is built
     once per object (from ``channelwise_tp_module()``, the module itself by default) and never
     pickled, since it is rebuilt from the instructions after loading."""
@@ -169,14 +170,7 @@ class ChannelwiseOpCache:
         return self
 
     def channelwise_op(self) -> tuple[EdgePolyOp, ChannelwiseTPStats]:
-        if self.__dict__.get("_wb_op") is None:
-            self.__dict__["_wb_op"] = channelwise_tp_op(self.channelwise_tp_module())
-        return self.__dict__["_wb_op"]
+        return self.cached_op(lambda: channelwise_tp_op(self.channelwise_tp_module()))
 
     def channelwise_stats(self) -> ChannelwiseTPStats:
         return self.channelwise_op()[1]
-
-    def __getstate__(self):
-        state = dict(super().__getstate__())
-        state.pop("_wb_op", None)
-        return state

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from workbench.kernels import e3nn_linear, silu
-from workbench.kernels.class_swap import ClassSwap
+from workbench.kernels.class_swap import ClassSwap, KeepsOp
 from workbench.kernels.descriptor import Operand, SparsePolynomial
 from workbench.kernels.lazy_class import LazyClass
 from workbench.kernels.nequip import radial
@@ -66,7 +66,7 @@ def contracter_polynomial(m: torch.nn.Module) -> SparsePolynomial:
 
 
 def _make_class() -> type:
-    class WorkbenchContracter(SWAP.native()):
+    class WorkbenchContracter(KeepsOp, SWAP.native()):
         """Allegro's ``Contracter`` whose contraction runs the workbench's sparse polynomial."""
 
         def _contract_conv(self, x1: torch.Tensor, x2: torch.Tensor, idxs: torch.Tensor) -> torch.Tensor:
@@ -79,15 +79,11 @@ def _make_class() -> type:
             return out.view(n, self.mul, self.base_dim_out)
 
         def contraction_op(self) -> PolyOp:
-            if self.__dict__.get("_wb_op") is None:
+            def build() -> PolyOp:
                 poly = contracter_polynomial(self)
-                self.__dict__["_wb_op"] = PolyOp(poly.operands, [poly])
-            return self.__dict__["_wb_op"]
+                return PolyOp(poly.operands, [poly])
 
-        def __getstate__(self):
-            state = dict(super().__getstate__())
-            state.pop("_wb_op", None)
-            return state
+            return self.cached_op(build)
 
     return WorkbenchContracter
 

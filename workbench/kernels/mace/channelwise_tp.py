@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from workbench.kernels.class_swap import CACHE
 from workbench.kernels.e3nn_tp import ChannelwiseOpCache, channelwise_tp_op
 from workbench.kernels.lazy_class import LazyClass
 from workbench.kernels.ops import EdgeGraph, apply_edge_poly_op
@@ -133,7 +134,7 @@ def unfuse_conv_tp(block: torch.nn.Module) -> bool:
     if not isinstance(tp, Fused):
         return False
     tp.__class__ = _e3nn_tp_class()
-    tp.__dict__.pop("_wb_op", None)
+    tp.__dict__.pop(CACHE, None)
     tp.__dict__.pop("kernel_backend", None)
     if getattr(block, "conv_fusion", None) == _FUSION_TAG:
         del block.conv_fusion

@@ -69,9 +69,11 @@ def _by_module(directory: Path) -> dict[str, list[Path]]:
 def scan(directory: str | Path) -> list[CachedModule]:
     """The generated modules in ``directory``, least recently used first."""
     directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    extra, modules = _by_module(directory), []
+    return _modules(directory, _by_module(directory)) if directory.is_dir() else []
+
+
+def _modules(directory: Path, extra: dict[str, list[Path]]) -> list[CachedModule]:
+    modules = []
     for source in directory.iterdir():
         match = MODULE.match(source.name)
         if not match:
@@ -86,9 +88,9 @@ def scan(directory: str | Path) -> list[CachedModule]:
     return sorted(modules, key=lambda m: (m.last_used, m.name))
 
 
-def _strays(directory: Path, names: set[str], before: float) -> list[Path]:
+def _strays(directory: Path, extra: dict[str, list[Path]], names: set[str], before: float) -> list[Path]:
     """``__pycache__`` files of modules that are gone, and old temporary files."""
-    out = [f for name, files in _by_module(directory).items() if name not in names for f in files]
+    out = [f for name, files in extra.items() if name not in names for f in files]
     for f in directory.iterdir() if directory.is_dir() else ():
         try:
             if TEMPORARY.match(f.name) and f.stat().st_mtime < before:
@@ -107,9 +109,10 @@ def prune(
         raise ValueError(f"--older-than: {older_than_days!r} days; give a number of days >= 0")
     directory = Path(directory)
     before = (time.time() if now is None else now) - older_than_days * DAY
-    modules = scan(directory)
+    extra = _by_module(directory)
+    modules = _modules(directory, extra) if directory.is_dir() else []
     report = PruneReport(directory, [m for m in modules if m.last_used < before], dry_run=dry_run)
-    report.strays = _strays(directory, {m.name for m in modules}, before)
+    report.strays = _strays(directory, extra, {m.name for m in modules}, before)
     files = [f for m in report.modules for f in m.files] + report.strays
     for f in files:
         size = _size(f)

@@ -34,14 +34,21 @@ def _model(hidden: str, max_ell: int, correlation: int, elements: int, dtype: st
     return accelerate(model, backend="numba", precompile=False)
 
 
+def _use_cache(folder: str | None) -> None:
+    """``--cache``: the kernel cache folder for this process and the ones it starts."""
+    from workbench.kernels.backends.generated import KERNEL_CACHE_ENV
+
+    if folder:
+        os.environ[KERNEL_CACHE_ENV] = os.path.abspath(os.path.expanduser(folder))
+
+
 def _main(args) -> int:
     import torch
 
     from workbench.kernels.acceleration import precompile_model
-    from workbench.kernels.backends.generated import KERNEL_CACHE_ENV, source_dir
+    from workbench.kernels.backends.generated import source_dir
 
-    if args.cache:
-        os.environ[KERNEL_CACHE_ENV] = os.path.abspath(os.path.expanduser(args.cache))
+    _use_cache(args.cache)
     target = args.target
     if target == "auto":
         target = "device" if torch.cuda.is_available() else "ptx"
@@ -80,11 +87,10 @@ def _megabytes(size: int) -> str:
 def _cache_main(args) -> int:
     from datetime import datetime
 
-    from workbench.kernels.backends.generated import KERNEL_CACHE_ENV, source_dir
+    from workbench.kernels.backends.generated import source_dir
     from workbench.kernels.tools.cache import prune, scan
 
-    if args.cache:
-        os.environ[KERNEL_CACHE_ENV] = os.path.abspath(os.path.expanduser(args.cache))
+    _use_cache(args.cache)
     if args.older_than is not None and not args.prune:
         raise ValueError("--older-than: give it with --prune")
     directory = source_dir()
