@@ -1,7 +1,8 @@
-"""e3nn's ``o3.Linear`` as one product per irrep dimension (:mod:`workbench.kernels.e3nn_linear`):
-e3nn's values and gradients (float64 to rounding, float32 against float64), gradcheck and
-gradgradcheck, irreps out of order, outputs no input reaches, the linears it refuses, and the
-swap in place and back with the state dict kept."""
+"""e3nn's ``o3.Linear`` as one product per irrep dimension or one dense product
+(:mod:`workbench.kernels.e3nn_linear`), each form: e3nn's values and gradients (float64 to
+rounding, float32 against float64), gradcheck and gradgradcheck, irreps out of order, outputs no
+input reaches; which form runs at how many rows; the linears it refuses, and the swap in place
+and back with the state dict kept."""
 
 import copy
 import pickle
@@ -21,6 +22,13 @@ CASES = {
     "mixed-order": ("4x1o+3x0e+2x1o+5x2e", "3x1o+2x0e+4x2e+2x0o"),  # 2x0o: no input reaches it
     "parity-twins": ("5x0e+3x1o+2x1e+2x2o", "4x1e+2x0e+3x1o+1x2o"),
 }
+
+
+@pytest.fixture(params=["per-dimension", "dense"])
+def form(request, monkeypatch):
+    """Runs the test with every call on one form (the threshold at 0 or above any size)."""
+    monkeypatch.setattr(e3nn_linear, "DENSE_MAX_MACS", -1 if request.param == "per-dimension" else 1 << 62)
+    return request.param
 
 
 def _swapped(irreps_in: str, irreps_out: str, dtype=torch.float64) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -43,7 +51,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_values_and_gradients_match_e3nn_in_float64(case):
+def test_values_and_gradients_match_e3nn_in_float64(case, form):
     lin, ours = _swapped(*CASES[case])
     assert isinstance(ours, e3nn_linear.WorkbenchLinear)
     x = _x(lin)
@@ -56,7 +64,7 @@ def test_values_and_gradients_match_e3nn_in_float64(case):
         assert _rel(a, b) <= 1e-12, i
 
 
-def test_gradcheck_and_gradgradcheck():
+def test_gradcheck_and_gradgradcheck(form):
     lin, ours = _swapped(*CASES["mixed-order"])
     x = _x(lin, (3,))
     assert gradcheck(ours, (x,)) and gradgradcheck(ours, (x,))
@@ -70,11 +78,25 @@ def test_gradcheck_and_gradgradcheck():
     assert gradcheck(with_weight, (x, weight)) and gradgradcheck(with_weight, (x, weight))
 
 
-def test_float32_against_float64():
+def test_float32_against_float64(form):
     lin64, ours64 = _swapped(*CASES["nequip-tutorial"])
     ours32 = copy.deepcopy(ours64).float()
     x = _x(lin64, (40,))
     assert _rel(ours32(x.detach().float()), lin64(x)) <= 1e-5
+
+
+def test_the_dense_form_runs_up_to_the_threshold(monkeypatch):
+    lin, ours = _swapped(*CASES["nequip-tutorial"])
+    calls = []
+    for name in ("apply_dense", "apply_plan"):
+        real = getattr(e3nn_linear, name)
+        monkeypatch.setattr(e3nn_linear, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
+    per_row = lin.irreps_in.dim * lin.irreps_out.dim
+    monkeypatch.setattr(e3nn_linear, "DENSE_MAX_MACS", 10 * per_row)
+    for rows in (10, 11, 3):
+        x = _x(lin, (rows,))
+        assert _rel(ours(x), lin(x)) <= 1e-12
+    assert calls == ["apply_dense", "apply_plan", "apply_dense"]
 
 
 def test_refused_linears_stay_e3nns():

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from workbench.kernels import e3nn_linear, silu
+from workbench.kernels import e3nn_gate, e3nn_linear, silu
 from workbench.kernels.class_swap import ClassSwap, KeepsOp
 from workbench.kernels.descriptor import Operand, SparsePolynomial
 from workbench.kernels.lazy_class import LazyClass
@@ -97,7 +97,7 @@ SWAP = ClassSwap(
     "Allegro's own modifiers (enable_CuEquivarianceContracter, enable_TritonContracter)",
     contracter_polynomial,
     lambda m: (m.contraction_op(), m.mul),
-    companions=(radial.SWAP, silu.SWAP, e3nn_linear.SWAP),  # the radial basis and MLP go with the hot op
+    companions=(radial.SWAP, silu.SWAP, e3nn_linear.SWAP, e3nn_gate.SWAP),  # the radial basis, MLP, linears, gates
 )
 __getattr__ = SWAP.ours.module_getattr
 is_native, is_workbench = SWAP.is_native, SWAP.is_ours

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.kernels import e3nn_linear, silu
+from workbench.kernels import e3nn_gate, e3nn_linear, silu
 from workbench.kernels.class_swap import ClassSwap
 from workbench.kernels.e3nn_tp import ChannelwiseOpCache, channelwise_tp_op
 from workbench.kernels.lazy_class import LazyClass
@@ -64,7 +64,7 @@ SWAP = ClassSwap(
     "nequip's own modifiers (enable_CuEquivariance, enable_OpenEquivariance)",
     _check,
     _site,
-    companions=(radial.SWAP, silu.SWAP, e3nn_linear.SWAP),  # the radial basis and MLP go with the hot op
+    companions=(radial.SWAP, silu.SWAP, e3nn_linear.SWAP, e3nn_gate.SWAP),  # the radial basis, MLP, linears, gates
 )
 __getattr__ = SWAP.ours.module_getattr
 is_native, is_workbench = SWAP.is_native, SWAP.is_ours
