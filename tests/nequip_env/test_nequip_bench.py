@@ -89,12 +89,12 @@ def test_hot_backend_is_the_hot_op_without_its_companions(tmp_path):
     """``--backends hot``: ours with the hot op swapped and every companion left as the family's,
     timed beside ours, its time over ours in the table."""
     from workbench.bench.nequip import bench_nequip, build, format_table, hot_op_only
-    from workbench.kernels import e3nn_gate, e3nn_linear, silu
+    from workbench.kernels import e3nn_gate, e3nn_linear, e3nn_scalar_tp, silu
     from workbench.kernels.nequip import radial, tp_scatter
 
     model = hot_op_only(build("nequip", "tutorial", "float64"), "nequip")
     assert sum(tp_scatter.is_workbench(m) for m in model.modules()) == 3
-    companions = (radial.SWAP, silu.SWAP, e3nn_linear.SWAP, e3nn_gate.SWAP)
+    companions = (radial.SWAP, silu.SWAP, e3nn_linear.SWAP, e3nn_gate.SWAP, e3nn_scalar_tp.SWAP)
     assert not any(c.is_ours(m) for c in companions for m in model.modules())
     assert all(any(c.is_native(m) for m in model.modules()) for c in companions)
     res = bench_nequip(

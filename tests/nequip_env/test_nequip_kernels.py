@@ -17,7 +17,7 @@ import pytest
 import torch
 from nequip_fixtures import batch, build_model, default_cpu_kernels, mixed_frames, outputs, rel
 
-from workbench.kernels import accelerate, e3nn_gate, e3nn_linear, silu
+from workbench.kernels import accelerate, e3nn_gate, e3nn_linear, e3nn_scalar_tp, silu
 from workbench.kernels.nequip import radial, tp_scatter
 
 CONFIGS = {
@@ -59,7 +59,9 @@ def test_float64_parity_with_nequips_e3nn_path(name, monkeypatch):
     assert sum(radial.SWAP.is_ours(m) for m in fast.modules()) == 1  # the Bessel encoding and the
     assert sum(silu.SWAP.is_ours(m) for m in fast.modules()) >= kw.get("num_layers", 2)  # MLPs' SiLU and
     assert sum(e3nn_linear.SWAP.is_ours(m) for m in fast.modules()) >= 2 * kw.get("num_layers", 2)  # linears
-    assert sum(e3nn_gate.SWAP.is_ours(m) for m in fast.modules()) == kw.get("num_layers", 2)  # and gates
+    assert sum(e3nn_gate.SWAP.is_ours(m) for m in fast.modules()) == kw.get("num_layers", 2)  # gates and
+    self_connections = sum(e3nn_scalar_tp.SWAP.is_native(m) for m in model.modules())
+    assert sum(e3nn_scalar_tp.SWAP.is_ours(m) for m in fast.modules()) == self_connections >= 1  # self-connections
     got = outputs(fast, data)
     assert got.keys() == ref.keys() and len([k for k in ref if k.startswith("grad:")]) >= 10
     worst = {k: rel(got[k], ref[k]) for k in ref}

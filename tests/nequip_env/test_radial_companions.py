@@ -11,7 +11,7 @@ import torch
 from nequip_fixtures import build_allegro, build_model
 from torch.autograd import gradcheck, gradgradcheck
 
-from workbench.kernels import accelerate, e3nn_gate, e3nn_linear, silu
+from workbench.kernels import accelerate, e3nn_gate, e3nn_linear, e3nn_scalar_tp, silu
 from workbench.kernels.nequip import radial
 
 
@@ -139,9 +139,11 @@ def test_accelerate_brings_the_companions_and_e3nn_takes_them_back(family):
     model = build_model(l_max=1) if family == "nequip" else build_allegro()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     sites = {"bessel": radial.SWAP, "silu": silu.SWAP, "linear": e3nn_linear.SWAP, "gate": e3nn_gate.SWAP}
+    sites["self-connection"] = e3nn_scalar_tp.SWAP
     natives = {k: sum(s.is_native(m) for m in model.modules()) for k, s in sites.items()}
     assert natives["bessel"] == 1 and natives["silu"] >= 2 and natives["linear"] >= (4 if family == "nequip" else 0)
     assert natives["gate"] == (2 if family == "nequip" else 0)
+    assert natives["self-connection"] == (1 if family == "nequip" else 0)
     accelerate(model, backend="torch")
     ours = [m for s in sites.values() for m in model.modules() if s.is_ours(m)]
     assert len(ours) == sum(natives.values()) and {m.kernel_backend for m in ours} == {"torch"}

@@ -24,11 +24,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from workbench.kernels import e3nn_gate, e3nn_linear, silu
 from workbench.kernels.class_swap import ClassSwap, KeepsOp
 from workbench.kernels.descriptor import Operand, SparsePolynomial
 from workbench.kernels.lazy_class import LazyClass
-from workbench.kernels.nequip import radial
+from workbench.kernels.nequip.companions import COMPANIONS
 from workbench.kernels.ops import PolyOp, apply_poly_op
 
 __all__ = ["SWAP", "WorkbenchContracter", "contracter_polynomial", "is_native", "is_workbench"]  # noqa: F822
@@ -97,7 +96,7 @@ SWAP = ClassSwap(
     "Allegro's own modifiers (enable_CuEquivarianceContracter, enable_TritonContracter)",
     contracter_polynomial,
     lambda m: (m.contraction_op(), m.mul),
-    companions=(radial.SWAP, silu.SWAP, e3nn_linear.SWAP, e3nn_gate.SWAP),  # the radial basis, MLP, linears, gates
+    companions=COMPANIONS,  # nequip's modules around the hot op
 )
 __getattr__ = SWAP.ours.module_getattr
 is_native, is_workbench = SWAP.is_native, SWAP.is_ours

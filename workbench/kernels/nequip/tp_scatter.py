@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import torch
 
-from workbench.kernels import e3nn_gate, e3nn_linear, silu
 from workbench.kernels.class_swap import ClassSwap
 from workbench.kernels.e3nn_tp import ChannelwiseOpCache, channelwise_tp_op
 from workbench.kernels.lazy_class import LazyClass
-from workbench.kernels.nequip import radial
+from workbench.kernels.nequip.companions import COMPANIONS
 from workbench.kernels.ops import EdgeGraph, EdgePolyOp, apply_edge_poly_op
 
 __all__ = ["SWAP", "WorkbenchTensorProductScatter", "is_native", "is_workbench"]  # noqa: F822 (module __getattr__)
@@ -64,7 +63,7 @@ SWAP = ClassSwap(
     "nequip's own modifiers (enable_CuEquivariance, enable_OpenEquivariance)",
     _check,
     _site,
-    companions=(radial.SWAP, silu.SWAP, e3nn_linear.SWAP, e3nn_gate.SWAP),  # the radial basis, MLP, linears, gates
+    companions=COMPANIONS,  # nequip's modules around the hot op
 )
 __getattr__ = SWAP.ours.module_getattr
 is_native, is_workbench = SWAP.is_native, SWAP.is_ours

@@ -1,0 +1,17 @@
+"""The companion swaps of both nequip-built families (NequIP's message, Allegro's contracter):
+the modules nequip's builders put around the hot op, each faster as fewer, larger calls.
+
+* :mod:`.radial`: the Bessel edge encoding and its polynomial cutoff;
+* :mod:`workbench.kernels.silu`: the radial MLPs' SiLU;
+* :mod:`workbench.kernels.e3nn_linear`: e3nn's ``Linear``;
+* :mod:`workbench.kernels.e3nn_gate`: e3nn's ``Gate``;
+* :mod:`workbench.kernels.e3nn_scalar_tp`: the self-connection, e3nn's
+  ``FullyConnectedTensorProduct`` with the species embedding.
+"""
+
+from __future__ import annotations
+
+from workbench.kernels import e3nn_gate, e3nn_linear, e3nn_scalar_tp, silu
+from workbench.kernels.nequip import radial
+
+COMPANIONS = (radial.SWAP, silu.SWAP, e3nn_linear.SWAP, e3nn_gate.SWAP, e3nn_scalar_tp.SWAP)
