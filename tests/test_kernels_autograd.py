@@ -139,3 +139,25 @@ def test_row_groups_from_a_stable_sort_and_a_binary_search():
         assert torch.equal(ptr[1:] - ptr[:-1], torch.bincount(idx, minlength=9))
         for n in range(9):
             assert perm[ptr[n] : ptr[n + 1]].tolist() == torch.nonzero(idx == n).flatten().tolist()
+
+
+def test_backward_skips_the_gradients_this_run_does_not_use(monkeypatch):
+    """``autograd.grad`` toward one input asks the derivative for that input only (forces need no
+    gradient toward the weights), with the same values; ``backward()`` asks for every input."""
+    ref, ours = _pair(ell=1, correlation=2, channels=2, n_elements=2)
+    x, y = _inputs(ref, 4, 2)
+    species, Z = y.argmax(-1), 2
+    a = x.detach().reshape(4, -1).clone().requires_grad_(True)
+    w = ours.concatenated_weights().detach().reshape(Z, -1).clone().requires_grad_(True)
+    asked, derivative = [], type(ours.op).derivative
+    monkeypatch.setattr(type(ours.op), "derivative", lambda op, *args: asked.append(args[0]) or derivative(op, *args))
+
+    def loss():  # non-leaf inputs: the engine can say whether it will use their gradients
+        return apply_poly_op(ours.op, species, Z, a * 2.0, w * 1.0)[0].pow(2).sum()
+
+    (da,) = torch.autograd.grad(loss(), [a])
+    assert asked == [(True, False)]
+    full = torch.autograd.grad(loss(), [a, w])
+    assert asked[1:] == [(True, True)] and torch.allclose(da, full[0], rtol=1e-12, atol=0)
+    loss().backward()
+    assert asked[2:] == [(True, True)] and torch.equal(a.grad, full[0]) and torch.equal(w.grad, full[1])

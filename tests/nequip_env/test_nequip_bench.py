@@ -109,3 +109,30 @@ def test_hot_backend_is_the_hot_op_without_its_companions(tmp_path):
     (case,) = res["cases"]
     assert case["hot_over_numba_md"] == case["hot_md"] / case["numba_md"] > 0
     assert "MD hot/numba" in format_table(res)
+
+
+def test_each_timed_step_comes_after_settle_steps_of_the_same_model(tmp_path, monkeypatch):
+    """``settle`` untimed steps of one model run right before each of its timed steps (a step right
+    after another model's pays for that model's caches); a negative count is refused."""
+    import pytest
+
+    from workbench.bench import nequip as bench
+
+    order = []
+    for name, fn in list(bench.STEPS.items()):
+        monkeypatch.setitem(bench.STEPS, name, lambda m, d, fn=fn, name=name: order.append((id(m), name)) or fn(m, d))
+    res = bench.bench_nequip(
+        families=["nequip"],
+        configs=["tutorial"],
+        dtypes=["float32"],
+        repeat=1,
+        repeats=2,
+        settle=2,
+        out=tmp_path / "s.json",
+    )
+    assert res["settle"] == 2 and "2 settle step(s) before each" in bench.format_table(res)
+    timed = order[6:]  # after the first step of each of the six (backend, step) models
+    assert len(timed) == 6 * 3 * 3  # three rounds (one warms up) of one timed and two settle steps each
+    assert all(len(set(timed[i : i + 3])) == 1 for i in range(0, len(timed), 3))  # same model, back to back
+    with pytest.raises(ValueError, match="--settle: -1 is negative"):
+        bench.bench_nequip(settle=-1, out=tmp_path / "x.json")

@@ -183,7 +183,7 @@ def _nequip(args: argparse.Namespace) -> int:
     lists = option_values(args, "families", "configs", "dtypes", "backends")
     res = nequip.bench_nequip(
         **{k: _items(v) for k, v in lists.items()},
-        **option_values(args, "repeat", "repeats", "threads", "out", "device"),
+        **option_values(args, "repeat", "repeats", "threads", "out", "device", "settle"),
     )
     return _done(nequip.format_table(res), args.out)
 
@@ -194,6 +194,12 @@ _NEQUIP_OPTIONS: Options = {
     "--dtypes": _comma_list(("float32", "float64")),
     "--repeat": {"type": int, "default": 4, "help": "fcc Cu cell of 4*repeat^3 atoms (default: %(default)s)"},
     "--repeats": {"type": int, "default": 5, "help": "timed steps per backend (default: %(default)s)"},
+    "--settle": {
+        "type": int,
+        "default": 1,
+        "help": "untimed steps of the same model right before each timed one (default: %(default)s; 0: timed "
+        "right after the other backends' steps)",
+    },
     "--threads": {"type": int, "default": 2, "help": "torch and numba threads (default: %(default)s)"},
     "--device": {"default": "cpu", "help": "cpu, cuda or cuda:N (default: %(default)s)"},
     "--backends": {

@@ -392,6 +392,20 @@ class EdgePolyOp(PolyOp):
         super().__init__(operands, outputs)
 
 
+def _engine_uses(ctx, i: int) -> bool:
+    """Whether this backward run will use the gradient of tensor input ``i``. ``needs_input_grad``
+    says only that it requires grad: forces (``autograd.grad`` to positions) need no gradient
+    toward an input that reaches only weights, e.g. the first layer's node features. A leaf's use
+    cannot be asked under ``autograd.grad``, nor by a torch without the query: then it is used."""
+    node = ctx.next_functions[i][0]
+    if node is None:
+        return False
+    try:
+        return bool(torch._C._will_engine_execute_node(node))
+    except (AttributeError, RuntimeError):
+        return True
+
+
 class _SparsePolyFunction(torch.autograd.Function):
     """``outputs = op(index, *tensors)``; backward launches ``op.derivative`` through this same
     function, so every order of derivative is differentiable."""
@@ -409,7 +423,7 @@ class _SparsePolyFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         tensors = ctx.saved_tensors
-        needed = tuple(bool(n) for n in ctx.needs_input_grad[3:])
+        needed = tuple(bool(n) and _engine_uses(ctx, i) for i, n in enumerate(ctx.needs_input_grad[3:]))
         present = tuple(g is not None for g in grads)
         if not any(needed) or not any(present):
             return (None, None, None) + (None,) * len(tensors)
