@@ -1,4 +1,4 @@
-"""e3nn's ``FullyConnectedTensorProduct`` with a scalar second input as two products
+"""e3nn's ``FullyConnectedTensorProduct`` with a scalar second input, one product per path
 (:mod:`workbench.kernels.e3nn_scalar_tp`): e3nn's values and gradients to every input and the
 weights (float64 to rounding, float32 against float64), gradcheck and gradgradcheck, irreps out
 of order and outputs no path reaches, the products it refuses, pickling and the swap in place
