@@ -74,7 +74,8 @@ def test_float32_against_float64_and_strided_input(cpu_passes):
 
 
 def test_small_inputs_keep_torchs_silu(cpu_passes, monkeypatch):
-    """Below MIN_ELEMENTS the module is torch's SiLU (the Functions cost more than they save)."""
+    """Below MIN_ELEMENTS, and in eval(), the module is torch's SiLU (the Functions cost more
+    than they save)."""
     act = torch.nn.SiLU()
     SWAP.swap(act, "numba")
     monkeypatch.setitem(silu_module.MIN_ELEMENTS, torch.float64, 50)
@@ -86,6 +87,10 @@ def test_small_inputs_keep_torchs_silu(cpu_passes, monkeypatch):
         ref = _three_orders(torch.nn.functional.silu, z)
         assert all((a - b).abs().max() <= 1e-12 * b.abs().max() for a, b in zip(got, ref))
     assert len(cpu_passes) == 1  # the large input's second derivative only
+    act.eval()  # an MD step: torch's SiLU at every size, still right to every order
+    assert act(large).grad_fn.name() == "SiluBackward0"
+    got, ref = _three_orders(act, large), _three_orders(torch.nn.functional.silu, large)
+    assert all((a - b).abs().max() <= 1e-12 * b.abs().max() for a, b in zip(got, ref)) and len(cpu_passes) == 1
 
 
 def test_module_swap_in_place_and_back(cpu_passes, monkeypatch):

@@ -122,12 +122,14 @@ def silu(z: torch.Tensor, fused: bool = True) -> torch.Tensor:
 
 def _make_class() -> type:
     class WorkbenchSiLU(torch.nn.SiLU):
-        """``torch.nn.SiLU`` through :func:`silu` (never in place) from :data:`MIN_ELEMENTS` on,
-        torch's own below; the fused second derivative on the ``numba`` backend, torch ops on
-        the others."""
+        """``torch.nn.SiLU`` through :func:`silu` (never in place) from :data:`MIN_ELEMENTS` on
+        and in training, torch's own below and in ``eval()`` (an MD step differentiates once,
+        where the Python Functions cost and the fused pass gives nothing; torch's SiLU is right to
+        every order, so a later second derivative is right too, only slower); the fused second
+        derivative on the ``numba`` backend, torch ops on the others."""
 
         def forward(self, input: torch.Tensor) -> torch.Tensor:
-            if input.numel() < MIN_ELEMENTS.get(input.dtype, 0):
+            if not self.training or input.numel() < MIN_ELEMENTS.get(input.dtype, 0):
                 return torch.nn.functional.silu(input)
             return silu(input, fused=self.__dict__.get("kernel_backend", "numba") == "numba")
 
