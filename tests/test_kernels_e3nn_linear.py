@@ -103,8 +103,11 @@ def test_refused_linears_stay_e3nns():
     biased = o3.Linear("4x0e+2x1o", "3x0e", biases=True)
     external = o3.Linear("4x0e", "3x0e", internal_weights=False, shared_weights=False)
     for lin in (biased, external):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="internal, shared weights without biases"):
             SWAP.check(lin)
+    repeated = o3.Linear("2x0e", "2x0e", instructions=[(0, 0), (0, 0)])  # weights summed on one block
+    with pytest.raises(ValueError, match="repeated"):
+        SWAP.check(repeated)
 
 
 def test_explicit_weights_take_e3nns_path_and_the_swap_goes_back():

@@ -20,6 +20,7 @@ CASES = {  # (irreps_in1, irreps_in2, irreps_out)
     "nequip-layer1": ("16x0e+16x1o", "16x0e", "48x0e+16x1o+16x1e"),  # 1e: no path reaches it
     "nequip-layer2": ("16x0e+16x1e+16x1o", "16x0e", "16x0e"),
     "mixed-order": ("3x1o+2x0e+4x2e+2x1o", "3x0e+2x0e", "2x2e+3x1o+1x0e+2x0o"),
+    "empty-irreps": ("2x0e+0x1o", "1x0e", "2x0e+1x1o+0x2e"),  # paths of no weights, outputs of no width
 }
 
 

@@ -100,11 +100,12 @@ def test_training_kernels_compile_for_sm90(small_ops, variant, dtype, monkeypatc
         rows += kernel_resources(ops, dtype, variant, cc=(9, 0), family=family)
     # the contraction unrolled in float32: one launch per pass (the backward's and double
     # backward's outputs in one atom pass each), plus the per-species sum of each weight
-    # gradient; otherwise one per output (1 + 2 + 3) and the sums. The TP: one launch per pass unrolled (float64: the double
-    # backward's receiver output apart), 1 + 3 + 4 on tables
+    # gradient; otherwise one per output (1 + 2 + 3) and the sums; and the forces' backward
+    # (d(x) alone: the forces need no weight gradient), one launch. The TP: one launch per pass
+    # unrolled (float64: the double backward's receiver output apart), 1 + 3 + 4 on tables
     tp = {("unrolled", "float32"): 3, ("unrolled", "float64"): 4}.get((variant, dtype), 8)
     fused = variant == "unrolled" and dtype == "float32"  # float64 passes launch their parts apart
-    assert len(rows) == len(captured) == (3 if fused else 6) + 2 + tp
+    assert len(rows) == len(captured) == (3 if fused else 6) + 2 + 1 + tp
     assert {r.variant for r in rows} == {variant, "segment"}
     assert [r.kernel == "pass" for r in rows if r.family == "channelwise_tp"].count(True) == (2 if tp < 8 else 0)
     assert [r.kernel == "atom pass" for r in rows].count(True) == (2 if fused else 0)

@@ -107,7 +107,9 @@ def test_precompile_plans_exactly_the_kernels_a_training_step_launches():
     )
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
-    assert len(got["launched"]) == 12
+    # four ops: forward, the forces' backward (no per-species weights, no position-free operand),
+    # the loss's full backward where the forces skipped operands, the double backward
+    assert len(got["launched"]) == 16
     assert got["launched"] == got["planned"]
 
 
@@ -155,7 +157,8 @@ def test_processes_of_a_node_compile_each_kernel_once(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], outs
     reports = [json.loads((tmp_path / f"rank{k}.json").read_text())["reports"]["float32"] for k in range(2)]
     jobs = reports[0]["jobs"]
-    assert jobs == reports[1]["jobs"] == 3  # products.0: forward, backward, double backward, one kernel each
+    # products.0: forward, backward, double backward and the forces' backward (d(x) alone), one kernel each
+    assert jobs == reports[1]["jobs"] == 4
     assert sorted(r["compiled"] for r in reports) == [0, jobs]
     assert sorted(r["cached"] for r in reports) == [0, jobs]
     assert all(not r["errors"] for r in reports)
@@ -208,8 +211,8 @@ def test_cold_start_bench_times_the_compile_from_an_empty_cache(tmp_path):
     entry = json.loads(out.read_text())["machines"]["ci"]
     cold, warm = entry["runs"]["cold"], entry["runs"]["warm"]
     assert entry["seconds"] == cold["seconds"] > 0 and entry["target_s"] == 60.0
-    assert (cold["precompile"]["jobs"], cold["precompile"]["compiled"], cold["precompile"]["workers"]) == (12, 12, 2)
-    assert (warm["precompile"]["compiled"], warm["precompile"]["cached"]) == (0, 12)
+    assert (cold["precompile"]["jobs"], cold["precompile"]["compiled"], cold["precompile"]["workers"]) == (16, 16, 2)
+    assert (warm["precompile"]["compiled"], warm["precompile"]["cached"]) == (0, 16)
     assert warm["seconds"] < cold["seconds"]
     assert "target <= 60 s" in res.stdout
 

@@ -22,13 +22,12 @@ family's hot-op swap); it has no parameters or buffers, so the state dict is unc
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
 
-from workbench.kernels.class_swap import ClassSwap, KeepsOp
-from workbench.kernels.e3nn_linear import column_index
+from workbench.kernels.class_swap import ClassSwap, KeepsOp, probe_copy
+from workbench.kernels.e3nn_linear import column_index, take_columns
 from workbench.kernels.lazy_class import LazyClass
 
 __all__ = ["SWAP", "GatePlan", "WorkbenchGate", "apply_gate", "gate_plan"]  # noqa: F822 (module __getattr__)
@@ -45,11 +44,6 @@ class GatePlan:
     gated: slice | torch.Tensor
     gate_of: torch.Tensor
     coef: torch.Tensor | None
-
-
-def _float64(gate: torch.nn.Module) -> torch.nn.Module:
-    """A float64 copy to probe (the module's own dtype may round the probes)."""
-    return copy.deepcopy(gate).to(torch.float64)
 
 
 def _columns(gate: torch.nn.Module) -> tuple[list[int], list[int], list[int]]:
@@ -79,7 +73,7 @@ def _product_map(gate: torch.nn.Module, n_gates: int, n_gated: int) -> tuple[lis
 
 def gate_plan(gate: torch.nn.Module, device: torch.device) -> GatePlan:
     """The :class:`GatePlan` of e3nn ``nn.Gate`` ``gate``, its index tensors on ``device``."""
-    probe = _float64(gate)
+    probe = probe_copy(gate)
     scalars, gates, gated = _columns(probe)
     source, gate_of, coef = _product_map(probe, len(gates), len(gated)) if gates else ([], [], [])
     return GatePlan(
@@ -91,16 +85,12 @@ def gate_plan(gate: torch.nn.Module, device: torch.device) -> GatePlan:
     )
 
 
-def _take(x: torch.Tensor, columns: slice | torch.Tensor) -> torch.Tensor:
-    return x[:, columns] if isinstance(columns, slice) else x.index_select(1, columns)
-
-
 def apply_gate(plan: GatePlan, gate: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``[N, dim_out]``: the gate of ``plan`` (activations ``gate.act_scalars``, ``gate.act_gates``) on ``x`` ``[N, dim_in]``."""
-    scalars = gate.act_scalars(_take(x, plan.scalars))
+    scalars = gate.act_scalars(take_columns(x, plan.scalars))
     if not len(plan.gate_of):
         return scalars
-    gated = _take(x, plan.gated) * gate.act_gates(_take(x, plan.gates)).index_select(1, plan.gate_of)
+    gated = take_columns(x, plan.gated) * gate.act_gates(take_columns(x, plan.gates)).index_select(1, plan.gate_of)
     if plan.coef is not None:
         gated = gated * plan.coef.to(x.dtype)
     return torch.cat([scalars, gated], 1)
@@ -108,7 +98,7 @@ def apply_gate(plan: GatePlan, gate: torch.nn.Module, x: torch.Tensor) -> torch.
 
 def _check(m: torch.nn.Module) -> None:
     """A ValueError for the gates this form does not cover (they stay e3nn's)."""
-    plan, probe = gate_plan(m, torch.device("cpu")), _float64(m)
+    plan, probe = gate_plan(m, torch.device("cpu")), probe_copy(m)
     x = torch.randn(3, m.irreps_in.dim, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     theirs = SWAP.native().forward(probe, x)  # e3nn's forward, whichever class ``m`` has now
     if not torch.allclose(apply_gate(plan, probe, x), theirs, rtol=1e-12, atol=1e-12):
@@ -119,7 +109,7 @@ def _make_class() -> type:
     class WorkbenchGate(KeepsOp, SWAP.native()):
         """e3nn's ``nn.Gate`` as column gathers and one product (module docstring)."""
 
-        def forward(self, features):
+        def forward(self, features: torch.Tensor) -> torch.Tensor:
             x = features.reshape(-1, self.irreps_in.dim)
             out = apply_gate(self.plan(features.device), self, x)
             return out.reshape(*features.shape[:-1], out.shape[-1])

@@ -44,7 +44,9 @@ __all__ = [  # noqa: F822 (module __getattr__)
     "apply_plan",
     "column_index",
     "dense_plan",
+    "irreps_offsets",
     "linear_plan",
+    "take_columns",
 ]
 
 #: the largest ``rows * dim_in * dim_out`` run as one dense ``mm``: below it the calls saved
@@ -91,7 +93,8 @@ class DensePlan:
     dim_out: int
 
 
-def _offsets(irreps) -> list[int]:
+def irreps_offsets(irreps) -> list[int]:
+    """Where each irrep's block starts in a flat ``[..., irreps.dim]`` row, and the end."""
     out = [0]
     for mul, ir in irreps:
         out.append(out[-1] + mul * ir.dim)
@@ -109,7 +112,7 @@ def _group_muls(irreps, d: int) -> dict[int, int]:
 
 def _columns(irreps, rows: dict[int, int], used: set[int]) -> list[int]:
     """Input columns of the used irreps of one group, block after block (mul-major)."""
-    offsets = _offsets(irreps)
+    offsets = irreps_offsets(irreps)
     return [c for i in rows if i in used for c in range(offsets[i], offsets[i + 1])]
 
 
@@ -142,7 +145,7 @@ def linear_plan(lin: torch.nn.Module, device: torch.device) -> LinearPlan:
     dims = list(dict.fromkeys(ir.dim for _, ir in lin.irreps_out))
     used = {ins.i_in for ins in lin.instructions}
     groups, entries, order, offset = [], [], [], 0
-    out_offsets = _offsets(lin.irreps_out)
+    out_offsets = irreps_offsets(lin.irreps_out)
     for d in dims:
         in_rows = _renumber_rows(_group_muls(lin.irreps_in, d), lin.irreps_in, used)
         out_rows = _group_muls(lin.irreps_out, d)
@@ -164,7 +167,7 @@ def linear_plan(lin: torch.nn.Module, device: torch.device) -> LinearPlan:
 
 def dense_plan(lin: torch.nn.Module, device: torch.device) -> DensePlan:
     """The :class:`DensePlan` of e3nn ``o3.Linear`` ``lin``, its index tensors on ``device``."""
-    in_at, out_at = _offsets(lin.irreps_in), _offsets(lin.irreps_out)
+    in_at, out_at = irreps_offsets(lin.irreps_in), irreps_offsets(lin.irreps_out)
     dim_out, position, source, coef, start = out_at[-1], [], [], [], 0
     for ins in lin.instructions:
         mul_in, mul_out = lin.irreps_in[ins.i_in].mul, lin.irreps_out[ins.i_out].mul
@@ -193,6 +196,11 @@ def apply_dense(plan: DensePlan, x: torch.Tensor, weight: torch.Tensor) -> torch
     return x @ matrix.view(plan.dim_in, plan.dim_out)
 
 
+def take_columns(x: torch.Tensor, columns: slice | torch.Tensor) -> torch.Tensor:
+    """``x[:, columns]``: a view for a slice, one ``index_select`` for an index tensor."""
+    return x[:, columns] if isinstance(columns, slice) else x.index_select(1, columns)
+
+
 def column_index(columns: list[int], device: torch.device) -> torch.Tensor | slice:
     """A slice when the columns are one contiguous run (or none), else an index tensor on ``device``."""
     if not columns or columns == list(range(columns[0], columns[0] + len(columns))):
@@ -206,7 +214,7 @@ def _group_product(x: torch.Tensor, g: DimensionGroup, blocks: torch.Tensor) -> 
     if g.m_in == 0:
         return x.new_zeros(n, g.m_out * g.d)
     w = blocks[g.offset : g.offset + g.m_in * g.m_out].view(g.m_in, g.m_out)
-    xd = x[:, g.columns] if isinstance(g.columns, slice) else x.index_select(1, g.columns)
+    xd = take_columns(x, g.columns)
     if g.d == 1:
         return xd @ w
     return torch.einsum("nud,uw->nwd", xd.reshape(n, g.m_in, g.d), w).reshape(n, g.m_out * g.d)
@@ -216,6 +224,9 @@ def _check(m: torch.nn.Module) -> None:
     """A ValueError for the linears this form does not cover (they stay e3nn's)."""
     if not (m.internal_weights and m.shared_weights) or m.weight.dim() != 1 or m.bias_numel:
         raise ValueError("only internal, shared weights without biases")
+    pairs = [(ins.i_in, ins.i_out) for ins in m.instructions]
+    if len(set(pairs)) != len(pairs):  # their weights would land on the same matrix entries
+        raise ValueError("an instruction between the same irreps is repeated")
     for ins in m.instructions:
         if tuple(ins.path_shape) != (m.irreps_in[ins.i_in].mul, m.irreps_out[ins.i_out].mul):
             raise ValueError(f"instruction {ins} has path shape {ins.path_shape}")

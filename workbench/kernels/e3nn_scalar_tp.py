@@ -24,13 +24,14 @@ and scalar second inputs into :class:`WorkbenchScalarTP` (a companion of a famil
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from workbench.kernels.class_swap import ClassSwap, KeepsOp
-from workbench.kernels.e3nn_linear import _offsets
+from workbench.kernels.class_swap import ClassSwap, KeepsOp, probe_copy
+from workbench.kernels.e3nn_linear import irreps_offsets
 from workbench.kernels.lazy_class import LazyClass
 
 __all__ = ["SWAP", "ScalarPath", "WorkbenchScalarTP", "apply_scalar_tp", "scalar_tp_plan"]  # noqa: F822
@@ -55,10 +56,13 @@ class ScalarPath:
 
 def _path_factors(tp: torch.nn.Module) -> list[float]:
     """Each path's factor :math:`c_{io}`: e3nn's output for one unit weight and unit inputs."""
-    probe = copy.deepcopy(tp).to(torch.float64)
+    probe = probe_copy(tp)
     factors, start = [], 0
-    in1, in2, out = _offsets(tp.irreps_in1), _offsets(tp.irreps_in2), _offsets(tp.irreps_out)
+    in1, in2, out = irreps_offsets(tp.irreps_in1), irreps_offsets(tp.irreps_in2), irreps_offsets(tp.irreps_out)
     for ins in tp.instructions:
+        if 0 in ins.path_shape:  # no weights, nothing to add
+            factors.append(0.0)
+            continue
         x = torch.zeros(1, tp.irreps_in1.dim, dtype=torch.float64)
         s = torch.zeros(1, tp.irreps_in2.dim, dtype=torch.float64)
         x[0, in1[ins.i_in1]], s[0, in2[ins.i_in2]] = 1.0, 1.0
@@ -72,10 +76,12 @@ def _path_factors(tp: torch.nn.Module) -> list[float]:
 
 def scalar_tp_plan(tp: torch.nn.Module) -> tuple[ScalarPath, ...]:
     """The paths of ``tp`` (e3nn's instruction order)."""
-    in1, in2 = _offsets(tp.irreps_in1), _offsets(tp.irreps_in2)
+    in1, in2 = irreps_offsets(tp.irreps_in1), irreps_offsets(tp.irreps_in2)
     paths, start = [], 0
     for ins, factor in zip(tp.instructions, _path_factors(tp)):
         mul_in, mul_s, mul_out = ins.path_shape
+        if not mul_in * mul_s * mul_out:
+            continue
         x_cols, s_cols = slice(in1[ins.i_in1], in1[ins.i_in1 + 1]), slice(in2[ins.i_in2], in2[ins.i_in2 + 1])
         d = tp.irreps_in1[ins.i_in1].ir.dim
         paths.append(ScalarPath(x_cols, d, mul_in, s_cols, mul_s, mul_out, start, factor, ins.i_out))
@@ -86,7 +92,7 @@ def scalar_tp_plan(tp: torch.nn.Module) -> tuple[ScalarPath, ...]:
 def _path(p: ScalarPath, x: torch.Tensor, s: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``[N, mul_out * d]``: one path's output, mul-major like e3nn's blocks."""
     n, size = x.shape[0], p.mul_in * p.mul_s
-    w = weight[p.start : p.start + size * p.mul_out].view(size, p.mul_out) * p.factor
+    w = weight[p.start : p.start + size * p.mul_out].reshape(size, p.mul_out) * p.factor
     xi, si = x[:, p.x_cols].view(n, p.mul_in, p.d), s[:, p.s_cols]
     if p.d == 1:
         return (xi * si.unsqueeze(1)).view(n, size) @ w
@@ -95,7 +101,11 @@ def _path(p: ScalarPath, x: torch.Tensor, s: torch.Tensor, weight: torch.Tensor)
 
 
 def apply_scalar_tp(
-    paths: tuple[ScalarPath, ...], irreps_out, x: torch.Tensor, s: torch.Tensor, weight: torch.Tensor
+    paths: tuple[ScalarPath, ...],
+    irreps_out: Iterable[tuple[int, Any]],
+    x: torch.Tensor,
+    s: torch.Tensor,
+    weight: torch.Tensor,
 ) -> torch.Tensor:
     """``[N, irreps_out.dim]``: ``paths`` with flat ``weight`` on ``x`` ``[N, dim_in1]`` and ``s`` ``[N, K]``."""
     blocks: dict[int, torch.Tensor] = {}
@@ -115,7 +125,7 @@ def _check(m: torch.nn.Module) -> None:
         raise ValueError(f"the second input {m.irreps_in2} is not even scalars")
     if any(ins.connection_mode != "uvw" or not ins.has_weight for ins in m.instructions):
         raise ValueError("only weighted 'uvw' paths")
-    probe, g = copy.deepcopy(m).to(torch.float64), torch.Generator().manual_seed(0)
+    probe, g = probe_copy(m), torch.Generator().manual_seed(0)
     x = torch.randn(3, m.irreps_in1.dim, dtype=torch.float64, generator=g)
     s = torch.randn(3, m.irreps_in2.dim, dtype=torch.float64, generator=g)
     ours = apply_scalar_tp(scalar_tp_plan(m), m.irreps_out, x, s, probe.weight.detach())
@@ -127,7 +137,7 @@ def _make_class() -> type:
     class WorkbenchScalarTP(KeepsOp, SWAP.native()):
         """e3nn's ``FullyConnectedTensorProduct`` with scalar second input as two products (module docstring)."""
 
-        def forward(self, x, y, weight=None):
+        def forward(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
             if weight is not None or x.shape[:-1] != y.shape[:-1]:  # explicit weights, broadcasting
                 return super().forward(x, y, weight)
             x2, y2 = x.reshape(-1, self.irreps_in1.dim), y.reshape(-1, self.irreps_in2.dim)

@@ -39,18 +39,19 @@ class OpSite:
 def training_ops(op, position_free: tuple[str, ...] = ()) -> list[tuple[str, object]]:
     """``(label, op)`` for the forward op and the derivative ops force training launches.
 
-    First derivative: to every operand, with the forward output's cotangent. Second: the
-    derivative of that op to every one of its operands, with cotangents on the first
-    derivative's outputs that the loss reaches, as autograd gives them: the weight gradient of
-    the force computation (a ``"species"`` output, e.g. the contraction's ``d(W)``) is never
-    used, and nor is the gradient to an operand in ``position_free`` (forces differentiate
-    through the positions only)."""
-    n = len(op.operands)
-    d1 = op.derivative((True,) * n, (True,) * len(op.outputs))
-    unused = {f"d({name})" for name in position_free}
-    present = tuple(not (o.output.batch == "species" or o.output.name in unused) for o in d1.outputs)
-    d2 = d1.derivative((True,) * len(d1.operands), present)
-    return [("forward", op), ("backward", d1), ("double backward", d2)]
+    The backward computes only the gradients the autograd run uses
+    (:func:`~workbench.kernels.ops._engine_uses`). The loss's backward runs the first derivative
+    to every operand (the energy's gradient reaches every weight). The forces' first derivative,
+    toward the positions only, is to every operand but the per-species weights (``"species"``
+    rows, e.g. the contraction's ``W``) and those in ``position_free``, with the forward
+    output's cotangent: listed last, where it differs from the full one. The double backward is
+    that op's derivative to every one of its operands, with cotangents on all its outputs."""
+    skipped = tuple(o.rows == "species" or o.name in position_free for o in op.operands)
+    forces = op.derivative(tuple(not s for s in skipped), (True,) * len(op.outputs))
+    d2 = forces.derivative((True,) * len(forces.operands), (True,) * len(forces.outputs))
+    full = op.derivative((True,) * len(skipped), (True,) * len(op.outputs))
+    ops = [("forward", op), ("backward", full), ("double backward", d2)]
+    return ops + [("forces' backward", forces)] if any(skipped) else ops
 
 
 @dataclass

@@ -395,8 +395,9 @@ class EdgePolyOp(PolyOp):
 def _engine_uses(ctx, i: int) -> bool:
     """Whether this backward run will use the gradient of tensor input ``i``. ``needs_input_grad``
     says only that it requires grad: forces (``autograd.grad`` to positions) need no gradient
-    toward an input that reaches only weights, e.g. the first layer's node features. A leaf's use
-    cannot be asked under ``autograd.grad``, nor by a torch without the query: then it is used."""
+    toward an input that reaches only weights, e.g. the first layer's node features. Under
+    ``autograd.grad`` torch refuses the query for a leaf the run asks for, and a torch without
+    the query cannot answer at all: then the input counts as used."""
     node = ctx.next_functions[i][0]
     if node is None:
         return False
@@ -423,7 +424,11 @@ class _SparsePolyFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         tensors = ctx.saved_tensors
-        needed = tuple(bool(n) and _engine_uses(ctx, i) for i, n in enumerate(ctx.needs_input_grad[3:]))
+        requires = ctx.needs_input_grad[3:]
+        if len(ctx.next_functions) == len(tensors):  # one node per tensor input, in order
+            needed = tuple(bool(n) and _engine_uses(ctx, i) for i, n in enumerate(requires))
+        else:
+            needed = tuple(bool(n) for n in requires)
         present = tuple(g is not None for g in grads)
         if not any(needed) or not any(present):
             return (None, None, None) + (None,) * len(tensors)
