@@ -189,10 +189,16 @@ def dense_plan(lin: torch.nn.Module, device: torch.device) -> DensePlan:
     )
 
 
+def _scatter(
+    weight: torch.Tensor, position: torch.Tensor, source: torch.Tensor, coef: torch.Tensor, size: int
+) -> torch.Tensor:
+    """``[size]`` zeros with ``weight[source] * coef`` put at ``position`` (differentiable in ``weight``)."""
+    return weight.new_zeros(size).index_put((position,), weight[source] * coef.to(weight.dtype))
+
+
 def apply_dense(plan: DensePlan, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``[N, dim_out]``: ``x`` ``[N, dim_in]`` times the dense matrix of ``plan`` and ``weight``."""
-    values = weight[plan.source] * plan.coef.to(weight.dtype)
-    matrix = weight.new_zeros(plan.dim_in * plan.dim_out).index_put((plan.position,), values)
+    matrix = _scatter(weight, plan.position, plan.source, plan.coef, plan.dim_in * plan.dim_out)
     return x @ matrix.view(plan.dim_in, plan.dim_out)
 
 
@@ -234,8 +240,7 @@ def _check(m: torch.nn.Module) -> None:
 
 def apply_plan(plan: LinearPlan, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``[N, dim_out]``: the linear map of ``plan`` with flat ``weight`` applied to ``x`` ``[N, dim_in]``."""
-    values = weight[plan.source] * plan.coef.to(weight.dtype)
-    blocks = weight.new_zeros(plan.size).index_put((plan.position,), values)
+    blocks = _scatter(weight, plan.position, plan.source, plan.coef, plan.size)
     outs = [_group_product(x, g, blocks) for g in plan.groups]
     out = torch.cat(outs, 1) if len(outs) > 1 else outs[0]
     return out if plan.permute is None else out.index_select(1, plan.permute)

@@ -54,36 +54,33 @@ class ScalarPath:
     out: int
 
 
-def _path_factors(tp: torch.nn.Module) -> list[float]:
-    """Each path's factor :math:`c_{io}`: e3nn's output for one unit weight and unit inputs."""
-    probe = probe_copy(tp)
-    factors, start = [], 0
-    in1, in2, out = irreps_offsets(tp.irreps_in1), irreps_offsets(tp.irreps_in2), irreps_offsets(tp.irreps_out)
-    for ins in tp.instructions:
-        if 0 in ins.path_shape:  # no weights, nothing to add
-            factors.append(0.0)
-            continue
-        x = torch.zeros(1, tp.irreps_in1.dim, dtype=torch.float64)
-        s = torch.zeros(1, tp.irreps_in2.dim, dtype=torch.float64)
-        x[0, in1[ins.i_in1]], s[0, in2[ins.i_in2]] = 1.0, 1.0
-        with torch.no_grad():
-            probe.weight.zero_()
-            probe.weight[start] = 1.0
-            factors.append(float(SWAP.native().forward(probe, x, s)[0, out[ins.i_out]]))
-        start += ins.path_shape[0] * ins.path_shape[1] * ins.path_shape[2]
-    return factors
+def _path_factor(probe: torch.nn.Module, ins, start: int) -> float:
+    """The path's factor :math:`c_{io}`: e3nn's output for its first weight at 1, all others 0,
+    and unit inputs (``probe`` a float64 CPU copy, its weights overwritten)."""
+    in1, in2, out = (
+        irreps_offsets(probe.irreps_in1),
+        irreps_offsets(probe.irreps_in2),
+        irreps_offsets(probe.irreps_out),
+    )
+    x = torch.zeros(1, probe.irreps_in1.dim, dtype=torch.float64)
+    s = torch.zeros(1, probe.irreps_in2.dim, dtype=torch.float64)
+    x[0, in1[ins.i_in1]], s[0, in2[ins.i_in2]] = 1.0, 1.0
+    with torch.no_grad():
+        probe.weight.zero_()
+        probe.weight[start] = 1.0
+        return float(SWAP.native().forward(probe, x, s)[0, out[ins.i_out]])
 
 
 def scalar_tp_plan(tp: torch.nn.Module) -> tuple[ScalarPath, ...]:
-    """The paths of ``tp`` (e3nn's instruction order)."""
-    in1, in2 = irreps_offsets(tp.irreps_in1), irreps_offsets(tp.irreps_in2)
+    """The paths of ``tp`` (e3nn's instruction order; paths of no weights left out)."""
+    probe, in1, in2 = probe_copy(tp), irreps_offsets(tp.irreps_in1), irreps_offsets(tp.irreps_in2)
     paths, start = [], 0
-    for ins, factor in zip(tp.instructions, _path_factors(tp)):
+    for ins in tp.instructions:
         mul_in, mul_s, mul_out = ins.path_shape
         if not mul_in * mul_s * mul_out:
             continue
         x_cols, s_cols = slice(in1[ins.i_in1], in1[ins.i_in1 + 1]), slice(in2[ins.i_in2], in2[ins.i_in2 + 1])
-        d = tp.irreps_in1[ins.i_in1].ir.dim
+        d, factor = tp.irreps_in1[ins.i_in1].ir.dim, _path_factor(probe, ins, start)
         paths.append(ScalarPath(x_cols, d, mul_in, s_cols, mul_s, mul_out, start, factor, ins.i_out))
         start += mul_in * mul_s * mul_out
     return tuple(paths)
