@@ -104,6 +104,17 @@ def test_pickles_and_the_swap_goes_back():
     assert _rel(ours(x), gate(x)) == 0.0
 
 
+def test_user_hooks_stay_and_never_fire_on_the_plans_probes():
+    gate, ours = _gates("nequip-layer1")
+    fired: list[str] = []
+    for name, m in ours.named_modules():
+        if not isinstance(m, torch.jit.ScriptModule):
+            m.register_forward_hook(lambda m, i, o, name=name: fired.append(name))
+    x = _x(gate, (4,))
+    assert _rel(ours(x), gate(x)) <= 1e-12  # builds the plan on a probe copy
+    assert fired == ["act_scalars.acts.0", "act_scalars", "act_gates.acts.0", "act_gates", ""]
+
+
 def test_odd_gated_irreps_keep_parity_under_inversion():
     _, ours = _gates("odd-scalars")
     x = _x(ours, (6,)).detach()

@@ -69,6 +69,30 @@ def test_float64_parity_with_nequips_e3nn_path(name, monkeypatch):
     assert fused is None or len(fused) >= 3 * kw.get("num_layers", 2)  # forward, backward, double backward
 
 
+@pytest.mark.parametrize("name", ["lmax2-noparity-3types-trainable-scales", "toy-emt-config"])
+def test_eval_mode_parity_runs_the_self_connection_by_species(name, monkeypatch):
+    """An MD model (``eval()``: forces without a graph) takes the self-connections by species
+    groups; energy, forces and stress stay nequip's."""
+    from workbench.kernels import e3nn_scalar_tp_groups
+
+    groups: list[int] = []
+    real = e3nn_scalar_tp_groups.GroupedScalarTP.forward
+    spy = lambda ctx, plan, g, *rest: groups.append(g.size) or real(ctx, plan, g, *rest)  # noqa: E731
+    monkeypatch.setattr(e3nn_scalar_tp_groups.GroupedScalarTP, "forward", staticmethod(spy))
+    kw = dict(CONFIGS[name])
+    model = build_model(**kw).eval()
+    data = batch(mixed_frames(5, kw.get("num_types", 2)), model, shuffle_edges=2)
+    fast = accelerate(copy.deepcopy(model), backend="numba").eval()
+    ref, got = model(dict(data)), fast(dict(data))
+    assert groups and set(groups) == {kw.get("num_types", 2)}
+    periodic = ~torch.isnan(ref["stress"].reshape(ref["stress"].shape[0], -1)).any(dim=1)  # molecules: NaN
+    assert periodic.any() and not periodic.all()
+    for key in ("total_energy", "forces", "stress"):
+        a, b = got[key].detach(), ref[key].detach()
+        a, b = (a[periodic], b[periodic]) if key == "stress" else (a, b)
+        assert rel(a, b) <= 1e-10, key
+
+
 def test_float32_against_float64():
     f64 = build_model("float64", l_max=2)
     f32 = build_model("float32", l_max=2)
@@ -95,6 +119,23 @@ def test_accelerate_in_place_and_back_keeps_the_state_dict():
     accelerate(model, backend="e3nn")
     assert not any(tp_scatter.is_workbench(m) for m in model.modules())
     assert sum(tp_scatter.is_native(m) for m in model.modules()) == 2
+
+
+def test_user_hooks_survive_acceleration_and_never_fire_on_probes():
+    """A lambda hook on every module (a user's logging): the companions' probes copy modules that
+    e3nn pickles, and a lambda does not pickle. The first step must run, and each hook fire once
+    per module call of the user's own step, never on a probe."""
+    model = build_model(l_max=2, num_types=3)
+    accelerate(model, backend="numba")
+    fired: list[str] = []
+    for name, m in model.named_modules():
+        if not isinstance(m, torch.jit.ScriptModule):
+            m.register_forward_hook(lambda m, i, o, name=name: fired.append(name))
+    data = batch(mixed_frames(seed=3, types=3), model)
+    outputs(model, data)  # the companions build their plans here
+    first, fired[:] = list(fired), []
+    outputs(model, data)
+    assert first == fired and fired.count("") == 1
 
 
 def test_modifier_from_a_nequip_config():

@@ -1,6 +1,7 @@
-"""The swaps that go with the hot op (:mod:`workbench.kernels.nequip.radial`, :mod:`workbench.kernels.silu`):
-nequip's Bessel edge encoding and the MLPs' SiLU give nequip's values and derivatives, go onto
-the workbench with ``accelerate`` and come back with ``backend="e3nn"``."""
+"""The swaps that go with the hot op (:mod:`workbench.kernels.nequip.radial`, :mod:`workbench.kernels.silu`,
+:mod:`workbench.kernels.nequip.edge_vectors`): nequip's Bessel edge encoding, the MLPs' SiLU and
+a batch's edge vectors give nequip's values and derivatives, go onto the workbench with
+``accelerate`` and come back with ``backend="e3nn"``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from nequip_fixtures import build_allegro, build_model
 from torch.autograd import gradcheck, gradgradcheck
 
 from workbench.kernels import accelerate, e3nn_gate, e3nn_linear, e3nn_scalar_tp, silu
-from workbench.kernels.nequip import radial
+from workbench.kernels.nequip import edge_vectors, radial
 
 
 def _encoding(trainable: bool, cutoff: torch.nn.Module | None = None, p: float = 6.0):
@@ -139,9 +140,14 @@ def test_accelerate_brings_the_companions_and_e3nn_takes_them_back(family):
     model = build_model(l_max=1) if family == "nequip" else build_allegro()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     sites = {"bessel": radial.SWAP, "silu": silu.SWAP, "linear": e3nn_linear.SWAP, "gate": e3nn_gate.SWAP}
-    sites["self-connection"] = e3nn_scalar_tp.SWAP
+    sites.update({"self-connection": e3nn_scalar_tp.SWAP, "edge vectors": edge_vectors.SWAP})
     natives = {k: sum(s.is_native(m) for m in model.modules()) for k, s in sites.items()}
-    assert natives["bessel"] == 1 and natives["silu"] >= 2 and natives["linear"] >= (4 if family == "nequip" else 0)
+    assert (
+        natives["edge vectors"] == (1 if family == "nequip" else 0)
+        and natives["bessel"] == 1
+        and natives["silu"] >= 2
+        and natives["linear"] >= (4 if family == "nequip" else 0)
+    )
     assert natives["gate"] == (2 if family == "nequip" else 0)
     assert natives["self-connection"] == (1 if family == "nequip" else 0)
     accelerate(model, backend="torch")
@@ -151,3 +157,43 @@ def test_accelerate_brings_the_companions_and_e3nn_takes_them_back(family):
     assert {k: sum(s.is_native(m) for m in model.modules()) for k, s in sites.items()} == natives
     after = model.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+
+
+def _vector_data(seed: int = 4) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """A mixed batch (two periodic cells, one of them small enough for self-images, a molecule),
+    positions and cells as leaves."""
+    from nequip_fixtures import batch, mixed_frames
+
+    data = batch(mixed_frames(seed, 2), build_model(l_max=1))
+    pos = data["pos"].detach().clone().requires_grad_()
+    cell = data["cell"].detach().clone().requires_grad_()
+    return {**data, "pos": pos, "cell": cell}, pos, cell
+
+
+def test_edge_vectors_frame_by_frame_match_nequips_with_gradients():
+    from nequip.nn.utils import with_edge_vectors_
+
+    data, pos, cell = _vector_data()
+    ours = edge_vectors.edge_vectors(data)
+    ref = with_edge_vectors_(dict(data), with_lengths=False)["edge_vectors"]
+    assert ours is not None and ours.shape == ref.shape and data["cell"].shape[0] == 3
+    v = torch.randn(ref.shape, generator=torch.Generator().manual_seed(2), dtype=ref.dtype)
+    got = [ours, *torch.autograd.grad((ours * v).sum(), [pos, cell])]
+    want = [ref, *torch.autograd.grad((ref * v).sum(), [pos, cell])]
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert (a - b).abs().max() <= 1e-12 * b.abs().max(), i
+
+
+def test_edge_vectors_leave_other_data_to_nequip():
+    data, _, _ = _vector_data()
+    shuffled = dict(data)  # edges no longer frame after frame
+    perm = torch.randperm(data["edge_index"].shape[1], generator=torch.Generator().manual_seed(0))
+    shuffled["edge_index"], shuffled["edge_cell_shift"] = data["edge_index"][:, perm], data["edge_cell_shift"][perm]
+    assert edge_vectors.edge_vectors(shuffled) is None
+    assert edge_vectors.edge_vectors({k: v for k, v in data.items() if k != "batch"}) is None
+    assert edge_vectors.edge_vectors({**data, "edge_vectors": torch.zeros(1, 3)}) is None
+    model = build_model(l_max=1)
+    fast = accelerate(copy.deepcopy(model), backend="numba")
+    assert sum(edge_vectors.SWAP.is_ours(m) for m in fast.modules()) == 1
+    for d in (shuffled, data):  # the same energies either way
+        assert torch.allclose(fast(dict(d))["total_energy"], model(dict(d))["total_energy"], rtol=1e-10, atol=0)

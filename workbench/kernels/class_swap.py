@@ -50,8 +50,21 @@ class KeepsOp:
 
 def probe_copy(m: torch.nn.Module) -> torch.nn.Module:
     """A float64 copy of ``m`` on the CPU, to probe what it computes (its own dtype would round the
-    probes, and it may sit on a GPU)."""
-    return copy.deepcopy(m).to("cpu", torch.float64)
+    probes, and it may sit on a GPU), without the user's hooks: they need not copy (e3nn pickles
+    its generated modules, and a lambda hook does not pickle) and must not fire on probes."""
+    kept = [(mod, name, hooks) for mod in m.modules() for name, hooks in _hook_dicts(mod)]
+    try:
+        for mod, name, hooks in kept:
+            setattr(mod, name, type(hooks)())
+        return copy.deepcopy(m).to("cpu", torch.float64)
+    finally:
+        for mod, name, hooks in kept:
+            setattr(mod, name, hooks)
+
+
+def _hook_dicts(mod: torch.nn.Module) -> list[tuple[str, dict]]:
+    """``(attribute, dict)`` of every non-empty hook registry of ``mod`` (``_forward_hooks``, ...)."""
+    return [(k, v) for k, v in vars(mod).items() if "_hooks" in k and isinstance(v, dict) and v]
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,9 @@ every instruction between them (zero where irreps of one dimension but different
 put back in ``irreps_out`` order by one gather. Few rows make even that too many calls: while
 ``N * dim_in * dim_out`` stays within :data:`DENSE_MAX_MACS` the map is one ``mm`` with the dense
 ``[dim_in, dim_out]`` matrix (each block as :math:`W_{io} \otimes I_d`), more multiply-adds and
-fewer calls (:class:`DensePlan`). The matrices are built from ``weight`` on every call
-(``index_put``, differentiable), so parameters, the state dict and any optimizer stay e3nn's.
+fewer calls (:class:`DensePlan`). The matrices are built from ``weight`` on every call (one
+gather and one product, :class:`WeightMap`: differentiable), so parameters, the state dict and
+any optimizer stay e3nn's.
 Values agree with e3nn's to rounding.
 
 :data:`SWAP` turns ``e3nn.o3.Linear`` modules with internal, shared weights and no biases into
@@ -27,7 +28,7 @@ Values agree with e3nn's to rounding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,6 +40,7 @@ __all__ = [  # noqa: F822 (module __getattr__)
     "SWAP",
     "DensePlan",
     "LinearPlan",
+    "WeightMap",
     "WorkbenchLinear",
     "apply_dense",
     "apply_plan",
@@ -56,6 +58,36 @@ DENSE_MAX_MACS = 1 << 25
 
 
 @dataclass(frozen=True)
+class WeightMap:
+    """How a flat ``weight`` fills a flat matrix of ``gather.shape[0]`` entries: entry ``k`` is
+    ``weight[gather[k]] * scale[k]``, zero where ``gather[k] == weight.numel()`` (a weight's path
+    weight, once per irrep component). One gather and one product a call: an ``index_put`` into
+    zeros cost 2-3x as much at NequIP's linears."""
+
+    gather: torch.Tensor
+    scale: torch.Tensor  # float64; per dtype in ``scales``
+    scales: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, size: int, num_weights: int, entries: list[tuple[int, int, float]], device) -> WeightMap:
+        """The map of ``(entry, weight index, path weight)`` ``entries`` (each entry at most once)."""
+        gather = torch.full((size,), num_weights, dtype=torch.long)
+        scale = torch.zeros(size, dtype=torch.float64)
+        if entries:
+            position, source, coef = (list(c) for c in zip(*entries))
+            gather[position] = torch.tensor(source, dtype=torch.long)
+            scale[position] = torch.tensor(coef, dtype=torch.float64)
+        return cls(gather.to(device), scale.to(device))
+
+    def matrix(self, weight: torch.Tensor) -> torch.Tensor:
+        """The flat matrix of ``weight`` (differentiable in ``weight``)."""
+        scale = self.scales.get(weight.dtype)
+        if scale is None:
+            scale = self.scales[weight.dtype] = self.scale.to(weight.dtype)
+        return torch.cat((weight, weight.new_zeros(1))).index_select(0, self.gather) * scale
+
+
+@dataclass(frozen=True)
 class DimensionGroup:
     """The irreps of one dimension ``d``: input ``columns`` (``[M_in * d]``, mul-major, or a
     ``slice`` when contiguous) and their block matrix at ``offset`` in the flat blocks."""
@@ -69,26 +101,20 @@ class DimensionGroup:
 
 @dataclass(frozen=True)
 class LinearPlan:
-    """How to evaluate one ``o3.Linear``: ``blocks`` entries (``position`` in the flat block
-    matrices, ``source`` index into ``weight``, ``coef`` the path weight), the ``groups`` in
-    output order of their first irrep and ``permute`` (``None``: outputs already in order)."""
+    """How to evaluate one ``o3.Linear``: the flat block matrices of every group (``blocks``),
+    the ``groups`` in output order of their first irrep and ``permute`` (``None``: outputs
+    already in order)."""
 
-    position: torch.Tensor
-    source: torch.Tensor
-    coef: torch.Tensor
-    size: int
+    blocks: WeightMap
     groups: tuple[DimensionGroup, ...]
     permute: torch.Tensor | None
 
 
 @dataclass(frozen=True)
 class DensePlan:
-    """The whole map as one ``[dim_in, dim_out]`` matrix: ``weight[source] * coef`` put at the
-    flat ``position`` of a zero matrix (each weight once per irrep component)."""
+    """The whole map as one ``[dim_in, dim_out]`` matrix (``matrix``, row-major)."""
 
-    position: torch.Tensor
-    source: torch.Tensor
-    coef: torch.Tensor
+    matrix: WeightMap
     dim_in: int
     dim_out: int
 
@@ -157,49 +183,28 @@ def linear_plan(lin: torch.nn.Module, device: torch.device) -> LinearPlan:
         order += [c for i in out_rows for c in range(out_offsets[i], out_offsets[i + 1])]
         offset += m_in * m_out
     permute = None if order == sorted(order) else torch.tensor(order, device=device).argsort()
-    position, source, coef = zip(*entries) if entries else ((), (), ())
-    index = {"dtype": torch.long, "device": device}
-    coef = torch.tensor(coef, dtype=torch.float64, device=device)
-    return LinearPlan(
-        torch.tensor(position, **index), torch.tensor(source, **index), coef, offset, tuple(groups), permute
-    )
+    return LinearPlan(WeightMap.of(offset, lin.weight.numel(), entries, device), tuple(groups), permute)
 
 
 def dense_plan(lin: torch.nn.Module, device: torch.device) -> DensePlan:
     """The :class:`DensePlan` of e3nn ``o3.Linear`` ``lin``, its index tensors on ``device``."""
     in_at, out_at = irreps_offsets(lin.irreps_in), irreps_offsets(lin.irreps_out)
-    dim_out, position, source, coef, start = out_at[-1], [], [], [], 0
+    dim_out, entries, start = out_at[-1], [], 0
     for ins in lin.instructions:
         mul_in, mul_out = lin.irreps_in[ins.i_in].mul, lin.irreps_out[ins.i_out].mul
         d = lin.irreps_in[ins.i_in].ir.dim
         for u in range(mul_in):
             for w in range(mul_out):
                 rows = (in_at[ins.i_in] + u * d + m for m in range(d))
-                position += [r * dim_out + out_at[ins.i_out] + w * d + m for m, r in enumerate(rows)]
-                source += [start + u * mul_out + w] * d
-        coef += [ins.path_weight] * (mul_in * mul_out * d)
+                at = (r * dim_out + out_at[ins.i_out] + w * d + m for m, r in enumerate(rows))
+                entries += [(k, start + u * mul_out + w, ins.path_weight) for k in at]
         start += mul_in * mul_out
-    index = {"dtype": torch.long, "device": device}
-    return DensePlan(
-        torch.tensor(position, **index),
-        torch.tensor(source, **index),
-        torch.tensor(coef, dtype=torch.float64, device=device),
-        in_at[-1],
-        dim_out,
-    )
-
-
-def _scatter(
-    weight: torch.Tensor, position: torch.Tensor, source: torch.Tensor, coef: torch.Tensor, size: int
-) -> torch.Tensor:
-    """``[size]`` zeros with ``weight[source] * coef`` put at ``position`` (differentiable in ``weight``)."""
-    return weight.new_zeros(size).index_put((position,), weight[source] * coef.to(weight.dtype))
+    return DensePlan(WeightMap.of(in_at[-1] * dim_out, lin.weight.numel(), entries, device), in_at[-1], dim_out)
 
 
 def apply_dense(plan: DensePlan, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``[N, dim_out]``: ``x`` ``[N, dim_in]`` times the dense matrix of ``plan`` and ``weight``."""
-    matrix = _scatter(weight, plan.position, plan.source, plan.coef, plan.dim_in * plan.dim_out)
-    return x @ matrix.view(plan.dim_in, plan.dim_out)
+    return x @ plan.matrix.matrix(weight).view(plan.dim_in, plan.dim_out)
 
 
 def take_columns(x: torch.Tensor, columns: slice | torch.Tensor) -> torch.Tensor:
@@ -240,7 +245,7 @@ def _check(m: torch.nn.Module) -> None:
 
 def apply_plan(plan: LinearPlan, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``[N, dim_out]``: the linear map of ``plan`` with flat ``weight`` applied to ``x`` ``[N, dim_in]``."""
-    blocks = _scatter(weight, plan.position, plan.source, plan.coef, plan.size)
+    blocks = plan.blocks.matrix(weight)
     outs = [_group_product(x, g, blocks) for g in plan.groups]
     out = torch.cat(outs, 1) if len(outs) > 1 else outs[0]
     return out if plan.permute is None else out.index_select(1, plan.permute)
@@ -265,7 +270,7 @@ def _make_class() -> type:
             """The per-dimension and the dense plan, built on first use on ``device``."""
             return self.cached_op(
                 lambda: (linear_plan(self, device), dense_plan(self, device)),
-                lambda plans: plans[0].position.device == device,
+                lambda plans: plans[0].blocks.gather.device == device,
             )
 
     return WorkbenchLinear

@@ -24,6 +24,7 @@ and scalar second inputs into :class:`WorkbenchScalarTP` (a companion of a famil
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ import torch
 
 from workbench.kernels.class_swap import ClassSwap, KeepsOp, probe_copy
 from workbench.kernels.e3nn_linear import irreps_offsets
+from workbench.kernels.e3nn_scalar_tp_groups import GroupedScalarTP, grouped_plan, shared_row_groups
 from workbench.kernels.lazy_class import LazyClass
 
 __all__ = ["SWAP", "ScalarPath", "WorkbenchScalarTP", "apply_scalar_tp", "scalar_tp_plan"]  # noqa: F822
@@ -138,8 +140,26 @@ def _make_class() -> type:
             if weight is not None or x.shape[:-1] != y.shape[:-1]:  # explicit weights, broadcasting
                 return super().forward(x, y, weight)
             x2, y2 = x.reshape(-1, self.irreps_in1.dim), y.reshape(-1, self.irreps_in2.dim)
-            out = apply_scalar_tp(self.cached_op(lambda: scalar_tp_plan(self)), self.irreps_out, x2, y2, self.weight)
+            paths, grouped = self.plans(x.device)
+            outer = functools.partial(apply_scalar_tp, paths, self.irreps_out)
+            # in training the forces' backward keeps a graph, which the outer form differentiates directly
+            groups = None if self.training else shared_row_groups(y2, grouped.max_groups)
+            if groups is None:
+                out = outer(x2, y2, self.weight)
+            else:  # few distinct scalar rows (species): one matrix per group
+                out = GroupedScalarTP.apply(grouped, groups, outer, x2, y2, self.weight)
             return out.reshape(*x.shape[:-1], self.irreps_out.dim)
+
+        def plans(self, device: torch.device) -> tuple:
+            """``(paths, GroupedPlan)``, built on first use on ``device``."""
+
+            def build() -> tuple:
+                paths = scalar_tp_plan(self)
+                out_at = irreps_offsets(self.irreps_out)
+                dims = (self.irreps_in1.dim, self.irreps_in2.dim, self.weight.numel())
+                return paths, grouped_plan(paths, out_at, *dims, device)
+
+            return self.cached_op(build, lambda plans: plans[1].spread.device == device)
 
     return WorkbenchScalarTP
 

@@ -392,7 +392,7 @@ class EdgePolyOp(PolyOp):
         super().__init__(operands, outputs)
 
 
-def _engine_uses(ctx, i: int) -> bool:
+def engine_uses(ctx, i: int) -> bool:
     """Whether this backward run will use the gradient of tensor input ``i``. ``needs_input_grad``
     says only that it requires grad: forces (``autograd.grad`` to positions) need no gradient
     toward an input that reaches only weights, e.g. the first layer's node features. Under
@@ -426,7 +426,7 @@ class _SparsePolyFunction(torch.autograd.Function):
         tensors = ctx.saved_tensors
         requires = ctx.needs_input_grad[3:]
         if len(ctx.next_functions) == len(tensors):  # one node per tensor input, in order
-            needed = tuple(bool(n) and _engine_uses(ctx, i) for i, n in enumerate(requires))
+            needed = tuple(bool(n) and engine_uses(ctx, i) for i, n in enumerate(requires))
         else:
             needed = tuple(bool(n) for n in requires)
         present = tuple(g is not None for g in grads)

@@ -20,7 +20,7 @@ from workbench.kernels.backends.compiled import CompiledPolynomial
 from workbench.kernels.descriptor.layout import MAX_ATOM_ARRAYS, MAX_EDGE_ARRAYS, MAX_SPECIES_ARRAYS
 from workbench.kernels.descriptor.polynomial import Operand
 
-__all__ = ["EdgeGraph", "RowIndex", "SpeciesIndex"]
+__all__ = ["EdgeGraph", "RowIndex", "SpeciesIndex", "same_tensor", "tensor_key"]
 
 
 class SpeciesIndex:
@@ -79,7 +79,7 @@ class EdgeGraph:
         on this thread when that was given the same tensors (or the same views of one
         ``edge_index``), unmodified since: a model's layers then sort the edges into CSR groups
         once per forward, not once per layer."""
-        key = (_tensor_key(sender), _tensor_key(receiver), int(num_nodes))
+        key = (tensor_key(sender), tensor_key(receiver), int(num_nodes))
         last = getattr(_LAST_GRAPH, "value", None)
         if last is not None and _same_key(last[0], key):
             return last[1]
@@ -116,19 +116,21 @@ RowIndex = SpeciesIndex | EdgeGraph
 _LAST_GRAPH = threading.local()
 
 
-def _tensor_key(t: torch.Tensor) -> tuple:
+def tensor_key(t: torch.Tensor) -> tuple:
     """What identifies an index tensor's values while it lives: the tensor it views (held weakly:
     a freed tensor's address may be reused), where in it, and its in-place version counter."""
     base = t if t._base is None else t._base
     return (weakref.ref(base), t.storage_offset(), tuple(t.stride()), tuple(t.shape), t._version, t.device, t.dtype)
 
 
+def same_tensor(a: tuple, b: tuple) -> bool:
+    """Whether two :func:`tensor_key` s name the same live, unmodified values."""
+    alive = a[0]()
+    return alive is not None and alive is b[0]() and a[1:] == b[1:]
+
+
 def _same_key(a: tuple, b: tuple) -> bool:
-    for ta, tb in zip(a[:2], b[:2]):
-        alive = ta[0]()
-        if alive is None or alive is not tb[0]() or ta[1:] != tb[1:]:
-            return False
-    return a[2] == b[2]
+    return same_tensor(a[0], b[0]) and same_tensor(a[1], b[1]) and a[2] == b[2]
 
 
 def _csr(idx: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,6 +1,7 @@
 """The companion swaps of both nequip-built families (NequIP's message, Allegro's contracter):
 the modules nequip's builders put around the hot op, each faster as fewer, larger calls.
 
+* :mod:`.edge_vectors`: the spherical harmonics' edge vectors, frame by frame;
 * :mod:`.radial`: the Bessel edge encoding and its polynomial cutoff;
 * :mod:`workbench.kernels.silu`: the radial MLPs' SiLU;
 * :mod:`workbench.kernels.e3nn_linear`: e3nn's ``Linear``;
@@ -12,6 +13,6 @@ the modules nequip's builders put around the hot op, each faster as fewer, large
 from __future__ import annotations
 
 from workbench.kernels import e3nn_gate, e3nn_linear, e3nn_scalar_tp, silu
-from workbench.kernels.nequip import radial
+from workbench.kernels.nequip import edge_vectors, radial
 
-COMPANIONS = (radial.SWAP, silu.SWAP, e3nn_linear.SWAP, e3nn_gate.SWAP, e3nn_scalar_tp.SWAP)
+COMPANIONS = (edge_vectors.SWAP, radial.SWAP, silu.SWAP, e3nn_linear.SWAP, e3nn_gate.SWAP, e3nn_scalar_tp.SWAP)
