@@ -60,7 +60,9 @@ def _calls(monkeypatch) -> list:
     return seen
 
 
-@pytest.mark.parametrize("case, species", [("nequip-layer1", 1), ("nequip-layer1", 2), ("nequip-layer2", 3)])
+@pytest.mark.parametrize(
+    "case, species", [("nequip-layer1", 1), ("nequip-layer1", 2), ("nequip-layer2", 3), ("two-scalar-blocks", 2)]
+)
 def test_values_and_first_derivatives_without_a_graph_match_e3nn(case, species, monkeypatch):
     seen = _calls(monkeypatch)
     tp, ours = _swapped(case)
@@ -112,15 +114,15 @@ def test_float32_against_float64():
 
 def test_groups_are_exact_rows_and_follow_in_place_changes():
     s = torch.tensor([[1.0, 2.0], [3.0, 4.0], [1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
-    g = groups_mod.row_groups(s, 3)
+    g = groups_mod.row_groups(s)
     assert g.inverse.tolist() == [g.inverse[0].item(), g.inverse[1].item()] * 2 + [g.inverse[4].item()]
     assert len(set(g.inverse.tolist())) == 3 and sorted(g.first.tolist()) == [0, 1, 4]
     assert torch.equal(s[g.first][g.inverse], s)
-    assert groups_mod.row_groups(s, 2) is None  # more groups than asked for
-    assert groups_mod.row_groups(torch.tensor([[float("nan"), 1.0], [float("nan"), 1.0]]), 4) is None
-    assert groups_mod.row_groups(s[:0], 4) is None
+    assert groups_mod.shared_row_groups(s, 2) is None  # more groups than asked for
+    assert groups_mod.row_groups(torch.tensor([[float("nan"), 1.0], [float("nan"), 1.0]])) is None
+    assert groups_mod.row_groups(s[:0]) is None
     first = groups_mod.shared_row_groups(s, 3)
-    assert groups_mod.shared_row_groups(s, 3) is first  # the next layer's call
+    assert groups_mod.shared_row_groups(s, 16) is first  # the next layer's call, another limit
     s.data[2] = torch.tensor([7.0, 8.0])  # through .data: the version stays, the rows are checked again
     assert groups_mod.shared_row_groups(s, 3) is None  # four groups now
     s[2], s[4] = s[0], s[0]  # in place: found again
@@ -136,3 +138,13 @@ def test_training_mode_and_many_species_run_the_outer_product(monkeypatch):
     x, s = _inputs(tp, 40, 17)  # more species than the grouped form is worth
     assert _rel(ours.eval()(x, s), tp(x, s)) <= 1e-12
     assert seen == []
+
+
+def test_inference_mode_tensors_are_grouped_without_the_cache(monkeypatch):
+    seen = _calls(monkeypatch)
+    tp, ours = _swapped("nequip-layer1")
+    x, s = _inputs(tp, 12, 2)
+    with torch.inference_mode():  # no version counter: nothing is kept about these tensors
+        xi, si = x.detach().clone(), s.detach().clone()
+        assert _rel(ours(xi, si), tp(xi, si)) <= 1e-12 and _rel(ours(xi, si), tp(xi, si)) <= 1e-12
+    assert seen == [2, 2]

@@ -55,6 +55,19 @@ def test_float32_accelerated_matches_float64_original():
     print(errs)
 
 
+def test_energies_under_inference_mode():
+    """``torch.inference_mode()`` (energies only): its tensors keep no version counter, so the
+    edge graph of one forward is not kept for the next."""
+    cfg = CONFIGS[0]
+    model = build_model(*cfg, dtype=torch.float64)
+    fast = accelerate(copy.deepcopy(model), backend="numba")
+    data = random_batch(cfg[4], dtype=torch.float64)
+    with torch.inference_mode():
+        ref = model({k: v.clone() for k, v in data.items()}, compute_force=False)["energy"]
+        got = [fast({k: v.clone() for k, v in data.items()}, compute_force=False)["energy"] for _ in range(2)]
+    assert all(rel_err(g, ref) <= 1e-10 for g in got)
+
+
 def test_restore_state_dict_and_pickle():
     cfg = CONFIGS[2]
     model = build_model(*cfg, dtype=torch.float64)

@@ -93,6 +93,18 @@ def test_eval_mode_parity_runs_the_self_connection_by_species(name, monkeypatch)
         assert rel(a, b) <= 1e-10, key
 
 
+def test_energy_only_under_inference_mode():
+    """The model without its force output (``model.model.func``: energies only) under
+    ``torch.inference_mode()``, whose tensors keep no version counter for the kernels' caches."""
+    model = build_model(l_max=2, num_types=3).eval()
+    fast = accelerate(copy.deepcopy(model), backend="numba").eval()
+    data = batch(mixed_frames(9, 3), model)
+    with torch.inference_mode():
+        ref = model.model.func(dict(data))["total_energy"]
+        got = [fast.model.func(dict(data))["total_energy"] for _ in range(2)]
+    assert all(rel(g, ref) <= 1e-10 for g in got)
+
+
 def test_float32_against_float64():
     f64 = build_model("float64", l_max=2)
     f32 = build_model("float32", l_max=2)

@@ -50,16 +50,21 @@ class KeepsOp:
 
 def probe_copy(m: torch.nn.Module) -> torch.nn.Module:
     """A float64 copy of ``m`` on the CPU, to probe what it computes (its own dtype would round the
-    probes, and it may sit on a GPU), without the user's hooks: they need not copy (e3nn pickles
-    its generated modules, and a lambda hook does not pickle) and must not fire on probes."""
-    kept = [(mod, name, hooks) for mod in m.modules() for name, hooks in _hook_dicts(mod)]
-    try:
-        for mod, name, hooks in kept:
-            setattr(mod, name, type(hooks)())
+    probes, and it may sit on a GPU), without the user's hooks: they must not fire on probes, and
+    need not copy (a lambda does not pickle)."""
+    hooks = [(mod, name, d) for mod in m.modules() for name, d in _hook_dicts(mod)]
+    if not hooks:
         return copy.deepcopy(m).to("cpu", torch.float64)
-    finally:
-        for mod, name, hooks in kept:
-            setattr(mod, name, hooks)
+    try:  # the copy gets empty hook registries; the module is not touched
+        return copy.deepcopy(m, {id(d): type(d)() for _, _, d in hooks}).to("cpu", torch.float64)
+    except Exception:  # e3nn >= 0.5 pickles its generated modules, hooks and all: copy without them
+        try:
+            for mod, name, d in hooks:
+                setattr(mod, name, type(d)())
+            return copy.deepcopy(m).to("cpu", torch.float64)
+        finally:
+            for mod, name, d in hooks:
+                setattr(mod, name, d)
 
 
 def _hook_dicts(mod: torch.nn.Module) -> list[tuple[str, dict]]:

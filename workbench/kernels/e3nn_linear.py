@@ -79,12 +79,16 @@ class WeightMap:
             scale[position] = torch.tensor(coef, dtype=torch.float64)
         return cls(gather.to(device), scale.to(device))
 
+    def scale_as(self, dtype: torch.dtype) -> torch.Tensor:
+        """``scale`` in ``dtype`` (converted once per dtype)."""
+        scale = self.scales.get(dtype)
+        if scale is None:
+            scale = self.scales[dtype] = self.scale.to(dtype)
+        return scale
+
     def matrix(self, weight: torch.Tensor) -> torch.Tensor:
         """The flat matrix of ``weight`` (differentiable in ``weight``)."""
-        scale = self.scales.get(weight.dtype)
-        if scale is None:
-            scale = self.scales[weight.dtype] = self.scale.to(weight.dtype)
-        return torch.cat((weight, weight.new_zeros(1))).index_select(0, self.gather) * scale
+        return torch.cat((weight, weight.new_zeros(1))).index_select(0, self.gather) * self.scale_as(weight.dtype)
 
 
 @dataclass(frozen=True)

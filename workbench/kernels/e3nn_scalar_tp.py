@@ -16,7 +16,9 @@ viewed as ``[M_i K_j, M_o]`` (scaled by :math:`c_{io}`): one elementwise product
 multiply-adds but lands on MKL's slow shapes: ``[256, 16] x [16, 768]`` took 0.33 ms where the
 outer product's ``[256, 256] x [256, 48]`` took 0.05 ms.) The path factors are read off e3nn's
 module by probing it (float64), and the check compares the whole map with e3nn's on random
-input, so a product of another form is refused and stays e3nn's.
+input, so a product of another form is refused and stays e3nn's. In ``eval()``, when the scalars
+take few distinct rows (a species embedding: one per species), the map runs as one matrix per
+group of rows instead (:mod:`~workbench.kernels.e3nn_scalar_tp_groups`).
 
 :data:`SWAP` turns ``e3nn.o3.FullyConnectedTensorProduct`` modules with internal shared weights
 and scalar second inputs into :class:`WorkbenchScalarTP` (a companion of a family's hot-op swap).
@@ -134,7 +136,8 @@ def _check(m: torch.nn.Module) -> None:
 
 def _make_class() -> type:
     class WorkbenchScalarTP(KeepsOp, SWAP.native()):
-        """e3nn's ``FullyConnectedTensorProduct`` with scalar second input as two products (module docstring)."""
+        """e3nn's ``FullyConnectedTensorProduct`` with scalar second input: per path an outer product
+        and one ``mm``, or in ``eval()`` one matrix per group of equal scalar rows (module docstring)."""
 
         def forward(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
             if weight is not None or x.shape[:-1] != y.shape[:-1]:  # explicit weights, broadcasting

@@ -73,12 +73,11 @@ def _row_hashes(bits: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled 
     return out
 
 
-def row_groups(s: torch.Tensor, max_groups: int) -> RowGroups | None:
-    """The groups of equal rows of CPU float tensor ``s`` ``[N, K]`` (by their bits), or None when
-    there are more than ``max_groups`` (or no rows, a value that equals nothing such as NaN, a
-    tensor elsewhere than the CPU or of another dtype)."""
+def row_groups(s: torch.Tensor) -> RowGroups | None:
+    """The groups of equal rows of CPU float tensor ``s`` ``[N, K]`` (by their bits), or None for
+    no rows, a value that equals nothing (NaN), a tensor elsewhere than the CPU or of another dtype."""
     n = s.shape[0]
-    if n == 0 or s.shape[1] == 0 or max_groups < 1 or s.device.type != "cpu":
+    if n == 0 or s.shape[1] == 0 or s.device.type != "cpu":
         return None
     if s.dtype not in (torch.float32, torch.float64):
         return None
@@ -87,8 +86,6 @@ def row_groups(s: torch.Tensor, max_groups: int) -> RowGroups | None:
         words = s.numpy().view(np.uint32 if s.dtype == torch.float32 else np.uint64)
         hashes = torch.from_numpy(_row_hashes(words).view(np.int64))
         keys, inverse = torch.unique(hashes, return_inverse=True)
-        if keys.shape[0] > max_groups:
-            return None
         rows = torch.arange(n)
         first = torch.full((keys.shape[0],), n, dtype=rows.dtype).scatter_reduce_(0, inverse, rows, "amin")
         groups = RowGroups(inverse, first)
@@ -106,18 +103,19 @@ _LAST = threading.local()
 
 
 def shared_row_groups(s: torch.Tensor, max_groups: int) -> RowGroups | None:
-    """:func:`row_groups`, found once for the layers of one step: a model's self-connections all
-    take the same species embedding, and the last answer on this thread is kept while the same
-    tensor, unmodified, comes again with the same ``max_groups``. A kept grouping is checked
-    against the rows again (one comparison): a change through ``.data`` keeps the version."""
-    key = (tensor_key(s), int(max_groups))
+    """:func:`row_groups` when there are at most ``max_groups``, else None; found once for the
+    layers of one step: a model's self-connections all take the same species embedding, and the
+    last grouping on this thread is kept while the same tensor, unmodified, comes again. A kept
+    grouping is checked against the rows again (one comparison): a change through ``.data``
+    keeps the version."""
+    key = tensor_key(s)
     last = getattr(_LAST, "value", None)
-    kept = last is not None and same_tensor(last[0][0], key[0]) and last[0][1] == key[1]
-    if kept and (last[1] is None or _holds(last[1], s)):
-        return last[1]
-    groups = row_groups(s, max_groups)
-    _LAST.value = (key, groups)
-    return groups
+    if last is not None and same_tensor(last[0], key) and (last[1] is None or _holds(last[1], s)):
+        groups = last[1]
+    else:
+        groups = row_groups(s)
+        _LAST.value = (key, groups)
+    return groups if groups is not None and groups.size <= max_groups else None
 
 
 @dataclass(frozen=True)
@@ -188,9 +186,13 @@ def grouped_plan(
 def _matrices(plan: GroupedPlan, sg: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(W [K, R], M [G, I, O])``."""
     w = plan.weights.matrix(weight).view(plan.k, plan.r)
-    c = sg @ w
+    return w, _spread(plan, sg @ w)
+
+
+def _spread(plan: GroupedPlan, c: torch.Tensor) -> torch.Tensor:
+    """``M`` ``[G, I, O]`` of the groups' ``C`` ``[G, R]``."""
     m = torch.cat((c, c.new_zeros(c.shape[0], 1)), 1).index_select(1, plan.spread)
-    return w, m.view(-1, *plan.shape)
+    return m.view(-1, *plan.shape)
 
 
 def _put_columns(part: torch.Tensor, cols: torch.Tensor | slice, width: int) -> torch.Tensor:
@@ -222,7 +224,7 @@ def _weight_grad(plan: GroupedPlan, groups: RowGroups, x, gout, sg, num_weights:
         per = (x.unsqueeze(2) * onehot.unsqueeze(1)).reshape(x.shape[0], -1).t() @ gout  # [I * G, O]
         dm = per.view(plan.shape[0], groups.size, plan.shape[1]).transpose(0, 1).reshape(groups.size, -1)
     dc = dm.new_zeros(groups.size, plan.r + 1).index_add_(1, plan.spread, dm)[:, : plan.r]
-    dw = (sg.t() @ dc).reshape(-1) * plan.weights.scale.to(x.dtype)
+    dw = (sg.t() @ dc).reshape(-1) * plan.weights.scale_as(x.dtype)
     return dw.new_zeros(num_weights + 1).index_add_(0, plan.weights.gather, dw)[:num_weights]
 
 
@@ -232,8 +234,10 @@ def _grads(ctx, gout: torch.Tensor, needed: Sequence[bool]) -> list[torch.Tensor
     plan, groups = ctx.plan, ctx.groups
     x, gout = take_columns(x, plan.cols_in), take_columns(gout, plan.cols_out)
     sg = s.index_select(0, groups.first)
-    w, m = _matrices(plan, sg, weight)
-    gx = _put_columns(_by_group(gout, m.transpose(1, 2), groups), plan.cols_in, plan.dim_in) if needed[0] else None
+    w = plan.weights.matrix(weight).view(plan.k, plan.r)
+    gx = None
+    if needed[0]:
+        gx = _put_columns(_by_group(gout, _spread(plan, sg @ w).transpose(1, 2), groups), plan.cols_in, plan.dim_in)
     gs = None
     if needed[1]:  # each row's own: sum over M's entries of x[n, i] gout[n, o], per column of W
         prod = x.index_select(1, plan.entry_in) * gout.index_select(1, plan.entry_out)
@@ -249,14 +253,22 @@ class GroupedScalarTP(torch.autograd.Function):
     differentiates instead (module docstring)."""
 
     @staticmethod
-    def forward(ctx, plan: GroupedPlan, groups: RowGroups, outer: Callable, x, s, weight):
+    def forward(
+        ctx,
+        plan: GroupedPlan,
+        groups: RowGroups,
+        outer: Callable,
+        x: torch.Tensor,
+        s: torch.Tensor,
+        weight: torch.Tensor,
+    ) -> torch.Tensor:
         ctx.plan, ctx.groups, ctx.outer = plan, groups, outer
         ctx.save_for_backward(x, s, weight)
         m = _matrices(plan, s.index_select(0, groups.first), weight)[1]
         return _put_columns(_by_group(take_columns(x, plan.cols_in), m, groups), plan.cols_out, plan.dim_out)
 
     @staticmethod
-    def backward(ctx, gout):
+    def backward(ctx, gout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         from workbench.kernels.ops import engine_uses
 
         requires = ctx.needs_input_grad[3:]

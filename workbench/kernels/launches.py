@@ -40,7 +40,7 @@ def training_ops(op, position_free: tuple[str, ...] = ()) -> list[tuple[str, obj
     """``(label, op)`` for the forward op and the derivative ops force training launches.
 
     The backward computes only the gradients the autograd run uses
-    (:func:`~workbench.kernels.ops._engine_uses`). The loss's backward runs the first derivative
+    (:func:`~workbench.kernels.ops.engine_uses`). The loss's backward runs the first derivative
     to every operand (the energy's gradient reaches every weight). The forces' first derivative,
     toward the positions only, is to every operand but the per-species weights (``"species"``
     rows, e.g. the contraction's ``W``) and those in ``position_free``, with the forward

