@@ -117,6 +117,26 @@ def count_fused(module) -> list[int]:
     return fused
 
 
+def rel_max(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b| in float64, detached, with no floor: an all-zero reference gives NaN,
+    which fails every bound."""
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def weight_as_input(module: torch.nn.Module):
+    """``(f, weight)``: ``f(*inputs, weight)`` runs ``module`` with a fresh leaf ``weight`` (a copy of
+    its own, which it no longer holds as a parameter), so gradcheck differentiates the weights too."""
+    weight = module.weight.detach().clone().requires_grad_()
+    del module._parameters["weight"]
+
+    def f(*args: torch.Tensor) -> torch.Tensor:
+        module.weight = args[-1]
+        return module(*args[:-1])
+
+    return f, weight
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| / max |b| (b the reference)."""
     a, b = a.double(), b.double()

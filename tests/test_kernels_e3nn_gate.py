@@ -10,6 +10,7 @@ import pickle
 import pytest
 import torch
 from e3nn import nn, o3
+from kernel_fixtures import rel_max
 from torch.autograd import gradcheck, gradgradcheck
 
 import workbench  # noqa: F401
@@ -39,11 +40,6 @@ def _x(gate, shape=(5, 2), dtype=torch.float64, seed=0) -> torch.Tensor:
     return torch.randn(*shape, gate.irreps_in.dim, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).abs().max() / b.abs().max())
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_values_and_three_derivative_orders_match_e3nn_in_float64(case):
     gate, ours = _gates(case)
@@ -56,7 +52,7 @@ def test_values_and_three_derivative_orders_match_e3nn_in_float64(case):
         m.result = [y, dx, ddx, *torch.autograd.grad(ddx.sin().sum(), x)]
     assert gate.result[0].shape == ours.result[0].shape == (5, 2, gate.irreps_out.dim)
     for i, (a, b) in enumerate(zip(ours.result, gate.result)):
-        assert _rel(a, b) <= 1e-12, i
+        assert rel_max(a, b) <= 1e-12, i
 
 
 def test_gradcheck_and_gradgradcheck():
@@ -69,7 +65,7 @@ def test_float32_against_float64():
     gate64, _ = _gates("nequip-layer1")
     _, ours32 = _gates("nequip-layer1", torch.float32)
     x = _x(gate64, (40,))
-    assert _rel(ours32(x.detach().float()), gate64(x)) <= 1e-5
+    assert rel_max(ours32(x.detach().float()), gate64(x)) <= 1e-5
 
 
 def test_the_plan_follows_e3nns_columns():
@@ -98,10 +94,10 @@ def test_pickles_and_the_swap_goes_back():
     x = _x(gate, (4,))
     ours(x)  # builds the plan
     again = pickle.loads(pickle.dumps(ours))
-    assert "_wb_op" not in again.__dict__ and _rel(again(x), gate(x)) <= 1e-12
+    assert "_wb_op" not in again.__dict__ and rel_max(again(x), gate(x)) <= 1e-12
     SWAP.unswap(ours)
     assert type(ours) is nn.Gate and "_wb_op" not in ours.__dict__
-    assert _rel(ours(x), gate(x)) == 0.0
+    assert rel_max(ours(x), gate(x)) == 0.0
 
 
 def test_user_hooks_stay_and_never_fire_on_the_plans_probes():
@@ -111,7 +107,7 @@ def test_user_hooks_stay_and_never_fire_on_the_plans_probes():
         if not isinstance(m, torch.jit.ScriptModule):
             m.register_forward_hook(lambda m, i, o, name=name: fired.append(name))
     x = _x(gate, (4,))
-    assert _rel(ours(x), gate(x)) <= 1e-12  # builds the plan on a probe copy
+    assert rel_max(ours(x), gate(x)) <= 1e-12  # builds the plan on a probe copy
     assert fired == ["act_scalars.acts.0", "act_scalars", "act_gates.acts.0", "act_gates", ""]
 
 
@@ -120,5 +116,5 @@ def test_odd_gated_irreps_keep_parity_under_inversion():
     x = _x(ours, (6,)).detach()
     parity = ours.irreps_in.D_from_angles(*[torch.zeros((), dtype=torch.float64)] * 3, torch.tensor(1))
     parity_out = ours.irreps_out.D_from_angles(*[torch.zeros((), dtype=torch.float64)] * 3, torch.tensor(1))
-    assert _rel(ours(x @ parity.T), ours(x) @ parity_out.T) <= 1e-12
+    assert rel_max(ours(x @ parity.T), ours(x) @ parity_out.T) <= 1e-12
     assert o3.Irreps(ours.irreps_out) == o3.Irreps("3x0e+2x0o+2x1o+3x2e")

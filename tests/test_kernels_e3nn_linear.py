@@ -10,6 +10,7 @@ import pickle
 import pytest
 import torch
 from e3nn import o3
+from kernel_fixtures import rel_max, weight_as_input
 from torch.autograd import gradcheck, gradgradcheck
 
 import workbench  # noqa: F401
@@ -45,11 +46,6 @@ def _x(lin, shape=(6, 2), dtype=torch.float64, seed=0) -> torch.Tensor:
     return torch.randn(*shape, lin.irreps_in.dim, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).abs().max() / b.abs().max())
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_values_and_gradients_match_e3nn_in_float64(case, form):
     lin, ours = _swapped(*CASES[case])
@@ -61,20 +57,14 @@ def test_values_and_gradients_match_e3nn_in_float64(case, form):
         m.result = [y, dx, *torch.autograd.grad(dx.pow(2).sum(), [x, m.weight])]
     assert lin.result[0].shape == ours.result[0].shape == (6, 2, lin.irreps_out.dim)
     for i, (a, b) in enumerate(zip(ours.result, lin.result)):
-        assert _rel(a, b) <= 1e-12, i
+        assert rel_max(a, b) <= 1e-12, i
 
 
 def test_gradcheck_and_gradgradcheck(form):
     lin, ours = _swapped(*CASES["mixed-order"])
     x = _x(lin, (3,))
     assert gradcheck(ours, (x,)) and gradgradcheck(ours, (x,))
-    weight = ours.weight.detach().clone().requires_grad_()
-    del ours._parameters["weight"]
-
-    def with_weight(x, w):
-        ours.weight = w
-        return ours(x)
-
+    with_weight, weight = weight_as_input(ours)
     assert gradcheck(with_weight, (x, weight)) and gradgradcheck(with_weight, (x, weight))
 
 
@@ -82,7 +72,7 @@ def test_float32_against_float64(form):
     lin64, ours64 = _swapped(*CASES["nequip-tutorial"])
     ours32 = copy.deepcopy(ours64).float()
     x = _x(lin64, (40,))
-    assert _rel(ours32(x.detach().float()), lin64(x)) <= 1e-5
+    assert rel_max(ours32(x.detach().float()), lin64(x)) <= 1e-5
 
 
 def test_the_dense_form_runs_up_to_the_threshold(monkeypatch):
@@ -95,7 +85,7 @@ def test_the_dense_form_runs_up_to_the_threshold(monkeypatch):
     monkeypatch.setattr(e3nn_linear, "DENSE_MAX_MACS", 10 * per_row)
     for rows in (10, 11, 3):
         x = _x(lin, (rows,))
-        assert _rel(ours(x), lin(x)) <= 1e-12
+        assert rel_max(ours(x), lin(x)) <= 1e-12
     assert calls == ["apply_dense", "apply_plan", "apply_dense"]
 
 
@@ -114,10 +104,10 @@ def test_explicit_weights_take_e3nns_path_and_the_swap_goes_back():
     lin, ours = _swapped(*CASES["parity-twins"])
     before = {k: v.clone() for k, v in lin.state_dict().items()}
     x, w = _x(lin, (4,)), torch.randn(lin.weight_numel, dtype=torch.float64)
-    assert _rel(ours(x, w), lin(x, w)) <= 1e-12
+    assert rel_max(ours(x, w), lin(x, w)) <= 1e-12
     ours(x)  # builds the plan
     again = pickle.loads(pickle.dumps(ours))
-    assert "_wb_op" not in again.__dict__ and _rel(again(x), lin(x)) <= 1e-12
+    assert "_wb_op" not in again.__dict__ and rel_max(again(x), lin(x)) <= 1e-12
     SWAP.unswap(ours)
     assert type(ours) is o3.Linear and "_wb_op" not in ours.__dict__
     assert all(torch.equal(ours.state_dict()[k], v) for k, v in before.items())

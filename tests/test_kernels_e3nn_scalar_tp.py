@@ -10,6 +10,7 @@ import pickle
 import pytest
 import torch
 from e3nn import o3
+from kernel_fixtures import rel_max, weight_as_input
 from torch.autograd import gradcheck, gradgradcheck
 
 import workbench  # noqa: F401
@@ -39,11 +40,6 @@ def _inputs(tp, shape=(5, 2), dtype=torch.float64, seed=0) -> tuple[torch.Tensor
     return tuple(torch.randn(*shape, d, generator=g, dtype=torch.float64).to(dtype).requires_grad_() for d in dims)
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).abs().max() / b.abs().max())
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_values_and_gradients_match_e3nn_in_float64(case):
     tp, ours = _swapped(case)
@@ -55,20 +51,14 @@ def test_values_and_gradients_match_e3nn_in_float64(case):
         m.result = [y, dx, ds, *torch.autograd.grad(dx.pow(2).sum() + ds.sin().sum(), [x, s, m.weight])]
     assert tp.result[0].shape == ours.result[0].shape == (5, 2, tp.irreps_out.dim)
     for i, (a, b) in enumerate(zip(ours.result, tp.result)):
-        assert _rel(a, b) <= 1e-12, i
+        assert rel_max(a, b) <= 1e-12, i
 
 
 def test_gradcheck_and_gradgradcheck():
     tp, ours = _swapped("mixed-order")
     x, s = _inputs(tp, (3,))
     assert gradcheck(ours, (x, s)) and gradgradcheck(ours, (x, s))
-    weight = ours.weight.detach().clone().requires_grad_()
-    del ours._parameters["weight"]
-
-    def with_weight(x, s, w):
-        ours.weight = w
-        return ours(x, s)
-
+    with_weight, weight = weight_as_input(ours)
     assert gradcheck(with_weight, (x, s, weight)) and gradgradcheck(with_weight, (x, s, weight))
 
 
@@ -77,7 +67,7 @@ def test_float32_against_float64():
     ours32 = copy.deepcopy(tp64).float()
     SWAP.swap(ours32, "numba")
     x, s = _inputs(tp64, (40,))
-    assert _rel(ours32(x.detach().float(), s.detach().float()), tp64(x, s)) <= 1e-5
+    assert rel_max(ours32(x.detach().float(), s.detach().float()), tp64(x, s)) <= 1e-5
 
 
 @pytest.mark.parametrize(
@@ -100,11 +90,11 @@ def test_explicit_weights_pickles_and_the_swap_goes_back():
     before = {k: v.clone() for k, v in tp.state_dict().items()}
     x, s = _inputs(tp, (4,))
     w = torch.randn(tp.weight_numel, dtype=torch.float64)
-    assert _rel(ours(x, s, w), tp(x, s, w)) <= 1e-12
-    assert _rel(ours(x, s[:1]), tp(x, s[:1])) <= 1e-12  # broadcast second input: e3nn's path
+    assert rel_max(ours(x, s, w), tp(x, s, w)) <= 1e-12
+    assert rel_max(ours(x, s[:1]), tp(x, s[:1])) <= 1e-12  # broadcast second input: e3nn's path
     ours(x, s)  # builds the plan
     again = pickle.loads(pickle.dumps(ours))
-    assert "_wb_op" not in again.__dict__ and _rel(again(x, s), tp(x, s)) <= 1e-12
+    assert "_wb_op" not in again.__dict__ and rel_max(again(x, s), tp(x, s)) <= 1e-12
     SWAP.unswap(ours)
     assert type(ours) is o3.FullyConnectedTensorProduct and "_wb_op" not in ours.__dict__
     assert all(torch.equal(ours.state_dict()[k], v) for k, v in before.items())

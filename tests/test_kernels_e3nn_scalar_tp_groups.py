@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 from e3nn import o3
+from kernel_fixtures import rel_max, weight_as_input
 from torch.autograd import gradcheck, gradgradcheck
 
 import workbench  # noqa: F401
@@ -43,11 +44,6 @@ def _inputs(tp, n: int, species: int, dtype=torch.float64, seed=0) -> tuple[torc
     return x.to(dtype).requires_grad_(), s.to(dtype).requires_grad_()
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).abs().max() / b.abs().max())
-
-
 def _calls(monkeypatch) -> list:
     seen: list = []
     real = groups_mod.GroupedScalarTP.forward
@@ -73,7 +69,7 @@ def test_values_and_first_derivatives_without_a_graph_match_e3nn(case, species, 
         m.result = [y, *torch.autograd.grad((y * v).sum(), [x, s, m.weight])]
     assert seen == [species]
     for i, (a, b) in enumerate(zip(ours.result, tp.result)):
-        assert _rel(a, b) <= 1e-12, i  # the scalars' gradient is each row's own
+        assert rel_max(a, b) <= 1e-12, i  # the scalars' gradient is each row's own
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -87,20 +83,14 @@ def test_every_order_with_a_graph_matches_e3nn(case, monkeypatch):
         m.result = [y, dx, ds, *torch.autograd.grad(dx.pow(2).sum() + ds.sin().sum(), [x, s, m.weight])]
     assert seen == [2]
     for i, (a, b) in enumerate(zip(ours.result, tp.result)):
-        assert _rel(a, b) <= 1e-12, i
+        assert rel_max(a, b) <= 1e-12, i
 
 
 def test_gradcheck_and_gradgradcheck(monkeypatch):
     seen = _calls(monkeypatch)
     _, ours = _swapped("two-scalar-blocks")
     x, s = _inputs(ours, 4, 2)
-    weight = ours.weight.detach().clone().requires_grad_()
-    del ours._parameters["weight"]
-
-    def with_weight(x, s, w):
-        ours.weight = w
-        return ours(x, s)
-
+    with_weight, weight = weight_as_input(ours)
     assert gradcheck(with_weight, (x, s, weight)) and gradgradcheck(with_weight, (x, s, weight))
     assert 2 in seen  # the analytical side ran by groups (the numerical one perturbs rows apart)
 
@@ -109,7 +99,7 @@ def test_float32_against_float64():
     tp, ours64 = _swapped("nequip-layer1")
     ours32 = copy.deepcopy(ours64).float()
     x, s = _inputs(tp, 40, 2)
-    assert _rel(ours32(x.detach().float(), s.detach().float()), tp(x, s)) <= 1e-5
+    assert rel_max(ours32(x.detach().float(), s.detach().float()), tp(x, s)) <= 1e-5
 
 
 def test_groups_are_exact_rows_and_follow_in_place_changes():
@@ -134,9 +124,9 @@ def test_training_mode_and_many_species_run_the_outer_product(monkeypatch):
     seen = _calls(monkeypatch)
     tp, ours = _swapped("nequip-layer2")
     x, s = _inputs(tp, 40, 2)
-    assert _rel(ours.train()(x, s), tp(x, s)) <= 1e-12
+    assert rel_max(ours.train()(x, s), tp(x, s)) <= 1e-12
     x, s = _inputs(tp, 40, 17)  # more species than the grouped form is worth
-    assert _rel(ours.eval()(x, s), tp(x, s)) <= 1e-12
+    assert rel_max(ours.eval()(x, s), tp(x, s)) <= 1e-12
     assert seen == []
 
 
@@ -146,5 +136,5 @@ def test_inference_mode_tensors_are_grouped_without_the_cache(monkeypatch):
     x, s = _inputs(tp, 12, 2)
     with torch.inference_mode():  # no version counter: nothing is kept about these tensors
         xi, si = x.detach().clone(), s.detach().clone()
-        assert _rel(ours(xi, si), tp(xi, si)) <= 1e-12 and _rel(ours(xi, si), tp(xi, si)) <= 1e-12
+        assert rel_max(ours(xi, si), tp(xi, si)) <= 1e-12 and rel_max(ours(xi, si), tp(xi, si)) <= 1e-12
     assert seen == [2, 2]

@@ -71,9 +71,11 @@ def _product_map(gate: torch.nn.Module, n_gates: int, n_gated: int) -> tuple[lis
     return source, gate_of, coef
 
 
-def gate_plan(gate: torch.nn.Module, device: torch.device) -> GatePlan:
-    """The :class:`GatePlan` of e3nn ``nn.Gate`` ``gate``, its index tensors on ``device``."""
-    probe = probe_copy(gate)
+def gate_plan(gate: torch.nn.Module, device: torch.device, probe: torch.nn.Module | None = None) -> GatePlan:
+    """The :class:`GatePlan` of e3nn ``nn.Gate`` ``gate``, its index tensors on ``device``
+    (``probe``: its :func:`~workbench.kernels.class_swap.probe_copy`, made here if not given;
+    only run, never changed)."""
+    probe = probe_copy(gate) if probe is None else probe
     scalars, gates, gated = _columns(probe)
     source, gate_of, coef = _product_map(probe, len(gates), len(gated)) if gates else ([], [], [])
     return GatePlan(
@@ -98,7 +100,8 @@ def apply_gate(plan: GatePlan, gate: torch.nn.Module, x: torch.Tensor) -> torch.
 
 def _check(m: torch.nn.Module) -> None:
     """A ValueError for the gates this form does not cover (they stay e3nn's)."""
-    plan, probe = gate_plan(m, torch.device("cpu")), probe_copy(m)
+    probe = probe_copy(m)
+    plan = gate_plan(m, torch.device("cpu"), probe)
     x = torch.randn(3, m.irreps_in.dim, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     theirs = SWAP.native().forward(probe, x)  # e3nn's forward, whichever class ``m`` has now
     if not torch.allclose(apply_gate(plan, probe, x), theirs, rtol=1e-12, atol=1e-12):

@@ -58,14 +58,10 @@ class ScalarPath:
     out: int
 
 
-def _path_factor(probe: torch.nn.Module, ins, start: int) -> float:
+def _path_factor(probe: torch.nn.Module, ins, start: int, in1: list[int], in2: list[int], out: list[int]) -> float:
     """The path's factor :math:`c_{io}`: e3nn's output for its first weight at 1, all others 0,
-    and unit inputs (``probe`` a float64 CPU copy, its weights overwritten)."""
-    in1, in2, out = (
-        irreps_offsets(probe.irreps_in1),
-        irreps_offsets(probe.irreps_in2),
-        irreps_offsets(probe.irreps_out),
-    )
+    and unit inputs (``probe`` a float64 CPU copy, its weights overwritten; ``in1``, ``in2``,
+    ``out``: the irrep offsets of its inputs and output)."""
     x = torch.zeros(1, probe.irreps_in1.dim, dtype=torch.float64)
     s = torch.zeros(1, probe.irreps_in2.dim, dtype=torch.float64)
     x[0, in1[ins.i_in1]], s[0, in2[ins.i_in2]] = 1.0, 1.0
@@ -78,13 +74,14 @@ def _path_factor(probe: torch.nn.Module, ins, start: int) -> float:
 def scalar_tp_plan(tp: torch.nn.Module) -> tuple[ScalarPath, ...]:
     """The paths of ``tp`` (e3nn's instruction order; paths of no weights left out)."""
     probe, in1, in2 = probe_copy(tp), irreps_offsets(tp.irreps_in1), irreps_offsets(tp.irreps_in2)
+    out = irreps_offsets(tp.irreps_out)
     paths, start = [], 0
     for ins in tp.instructions:
         mul_in, mul_s, mul_out = ins.path_shape
         if not mul_in * mul_s * mul_out:
             continue
         x_cols, s_cols = slice(in1[ins.i_in1], in1[ins.i_in1 + 1]), slice(in2[ins.i_in2], in2[ins.i_in2 + 1])
-        d, factor = tp.irreps_in1[ins.i_in1].ir.dim, _path_factor(probe, ins, start)
+        d, factor = tp.irreps_in1[ins.i_in1].ir.dim, _path_factor(probe, ins, start, in1, in2, out)
         paths.append(ScalarPath(x_cols, d, mul_in, s_cols, mul_s, mul_out, start, factor, ins.i_out))
         start += mul_in * mul_s * mul_out
     return tuple(paths)

@@ -269,13 +269,9 @@ class GroupedScalarTP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        from workbench.kernels.ops import engine_uses
+        from workbench.kernels.ops import used_inputs
 
-        requires = ctx.needs_input_grad[3:]
-        if len(ctx.next_functions) == 3:  # one node per tensor input, in order
-            needed = [bool(r) and engine_uses(ctx, i) for i, r in enumerate(requires)]
-        else:
-            needed = [bool(r) for r in requires]
+        needed = used_inputs(ctx, 3)
         if not any(needed):
             return (None,) * 6
         if torch.is_grad_enabled():  # create_graph: the outer-product form, exact to every order

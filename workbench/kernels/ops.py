@@ -407,6 +407,17 @@ def engine_uses(ctx, i: int) -> bool:
         return True
 
 
+def used_inputs(ctx, first: int = 0) -> tuple[bool, ...]:
+    """For each tensor input of a custom Function (``needs_input_grad[first:]``; the earlier
+    arguments are not tensors): whether it requires grad and this backward run uses it
+    (:func:`engine_uses`), where the inputs line up with ``ctx.next_functions``; else
+    ``needs_input_grad`` alone."""
+    requires = ctx.needs_input_grad[first:]
+    if len(ctx.next_functions) != len(requires):
+        return tuple(bool(n) for n in requires)
+    return tuple(bool(n) and engine_uses(ctx, i) for i, n in enumerate(requires))
+
+
 class _SparsePolyFunction(torch.autograd.Function):
     """``outputs = op(index, *tensors)``; backward launches ``op.derivative`` through this same
     function, so every order of derivative is differentiable."""
@@ -424,11 +435,7 @@ class _SparsePolyFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         tensors = ctx.saved_tensors
-        requires = ctx.needs_input_grad[3:]
-        if len(ctx.next_functions) == len(tensors):  # one node per tensor input, in order
-            needed = tuple(bool(n) and engine_uses(ctx, i) for i, n in enumerate(requires))
-        else:
-            needed = tuple(bool(n) for n in requires)
+        needed = used_inputs(ctx, 3)
         present = tuple(g is not None for g in grads)
         if not any(needed) or not any(present):
             return (None, None, None) + (None,) * len(tensors)
