@@ -90,7 +90,7 @@ def test_unknown_element_symbol_is_named(tmp_path, format):
 
 
 def test_other_key_errors_are_not_called_symbols():
-    from workbench.data.extxyz import parse_failure
+    from workbench.data.formats.extxyz import parse_failure
 
     try:
         {}["pos"]
@@ -187,7 +187,9 @@ def test_cache_is_keyed_by_suffix_and_never_trusted(tmp_path, frames, monkeypatc
     with pytest.raises(StructureError, match=r"b\.extxyz\.gz: not a gzip file"):
         read_structures(fake)
     # A file planted at the entry's key: a pickle is not loaded (the file is parsed instead) ...
-    entry = cache.cache_path(good.read_bytes(), good, (":", None, True, True, "REF_energy", "REF_forces"))
+    entry = cache.cache_path(
+        good.read_bytes(), good, (":", None, True, True, "REF_energy", "REF_forces", "REF_stress", "REF_virials")
+    )
     assert entry.exists()
     import pickle
 
@@ -306,7 +308,7 @@ def test_fast_parser_gives_what_ase_gives():
     import ase.io
 
     from workbench.data.embedded import EMBEDDED_PATH
-    from workbench.data.extxyz import iter_frames, parse_frames
+    from workbench.data.formats.extxyz import iter_frames, parse_frames
 
     pytest.importorskip("extxyz")
     frames = [t for _, t, _ in iter_frames(EMBEDDED_PATH)] + [t.encode() for t in PARITY_FRAMES]

@@ -191,7 +191,7 @@ def h5_case(seed: int, path: Path) -> None:
 
 def _run_h5(seed: int, folder: Path) -> None:
     from workbench.data.errors import StructureError
-    from workbench.data.mace_h5 import mace_h5_keys, read_mace_h5
+    from workbench.data.formats.mace_h5 import mace_h5_keys, read_mace_h5
     from workbench.data.prepare_worker import Settings, measure
 
     path = folder / "case.h5"

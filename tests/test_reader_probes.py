@@ -11,7 +11,7 @@ from ase import Atoms
 
 from workbench.cli import main
 from workbench.data.errors import StructureError
-from workbench.data.extxyz import parse_frames
+from workbench.data.formats.extxyz import parse_frames
 from workbench.data.io import check_geometry, read_structures
 
 HEAD = 'Properties=species:S:1:pos:R:3 pbc="F F F"\n'
@@ -73,7 +73,7 @@ def _mace_file(path, numbers: list[list[int]]) -> None:
 def test_mace_h5_bad_atomic_number_and_empty_file(tmp_path):
     import h5py
 
-    from workbench.data.mace_h5 import mace_h5_keys, read_mace_h5
+    from workbench.data.formats.mace_h5 import mace_h5_keys, read_mace_h5
 
     path = tmp_path / "train_0.h5"
     _mace_file(path, [[1, 8], [300, 1]])

@@ -3,3 +3,6 @@
 #: Å: MACE models use 4-6 Å; far beyond, neighbour lists of condensed phases explode
 #: (a 1000 Å cutoff was OOM-killed at 22 GB in prepare before it was bounded).
 MAX_CUTOFF = 15.0
+
+#: the heaviest element a structure may hold (ASE's table ends at oganesson)
+MAX_Z = 118

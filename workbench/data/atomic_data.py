@@ -11,14 +11,23 @@ from collections.abc import Iterable, Sequence
 
 import ase
 
-from workbench.data.io import ENERGY_KEY, FORCES_KEY
+from workbench.data.keys import ENERGY_KEY, FORCES_KEY, STRESS_KEY, VIRIALS_KEY
 
 
-def key_specification(energy_key: str = ENERGY_KEY, forces_key: str = FORCES_KEY):
-    """mace's ``KeySpecification`` for our extxyz keys (``REF_energy``/``REF_forces``)."""
+def key_specification(
+    energy_key: str = ENERGY_KEY,
+    forces_key: str = FORCES_KEY,
+    stress_key: str = STRESS_KEY,
+    virials_key: str = VIRIALS_KEY,
+):
+    """mace's ``KeySpecification`` for our keys (``REF_energy``, ``REF_forces``, ``REF_stress``,
+    ``REF_virials``): a graph without a stress or virial label gets weight 0 for it."""
     from mace.data.utils import KeySpecification
 
-    return KeySpecification(info_keys={"energy": energy_key}, arrays_keys={"forces": forces_key})
+    return KeySpecification(
+        info_keys={"energy": energy_key, "stress": stress_key, "virials": virials_key},
+        arrays_keys={"forces": forces_key},
+    )
 
 
 def z_table_for(structures: Iterable[ase.Atoms]):
@@ -36,6 +45,8 @@ def to_atomic_data(
     energy_key: str = ENERGY_KEY,
     forces_key: str = FORCES_KEY,
     head: str = "Default",
+    stress_key: str = STRESS_KEY,
+    virials_key: str = VIRIALS_KEY,
 ) -> list:
     """Convert structures to a list of ``mace.data.AtomicData`` graphs.
 
@@ -51,7 +62,7 @@ def to_atomic_data(
     missing = sorted({int(z) for a in structures for z in a.numbers} - {int(z) for z in z_table.zs})
     if missing:
         raise ValueError(f"elements with atomic numbers {missing} are not in the model's z_table {list(z_table.zs)}")
-    spec = key_specification(energy_key, forces_key)
+    spec = key_specification(energy_key, forces_key, stress_key, virials_key)
     out = []
     for atoms in structures:
         config = config_from_atoms(atoms, key_specification=spec, head_name=head)

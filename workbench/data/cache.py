@@ -21,7 +21,7 @@ import numpy as np
 
 from workbench.cache_dir import cache_dir
 
-CACHE_VERSION = 3  # bump when the stored form or what the readers accept changes
+CACHE_VERSION = 4  # bump when the stored form or what the readers accept changes
 
 
 def cache_path(raw: bytes, path: Path, options: tuple) -> Path | None:

@@ -1,4 +1,4 @@
-"""``workbench data make|info|stats|sizes``."""
+"""``workbench data make|verify|info|stats|prepare|convert|sizes``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.cli_args import option_values
+from workbench.data.keys import ENERGY_KEY, FORCES_KEY, STRESS_KEY, VIRIALS_KEY
 
 
 def _families(text: str | None):
@@ -57,7 +58,7 @@ def _make(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from workbench.data.embedded import ENERGY_RTOL, FORCE_ATOL, GEOMETRY_ATOL, check_regeneration
+    from workbench.data.embedded import ENERGY_RTOL, FORCE_ATOL, GEOMETRY_ATOL, STRESS_ATOL, check_regeneration
     from workbench.data.source import data_source
 
     if data_source(args.path or None).kind == "prepared":
@@ -70,7 +71,7 @@ def _verify(args: argparse.Namespace) -> int:
     verdict = "differ" if problems else "regenerate"
     print(
         f"{n} frames checked: {len(problems)} difference(s); frames {verdict} within geometry {GEOMETRY_ATOL:g} Å, "
-        f"energy {ENERGY_RTOL:g} relative, forces {FORCE_ATOL:g} eV/Å"
+        f"energy {ENERGY_RTOL:g} relative, forces {FORCE_ATOL:g} eV/Å, stress {STRESS_ATOL:g} eV/Å³"
     )
     return 1 if problems else 0
 
@@ -89,7 +90,7 @@ def _verify_store(path: str) -> int:
     return 0
 
 
-def _load_sizes(path: str | None, cutoff: float):
+def _load_sizes(path: str | None, cutoff: float, stress_key: str = STRESS_KEY):
     from workbench.data.io import read_structures
     from workbench.data.sizes import graph_sizes
     from workbench.data.source import data_source
@@ -105,26 +106,29 @@ def _load_sizes(path: str | None, cutoff: float):
                 f"{path}: prepared at cutoff {store.cutoff} Å; pass --cutoff {store.cutoff} "
                 "(or prepare again at the cutoff you want)"
             )
-        return path, store.sizes(), np.asarray(store.column("labelled"))
-    structures = read_structures(path, require_labels=False)
+        return path, store.sizes(), np.asarray(store.column("labelled")), np.asarray(store.column("stress"))
+    structures = read_structures(path, require_labels=False, stress_key=stress_key)
     sizes = graph_sizes(structures, cutoff=cutoff, progress=True)
     labelled = np.array([bool(a.info.get("labelled", True)) for a in structures])
-    return path, sizes, labelled
+    stress = np.array([stress_key in a.info for a in structures])
+    return path, sizes, labelled, stress
 
 
 def _info(args: argparse.Namespace) -> int:
     from workbench.data.summary import format_table, summarize
 
-    path, sizes, labelled = _load_sizes(args.path, args.cutoff)
+    path, sizes, labelled, stress = _load_sizes(args.path, args.cutoff, args.stress_key)
     print(f"{path}  (cutoff {args.cutoff} Å)")
-    print(format_table(summarize(sizes, labelled)))
+    print(format_table(summarize(sizes, labelled, stress)))
+    if not stress.any():
+        print(f"no graph has a stress label ({args.stress_key!r}): stress_weight must stay 0 when training on it")
     return 0
 
 
 def _stats(args: argparse.Namespace) -> int:
     from workbench.data.sizes import edge_stats_from_sizes
 
-    path, sizes, _ = _load_sizes(args.path, args.cutoff)
+    path, sizes, _, _ = _load_sizes(args.path, args.cutoff)
     stats = edge_stats_from_sizes(sizes, args.cutoff, source=Path(path).name)
     out = Path(args.out) if args.out else Path(__file__).with_name("edge_stats.json")
     out.write_text(json.dumps(stats, indent=1) + "\n")
@@ -144,7 +148,7 @@ def _sizes(args: argparse.Namespace) -> int:
     if args.synthetic:
         sizes = synthetic_sizes(args.synthetic, seed=args.seed)
     else:
-        _, sizes, _ = _load_sizes(args.path, args.cutoff)
+        _, sizes, _, _ = _load_sizes(args.path, args.cutoff)
     np.save(args.out, sizes)
     print(f"wrote {sizes.size} sizes to {args.out} in {time.perf_counter() - t0:.2f} s")
     return 0
@@ -158,7 +162,9 @@ def _prepare(args: argparse.Namespace) -> int:
     store = prepare(
         args.sources,
         args.out,
-        **option_values(args, "cutoff", "workers", "energy_key", "forces_key", "on_error", "shard_size"),
+        **option_values(
+            args, "cutoff", "workers", "energy_key", "forces_key", "stress_key", "virials_key", "on_error", "shard_size"
+        ),
     )
     seconds = time.perf_counter() - t0
     print(format_table(store.summary()))
@@ -169,6 +175,8 @@ def _prepare(args: argparse.Namespace) -> int:
         f"prepared in {m['seconds']:.1f} s ({len(store) / max(m['seconds'], 1e-9):.0f} graphs/s)"
         + ("" if seconds > 0.5 * m["seconds"] else "; already prepared, nothing to do")
     )
+    if not store.has_stress:
+        print(f"no graph has a stress label (--stress-key {store.manifest['settings'].get('stress_key')})")
     if m["n_skipped"]:
         print(f"{m['n_skipped']} frame(s) skipped, each with its reason, in {store.path / 'skipped.jsonl'}")
     print(f"train on it with: workbench train --set dataset={store.path}")
@@ -217,33 +225,44 @@ def _add_info_stats(dsub) -> None:
             "path", nargs="?", help="structure file or prepared dataset directory (default: the embedded dataset)"
         )
         q.add_argument("--cutoff", type=float, default=4.5)
+        q.add_argument("--stress-key", default=STRESS_KEY, help="info key of the stress (default: %(default)s)")
         if name == "stats":
             q.add_argument("--out", help="JSON path (default: workbench/data/edge_stats.json)")
         q.set_defaults(func=fn)
 
 
+def _add_label_keys(p) -> None:
+    """The four label keys: where each format's reader puts, and the checks look for, the labels."""
+    for name, default, what in (
+        ("energy", ENERGY_KEY, "info key of the energy"),
+        ("forces", FORCES_KEY, "per-atom key of the forces"),
+        ("stress", STRESS_KEY, "info key of the stress (3x3, Voigt 6 or 9; optional per graph)"),
+        ("virials", VIRIALS_KEY, "info key of the virials (optional per graph)"),
+    ):
+        p.add_argument(f"--{name}-key", default=default, help=f"{what} (default: %(default)s)")
+
+
+def _sources_help() -> str:
+    from workbench.data.formats import FORMATS
+
+    return "files or folders: " + "; ".join(f.summary for f in FORMATS.values() if f.preparable)
+
+
 def _add_prepare(dsub) -> None:
-    from workbench.data.io import ENERGY_KEY, FORCES_KEY
     from workbench.data.prepare import DEFAULT_SHARD_SIZE, ON_ERROR
 
     pr = dsub.add_parser(
         "prepare",
-        help="extxyz(.gz) files or mace HDF5 shards -> a sharded dataset that trains "
+        help="structure files (extxyz, mace HDF5, ASE db, aselmdb, mace LMDB) -> a sharded dataset that trains "
         "at any scale (index + streamed graphs)",
     )
-    pr.add_argument(
-        "sources",
-        nargs="+",
-        metavar="SRC",
-        help="extxyz files (.gz too), or a folder of mace preprocess_data .h5 shards",
-    )
+    pr.add_argument("sources", nargs="+", metavar="SRC", help=_sources_help())
     pr.add_argument("--out", required=True, metavar="DIR", help="output directory (the same command resumes it)")
     pr.add_argument(
         "--cutoff", type=float, default=4.5, help="neighbour cutoff in Å for edge counts (default: %(default)s)"
     )
     pr.add_argument("--workers", type=int, default=0, help="parsing processes (default: all cores)")
-    pr.add_argument("--energy-key", default=ENERGY_KEY, help="extxyz info key of the energy (default: %(default)s)")
-    pr.add_argument("--forces-key", default=FORCES_KEY, help="extxyz per-atom key of the forces (default: %(default)s)")
+    _add_label_keys(pr)
     pr.add_argument(
         "--on-error",
         choices=ON_ERROR,
@@ -254,6 +273,31 @@ def _add_prepare(dsub) -> None:
         "--shard-size", type=int, default=DEFAULT_SHARD_SIZE, help="graphs per shard (default: %(default)s)"
     )
     pr.set_defaults(func=_prepare)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from workbench.data.io import read_structures, write_structures
+
+    keys = option_values(args, "energy_key", "forces_key", "stress_key", "virials_key")
+    structures = read_structures(args.source, format=args.source_format, require_labels=False, **keys)
+    out = write_structures(args.out, structures, format=args.format)
+    print(f"wrote {len(structures)} structures from {args.source} to {out}")
+    return 0
+
+
+def _add_convert(dsub) -> None:
+    from workbench.data.formats import FORMATS
+
+    c = dsub.add_parser("convert", help="structures from one format into another (extxyz, ASE db, aselmdb, mace LMDB)")
+    c.add_argument("source", help="a structure file or folder, in any format workbench reads")
+    c.add_argument(
+        "--out", required=True, help="a new file or folder; its name gives the format (.db, .aselmdb, *_lmdb)"
+    )
+    writable = [n for n in FORMATS if n not in ("ase", "mace-h5")]
+    c.add_argument("--format", choices=writable, help="the output format, when the name does not say it")
+    c.add_argument("--source-format", choices=list(FORMATS), help="the input format, when its name does not say it")
+    _add_label_keys(c)
+    c.set_defaults(func=_convert)
 
 
 def _add_sizes(dsub) -> None:
@@ -267,9 +311,9 @@ def _add_sizes(dsub) -> None:
 
 
 def register(sub) -> None:
-    """``workbench data ACTION``: make, verify, info, stats, prepare, sizes (in this order in ``--help``)."""
+    """``workbench data ACTION``: make, verify, info, stats, prepare, convert, sizes (in this order in ``--help``)."""
     p = sub.add_parser("data", help="generate, inspect and measure structure datasets")
     dsub = p.add_subparsers(dest="data_command", metavar="ACTION")
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
-    for add in (_add_make, _add_verify, _add_info_stats, _add_prepare, _add_sizes):
+    for add in (_add_make, _add_verify, _add_info_stats, _add_prepare, _add_convert, _add_sizes):
         add(dsub)

@@ -19,17 +19,18 @@ import ase.io.formats
 import numpy as np
 
 from workbench.data.errors import StructureError
+from workbench.data.keys import ENERGY_KEY, FORCES_KEY, STRESS_KEY, VIRIALS_KEY, as_matrix
 
-ENERGY_KEY = "REF_energy"
-FORCES_KEY = "REF_forces"
 MIN_DISTANCE = 0.5  # Å; closer atoms are a corrupted frame, not chemistry
 MAX_ENERGY_PER_ATOM = 1.0e7  # eV; all-electron total energies of the heaviest atoms are ~1e6
 MAX_FORCE = 1.0e6  # eV/Å
+MAX_STRESS = 1.0e3  # eV/Å³ (160 TPa; DFT stresses stay below ~1 eV/Å³)
 
 __all__ = [
     "StructureError",
     "check_geometry",
     "check_labels",
+    "check_tensor_label",
     "close_pair_error",
     "read_structures",
     "validate_structure",
@@ -51,6 +52,8 @@ def validate_structure(
     energy_key: str = ENERGY_KEY,
     forces_key: str = FORCES_KEY,
     min_distance: float = MIN_DISTANCE,
+    stress_key: str = STRESS_KEY,
+    virials_key: str = VIRIALS_KEY,
 ) -> None:
     """Raise :class:`StructureError` if ``atoms`` cannot be trained on.
 
@@ -58,7 +61,8 @@ def validate_structure(
     extent (:func:`check_geometry`); no two atoms closer than ``min_distance`` Å (periodic
     images included); and, when ``require_labels`` and the frame is not marked
     ``info["labelled"] = False``, a finite scalar ``info[energy_key]`` and a finite
-    ``(n_atoms, 3)`` ``arrays[forces_key]``.
+    ``(n_atoms, 3)`` ``arrays[forces_key]``, and a well-formed stress and virial label where
+    present (:func:`check_labels`).
     """
     check_geometry(atoms, path=path, frame=frame)
     if len(atoms) > 1:
@@ -68,7 +72,15 @@ def validate_structure(
         if nb.closest is not None:
             raise close_pair_error(*nb.closest, nb.close_pairs, min_distance, path=path, frame=frame)
     if require_labels and _is_labelled(atoms):
-        check_labels(atoms, path=path, frame=frame, energy_key=energy_key, forces_key=forces_key)
+        check_labels(
+            atoms,
+            path=path,
+            frame=frame,
+            energy_key=energy_key,
+            forces_key=forces_key,
+            stress_key=stress_key,
+            virials_key=virials_key,
+        )
 
 
 def close_pair_error(
@@ -156,8 +168,20 @@ def check_labels(
     frame: int | None = None,
     energy_key: str = ENERGY_KEY,
     forces_key: str = FORCES_KEY,
+    stress_key: str = STRESS_KEY,
+    virials_key: str = VIRIALS_KEY,
 ) -> None:
-    """A finite scalar ``info[energy_key]`` and finite ``(n_atoms, 3)`` ``arrays[forces_key]``."""
+    """A finite scalar ``info[energy_key]`` and finite ``(n_atoms, 3)`` ``arrays[forces_key]``;
+    a stress or virial label, when present, of a shape :func:`~workbench.data.keys.as_matrix`
+    reads and finite (:func:`check_tensor_label`). Stress and virials may be absent: such a
+    graph is left out of their loss terms, never trained towards zero."""
+    _check_energy(atoms, path, frame, energy_key)
+    _check_forces(atoms, path, frame, forces_key)
+    for key, kind in ((stress_key, "stress"), (virials_key, "virials")):
+        check_tensor_label(atoms, key, kind, path=path, frame=frame)
+
+
+def _check_energy(atoms: ase.Atoms, path, frame, energy_key: str) -> None:
     n = len(atoms)
     if energy_key not in atoms.info:
         raise StructureError(
@@ -167,7 +191,7 @@ def check_labels(
         energy = float(atoms.info[energy_key])
     except (TypeError, ValueError):
         raise StructureError(
-            path, frame, f"energy label {energy_key!r} is not a number: {atoms.info[energy_key]!r}"
+            path, frame, f"energy label {energy_key!r} is not a number: {str(atoms.info[energy_key])[:80]!r}"
         ) from None
     if not np.isfinite(energy):
         raise StructureError(path, frame, f"energy label {energy_key!r} is {energy}")
@@ -179,6 +203,10 @@ def check_labels(
             f"{MAX_ENERGY_PER_ATOM:g} eV/atom (even all-electron totals stay below): "
             "a corrupted label or the wrong unit",
         )
+
+
+def _check_forces(atoms: ase.Atoms, path, frame, forces_key: str) -> None:
+    n = len(atoms)
     if forces_key not in atoms.arrays:
         raise StructureError(
             path,
@@ -202,6 +230,41 @@ def check_labels(
         )
 
 
+#: eV per atom: a virial beyond this is a corrupted label or the wrong unit
+MAX_VIRIAL_PER_ATOM = 1.0e4
+
+
+def check_tensor_label(
+    atoms: ase.Atoms, key: str, kind: str, *, path: str | os.PathLike | None = None, frame: int | None = None
+) -> np.ndarray | None:
+    """``info[key]`` as a 3x3 matrix (``kind``: ``"stress"`` or ``"virials"``), or None when the
+    frame has no such label. A label of another shape, not finite, beyond :data:`MAX_STRESS`
+    (:data:`MAX_VIRIAL_PER_ATOM`), or non-zero on a structure with no periodic direction (whose
+    stress mace defines as zero) raises :class:`StructureError`."""
+    if key not in atoms.info:
+        return None
+    try:
+        m = as_matrix(atoms.info[key])
+    except ValueError as exc:
+        raise StructureError(path, frame, f"{kind} label {key!r} {exc}") from None
+    if not np.isfinite(m).all():
+        raise StructureError(path, frame, f"{kind} label {key!r} is not finite: {m.ravel().tolist()}")
+    bound = MAX_STRESS if kind == "stress" else MAX_VIRIAL_PER_ATOM * len(atoms)
+    if np.abs(m).max() > bound:
+        unit = "eV/Å³" if kind == "stress" else "eV"
+        raise StructureError(
+            path,
+            frame,
+            f"{kind} label {key!r} reaches {np.abs(m).max():.4g} {unit}, beyond {bound:g} {unit}: "
+            "a corrupted label or the wrong unit (stress in eV/Å³, virials in eV)",
+        )
+    if not atoms.pbc.any() and np.abs(m).max() > 0:
+        raise StructureError(
+            path, frame, f"{kind} label {key!r} on a structure with no periodic direction (no cell volume)"
+        )
+    return m
+
+
 def read_structures(
     path: str | os.PathLike,
     index: str | int | slice = ":",
@@ -211,71 +274,94 @@ def read_structures(
     require_labels: bool = True,
     energy_key: str = ENERGY_KEY,
     forces_key: str = FORCES_KEY,
+    stress_key: str = STRESS_KEY,
+    virials_key: str = VIRIALS_KEY,
 ) -> list[ase.Atoms]:
-    """Read every frame of ``path`` (extxyz, gzipped or not, or any ASE format).
+    """Read every frame of ``path``: a file or folder in any format of
+    :mod:`workbench.data.formats` (extxyz, mace HDF5, ASE ``.db``, ``.aselmdb``, mace LMDB, or
+    anything ASE reads), found by its name unless ``format`` names it (a registry name, or an
+    ASE format such as ``"vasp"``).
 
-    Returns a list of :class:`ase.Atoms`. With ``validate`` each frame goes
-    through :func:`validate_structure`; the first problem raises a
-    :class:`StructureError` naming the file and frame (0-based). extxyz is read frame by
-    frame (:mod:`workbench.data.extxyz`), so a malformed frame is named wherever it is;
-    parsed frames are cached as arrays (:mod:`workbench.data.cache`).
+    Returns a list of :class:`ase.Atoms` with the labels under the given keys. With
+    ``validate`` each frame goes through :func:`validate_structure`; the first problem raises a
+    :class:`StructureError` naming the file and frame (0-based; a folder's frames are numbered
+    across its files in order). Parsed files are cached as arrays (:mod:`workbench.data.cache`).
     """
     from workbench.data import cache as cache_mod
+    from workbench.data.keys import LabelKeys
 
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such structure file")
-    if path.is_dir():
-        raise StructureError(path, None, "is a directory, expected a structure file")
-    if path.stat().st_size == 0:
+    if path.is_file() and path.stat().st_size == 0:
         raise StructureError(path, None, "file is empty: it contains no structures")
-    raw = path.read_bytes()
-    options = (index, format, validate, require_labels, energy_key, forces_key)
-    cache = cache_mod.cache_path(raw, path, options)
+    keys = LabelKeys(energy_key, forces_key, stress_key, virials_key)
+    fmt = _format(path, format)
+    options = (index, format, validate, require_labels, energy_key, forces_key, stress_key, virials_key)
+    cache = cache_mod.cache_path(path.read_bytes(), path, options) if fmt.name in ("extxyz", "ase") else None
     frames = cache_mod.load(cache) if cache is not None else None
     if frames is not None:
         if validate:  # cheap checks again: a cache entry is not trusted blindly
             for k, atoms in enumerate(frames):
                 check_geometry(atoms, path=path, frame=k)
                 if require_labels and _is_labelled(atoms):
-                    check_labels(atoms, path=path, frame=k, energy_key=energy_key, forces_key=forces_key)
+                    check_labels(atoms, path=path, frame=k, **_key_args(keys))
         return frames
-    frames = _parse(path, raw, index, format)
+    frames = _pick(_read_all(path, fmt, keys), index)
     if not frames:
         raise StructureError(path, None, "file contains no structures")
     if validate:
-        for k, atoms in enumerate(frames):
-            validate_structure(
-                atoms, path=path, frame=k, require_labels=require_labels, energy_key=energy_key, forces_key=forces_key
-            )
+        try:
+            for k, atoms in enumerate(frames):
+                validate_structure(atoms, path=path, frame=k, require_labels=require_labels, **_key_args(keys))
+        except StructureError as exc:  # a database names its row too
+            if path.is_dir() or index != ":" or fmt.handle_name(0) is None:
+                raise
+            raise fmt.locate(exc, list(fmt.listing(path))[exc.frame]) from None
     if cache is not None:
         cache_mod.save(cache, frames)
     return frames
 
 
-def _parse(path: Path, raw: bytes, index: str | int | slice, format: str | None) -> list:
+def _key_args(keys) -> dict:
+    return {
+        "energy_key": keys.energy,
+        "forces_key": keys.forces,
+        "stress_key": keys.stress,
+        "virials_key": keys.virials,
+    }
+
+
+def _format(path: Path, name: str | None):
+    """The registry's format for ``path``; a ``name`` the registry lacks is taken as an ASE format."""
+    from workbench.data import formats
+
+    if name is None or name in formats.FORMATS:
+        return formats.detect(path, name)
+    from workbench.data.formats.ase_generic import AseFormat
+
+    return AseFormat(name)
+
+
+def _read_all(path: Path, fmt, keys) -> list:
+    """Every frame of ``path`` (a folder: of each of its files in turn)."""
+    from workbench.data import formats
+
+    if not path.is_dir():
+        fmt.check(path)
+        return fmt.read_all(path, keys)
+    frames: list = []
+    for file, file_fmt in formats.expand(path, fmt.name):
+        file_fmt.check(file)
+        frames += file_fmt.read_all(file, keys)
+    return frames
+
+
+def _pick(frames: list, index: str | int | slice) -> list:
     from ase.io.formats import string2index
 
-    from workbench.data.extxyz import is_extxyz, parse_failure, read_frames
-
-    if is_extxyz(path, format):
-        frames = read_frames(path)
-        pick = string2index(index) if isinstance(index, str) else index
-        return frames[pick] if isinstance(pick, slice) else [frames[pick]]
-    source: object = str(path)
-    if path.suffix == ".gz":
-        try:
-            source = io.StringIO(gzip.decompress(raw).decode())
-        except (EOFError, OSError, UnicodeDecodeError) as exc:
-            raise StructureError(path, None, f"cannot decompress ({type(exc).__name__}: {exc})") from None
-        format = format or ase.io.formats.filetype(path.name[:-3], read=False)
-    frames: list = []
-    try:
-        for atoms in ase.io.iread(source, index=index, format=format):
-            frames.append(atoms)
-    except Exception as exc:  # ASE raises many types for malformed files
-        raise StructureError(path, len(frames), parse_failure(exc)) from exc
-    return frames
+    pick = string2index(index) if isinstance(index, str) else index
+    return frames[pick] if isinstance(pick, slice) else [frames[pick]]
 
 
 def _clean_for_write(atoms: ase.Atoms) -> ase.Atoms:
@@ -285,13 +371,21 @@ def _clean_for_write(atoms: ase.Atoms) -> ase.Atoms:
     return out
 
 
-def write_structures(path: str | os.PathLike, structures: Iterable[ase.Atoms]) -> Path:
-    """Write ``structures`` as extxyz; a ``.gz`` suffix gzips it reproducibly.
+def write_structures(path: str | os.PathLike, structures: Iterable[ase.Atoms], format: str | None = None) -> Path:
+    """Write ``structures`` as extxyz (a ``.gz`` suffix gzips it reproducibly), or in the format
+    of :mod:`workbench.data.formats` that ``format`` names or the path's suffix gives (``.db``,
+    ``.aselmdb``, a ``*_lmdb`` folder), the labels under the default keys.
 
     The gzip header carries no timestamp or file name, so the same structures
     give the same bytes on every run (the embedded dataset relies on this).
     """
+    from workbench.data import formats
+    from workbench.data.keys import LabelKeys
+
     path = Path(path)
+    fmt = formats.detect(path, format)
+    if fmt.name not in ("extxyz", "ase"):
+        return fmt.write(path, list(structures), LabelKeys())
     path.parent.mkdir(parents=True, exist_ok=True)
     text = io.StringIO()
     ase.io.write(text, [_clean_for_write(a) for a in structures], format="extxyz")

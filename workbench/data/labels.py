@@ -2,7 +2,8 @@
 
 Every labelled structure gets ``info["REF_energy"]`` (float, eV),
 ``arrays["REF_forces"]`` (shape ``(n_atoms, 3)``, eV/Å) and
-``info["labelled"] = True``; no calculator is left attached. Families with no
+``info["labelled"] = True``; a periodic one whose calculator gives a stress (EMT, xTB; not
+TIP3P) also gets ``info["REF_stress"]`` (Voigt 6, eV/Å³, ASE's sign). No calculator is left attached. Families with no
 affordable physical calculator get ``info["labelled"] = False`` and no REF_ keys.
 
 Calculators (all conserve momentum, so forces sum to ~0):
@@ -57,6 +58,14 @@ def _calculator(kind: str, atoms: Atoms):
 
 
 KINDS = ("emt", "tip3p", "gfn1-xtb", "gfn2-xtb")
+#: the calculators that compute a stress (ASE's TIP3P gives energy and forces only)
+STRESS_KINDS = ("emt", "gfn1-xtb", "gfn2-xtb")
+
+
+def gives_stress(kind: str | None, atoms: Atoms) -> bool:
+    """Whether ``atoms`` labelled by ``kind`` get a stress: a periodic cell in every direction and
+    a calculator that computes one."""
+    return kind in STRESS_KINDS and bool(atoms.pbc.all())
 
 
 def label(atoms: Atoms, family: str, calculator: str | None = "default") -> Atoms:
@@ -82,15 +91,21 @@ def label(atoms: Atoms, family: str, calculator: str | None = "default") -> Atom
         return atoms
     work = atoms.copy()
     work.calc = _calculator(kind, work)
+    stress = None
     try:
         energy = float(work.get_potential_energy())
         forces = np.array(work.get_forces(), dtype=np.float64)
+        if gives_stress(kind, work):
+            stress = np.array(work.get_stress(voigt=True), dtype=np.float64)
     except Exception as exc:  # name the structure, the calculator's own message says why
         where = f"{family} #{atoms.info.get('family_index')} (seed {atoms.info.get('seed')})"
         raise RuntimeError(f"{kind} failed to label {where}: {exc}") from exc
-    if not (np.isfinite(energy) and np.isfinite(forces).all()):
+    finite = np.isfinite(energy) and np.isfinite(forces).all() and (stress is None or np.isfinite(stress).all())
+    if not finite:
         raise RuntimeError(f"{kind} gave non-finite labels for {family} #{atoms.info.get('family_index')}")
     atoms.info["REF_energy"] = energy
     atoms.arrays["REF_forces"] = forces
+    if stress is not None:
+        atoms.info["REF_stress"] = stress
     atoms.info["calculator"] = kind
     return atoms

@@ -1,4 +1,8 @@
-r"""``workbench data prepare``: extxyz (``.gz`` too) or mace HDF5 shards into a prepared dataset.
+r"""``workbench data prepare``: structures in any preparable format into a prepared dataset.
+
+The sources are files or folders of extxyz (``.gz`` too), mace HDF5, ASE ``.db``, fairchem
+``.aselmdb`` or mace LMDB (:mod:`workbench.data.formats`); energies, forces, stresses and virials
+are kept per graph.
 
 The inputs are cut into chunks of ``shard_size`` consecutive frames of one source. Worker
 processes parse a chunk, validate every frame (the checks of
@@ -29,16 +33,18 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 
-from workbench.data.io import ENERGY_KEY, FORCES_KEY, StructureError
-from workbench.data.prepare_sources import H5_SUFFIXES, Chunk, fingerprint, iter_chunks, resolve_sources
+from workbench.data.io import StructureError
+from workbench.data.keys import ENERGY_KEY, FORCES_KEY, STRESS_KEY, VIRIALS_KEY
+from workbench.data.prepare_sources import Chunk, fingerprint, iter_chunks, resolve_sources
 from workbench.data.prepare_worker import (
     DEFAULT_SHARD_SIZE,
     ON_ERROR,
+    PART_FIELDS,
     Settings,
     measure,
     part_path,
@@ -66,7 +72,6 @@ from workbench.limits import MAX_CUTOFF
 #: the public names; sources, chunks and the per-chunk work live in prepare_sources / prepare_worker
 __all__ = [
     "DEFAULT_SHARD_SIZE",
-    "H5_SUFFIXES",
     "ON_ERROR",
     "Chunk",
     "Settings",
@@ -90,6 +95,10 @@ def _check_resume(out: Path, settings: Settings, paths: list[Path]) -> dict | No
         return None
     if data.get("format") != FORMAT:
         raise ValueError(f"{manifest}: not a {FORMAT} manifest; choose a new --out")
+    if data.get("version") != FORMAT_VERSION:
+        print(f"{out}: prepared by format version {data.get('version')}; preparing it again", file=sys.stderr)
+        _clear_old_format(out)
+        return None
     old = data.get("settings", {})
     changed = sorted(k for k, v in asdict(settings).items() if old.get(k) != v)
     if changed:
@@ -107,6 +116,14 @@ def _check_resume(out: Path, settings: Settings, paths: list[Path]) -> dict | No
     if data.get("complete") and data["sources"] == [fingerprint(p) for p in paths]:
         return data if _intact(out, data) else None
     return None
+
+
+def _clear_old_format(out: Path) -> None:
+    """Remove what a prepare of an older format left in ``out``: its shards, parts and manifest."""
+    for pattern in ("*.h5", "*.part.npz", ".*.tmp"):
+        for f in (out / SHARDS).glob(pattern):
+            f.unlink()
+    (out / MANIFEST).unlink(missing_ok=True)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -181,13 +198,18 @@ def prepare(
     on_error: str = "fail",
     shard_size: int = DEFAULT_SHARD_SIZE,
     progress: bool = True,
+    stress_key: str = STRESS_KEY,
+    virials_key: str = VIRIALS_KEY,
 ) -> GraphStore:
     """Prepare ``sources`` into the directory ``out`` and return the :class:`GraphStore`.
 
-    ``workers``: processes that parse and measure (default: all cores). Running the same call
-    again resumes a killed prepare, or returns at once when it finished.
+    ``workers``: processes that parse and measure (default: all cores). The label keys say where
+    each format puts its labels (:mod:`workbench.data.formats`); a stress or virial label is
+    optional per graph. Running the same call again resumes a killed prepare, or returns at once
+    when it finished.
     """
     settings = _settings(cutoff, workers, energy_key, forces_key, on_error, shard_size)
+    settings = replace(settings, stress_key=stress_key, virials_key=virials_key)
     out = Path(out)
     paths = resolve_sources(sources)
     try:
@@ -354,7 +376,7 @@ def _fill_arrays(
         with np.load(part_path(out, source, chunk)) as z:
             n = int(z["atoms"].shape[0])
             sl = slice(at, at + n)
-            for key in ("atoms", "edges", "connected", "labelled", "energy", "fsq"):
+            for key in PART_FIELDS:
                 index[key][sl] = z[key]
             local = [family_names.index(str(f)) for f in z["families"]]
             index["family"][sl] = np.asarray(local, dtype=np.int64)[z["family"]] if n else []

@@ -1,6 +1,6 @@
 """One chunk of ``workbench data prepare``, in a worker process: parse, validate, measure, write.
 
-A worker parses its chunk (extxyz text or mace HDF5 keys), validates every frame with one
+A worker reads its chunk through the source's format (:mod:`workbench.data.formats`), validates every frame with one
 count-only neighbour pass at the cutoff, and writes the chunk's shard and then its part of the
 index (``*.part.npz``); the part, renamed into place last, marks the chunk done.
 """
@@ -15,13 +15,24 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.data.extxyz import parse_frames
-from workbench.data.io import ENERGY_KEY, FORCES_KEY, MIN_DISTANCE, StructureError
-from workbench.data.mace_h5 import read_mace_h5
-from workbench.data.prepare_sources import is_h5
-from workbench.data.store import INDEX_DTYPE, MAX_Z, SHARDS, Graph, shard_name, write_shard
+from workbench.data.io import MIN_DISTANCE, StructureError
+from workbench.data.keys import (
+    ENERGY_KEY,
+    FORCES_KEY,
+    STRESS_KEY,
+    STRESS_WEIGHT_KEY,
+    VIRIALS_KEY,
+    VIRIALS_WEIGHT_KEY,
+    LabelKeys,
+)
+from workbench.data.prepare_sources import format_of
+from workbench.data.shards import SHARDS, Graph, shard_name, write_shard
+from workbench.data.store import INDEX_DTYPE
+from workbench.limits import MAX_Z
 
 ON_ERROR = ("fail", "skip")
+#: the index fields a worker measures (the merge adds family, shard and row)
+PART_FIELDS = ("atoms", "edges", "connected", "labelled", "energy", "fsq", "stress", "virials")
 DEFAULT_SHARD_SIZE = 2048
 
 
@@ -35,18 +46,12 @@ class Settings:
     shard_size: int = DEFAULT_SHARD_SIZE
     on_error: str = "fail"
     min_distance: float = MIN_DISTANCE
+    stress_key: str = STRESS_KEY
+    virials_key: str = VIRIALS_KEY
 
-
-def _labels_from_calc(atoms, settings: Settings) -> None:
-    # ASE moves extxyz keys named like calculator results (energy, forces) onto a calculator.
-    calc = getattr(atoms, "calc", None)
-    if calc is None:
-        return
-    results = getattr(calc, "results", {})
-    if settings.energy_key not in atoms.info and settings.energy_key in results:
-        atoms.info[settings.energy_key] = results[settings.energy_key]
-    if settings.forces_key not in atoms.arrays and settings.forces_key in results:
-        atoms.arrays[settings.forces_key] = np.asarray(results[settings.forces_key])
+    @property
+    def keys(self) -> LabelKeys:
+        return LabelKeys(self.energy_key, self.forces_key, self.stress_key, self.virials_key)
 
 
 def measure(atoms, settings: Settings, path: Path | None = None, frame: int | None = None) -> tuple[Graph, dict]:
@@ -56,10 +61,11 @@ def measure(atoms, settings: Settings, path: Path | None = None, frame: int | No
     the edge count, the connected atoms and the close-pair check; the geometry is checked once,
     before it.
     """
-    from workbench.data.io import check_geometry, check_labels, close_pair_error
+    from workbench.data.formats.base import take_calculator_labels
+    from workbench.data.io import check_geometry, close_pair_error
     from workbench.data.neighbours import neighbour_stats
 
-    _labels_from_calc(atoms, settings)
+    take_calculator_labels(atoms, settings.keys)
     n = len(atoms)
     if n == 0:
         raise StructureError(path, frame, "no atoms")
@@ -71,40 +77,65 @@ def measure(atoms, settings: Settings, path: Path | None = None, frame: int | No
     nb = neighbour_stats(positions, cell, pbc, settings.cutoff, settings.min_distance)
     if nb.closest is not None:
         raise close_pair_error(*nb.closest, nb.close_pairs, settings.min_distance, path=path, frame=frame)
-    info = atoms.info
-    labelled = bool(info.get("labelled", True))
-    if labelled:
-        check_labels(atoms, path=path, frame=frame, energy_key=settings.energy_key, forces_key=settings.forces_key)
-        energy = float(info[settings.energy_key])
-        forces = np.asarray(atoms.arrays[settings.forces_key], dtype=np.float64)
-    else:
-        energy, forces = float("nan"), np.full((n, 3), np.nan)
-    weights = np.array(
-        [
-            float(info.get("config_weight", 1.0)),
-            float(info.get("config_energy_weight", 1.0)) if labelled else 0.0,
-            float(info.get("config_forces_weight", 1.0)) if labelled else 0.0,
-        ]
-    )
+    labels = _labels(atoms, settings, path, frame)
     graph = Graph(
         numbers=atoms.numbers.astype(np.int64),
         positions=positions.copy(),
-        forces=forces,
         cell=cell.copy(),
         pbc=pbc.copy(),
-        energy=energy,
-        weights=weights,
-        family=str(info.get("config_type", "Default")),
+        family=str(atoms.info.get("config_type", "Default")),
+        **labels,
     )
+    labelled = bool(atoms.info.get("labelled", True))
     fields = {
         "atoms": n,
         "edges": nb.edges,
         "connected": nb.connected,
         "labelled": labelled,
-        "energy": energy,
-        "fsq": float(np.sum(forces * forces)) if labelled else float("nan"),
+        "energy": graph.energy,
+        "fsq": float(np.sum(graph.forces * graph.forces)) if labelled else float("nan"),
+        "stress": bool(np.isfinite(graph.stress).all()),
+        "virials": bool(np.isfinite(graph.virials).all()),
     }
     return graph, fields
+
+
+def _labels(atoms, settings: Settings, path: Path | None, frame: int | None) -> dict:
+    """Energy, forces, stress, virials (NaN where absent) and mace's five loss weights, checked."""
+    from workbench.data.io import check_labels, check_tensor_label
+
+    info, n = atoms.info, len(atoms)
+    nan3 = np.full((3, 3), np.nan)
+    if not bool(info.get("labelled", True)):
+        return {"energy": float("nan"), "forces": np.full((n, 3), np.nan), "weights": np.zeros(5)}
+    keys = settings.keys
+    check_labels(
+        atoms,
+        path=path,
+        frame=frame,
+        energy_key=keys.energy,
+        forces_key=keys.forces,
+        stress_key=keys.stress,
+        virials_key=keys.virials,
+    )
+    stress = check_tensor_label(atoms, keys.stress, "stress", path=path, frame=frame)
+    virials = check_tensor_label(atoms, keys.virials, "virials", path=path, frame=frame)
+    weights = np.array(
+        [
+            float(info.get("config_weight", 1.0)),
+            float(info.get("config_energy_weight", 1.0)),
+            float(info.get("config_forces_weight", 1.0)),
+            float(info.get(STRESS_WEIGHT_KEY, 1.0)) if stress is not None else 0.0,
+            float(info.get(VIRIALS_WEIGHT_KEY, 1.0)) if virials is not None else 0.0,
+        ]
+    )
+    return {
+        "energy": float(info[keys.energy]),
+        "forces": np.asarray(atoms.arrays[keys.forces], dtype=np.float64),
+        "stress": nan3 if stress is None else stress,
+        "virials": nan3.copy() if virials is None else virials,
+        "weights": weights,
+    }
 
 
 def worker_init() -> None:
@@ -138,16 +169,19 @@ def run_chunk(job: tuple) -> dict:
     """Worker: parse, validate and measure one chunk; write its shard and index part."""
     out, path, chunk, settings, fingerprint = job
     out, path = Path(out), Path(path)
-    reader = read_mace_h5 if is_h5(path) else parse_frames
+    fmt = format_of(path)
     graphs: list[Graph] = []
     records: list[dict] = []
     frames: list[int] = []
     skipped: list[dict] = []
-    for frame, item in reader(path, chunk.first_frame, chunk.payload):
+    for frame, item in fmt.read(path, chunk.first_frame, chunk.payload, settings.keys):
         try:
             if isinstance(item, StructureError):
                 raise item
-            graph, fields = measure(item, settings, path, frame)
+            try:
+                graph, fields = measure(item, settings, path, frame)
+            except StructureError as exc:  # a check of the structure: say which row of the file it is
+                raise fmt.locate(exc, chunk.payload[frame - chunk.first_frame]) from None  # type: ignore[index]
         except StructureError as exc:
             if settings.on_error == "fail":
                 raise
@@ -167,10 +201,7 @@ def run_chunk(job: tuple) -> dict:
     with open(tmp, "wb") as fh:
         np.savez_compressed(
             fh,
-            **{
-                k: np.array([r[k] for r in records], dtype=INDEX_DTYPE[k])
-                for k in ("atoms", "edges", "connected", "labelled", "energy", "fsq")
-            },
+            **{k: np.array([r[k] for r in records], dtype=INDEX_DTYPE[k]) for k in PART_FIELDS},
             family=np.array([code[g.family] for g in graphs], dtype=np.int64),
             families=np.array(families, dtype=str),
             counts=counts,

@@ -4,8 +4,8 @@ A ``dataset`` setting is a path whose meaning used to be decided wherever it was
 resolved once, here, into one of three kinds:
 
 * ``"embedded"``: no path given, the mixture shipped with the package (:data:`EMBEDDED_PATH`);
-* ``"structures"``: a structure file (extxyz, mace HDF5, anything ``read_structures`` reads),
-  read whole into memory;
+* ``"structures"``: a structure file or folder in any format of :mod:`workbench.data.formats`
+  (extxyz, mace HDF5, ASE ``.db``, ``.aselmdb``, mace LMDB, ...), read whole into memory;
 * ``"prepared"``: a directory written by ``workbench data prepare`` (:mod:`workbench.data.store`),
   read graph by graph.
 
@@ -59,12 +59,15 @@ def data_source(dataset: str | os.PathLike | None, field: str = "dataset") -> Da
         )
     path = Path(text).expanduser()
     if path.is_dir():
+        from workbench.data.formats import FORMATS
         from workbench.data.store import MANIFEST
 
-        if not (path / MANIFEST).is_file():  # a manifest, even a broken one: the store names what is wrong
-            raise ValueError(
-                f"{path}: a directory, but not a finished prepared dataset; create it with "
-                f"'workbench data prepare SRC... --out {path}' (or run that again to resume)"
-            )
-        return DataSource("prepared", path)
+        if (path / MANIFEST).is_file():  # a manifest, even a broken one: the store names what is wrong
+            return DataSource("prepared", path)
+        if any(fmt.claims(path) for fmt in FORMATS.values()):  # a folder of mace shards or LMDB files
+            return DataSource("structures", path)
+        raise ValueError(
+            f"{path}: a directory, but not a finished prepared dataset (nor a folder of structure files); "
+            f"create one with 'workbench data prepare SRC... --out {path}' (or run that again to resume)"
+        )
     return DataSource("structures", path)

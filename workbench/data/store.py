@@ -11,18 +11,8 @@ This module owns the on-disk format that ``workbench data prepare`` writes
     skipped.jsonl                 every frame ``--on-error skip`` left out, with its reason
     shards/s0000-c000000.h5       flat arrays for up to ``shard_size`` graphs of one source
 
-Each shard holds contiguous, uncompressed datasets, concatenated over its graphs::
-
-    atom_ptr  int64   [n + 1]     graph g owns atoms atom_ptr[g] : atom_ptr[g + 1]
-    numbers   uint8   [A]         atomic numbers
-    positions float64 [A, 3]      Å
-    forces    float64 [A, 3]      eV/Å (NaN for unlabelled frames)
-    cell      float64 [n, 3, 3]   Å
-    pbc       bool    [n, 3]
-    energy    float64 [n]         eV (NaN for unlabelled frames)
-    weights   float64 [n, 3]      config weight, energy weight, forces weight (mace's loss weights)
-
-Each shard also carries its digest (``attrs["digest"]``, BLAKE2b over its arrays). Opening a
+The shards' arrays (positions, labels, loss weights) are :mod:`workbench.data.shards`'.
+Each shard carries its digest (``attrs["digest"]``, BLAKE2b over its arrays). Opening a
 store checks every shard's size and graph count against the manifest and the index (a ``stat``
 per shard); opening a shard checks its digest attribute and array lengths, so a truncated,
 missing or foreign shard is named before any graph of it is read. ``workbench data verify
@@ -50,28 +40,36 @@ per shard whatever the number of graphs, and a mapped read skips HDF5 altogether
 than mace's reader, so graph building, not reading, is what DataLoader workers spend time on.
 LMDB would also give O(1) reads, but stores one pickled record per key (the group-per-structure
 problem again, serialised); HDF5 keeps the arrays typed, readable by h5py and mace users' tools.
+
+Format versions: 3 adds stress and virials (shards) and which graphs carry them (index). A
+version-2 store still opens: its index gains ``stress`` and ``virials`` columns of False, its
+graphs read without stress (:attr:`GraphStore.has_stress` is False).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from workbench.data.shards import SHARDS, Graph, ShardMaps, ShardReader, StoreError, repair_hint, shard_digest
+from workbench.limits import MAX_Z
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "INDEX_DTYPE", "MAX_Z", "GraphStore", "StoreError", "repair_hint"]
+
 FORMAT = "cfm-workbench-prepared"
-FORMAT_VERSION = 2  # 2: the manifest lists each shard's bytes, graphs and digest
+#: 2: the manifest lists each shard's bytes, graphs and digest; 3: stress and virials
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (2, 3)
 MANIFEST = "manifest.json"
 INDEX = "index.npy"
 COUNTS = "counts.npy"
 ORIGIN = "origin.npy"
 SKIPPED = "skipped.jsonl"
-SHARDS = "shards"
 
 #: One record per graph. Everything the packer, the split and mace's statistics need.
 INDEX_DTYPE = np.dtype(
@@ -85,41 +83,13 @@ INDEX_DTYPE = np.dtype(
         ("labelled", "?"),  # energy and forces present
         ("energy", "<f8"),  # eV (NaN when unlabelled)
         ("fsq", "<f8"),  # sum over atoms and components of F^2, (eV/Å)^2
+        ("stress", "?"),  # a stress label is present
+        ("virials", "?"),  # a virial label is present
     ]
 )
+#: the index of a version-2 store: no stress or virials columns
+INDEX_DTYPE_V2 = np.dtype([(name, INDEX_DTYPE[name]) for name in INDEX_DTYPE.names[:-2]])
 ORIGIN_DTYPE = np.dtype([("source", "<u4"), ("frame", "<i8")])
-SHARD_ARRAYS = ("atom_ptr", "numbers", "positions", "forces", "cell", "pbc", "energy", "weights")
-MAX_Z = 118
-
-
-class StoreError(ValueError):
-    """A prepared dataset that is damaged or foreign: ``"{where}: {problem}; {fix}"``, each part
-    kept as an attribute (prepare reports ``problem`` as it repairs)."""
-
-    def __init__(self, where: str | os.PathLike, problem: str, fix: str | None = None) -> None:
-        self.where, self.problem, self.fix = str(where), problem, fix
-        super().__init__(f"{where}: {problem}" + (f"; {fix}" if fix else ""))
-
-    def __reduce__(self):  # crosses process boundaries intact
-        return (StoreError, (self.where, self.problem, self.fix))
-
-
-def repair_hint(path: str | os.PathLike) -> str:
-    return f"run the same 'workbench data prepare ... --out {path}' command again to repair it"
-
-
-def shard_digest(arrays: dict[str, np.ndarray]) -> str:
-    """BLAKE2b (128 bit) over a shard's arrays (:data:`SHARD_ARRAYS`: names, shapes and bytes)."""
-    h = hashlib.blake2b(digest_size=16)
-    for name in SHARD_ARRAYS:
-        a = np.ascontiguousarray(arrays[name])
-        h.update(f"{name}{a.dtype.str}{a.shape}".encode())
-        h.update(memoryview(a).cast("B"))
-    return h.hexdigest()
-
-
-def shard_name(source: int, chunk: int) -> str:
-    return f"s{source:04d}-c{chunk:06d}.h5"
 
 
 def new_index_arrays(out: Path, n: int, n_elements: int, temporary: bool = False) -> tuple[np.ndarray, ...]:
@@ -145,110 +115,6 @@ def is_prepared(path: str | os.PathLike) -> bool:
     return data.get("format") == FORMAT and bool(data.get("complete"))
 
 
-@dataclass
-class Graph:
-    """One stored structure, as arrays."""
-
-    numbers: np.ndarray  # [n] int
-    positions: np.ndarray  # [n, 3]
-    forces: np.ndarray  # [n, 3]
-    cell: np.ndarray  # [3, 3]
-    pbc: np.ndarray  # [3] bool
-    energy: float
-    weights: np.ndarray  # [3]: config, energy, forces
-    family: str
-
-
-class ShardMaps:
-    """Read-only maps of one shard's datasets (``arrays[name]`` for each of :data:`SHARD_ARRAYS`).
-
-    ``expect`` (the manifest's record of the shard: ``graphs``, ``digest``) is checked on open."""
-
-    def __init__(self, path: Path, expect: dict | None = None) -> None:
-        import h5py
-
-        self.path = path
-        self.arrays: dict[str, np.ndarray] = {}
-        try:
-            with h5py.File(path, "r", locking=False) as f:
-                self.digest = str(f.attrs.get("digest", ""))
-                for name in SHARD_ARRAYS:
-                    self.arrays[name] = _mapped(path, f[name])
-        except (OSError, KeyError, ValueError) as exc:
-            raise StoreError(path, f"unreadable shard ({exc})", repair_hint(path.parent.parent)) from None
-        self.atom_ptr = np.asarray(self.arrays["atom_ptr"])
-        self._check(expect)
-
-    def _check(self, expect: dict | None) -> None:
-        graphs = self.atom_ptr.shape[0] - 1
-        atoms = int(self.atom_ptr[-1]) if graphs >= 0 else -1
-        short = [n for n in ("numbers", "positions", "forces") if self.arrays[n].shape[0] != atoms]
-        short += [n for n in ("cell", "pbc", "energy", "weights") if self.arrays[n].shape[0] != graphs]
-        problem = f"arrays {short} do not match atom_ptr" if short else None
-        if expect is not None and problem is None:
-            if graphs != expect["graphs"]:
-                problem = f"{graphs} graphs, the manifest says {expect['graphs']}"
-            elif self.digest != expect["digest"]:
-                problem = "a shard of another dataset (its digest differs from the manifest's)"
-        if problem:
-            raise StoreError(self.path, problem, repair_hint(self.path.parent.parent))
-
-
-def _mapped(path: Path, ds) -> np.ndarray:
-    offset = ds.id.get_offset()
-    if offset is None or ds.size == 0:  # empty or not contiguous: read it whole
-        return ds[()]
-    return np.memmap(path, dtype=ds.dtype, mode="r", offset=offset, shape=ds.shape)
-
-
-class ShardReader:
-    """Reads graphs from a prepared dataset's shards by ``(shard, row)``; holds no index.
-
-    Pickles without its open maps, so DataLoader workers and spawned processes reopen shards
-    lazily in their own process.
-    """
-
-    def __init__(self, path: Path, shards: Sequence[dict], families: Sequence[str]) -> None:
-        self.path = Path(path)
-        self.shards = tuple(shards)  # the manifest's shard records
-        self.families = tuple(families)
-        self._open: dict[int, ShardMaps] = {}
-        self._pid = os.getpid()
-
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state["_open"] = {}
-        return state
-
-    def _shard(self, code: int) -> ShardMaps:
-        if self._pid != os.getpid():  # forked: maps are per process
-            self._open, self._pid = {}, os.getpid()
-        shard = self._open.get(code)
-        if shard is None:
-            if len(self._open) >= 256:  # bound open maps on datasets with thousands of shards
-                self._open.pop(next(iter(self._open)))
-            rec = self.shards[code]
-            shard = self._open[code] = ShardMaps(self.path / SHARDS / rec["name"], rec)
-        return shard
-
-    def read(self, shard: int, row: int, family: int) -> Graph:
-        """The graph in row ``row`` of shard ``shard``, of family code ``family``."""
-        sh = self._shard(int(shard))
-        row = int(row)
-        a0, a1 = int(sh.atom_ptr[row]), int(sh.atom_ptr[row + 1])
-        arr = sh.arrays
-        return Graph(
-            numbers=np.asarray(arr["numbers"][a0:a1], dtype=np.int64),
-            positions=np.array(arr["positions"][a0:a1]),
-            forces=np.array(arr["forces"][a0:a1]),
-            cell=np.array(arr["cell"][row]),
-            pbc=np.array(arr["pbc"][row], dtype=bool),
-            energy=float(arr["energy"][row]),
-            weights=np.array(arr["weights"][row]),
-            family=self.families[int(family)],
-        )
-
-
 def read_manifest(path: Path) -> dict:
     """The manifest of a finished prepare in ``path``; errors name the file and the fix."""
     file = path / MANIFEST
@@ -262,10 +128,11 @@ def read_manifest(path: Path) -> dict:
         raise StoreError(file, f"unreadable manifest ({exc})", repair_hint(path)) from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise StoreError(file, f"not a {FORMAT} manifest")
-    if manifest.get("version") != FORMAT_VERSION:
+    if manifest.get("version") not in READABLE_VERSIONS:
         raise StoreError(
             path,
-            f"prepared with format version {manifest.get('version')}, this workbench reads version {FORMAT_VERSION}",
+            f"prepared with format version {manifest.get('version')}, this workbench reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}",
             "prepare it again",
         )
     if not manifest.get("complete"):
@@ -280,12 +147,18 @@ def _read_index(path: Path, manifest: dict) -> np.ndarray:
         index = np.load(path / INDEX, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
         raise StoreError(path / INDEX, f"unreadable index ({exc})", repair_hint(path)) from None
-    if index.dtype != INDEX_DTYPE or index.ndim != 1 or index.shape[0] != manifest.get("n_graphs"):
+    expected = INDEX_DTYPE if manifest.get("version") == FORMAT_VERSION else INDEX_DTYPE_V2
+    if index.dtype != expected or index.ndim != 1 or index.shape[0] != manifest.get("n_graphs"):
         raise StoreError(
             path / INDEX,
             f"{index.shape} records of {index.dtype}, the manifest says {manifest.get('n_graphs')} graphs",
             repair_hint(path),
         )
+    if expected is INDEX_DTYPE_V2:  # before stress: no graph has one
+        full = np.zeros(index.shape, dtype=INDEX_DTYPE)
+        for name in INDEX_DTYPE_V2.names:
+            full[name] = index[name]
+        index = full
     return index
 
 
@@ -318,7 +191,7 @@ def verify_shards(store: GraphStore, progress: bool = True) -> list[tuple[str, s
             except StoreError as exc:
                 problems.append((rec["name"], str(exc)))
             else:
-                if shard_digest(maps.arrays) != rec["digest"]:
+                if shard_digest(maps.arrays, maps.names) != rec["digest"]:
                     problems.append((rec["name"], "its data differs from the digest written at prepare"))
             shown.update(1)
     return problems
@@ -424,12 +297,21 @@ class GraphStore:
             present |= counts.any(axis=0)
         return [int(z) for z, p in zip(self.elements, present) if p]
 
+    @property
+    def has_stress(self) -> bool:
+        """Whether any graph carries a stress label (never, in a store prepared before version 3)."""
+        return bool(self._index["stress"].any())
+
+    @property
+    def has_virials(self) -> bool:
+        return bool(self._index["virials"].any())
+
     # -- summaries
     def summary(self) -> list[dict[str, Any]]:
-        """Per-family rows (graphs, share, atoms, edges per atom, labelled) and a total, from the index."""
+        """Per-family rows (graphs, share, atoms, edges per atom, labelled, stress) and a total, from the index."""
         from workbench.data.summary import summarize
 
-        return summarize(self.sizes(), np.asarray(self._index["labelled"]))
+        return summarize(self.sizes(), np.asarray(self._index["labelled"]), np.asarray(self._index["stress"]))
 
     def sizes(self) -> np.ndarray:
         """Sizes in :data:`workbench.data.sizes.SIZES_DTYPE` (atoms, edges, family name)."""
@@ -440,46 +322,3 @@ class GraphStore:
         out["edges"] = self._index["edges"]
         out["family"] = np.asarray(self.families, dtype=SIZES_DTYPE["family"])[self._index["family"]]
         return out
-
-
-def write_shard(path: Path, graphs: list[Graph]) -> dict:
-    """Write ``graphs`` as one shard (contiguous datasets), atomically: a temporary file renamed.
-    Returns the shard's manifest record: ``name``, ``bytes``, ``graphs`` and ``digest``."""
-    import h5py
-
-    n = len(graphs)
-    natoms = np.array([g.numbers.shape[0] for g in graphs], dtype=np.int64)
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(natoms, out=ptr[1:])
-
-    def cat(key: str, shape: tuple, dtype) -> np.ndarray:
-        return np.concatenate([getattr(g, key) for g in graphs]).astype(dtype) if n else np.zeros(shape, dtype)
-
-    arrays = {
-        "atom_ptr": ptr,
-        "numbers": cat("numbers", (0,), np.uint8),
-        "positions": cat("positions", (0, 3), np.float64).reshape(-1, 3),
-        "forces": cat("forces", (0, 3), np.float64).reshape(-1, 3),
-        "cell": np.array([g.cell for g in graphs], dtype=np.float64).reshape(n, 3, 3),
-        "pbc": np.array([g.pbc for g in graphs], dtype=bool).reshape(n, 3),
-        "energy": np.array([g.energy for g in graphs], dtype=np.float64),
-        "weights": np.array([g.weights for g in graphs], dtype=np.float64).reshape(n, 3),
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    digest = shard_digest(arrays)
-    # Built in memory, written with plain file I/O: a full disk is one OSError, not HDF5's noise.
-    with h5py.File(path.name, "w", driver="core", backing_store=False) as f:
-        for name in SHARD_ARRAYS:
-            f.create_dataset(name, data=arrays[name])  # contiguous, uncompressed: memmap-able
-        f.attrs["digest"] = digest
-        f.flush()
-        image = f.id.get_file_image()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(image)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-    return {"name": path.name, "bytes": path.stat().st_size, "graphs": n, "digest": digest}

@@ -7,8 +7,9 @@ import numpy as np
 from workbench.data.families import FAMILY_NAMES
 
 
-def summarize(sizes: np.ndarray, labelled: np.ndarray | None = None) -> list[dict]:
-    """One row per family present (Table-3 order, then others), plus a ``total`` row."""
+def summarize(sizes: np.ndarray, labelled: np.ndarray | None = None, stress: np.ndarray | None = None) -> list[dict]:
+    """One row per family present (Table-3 order, then others), plus a ``total`` row; with
+    ``labelled`` (``stress``), the count of graphs with energy and forces (a stress label)."""
     names = [f for f in FAMILY_NAMES if np.any(sizes["family"] == f)]
     names += sorted(set(sizes["family"].tolist()) - set(names))
     rows = []
@@ -27,6 +28,8 @@ def summarize(sizes: np.ndarray, labelled: np.ndarray | None = None) -> list[dic
         }
         if labelled is not None:
             row["labelled"] = int(np.count_nonzero(labelled[sel]))
+        if stress is not None:
+            row["stress"] = int(np.count_nonzero(stress[sel]))
         rows.append(row)
     return rows
 
@@ -45,6 +48,8 @@ def format_table(rows: list[dict]) -> str:
     ]
     if rows and "labelled" in rows[0]:
         cols.append(("labelled", "labelled", "{:>8}"))
+    if rows and "stress" in rows[0]:
+        cols.append(("stress", "stress", "{:>6}"))
     head = " ".join((f"{t:<15}" if k == "family" else f"{t:>{len(fmt.format(rows[0][k]))}}") for k, t, fmt in cols)
     lines = [head, "-" * len(head)]
     for r in rows:

@@ -13,22 +13,13 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from workbench.data.store import (
-    FORMAT,
-    FORMAT_VERSION,
-    MANIFEST,
-    SHARDS,
-    SKIPPED,
-    Graph,
-    GraphStore,
-    new_index_arrays,
-    shard_name,
-    write_shard,
-)
+from workbench.data.shards import SHARDS, Graph, shard_name, write_shard
+from workbench.data.store import FORMAT, FORMAT_VERSION, MANIFEST, SKIPPED, GraphStore, new_index_arrays
 
 
 def _reusable(out: Path, tiled: dict) -> bool:
@@ -44,22 +35,10 @@ def _reusable(out: Path, tiled: dict) -> bool:
 
 def _jittered(graphs: list[Graph], pick: np.ndarray, rng: np.random.Generator, jitter: float) -> list[Graph]:
     """Copies of ``graphs[k]`` for ``k`` in ``pick``, each coordinate moved uniformly by up to ``jitter`` Å."""
-    batch = []
-    for k in pick:
-        g = graphs[k]
-        batch.append(
-            Graph(
-                g.numbers,
-                g.positions + rng.uniform(-jitter, jitter, g.positions.shape),
-                g.forces,
-                g.cell,
-                g.pbc,
-                g.energy,
-                g.weights,
-                g.family,
-            )
-        )
-    return batch
+    return [
+        replace(graphs[k], positions=graphs[k].positions + rng.uniform(-jitter, jitter, graphs[k].positions.shape))
+        for k in pick
+    ]
 
 
 def _tiled_manifest(src: GraphStore, shards: list[dict], n: int, tiled: dict) -> dict:

@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from workbench.data.errors import StructureError
+from workbench.data.formats.base import Chunk, Format, take_calculator_labels
+from workbench.data.keys import LabelKeys
 
 EXTXYZ_SUFFIXES = (".extxyz", ".xyz")
 _STREAM_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, OSError)
@@ -36,15 +38,6 @@ _PROPERTIES = re.compile(r'(?:^|\s)Properties=("[^"]*"|\S*)')
 _PROPERTY_SPEC = re.compile(r"[A-Za-z_][\w\-.]*:[SRIL]:[1-9]\d*(?::[A-Za-z_][\w\-.]*:[SRIL]:[1-9]\d*)*")
 # Comment lines the C parser is trusted with: key=value pairs, values bare or plainly quoted.
 _PLAIN_COMMENT = re.compile(r'\s*(?:[A-Za-z_][\w\-:.]*=(?:"[^"\\]*"|[^\s"{}=\\]+)\s*)*')
-
-
-def is_extxyz(path: str | os.PathLike, format: str | None = None) -> bool:
-    """True for ``.extxyz`` / ``.xyz`` files (gzipped or not) or an explicit extxyz format."""
-    if format is not None:
-        return format == "extxyz"
-    name = Path(path).name
-    name = name[:-3] if name.endswith(".gz") else name
-    return Path(name).suffix in EXTXYZ_SUFFIXES
 
 
 def _open(path: Path):
@@ -205,10 +198,12 @@ def _atoms(frame):
     from ase.data import atomic_numbers
     from ase.io.extxyz import REV_PROPERTY_NAME_MAP, per_config_properties
 
-    info = dict(frame.info)
+    info = {k: _as_ase_reads(v) for k, v in frame.info.items()}
     arrays = {REV_PROPERTY_NAME_MAP.get(k, k): v for k, v in frame.arrays.items()}
     if any(k in per_config_properties for k in info) or any(k in all_properties or k == "move_mask" for k in arrays):
         return None  # ASE would make a calculator or constraints of these
+    if any(isinstance(v, str) and v.startswith("_JSON ") for v in info.values()):
+        return None  # ASE decodes these (how it writes a 3x3 stress); the C parser keeps the string
     numbers, symbols = arrays.pop("numbers", None), arrays.pop("symbols", None)
     if (numbers is None and symbols is None) or "positions" not in arrays:
         return None
@@ -221,6 +216,13 @@ def _atoms(frame):
     for name, value in arrays.items():
         atoms.new_array(name, value)
     return atoms
+
+
+def _as_ase_reads(value):
+    # The C parser folds 9 numbers into a 3x3 in column order; ASE keeps them flat, in the order written.
+    if isinstance(value, np.ndarray) and value.shape == (3, 3):
+        return value.T.reshape(9)
+    return value
 
 
 def parse_failure(exc: Exception) -> str:
@@ -292,3 +294,38 @@ def _unwrap(items: list[tuple[int, object]]) -> list:
         if isinstance(item, StructureError):
             raise item
     return [item for _, item in items]
+
+
+class ExtxyzFormat(Format):
+    """Extended XYZ, gzipped or not: framed here, parsed by the C parser or ASE (module docstring)."""
+
+    name = "extxyz"
+    summary = "extended XYZ (.extxyz, .xyz; .gz too)"
+    labels = "info[energy_key], arrays[forces_key], info[stress_key] and info[virials_key], as written"
+    suffixes = EXTXYZ_SUFFIXES
+
+    def chunks(self, source: int, path: Path, shard_size: int) -> Iterator[Chunk]:
+        texts: list[bytes] = []
+        first = chunk_no = 0
+        for frame, text, done in iter_frames(path):
+            if not texts:
+                first = frame
+            texts.append(text)
+            if len(texts) == shard_size:
+                yield Chunk(source, chunk_no, first, len(texts), texts, done)
+                chunk_no, texts = chunk_no + 1, []
+        if texts:
+            yield Chunk(source, chunk_no, first, len(texts), texts, path.stat().st_size)
+
+    def read(self, path: Path, first: int, payload: object, keys: LabelKeys) -> list[tuple[int, object]]:
+        out = parse_frames(path, first, payload)  # type: ignore[arg-type]
+        for _, atoms in out:
+            if not isinstance(atoms, StructureError):
+                take_calculator_labels(atoms, keys)
+        return out
+
+    def read_all(self, path: Path, keys: LabelKeys) -> list:
+        frames = read_frames(path)
+        for atoms in frames:
+            take_calculator_labels(atoms, keys)
+        return frames

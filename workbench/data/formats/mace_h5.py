@@ -2,7 +2,7 @@
 
 A file holds groups ``config_batch_N/config_M``, each a configuration (``atomic_numbers``,
 ``positions``, ``cell``, ``pbc``, ``properties/{energy,forces}``, ``property_weights``,
-``config_type``, ``weight``; absent values are stored as the string ``"None"``). A damaged
+``config_type``, ``weight``; mace writes ``stress`` and ``virials`` among the properties too; absent values are stored as the string ``"None"``). A damaged
 file, a stray group, an empty file or an impossible value names the file, the frame (0-based,
 in key order) and the configuration, never a bare h5py or ASE exception.
 """
@@ -15,8 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from workbench.data.errors import StructureError
-from workbench.data.io import ENERGY_KEY, FORCES_KEY
-from workbench.data.store import MAX_Z
+from workbench.data.formats.base import Format
+from workbench.data.keys import LabelKeys, as_matrix
+from workbench.limits import MAX_Z
+
+H5_SUFFIXES = (".h5", ".hdf5")
 
 
 def _num(name: str) -> int:
@@ -76,8 +79,8 @@ def _numbers(g) -> np.ndarray:
     return z.astype(np.int64)
 
 
-def _config(g):
-    """One configuration group as ``ase.Atoms`` with REF-style labels; ValueError/KeyError if malformed."""
+def _config(g, keys: LabelKeys):
+    """One configuration group as ``ase.Atoms`` with labels under ``keys``; ValueError/KeyError if malformed."""
     import ase
 
     z = _numbers(g)
@@ -91,23 +94,33 @@ def _config(g):
     )
     props = g["properties"]
     if "energy" in props and _value(props["energy"]) is not None:
-        atoms.info[ENERGY_KEY] = float(_array(props, "energy", float, ()))
+        atoms.info[keys.energy] = float(_array(props, "energy", float, ()))
     if "forces" in props and _value(props["forces"]) is not None:
-        atoms.arrays[FORCES_KEY] = _array(props, "forces", float, (n, 3))
+        atoms.arrays[keys.forces] = _array(props, "forces", float, (n, 3))
+    for name, key in (("stress", keys.stress), ("virials", keys.virials)):
+        if name in props and _value(props[name]) is not None:
+            try:
+                atoms.info[key] = as_matrix(_value(props[name]))
+            except ValueError as exc:
+                raise ValueError(f"{name} {exc}") from None
     config_type = _value(g["config_type"]) if "config_type" in g else None
     atoms.info["config_type"] = str(config_type or "Default")
     weight = _value(g["weight"]) if "weight" in g else None
     atoms.info["config_weight"] = 1.0 if weight is None else float(np.asarray(weight, dtype=float))
     weights = g.get("property_weights", {})
-    for name in ("energy", "forces"):
+    for name in ("energy", "forces", "stress", "virials"):
         if name in weights and _value(weights[name]) is not None:
             atoms.info[f"config_{name}_weight"] = float(np.asarray(_value(weights[name]), dtype=float))
     return atoms
 
 
-def read_mace_h5(path: str | os.PathLike, first: int, keys: list[tuple[str, str]]) -> list[tuple[int, object]]:
+def read_mace_h5(
+    path: str | os.PathLike, first: int, keys: list[tuple[str, str]], labels: LabelKeys | None = None
+) -> list[tuple[int, object]]:
     """``[(frame, ase.Atoms or StructureError)]`` for ``keys`` (from :func:`mace_h5_keys`), the
-    frames numbered from ``first``; a malformed configuration is a StructureError in its place."""
+    frames numbered from ``first``, labels under ``labels``; a malformed configuration is a
+    StructureError in its place."""
+    labels = labels or LabelKeys()
     import h5py
 
     path = Path(path)
@@ -119,9 +132,29 @@ def read_mace_h5(path: str | os.PathLike, first: int, keys: list[tuple[str, str]
     with f:
         for k, (b, c) in enumerate(keys):
             try:
-                out.append((first + k, _config(f[b][c])))
+                out.append((first + k, _config(f[b][c], labels)))
             except Exception as exc:  # any failure is this configuration's, named with its key
                 reason = str(exc) if type(exc) is ValueError else f"{type(exc).__name__}: {exc}"
                 reason = reason.replace("\n", " ")[:200]
                 out.append((first + k, StructureError(path, first + k, f"mace configuration {b}/{c}: {reason}")))
     return out
+
+
+class MaceH5Format(Format):
+    """mace ``preprocess_data`` HDF5: a file, or a folder of its shards."""
+
+    name = "mace-h5"
+    summary = "mace preprocess_data HDF5 (.h5, .hdf5; a folder of shards)"
+    labels = "properties/{energy,forces,stress,virials}, property_weights/*, config_type, weight"
+    suffixes = H5_SUFFIXES
+    folder_suffixes = H5_SUFFIXES
+
+    def handle_name(self, handle: object) -> str:
+        batch, config = handle  # type: ignore[misc]
+        return f"mace configuration {batch}/{config}"
+
+    def listing(self, path: Path) -> list[tuple[str, str]]:
+        return mace_h5_keys(path)  # an empty or malformed file is named here, not in the output
+
+    def read(self, path: Path, first: int, payload: object, keys: LabelKeys) -> list[tuple[int, object]]:
+        return read_mace_h5(path, first, payload, keys)  # type: ignore[arg-type]
