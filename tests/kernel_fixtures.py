@@ -188,3 +188,44 @@ def run_under_simulator(script: str, variant: str, **extra_env: str) -> dict:
     other = "table" if variant == "unrolled" else "unrolled"
     assert kernels[variant] > 0 and kernels[other] == 0, kernels  # the kind asked for is the one that ran
     return last("RESULT")
+
+
+def periodic_batch(n_elements: int, dtype=torch.float64, seed: int = 0, r_max: float = 4.0) -> dict:
+    """Two strained, rattled periodic cells (one sees its own images), batched by mace's own
+    graph builder: the input of a stress computation."""
+    from ase.build import bulk
+    from mace.data import AtomicData, config_from_atoms
+    from mace.tools import AtomicNumberTable
+    from mace.tools.torch_geometric import Batch
+
+    rng = np.random.default_rng(seed)
+    graphs = []
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        for reps in ((1, 1, 1), (2, 1, 1)):
+            atoms = bulk("Cu", "fcc", a=3.0, cubic=True).repeat(reps)
+            atoms.set_cell(atoms.cell.array @ (np.eye(3) + rng.normal(0, 0.03, (3, 3))), scale_atoms=True)
+            atoms.positions += rng.normal(0, 0.08, atoms.positions.shape)
+            atoms.numbers = rng.integers(1, n_elements + 1, len(atoms))
+            config = config_from_atoms(atoms)
+            table = AtomicNumberTable(list(range(1, n_elements + 1)))
+            graphs.append(AtomicData.from_config(config, z_table=table, cutoff=r_max))
+    finally:
+        torch.set_default_dtype(old)
+    batch = Batch.from_data_list(graphs).to_dict()
+    return {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+
+
+def stress_grads(model: torch.nn.Module, data: dict, seed: int = 1):
+    """Energies, forces, stress and the parameter gradients of an energy+force+stress loss."""
+    data = {k: v.clone() for k, v in data.items()}
+    out = model(data, training=True, compute_force=True, compute_stress=True)
+    E, F, S = out["energy"], out["forces"], out["stress"]
+    g = torch.Generator().manual_seed(seed)
+    targets = [torch.randn(t.shape, generator=g, dtype=torch.float64).to(t.dtype) for t in (E, F, S)]
+    loss = sum(((t - r) ** 2).sum() for t, r in zip((E, F, S), targets))
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    grads = [torch.zeros_like(p) if gr is None else gr for p, gr in zip(params, grads)]
+    return E.detach(), F.detach(), S.detach(), [gr.detach() for gr in grads]

@@ -21,13 +21,18 @@ def test_smoke_preset_writes_table_json_and_trajectory_figure(tmp_path):
     assert [(c["model"], c["system"], c["dtype"]) for c in data["cases"]] == [
         ("small", "water-24", "float32"),
         ("small", "water-24", "float64"),
+        ("small", "crystal-32", "float32"),
+        ("small", "crystal-32", "float64"),
     ]
     for case in data["cases"]:
-        assert case["atoms"] == 24 and case["edges"] > 0
-        for key in ("e3nn_md", "numba_md", "e3nn_train", "numba_train"):
+        assert case["atoms"] == int(case["system"].split("-")[1]) and case["edges"] > 0
+        for key in ("e3nn_md", "numba_md", "e3nn_train", "numba_train", "e3nn_stress", "numba_stress"):
             assert case[key]["median_ms"] > 0 and len(case[key]["runs_ms"]) == 1
         assert case["speedup_md"] == pytest.approx(case["e3nn_md"]["median_ms"] / case["numba_md"]["median_ms"])
-        for step in ("md", "train"):
+        assert case["speedup_stress"] == pytest.approx(
+            case["e3nn_stress"]["median_ms"] / case["numba_stress"]["median_ms"]
+        )
+        for step in ("md", "train", "stress"):
             ops = case["ops"][step]
             assert set(ops) == {"step_ms", "symmetric_contraction", "channelwise_tp"}
             assert all(
@@ -44,6 +49,7 @@ def test_smoke_preset_writes_table_json_and_trajectory_figure(tmp_path):
     assert (
         "speed-up" not in res.stdout and "small  water-24" in res.stdout and "trajectory 4 steps, float64" in res.stdout
     )
+    assert "+stress e3nn" in res.stdout and "small  crystal-32" in res.stdout
     # this environment has no nequip: the families part says so and how to get its rows
     assert "--nequip-python" in data["families"]["skipped"]
     assert "NequIP / Allegro: skipped" in res.stdout

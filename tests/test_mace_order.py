@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from train_fixtures import tiny
+from train_fixtures import pair_with_mace_run_train, tiny
 
 from workbench.data.embedded import EMBEDDED_PATH
 from workbench.train.mace_order import MaceOrderSampler, file_order
@@ -151,32 +151,14 @@ def test_a_mace_order_run_pairs_with_mace_run_train_step_for_step(tmp_path):
     """Real mace_run_train and the workbench on the same split files, seed and recipe in float64:
     every step's training loss agrees, and so do the final models' validation errors (mace
     keeps its best epoch; the workbench with keep="best" too)."""
-    from workbench.bench.quality import PRESETS, base_config, run_mace, run_workbench, write_split
+    from workbench.bench.quality import PRESETS, base_config
     from workbench.train.evaluate import evaluate_file
 
     cfg = replace(
         base_config(PRESETS["small"], tmp_path, seed=5), max_structures=70, families=["water_clusters", "cuni"]
     )
-    split = write_split(cfg, tmp_path / "split")
     epochs = 3
-    mace_model, _ = run_mace(cfg, split, tmp_path / "mace", epochs, threads=1)
-    ours = replace(
-        cfg,
-        name="ours",
-        sampler="mace-order",
-        keep="best",
-        dataset=split["train"],
-        valid_dataset=split["valid"],
-        max_structures=None,
-        families=None,
-        epochs=epochs,
-    )
-    our_model, _ = run_workbench(ours, tmp_path / "ours", threads=1)
-
-    results = next((tmp_path / "mace" / "results").glob("*_train.txt")).read_text().splitlines()
-    theirs = [json.loads(line)["loss"] for line in results if json.loads(line).get("mode") == "opt"]
-    steps = [json.loads(line) for line in (Path(ours.run_dir) / "metrics" / "rank0.jsonl").read_text().splitlines()]
-    mine = [s["loss"] for s in steps if s.get("type") == "step"]
+    split, mace_model, our_model, theirs, mine = pair_with_mace_run_train(cfg, tmp_path, epochs)
     assert len(mine) == len(theirs) == epochs * (split["n_train"] // cfg.batch_size)
     np.testing.assert_allclose(mine, theirs, rtol=1e-9)
     a = evaluate_file(mace_model, split["valid"])

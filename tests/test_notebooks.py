@@ -157,6 +157,7 @@ def test_notebook_04_local(runs):
     text = _text(nb)
     assert "#SBATCH" in text, "the SLURM cell should print the dry-run job script when submission is off"
     assert "NVE 20 steps of 0.5 fs" in text and "eV/atom/ps" in text, "the MD check of the trained model should run"
+    assert "validation graphs with a stress label" in text, "the run trains with stress and reports its error"
     run_dir = runs / "nb04-local"
     from workbench.train.metrics import read_steps
 

@@ -47,3 +47,38 @@ def file_size_limit(limit: int):
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     return apply
+
+
+def pair_with_mace_run_train(cfg: TrainConfig, tmp_path: Path, epochs: int):
+    """Real mace_run_train and a workbench ``mace-order`` run (``keep="best"``) on ``cfg``'s split,
+    in one thread each: ``(split, mace's model, ours, mace's step losses, ours)``."""
+    import json
+    from dataclasses import replace
+
+    from workbench.bench.quality import run_mace, run_workbench, write_split
+
+    split = write_split(cfg, tmp_path / "split")
+    mace_model, _ = run_mace(cfg, split, tmp_path / "mace", epochs, threads=1)
+    ours = replace(
+        cfg,
+        name="ours",
+        sampler="mace-order",
+        keep="best",
+        dataset=split["train"],
+        valid_dataset=split["valid"],
+        max_structures=None,
+        families=None,
+        epochs=epochs,
+    )
+    our_model, _ = run_workbench(ours, tmp_path / "ours", threads=1)
+    results = next((tmp_path / "mace" / "results").glob("*_train.txt")).read_text().splitlines()
+    theirs = [json.loads(line)["loss"] for line in results if json.loads(line).get("mode") == "opt"]
+    return split, mace_model, our_model, theirs, step_losses(ours.run_dir)
+
+
+def step_losses(run_dir) -> list[float]:
+    """Every step's training loss that rank 0 logged."""
+    import json
+
+    lines = (Path(run_dir) / "metrics" / "rank0.jsonl").read_text().splitlines()
+    return [json.loads(line)["loss"] for line in lines if json.loads(line).get("type") == "step"]

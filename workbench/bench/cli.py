@@ -15,6 +15,7 @@ from workbench.bench.quality_summary import PARITY_TOLERANCE
 from workbench.bench.workloads import MODELS
 from workbench.cli_args import Options, add_command, add_options, option_values
 from workbench.train.cli import add_config_args, config_from_args
+from workbench.train.losses import LOSSES
 
 __all__ = ["register_bench", "register_kernels"]
 
@@ -103,11 +104,16 @@ _DATA_OPTIONS: Options = {
 
 def _quality(args: argparse.Namespace) -> int:
     """validation errors against mace_run_train (same split, dtype, steps), and fixed-count vs the packers over seeds"""
+    if args.stress_weight is None:  # mace's default weight wherever its loss has a stress term
+        args.stress_weight = 1.0 if "stress" in LOSSES[args.loss].uses else 0.0
     res = quality.bench_quality(
         seeds=[int(s) for s in args.seeds.split(",")],
         samplers=args.samplers.split(","),
         mace=not args.no_mace,
-        **option_values(args, "preset", "dtype", "batch_size", "threads", "workdir", "out", "resume", "backend"),
+        **option_values(
+            args, "preset", "dtype", "batch_size", "threads", "workdir", "out", "resume", "backend", "loss"
+        ),
+        stress_weight=args.stress_weight,
     )
     return _done(quality.format_table(res), args.out)
 
@@ -129,6 +135,16 @@ _QUALITY_OPTIONS: Options = {
         "default": "e3nn",
         "help": "the workbench runs' hot ops, a TrainConfig backend such as e3nn or numba "
         "(mace_run_train always uses e3nn; default: %(default)s)",
+    },
+    "--loss": {
+        "default": "weighted",
+        "choices": list(LOSSES),
+        "help": "both trainers' loss, as mace_run_train --loss (default: %(default)s)",
+    },
+    "--stress-weight": {
+        "type": float,
+        "default": None,
+        "help": "the stress term's weight (default: 1.0 with --loss stress, huber or universal, as mace; else 0)",
     },
     "--workdir": {"default": "runs/bench/quality", "help": "split files, runs and logs (replaced unless --resume)"},
     "--resume": {

@@ -143,12 +143,21 @@ MACE_RECIPE: dict[str, float] = {
 
 
 def base_config(
-    preset: Preset, workdir: Path, dtype: str = "float64", batch_size: int = 8, seed: int = 0
+    preset: Preset,
+    workdir: Path,
+    dtype: str = "float64",
+    batch_size: int = 8,
+    seed: int = 0,
+    loss: str = "weighted",
+    stress_weight: float = 0.0,
 ) -> TrainConfig:
-    """The shared recipe (mace_run_train's defaults where the workbench has the same knob)."""
+    """The shared recipe (mace_run_train's defaults where the workbench has the same knob); ``loss``
+    and ``stress_weight`` as mace's ``--loss`` and ``--stress_weight``."""
     from workbench.train.config import TrainConfig
 
     return TrainConfig(
+        loss=loss,
+        stress_weight=stress_weight,
         name="quality",
         output_dir=str(workdir),
         seed=seed,
@@ -203,6 +212,8 @@ def mace_command(config: TrainConfig, split: dict, workdir: Path, epochs: int) -
         "--valid_file": split["valid"],
         "--energy_key": config.energy_key,
         "--forces_key": config.forces_key,
+        "--stress_key": config.stress_key,
+        "--virials_key": config.virials_key,
         "--E0s": "average",
         "--r_max": config.cutoff,
         "--num_radial_basis": config.num_bessel,
@@ -220,7 +231,10 @@ def mace_command(config: TrainConfig, split: dict, workdir: Path, epochs: int) -
         "--amsgrad": None,
         "--ema": None,
         "--scheduler": "ReduceLROnPlateau",
-        "--loss": "weighted",
+        "--loss": config.loss,
+        "--stress_weight": config.stress_weight,
+        "--virials_weight": config.virials_weight,
+        "--huber_delta": config.huber_delta,
         "--scaling": "rms_forces_scaling",
         "--eval_interval": 1,
         "--patience": 100000,
@@ -262,25 +276,26 @@ def run_workbench(config: TrainConfig, workdir: Path, threads: int) -> tuple[Pat
     return RunDir(config.run_dir).model, wall
 
 
+#: the validation errors a row keeps (the stress ones where the split has stress labels)
+ROW_METRICS = ("e_mae_mev_atom", "f_mae_mev_a", "e_rmse_mev_atom", "f_rmse_mev_a", "s_mae_mev_a3", "s_rmse_mev_a3")
+
+
 def _row(trainer: str, sampler: str, seed: int, steps: int, wall: float, result: dict) -> dict:
+    family_keys = ("e_mae_mev_atom", "f_mae_mev_a", "s_mae_mev_a3", "graphs")
     return {
         "trainer": trainer,
         "sampler": sampler,
         "seed": seed,
         "steps": steps,
         "wall_s": wall,
-        "e_mae_mev_atom": result["e_mae_mev_atom"],
-        "f_mae_mev_a": result["f_mae_mev_a"],
-        "e_rmse_mev_atom": result["e_rmse_mev_atom"],
-        "f_rmse_mev_a": result["f_rmse_mev_a"],
-        "families": {
-            k: {"e_mae_mev_atom": v["e_mae_mev_atom"], "f_mae_mev_a": v["f_mae_mev_a"], "graphs": v["graphs"]}
-            for k, v in result["families"].items()
-        },
+        **{k: result.get(k) for k in ROW_METRICS},
+        "families": {k: {m: v.get(m) for m in family_keys} for k, v in result["families"].items()},
     }
 
 
-def _settings(preset: str, dtype: str, batch_size: int, backend: str, samplers: Sequence[str]) -> dict:
+def _settings(
+    preset: str, dtype: str, batch_size: int, backend: str, samplers: Sequence[str], loss: str, stress_weight: float
+) -> dict:
     """What a resumed bench must share with the one it resumes; unknown names are an error."""
     if preset not in PRESETS:
         raise KeyError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
@@ -293,6 +308,8 @@ def _settings(preset: str, dtype: str, batch_size: int, backend: str, samplers: 
         "dtype": dtype,
         "batch_size": batch_size,
         "backend": backend,
+        "loss": loss,
+        "stress_weight": stress_weight,
     }
 
 
@@ -347,6 +364,15 @@ def _one_run(base: TrainConfig, job: tuple[int, str], split: dict, plan: _Plan) 
     return "workbench", what, model, wall
 
 
+def _evaluated_run(base: TrainConfig, job: tuple[int, str], split: dict, plan: _Plan) -> dict:
+    """One job run and its final model evaluated on the validation file: the job's row."""
+    from workbench.train.evaluate import evaluate_file
+
+    trainer, sampler, model, wall = _one_run(base, job, split, plan)
+    keys = {k: getattr(base, k) for k in ("energy_key", "forces_key", "stress_key", "virials_key")}
+    return _row(trainer, sampler, job[0], plan.steps, wall, evaluate_file(model, split["valid"], **keys))
+
+
 def _result(plan: _Plan, rows: list[dict], jobs: list, split: dict) -> dict:
     """The JSON of the bench so far: settings, the rows of ``jobs`` finished, and their summary."""
     import torch
@@ -377,6 +403,8 @@ def bench_quality(
     batch_size: int = 8,
     threads: int = 2,
     backend: str = "e3nn",
+    loss: str = "weighted",
+    stress_weight: float = 0.0,
     workdir: str | os.PathLike = "runs/bench/quality",
     out: str | os.PathLike = "runs/bench/quality.json",
     resume: bool = False,
@@ -388,14 +416,14 @@ def bench_quality(
     after every run, so an interrupted bench keeps what it measured. With ``resume`` the runs already in
     ``rows.jsonl`` are kept (only if the bench's settings are the same) and the rest are run; without it
     ``workdir`` is replaced. Runs go seed by seed, so a partial bench compares every trainer on the
-    seeds it reached.
+    seeds it reached. ``loss`` and ``stress_weight`` train both trainers with stress (``mace_run_train
+    --loss stress --stress_weight ...``); the rows then carry the stress errors too.
     """
-    from workbench.train.evaluate import evaluate_file
-
-    settings = _settings(preset, dtype, batch_size, backend, samplers)
+    settings = _settings(preset, dtype, batch_size, backend, samplers, loss, stress_weight)
     workdir = Path(workdir)
-    # the workbench runs' backend, checked by the config before anything is replaced
-    base = replace(base_config(PRESETS[preset], workdir, dtype=dtype, batch_size=batch_size), backend=backend)
+    # the workbench runs' backend and loss, checked by the config before anything is replaced
+    recipe = base_config(PRESETS[preset], workdir, dtype, batch_size, loss=loss, stress_weight=stress_weight)
+    base = replace(recipe, backend=backend)
     rows = _start(workdir, settings, resume)
     split = write_split(base, workdir / "split")
     (workdir / "bench.json").write_text(json.dumps(settings, indent=1) + "\n")
@@ -413,15 +441,15 @@ def bench_quality(
     for k, job in enumerate(jobs, 1):
         if job in done:
             continue
-        trainer, sampler, model, wall = _one_run(base, job, split, plan)
-        res = evaluate_file(model, split["valid"], energy_key=base.energy_key, forces_key=base.forces_key)
-        rows.append(_row(trainer, sampler, job[0], steps, wall, res))
+        row = _evaluated_run(base, job, split, plan)
+        rows.append(row)
         with open(workdir / "rows.jsonl", "a") as fh:
-            fh.write(json.dumps(rows[-1]) + "\n")
+            fh.write(json.dumps(row) + "\n")
         write_json(out, _result(plan, rows, jobs, split))
+        stress = f", S MAE {row['s_mae_mev_a3']:.2f} meV/Å³" if row.get("s_mae_mev_a3") is not None else ""
         progress(
-            f"[{k}/{len(jobs)}] {trainer:<15} {sampler:<15} seed {job[0]}: E MAE {res['e_mae_mev_atom']:.1f} "
-            f"meV/atom, F MAE {res['f_mae_mev_a']:.1f} meV/Å ({wall:.0f} s)"
+            f"[{k}/{len(jobs)}] {row['trainer']:<15} {row['sampler']:<15} seed {job[0]}: E MAE "
+            f"{row['e_mae_mev_atom']:.1f} meV/atom, F MAE {row['f_mae_mev_a']:.1f} meV/Å{stress} ({row['wall_s']:.0f} s)"
         )
     final = _result(plan, rows, jobs, split)
     write_json(out, final)

@@ -7,9 +7,19 @@ import numpy as np
 
 from workbench.bench.table import Column, render
 
-__all__ = ["MACE_ORDER", "PARITY_TOLERANCE", "format_table", "paired_interval", "ratio_interval", "summarise"]
+__all__ = [
+    "MACE_ORDER",
+    "PAIRED_SEED_TOLERANCE",
+    "PARITY_TOLERANCE",
+    "format_table",
+    "paired_interval",
+    "ratio_interval",
+    "summarise",
+]
 
 PARITY_TOLERANCE = 0.05  # relative, on the means over seeds
+#: paired runs (mace-order against mace_run_train): each seed's ratio within 1 ± this
+PAIRED_SEED_TOLERANCE = 1e-3
 #: the sampler name of ``workbench.train.mace_order`` (importing that module would import torch)
 MACE_ORDER = "mace-order"
 
@@ -65,13 +75,36 @@ def paired_interval(
         else float("nan")
     )
     low, high = mean - half, mean + half
+    deviation = float(np.abs(ratios - 1).max())
     return {
         "seeds": int(ratios.size),
         "ratios": ratios.tolist(),
         "mean": mean,
         "ci_low": low,
         "ci_high": high,
+        "max_deviation": deviation,
+        "per_seed_met": bool(deviation <= PAIRED_SEED_TOLERANCE),
         "met": bool(ratios.size > 1 and 1 - tolerance <= low and high <= 1 + tolerance),
+    }
+
+
+def _paired(maces: list[dict], paired: list[dict]) -> dict:
+    """The paired verdict over E and F, and S where every run has a stress error."""
+    quantities = [("e", "e_mae_mev_atom"), ("f", "f_mae_mev_a")]
+    if all(r.get("s_mae_mev_a3") is not None for r in maces + paired):
+        quantities.append(("s", "s_mae_mev_a3"))
+    got = {q: paired_interval(maces, paired, key) for q, key in quantities}
+    if got["e"] is None:
+        return {}
+    return {
+        "paired": {
+            **{f"{q}_{k}": v for q, g in got.items() for k, v in g.items() if k not in ("met", "per_seed_met")},
+            "quantities": [q for q, _ in quantities],
+            "tolerance": PARITY_TOLERANCE,
+            "seed_tolerance": PAIRED_SEED_TOLERANCE,
+            "met": all(g["met"] for g in got.values()),
+            "per_seed_met": all(g["per_seed_met"] for g in got.values()),
+        }
     }
 
 
@@ -111,13 +144,7 @@ def summarise(rows: list[dict]) -> dict:
     paired = [r for r in rows if r["trainer"] == "workbench" and r["sampler"] == MACE_ORDER]
     maces = [r for r in rows if r["trainer"] == "mace_run_train"]
     if paired and maces:
-        got = {q: paired_interval(maces, paired, key) for q, key in (("e", "e_mae_mev_atom"), ("f", "f_mae_mev_a"))}
-        if got["e"] is not None:
-            out["paired"] = {
-                **{f"{q}_{k}": v for q, g in got.items() for k, v in g.items() if k != "met"},
-                "tolerance": PARITY_TOLERANCE,
-                "met": got["e"]["met"] and got["f"]["met"],
-            }
+        out.update(_paired(maces, paired))
     if fc:
         packing = {}
         for s in ("paper", "shuffled-paper"):
@@ -149,15 +176,21 @@ def _runs_table(res: dict) -> list[str]:
         Column("steps", "steps", width=5),
         Column("E MAE", "e_mae_mev_atom", ".1f", 7),
         Column("F MAE", "f_mae_mev_a", ".1f", 7),
+        *(
+            [Column("S MAE", "s_mae_mev_a3", ".2f", 7)]
+            if any(r.get("s_mae_mev_a3") is not None for r in res["rows"])
+            else []
+        ),
         Column("", lambda r: ""),  # a wider gap before the families
         *(Column(f[:12], family(f), ".1f", 12) for f in fams),
     ]
     split = res["split"]
     lines = [
         f"Quality bench ({res['preset']}, {res['dtype']}, workbench on {res.get('backend', 'e3nn')}, "
+        f"loss {res.get('loss', 'weighted')}, "
         f"{split['n_train']} train / {split['n_valid']} valid graphs, {res['steps']} steps, packers at capacity "
         f"{res['capacity']})",
-        "MAE: energy meV/atom, force meV/Å; per family: force MAE",
+        "MAE: energy meV/atom, force meV/Å, stress meV/Å³; per family: force MAE",
         render(res["rows"], columns),
     ]
     if not res.get("complete", True):
@@ -197,15 +230,21 @@ def _parity_lines(pa: dict) -> list[str]:
 
 
 def _paired_lines(pa: dict) -> list[str]:
-    per = ", ".join(f"{e:.6f}/{f:.6f}" for e, f in zip(pa["e_ratios"], pa["f_ratios"]))
+    qs = pa.get("quantities", ["e", "f"])
+    names = "/".join(q.upper() for q in qs)
+    per = ", ".join("/".join(f"{r:.6f}" for r in rs) for rs in zip(*(pa[f"{q}_ratios"] for q in qs)))
 
     def interval(q: str) -> str:
         return f"{pa[f'{q}_ci_low']:.6f} to {pa[f'{q}_ci_high']:.6f}" if pa["e_seeds"] > 1 else "needs 2 seeds"
 
+    means = ", ".join(f"{q.upper()} {pa[f'{q}_mean']:.6f} (95% {interval(q)})" for q in qs)
+    worst = max(pa.get(f"{q}_max_deviation", float("nan")) for q in qs)
+    seed_verdict = "met" if pa.get("per_seed_met") else "NOT met"
     return [
-        f"\nparity, paired seed by seed (workbench mace-order / mace_run_train), per seed E/F: {per}",
-        f"  E {pa['e_mean']:.6f} (95% {interval('e')}), F {pa['f_mean']:.6f} (95% {interval('f')}); "
-        f"target ±{pa['tolerance']:.0%}: {'met' if pa['met'] else 'NOT met'}",
+        f"\nparity, paired seed by seed (workbench mace-order / mace_run_train), per seed {names}: {per}",
+        f"  {means}; target ±{pa['tolerance']:.0%}: {'met' if pa['met'] else 'NOT met'}",
+        f"  largest per-seed deviation {worst:.2e} (target ±{pa.get('seed_tolerance', PAIRED_SEED_TOLERANCE):g}): "
+        f"{seed_verdict}",
     ]
 
 

@@ -1,6 +1,8 @@
 """What the model benchmarks run on: the model configurations, and systems as mace batches.
 
 * ``water-<atoms>``: one periodic liquid-water box (:func:`water_box`);
+* ``crystal-<atoms>``: a strained, rattled fcc CuNi alloy supercell (:func:`crystal`), which
+  has a stress;
 * ``mixed``: a batch of the embedded data as a packer fills it (random graphs while they fit in
   :data:`MIXED_CAPACITY` atoms);
 * ``mixture-<capacity>``: the embedded mixture packed by the paper's algorithm at ``capacity``
@@ -16,6 +18,7 @@ import numpy as np
 __all__ = [
     "CUTOFF",
     "MODELS",
+    "crystal",
     "mace_batch",
     "mixture_batches",
     "system_batch",
@@ -50,6 +53,31 @@ def mace_batch(structures: Sequence, dtype: str, cutoff: float = CUTOFF, z_table
     return batch, [int(z) for z in z_table.zs]
 
 
+def _repeats(k: int) -> tuple[int, int, int]:
+    """Three repeat counts of product ``k``, as cubic as possible (prime factors onto the shortest side)."""
+    reps, f = [1, 1, 1], 2
+    while k > 1:
+        while k % f == 0:
+            k //= f
+            reps[reps.index(min(reps))] *= f
+        f += 1
+    return tuple(reps)  # type: ignore[return-value]
+
+
+def crystal(n: int, rng: np.random.Generator):
+    """A periodic fcc Cu/Ni alloy of ``n`` atoms (a multiple of 4), strained by 1% and rattled by
+    0.05 Å, so that its stress is not zero."""
+    from ase.build import bulk
+
+    if n % 4 or n < 4:
+        raise ValueError(f"system crystal-{n}: an fcc supercell holds a multiple of 4 atoms")
+    atoms = bulk("Cu", "fcc", a=3.58, cubic=True).repeat(_repeats(n // 4))
+    atoms.numbers = rng.choice([28, 29], size=n)
+    atoms.set_cell(atoms.cell.array @ (np.eye(3) + rng.normal(0, 0.01, (3, 3))), scale_atoms=True)
+    atoms.positions += rng.normal(0, 0.05, atoms.positions.shape)
+    return atoms
+
+
 def water_box(n: int, rng: np.random.Generator):
     """A periodic liquid-water box of ``n`` atoms: generated directly up to
     :data:`WATER_MAX_ATOMS`, else a :data:`WATER_TILE`-atom box repeated (``n / WATER_TILE`` a
@@ -65,21 +93,17 @@ def water_box(n: int, rng: np.random.Generator):
             f"system water-{n}: boxes above {WATER_MAX_ATOMS} atoms repeat a {WATER_TILE}-atom box; "
             f"use a multiple of {WATER_TILE}"
         )
-    k, reps, f = n // WATER_TILE, [1, 1, 1], 2
-    while k > 1:  # prime factors, smallest first, each onto the shortest side
-        while k % f == 0:
-            k //= f
-            reps[reps.index(min(reps))] *= f
-        f += 1
-    return build_liquid_water(WATER_TILE, rng).repeat(tuple(reps))
+    return build_liquid_water(WATER_TILE, rng).repeat(_repeats(n // WATER_TILE))
 
 
 def system_batch(name: str, dtype: str, cutoff: float = CUTOFF, seed: int = 0) -> tuple[dict, list[int], dict]:
-    """A mace batch for ``name`` (``water-<atoms>`` or ``mixed``), its atomic numbers and
+    """A mace batch for ``name`` (``water-<atoms>``, ``crystal-<atoms>`` or ``mixed``), its atomic numbers and
     ``{atoms, edges, graphs, families}``."""
     rng = np.random.default_rng(seed)
     if name.startswith("water-"):
         structures = [water_box(int(name.split("-", 1)[1]), rng)]
+    elif name.startswith("crystal-"):
+        structures = [crystal(int(name.split("-", 1)[1]), rng)]
     elif name == "mixed":
         from workbench.data.embedded import load_embedded
 
@@ -90,7 +114,9 @@ def system_batch(name: str, dtype: str, cutoff: float = CUTOFF, seed: int = 0) -
                 structures.append(frames[k])
                 room -= len(frames[k])
     else:
-        raise ValueError(f"unknown system {name!r}: use water-<atoms> (a multiple of 3) or mixed")
+        raise ValueError(
+            f"unknown system {name!r}: use water-<atoms> (a multiple of 3), crystal-<atoms> (a multiple of 4) or mixed"
+        )
     batch, zs = mace_batch(structures, dtype, cutoff)
     info = {
         "atoms": int(batch["positions"].shape[0]),

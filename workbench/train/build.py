@@ -27,8 +27,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 def build_training(s: Session, ckpt: dict | None) -> None:
     """Model (accelerated when asked), optimiser, scheduler, EMA and loss."""
-    from mace.modules.loss import WeightedEnergyForcesLoss
-
+    from workbench.train.losses import build_loss, outputs_needed
     from workbench.train.model import build_model
     from workbench.train.stats import ModelStats, compute_stats
 
@@ -68,6 +67,23 @@ def build_training(s: Session, ckpt: dict | None) -> None:
         from torch_ema import ExponentialMovingAverage
 
         s.ema = ExponentialMovingAverage(s.model.parameters(), decay=config.ema_decay)
-    s.loss_fn = WeightedEnergyForcesLoss(energy_weight=config.energy_weight, forces_weight=config.forces_weight).to(
-        s.device
-    )
+    check_labels_for_loss(config, s.data.train_labels)
+    s.loss_fn = build_loss(config).to(s.device)
+    stress, virials = outputs_needed(config.loss, config.stress_weight, config.virials_weight)
+    s.outputs = {"compute_stress": stress, "compute_virials": virials}
+
+
+def check_labels_for_loss(config, counts: dict) -> None:
+    """Refuse a stress (virials) term that no training graph has a label for: it would train nothing."""
+    from workbench.train.losses import outputs_needed
+    from workbench.train.values import ConfigError
+
+    for name, needed in zip(
+        ("stress", "virials"), outputs_needed(config.loss, config.stress_weight, config.virials_weight)
+    ):
+        if needed and not counts.get(name):
+            key = getattr(config, f"{name}_key")
+            raise ConfigError(
+                f"TrainConfig.{name}_weight: {getattr(config, f'{name}_weight'):g}, but no training graph has a "
+                f"{name} label ({name}_key {key!r}); set {name}_key to the file's key, or {name}_weight to 0"
+            )

@@ -46,7 +46,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     from workbench.train.evaluate import evaluate_file, format_table
 
-    keys = ("energy_key", "forces_key", "batch_size", "device", "trust_model")
+    keys = ("energy_key", "forces_key", "stress_key", "virials_key", "batch_size", "device", "trust_model")
     result = evaluate_file(args.model, args.file, **option_values(args, *keys))
     print(format_table(result))
     if args.json:
@@ -58,11 +58,15 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    e = sub.add_parser("eval", help="energy and force errors of a mace model on an extxyz file, per config_type")
+    e = sub.add_parser(
+        "eval", help="energy, force and stress errors of a mace model on labelled structures, per config_type"
+    )
     e.add_argument("model", help="a saved mace-torch model (e.g. runs/<name>/model.model)")
-    e.add_argument("file", help="extxyz file with labels")
+    e.add_argument("file", help="labelled structures: extxyz, mace HDF5, ASE .db, .aselmdb, mace LMDB (file or folder)")
     e.add_argument("--energy-key", default="REF_energy")
     e.add_argument("--forces-key", default="REF_forces")
+    e.add_argument("--stress-key", default="REF_stress", help="stress errors where frames carry it")
+    e.add_argument("--virials-key", default="REF_virials")
     e.add_argument("--batch-size", type=int, default=16)
     e.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
     e.add_argument("--json", help="also write the result as JSON here")

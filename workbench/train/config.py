@@ -3,7 +3,8 @@
 Defaults are the paper's setup (HPDC'25 §5.2): 2 interaction layers, hidden
 irreps 128x0e+128x1o, max_ell 3, correlation 3, 8 Bessel functions, cutoff 4.5 Å,
 float32, Adam with lr 0.005, EMA of the weights, weighted energy+forces loss,
-and the ``paper`` packer with a capacity of 3072 atoms per batch.
+and the ``paper`` packer with a capacity of 3072 atoms per batch. Stress and virials train
+when a loss that has them (:mod:`workbench.train.losses`) gets a weight above zero.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import yaml
 from workbench.kernels.registry import backend_names
 from workbench.limits import MAX_CUTOFF
 from workbench.packing.api import ALGORITHMS
+from workbench.train.losses import check_weights, loss_names
 from workbench.train.mace_order import NAME as MACE_ORDER
 from workbench.train.values import ConfigError, Interval, coerce, load_yaml
 
@@ -31,6 +33,8 @@ SAMPLERS: tuple[str, ...] = (*ALGORITHMS, MACE_ORDER)
 #: how the model's hot ops run: the kernel backends of workbench.kernels.registry (no torch import)
 MODEL_BACKENDS: tuple[str, ...] = backend_names()
 DTYPES = ("float32", "float64")
+#: the losses of workbench.train.losses (mace-torch's definitions)
+LOSSES: tuple[str, ...] = loss_names()
 
 #: Numeric fields and their accepted ranges (non-finite values are always rejected).
 RANGES: dict[str, Interval] = {
@@ -48,6 +52,9 @@ RANGES: dict[str, Interval] = {
     "ema_decay": Interval(0.0, 1.0, True, True),
     "energy_weight": Interval(0.0),
     "forces_weight": Interval(0.0),
+    "stress_weight": Interval(0.0),
+    "virials_weight": Interval(0.0),
+    "huber_delta": Interval(0.0, lo_open=True),
     "lr_factor": Interval(0.0, 1.0, lo_open=True),
     "scheduler_patience": Interval(0),
     "clip_grad": Interval(0.0, lo_open=True),
@@ -72,6 +79,8 @@ RUN_IDENTITY = (
     "families",
     "energy_key",
     "forces_key",
+    "stress_key",
+    "virials_key",
     "max_structures",
     "valid_fraction",
     "seed",
@@ -108,6 +117,8 @@ class TrainConfig:
     families: list[str] | None = None  # restrict to these config_types
     energy_key: str = "REF_energy"
     forces_key: str = "REF_forces"
+    stress_key: str = "REF_stress"  # eV/Å³, ASE's sign; 3x3, Voigt 6 or 9 numbers (workbench.data.keys)
+    virials_key: str = "REF_virials"  # eV
     # model (mace-torch ScaleShiftMACE)
     num_interactions: int = 2
     hidden_irreps: str = "128x0e+128x1o"
@@ -124,8 +135,12 @@ class TrainConfig:
     weight_decay: float = 0.0  # > 0: on the parameters mace-torch decays (workbench.train.build.param_groups)
     amsgrad: bool = True
     ema_decay: float | None = 0.99  # None disables EMA
+    loss: str = "weighted"  # weighted (E+F), stress, virials, huber, universal: workbench.train.losses
     energy_weight: float = 1.0
     forces_weight: float = 100.0
+    stress_weight: float = 0.0  # > 0 with loss stress, huber or universal: the model computes the stress
+    virials_weight: float = 0.0  # > 0 with loss virials
+    huber_delta: float = 0.01  # the Huber losses' threshold (mace's default)
     lr_factor: float = 0.8  # ReduceLROnPlateau on validation loss, as mace-torch does
     scheduler_patience: int = 50
     clip_grad: float | None = 10.0
@@ -178,6 +193,7 @@ class TrainConfig:
             ("dtype", DTYPES),
             ("on_nonfinite", ON_NONFINITE),
             ("keep", KEEP),
+            ("loss", LOSSES),
         ):
             if getattr(self, name) not in choices:
                 raise bad(name, f"{getattr(self, name)!r} is not one of {', '.join(choices)}")
@@ -197,6 +213,9 @@ class TrainConfig:
             )
         if self.energy_weight == 0 and self.forces_weight == 0:
             raise bad("forces_weight", "energy_weight and forces_weight are both 0: nothing to train on")
+        mismatch = check_weights(self.loss, self.stress_weight, self.virials_weight)
+        if mismatch:
+            raise bad(*mismatch.split(": ", 1))
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise bad("device", f"{self.device!r} is not one of auto, cpu, cuda, cuda:N")
         for name in ("hidden_irreps", "mlp_irreps"):

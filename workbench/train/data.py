@@ -32,6 +32,8 @@ PREPARE_FIELDS = (
     "families",
     "energy_key",
     "forces_key",
+    "stress_key",
+    "virials_key",
     "seed",
     "max_structures",
     "valid_fraction",
@@ -59,6 +61,7 @@ class TrainData:
     family_names: Sequence[str] = ()  # config_types, in code order
     train_family: np.ndarray | None = None  # int16 code into family_names of each training graph
     fingerprint: str = ""  # the content of the validation and training graphs, in split order (resume checks it)
+    train_labels: dict = field(default_factory=dict)  # {"stress": n, "virials": n}: training graphs with the label
 
     def describe(self, indices: Sequence[int], limit: int = 8) -> str:
         """Where training graphs ``indices`` came from, for error messages."""
@@ -105,7 +108,9 @@ def configs_fingerprint(configs: Sequence) -> str:
     h = _hasher()
     for c in configs:
         values = (c.atomic_numbers, c.positions, c.cell, c.pbc, c.properties.get("energy"), c.properties.get("forces"))
-        for v in (*values, c.weight, c.config_type):
+        # stress and virials only where present: a dataset without them keeps its digest of before
+        tensors = [c.properties[k] for k in ("stress", "virials") if c.properties.get(k) is not None]
+        for v in (*values, *tensors, c.weight, c.config_type):
             if v is None or isinstance(v, str):
                 h.update(f"<{v}>".encode())
             else:
@@ -181,7 +186,13 @@ def _load_with_frames(config: TrainConfig) -> tuple[list, np.ndarray, Path]:
             "and train with dataset=DIR (streamed, bounded memory)",
             stacklevel=3,
         )
-    structures = read_structures(path, energy_key=config.energy_key, forces_key=config.forces_key)
+    structures = read_structures(
+        path,
+        energy_key=config.energy_key,
+        forces_key=config.forces_key,
+        stress_key=config.stress_key,
+        virials_key=config.virials_key,
+    )
     keep = set(config.families or ())
     frames = [
         k
@@ -270,7 +281,7 @@ def _from_structures(config: TrainConfig, structures: list | None) -> TrainData:
     )
     n_valid = len(valid)
     z_table = z_table_for(chosen)
-    spec = key_specification(config.energy_key, config.forces_key)
+    spec = key_specification(config.energy_key, config.forces_key, config.stress_key, config.virials_key)
     configs = [config_from_atoms(a, key_specification=spec) for a in chosen]
     data = [AtomicData.from_config(c, z_table=z_table, cutoff=config.cutoff) for c in configs]
     train, valid = data[n_valid:], data[:n_valid]
@@ -291,6 +302,9 @@ def _from_structures(config: TrainConfig, structures: list | None) -> TrainData:
         family_names=names,
         train_family=np.array([code[str(c.config_type)] for c in configs[n_valid:]], dtype=np.int16),
         fingerprint=configs_fingerprint(configs),
+        train_labels={
+            k: sum(1 for c in configs[n_valid:] if c.properties.get(k) is not None) for k in ("stress", "virials")
+        },
     )
 
 
@@ -320,11 +334,18 @@ class StoreGraphs:
 
         loc = self.locations[k]
         g = self.reader.read(loc["shard"], loc["row"], loc["family"])
+        # as config_from_atoms builds it: a missing stress or virial label is None with weight 0
+        tensors = {k: (v if np.isfinite(v).all() else None) for k, v in (("stress", g.stress), ("virials", g.virials))}
         return Configuration(
             atomic_numbers=g.numbers,
             positions=g.positions,
-            properties={"energy": g.energy, "forces": g.forces},
-            property_weights={"energy": float(g.weights[1]), "forces": float(g.weights[2])},
+            properties={"energy": g.energy, "forces": g.forces, **tensors},
+            property_weights={
+                "energy": float(g.weights[1]),
+                "forces": float(g.weights[2]),
+                "stress": float(g.weights[3]),
+                "virials": float(g.weights[4]),
+            },
             cell=g.cell,
             pbc=tuple(bool(p) for p in g.pbc),
             weight=float(g.weights[0]),
@@ -386,4 +407,5 @@ def _from_store(config: TrainConfig, path: Path) -> TrainData:
         family_names=list(store.families),
         train_family=store.column("family", train_rows).astype(np.int16),
         fingerprint=store_fingerprint(store, np.concatenate([valid_rows, train_rows])),
+        train_labels={k: int(store.column(k, train_rows).sum()) for k in ("stress", "virials")},
     )

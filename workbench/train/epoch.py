@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import torch
 
 from workbench.train import preempt
-from workbench.train.evaluate import evaluate
+from workbench.train.evaluate import TENSOR_METRICS, evaluate
 from workbench.train.resume import checkpoint
 from workbench.train.rundir import JsonlLog
 from workbench.train.samplers import RecordingSampler
@@ -117,6 +117,7 @@ def validate(s: Session, epoch: int) -> dict:
             num_workers=s.config.num_workers,
             families=s.data.valid_families,
             loss_fn=s.loss_fn,
+            **s.outputs,
         )
         loss = valid.get("loss", float("nan"))
         if (
@@ -156,6 +157,8 @@ def log_epoch(
             "valid_f_mae_mev_a": valid["f_mae_mev_a"],
             "valid_e_rmse_mev_atom": valid["e_rmse_mev_atom"],
             "valid_f_rmse_mev_a": valid["f_rmse_mev_a"],
+            "train_s_mae_mev_a3": 1000 * totals.s_abs / totals.stress_graphs if totals.stress_graphs else None,
+            **{f"valid_{k}": _finite_or_none(valid.get(k)) for k in TENSOR_METRICS},
             "valid_families": valid["families"],
             "valid_loss": valid.get("loss"),
             "compute_share": totals.compute_s / busy,
@@ -166,6 +169,11 @@ def log_epoch(
             "peak_mem_gb": torch.cuda.max_memory_allocated(s.device) / 1e9 if s.device.type == "cuda" else None,
         }
     )
+
+
+def _finite_or_none(value) -> float | None:
+    # JSON has no NaN: a metric nothing was measured for is null in metrics.jsonl
+    return float(value) if value is not None and math.isfinite(value) else None
 
 
 @contextlib.contextmanager

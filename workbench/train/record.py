@@ -61,6 +61,10 @@ def write_run_record(run: RunDir, config, data, world: int, device, sampler) -> 
         "sampler": config.sampler,
         "capacity": config.capacity,
         "batch_size": config.batch_size,
+        "loss": {
+            "name": config.loss,
+            **{k: getattr(config, k) for k in ("energy_weight", "forces_weight", "stress_weight", "virials_weight")},
+        },
         "model": {
             "hidden_irreps": config.hidden_irreps,
             "max_ell": config.max_ell,
@@ -73,6 +77,7 @@ def write_run_record(run: RunDir, config, data, world: int, device, sampler) -> 
             "train_graphs": len(data.train_atoms),
             "valid_graphs": len(data.valid),
             "train_atoms": int(np.sum(data.train_atoms)),
+            "train_with_stress": int(data.train_labels.get("stress", 0)),
             "families": families,
         },
         "workbench": workbench.__version__,

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch_ema import ExponentialMovingAverage
@@ -39,7 +39,8 @@ class Session:
     optimizer: torch.optim.Optimizer | None = None
     scheduler: torch.optim.lr_scheduler.ReduceLROnPlateau | None = None
     ema: ExponentialMovingAverage | None = None
-    loss_fn: torch.nn.Module | None = None  # mace's WeightedEnergyForcesLoss
+    loss_fn: torch.nn.Module | None = None  # the config's loss (workbench.train.losses)
+    outputs: dict = field(default_factory=dict)  # compute_stress / compute_virials: what the loss trains
     # wrap_ddp
     net: torch.nn.Module | None = None  # the DDP wrapper (or the model itself on one rank)
     timer: AllreduceTimer | None = None  # time blocked in the gradient all-reduce (DDP only)

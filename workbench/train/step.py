@@ -35,6 +35,8 @@ class StepTotals:
 
     e_abs: float = 0.0  # sum over graphs of |E error| / atoms, eV/atom
     f_abs: float = 0.0  # sum over atoms of mean |F error| component, eV/Å
+    s_abs: float = 0.0  # sum over stress-labelled graphs of mean |stress error| component, eV/Å³
+    stress_graphs: int = 0
     graphs: int = 0
     force_atoms: int = 0
     compute_s: float = 0.0
@@ -76,7 +78,7 @@ def check_skipped_share(s: Session, skipped: int, steps: int) -> None:
 
 
 def take_step(s: Session, batch, indices: Sequence[int] = ()) -> tuple[torch.Tensor, dict, float, bool]:
-    """Forward, energy+forces loss, backward, clip, optimiser and EMA update.
+    """Forward (stress and virials when the loss trains them), loss, backward, clip, optimiser and EMA update.
 
     Returns ``(loss, output, blocked, skipped)``: ``blocked`` is the time spent waiting in the
     gradient all-reduce (DDP), measured by the comm hook; ``skipped`` is True when a non-finite
@@ -87,7 +89,7 @@ def take_step(s: Session, batch, indices: Sequence[int] = ()) -> tuple[torch.Ten
     if s.timer is not None:
         s.timer.reset()
     s.optimizer.zero_grad(set_to_none=True)
-    out = s.net(batch.to_dict(), training=True, compute_force=True)
+    out = s.net(batch.to_dict(), training=True, compute_force=True, **s.outputs)
     loss = s.loss_fn(pred=out, ref=batch, ddp=False)
     loss.backward()
     sync(s.device)
@@ -168,6 +170,10 @@ def accumulate(totals: StepTotals, batch, out, t: tuple[float, float, float], bl
     n = (batch.ptr[1:] - batch.ptr[:-1]).to(out["energy"].dtype)
     totals.e_abs += float(((out["energy"].detach() - batch.energy).abs() / n).sum())
     totals.f_abs += float((out["forces"].detach() - batch.forces).abs().mean(dim=1).sum())
+    if out.get("stress") is not None:
+        labelled = batch.stress_weight > 0
+        totals.s_abs += float((out["stress"].detach() - batch.stress).abs().mean(dim=(1, 2))[labelled].sum())
+        totals.stress_graphs += int(labelled.sum())
     totals.graphs += int(batch.num_graphs)
     totals.force_atoms += int(batch.forces.shape[0])
     totals.data_s += t1 - t0

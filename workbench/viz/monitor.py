@@ -69,8 +69,9 @@ def loss_figure(run_dir, title: str | None = None):
             ("valid_e_mae_mev_atom", "valid E MAE", "dot", False),
             ("train_f_mae_mev_a", "train F MAE", "solid", True),
             ("valid_f_mae_mev_a", "valid F MAE", "dot", True),
+            ("valid_s_mae_mev_a3", "valid S MAE (meV/Å³)", "dash", False),
         ):
-            if key in epochs[0]:
+            if any(e.get(key) is not None for e in epochs):
                 fig.add_trace(
                     go.Scatter(
                         x=x,
@@ -87,7 +88,7 @@ def loss_figure(run_dir, title: str | None = None):
         fig.add_annotation(
             text="no finished epoch yet", showarrow=False, xref="x2 domain", yref="y2 domain", x=0.5, y=0.5
         )
-    fig.update_yaxes(type="log", title_text="loss (energy + forces, weighted)", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="loss (the run's loss)", row=1, col=1)
     fig.update_xaxes(title_text="optimizer step", row=1, col=1)
     fig.update_xaxes(title_text="epoch", row=1, col=2)
     fig.update_yaxes(title_text="energy MAE (meV/atom)", row=1, col=2, secondary_y=False)

@@ -164,6 +164,23 @@ def _count(x, default: int) -> int:
     return x if isinstance(x, int) and not isinstance(x, bool) and x > 0 else default
 
 
+def _loss_text(loss, data: dict) -> str:
+    """The run's loss and the weights of its terms (runs from before stress recorded none)."""
+    if not isinstance(loss, dict):
+        return "weighted (energy + forces)"
+    terms = [
+        f"{name} {_n(loss.get(f'{name}_weight'))}"
+        for name in ("energy", "forces", "stress", "virials")
+        if isinstance(loss.get(f"{name}_weight"), (int, float)) and loss.get(f"{name}_weight")
+    ]
+    stress = (
+        f"; {_n(data.get('train_with_stress'))} training graphs with a stress label"
+        if loss.get("stress_weight")
+        else ""
+    )
+    return f"{loss.get('name')}: " + ", ".join(terms) + stress
+
+
 def _what_ran(run_dir: Path, info: dict, summary: dict) -> str:
     if not info:
         return "<p class=empty>This run has no run.json (written by runs since this report exists).</p>"
@@ -190,6 +207,7 @@ def _what_ran(run_dir: Path, info: dict, summary: dict) -> str:
         ),
         ("ranks", f"{info.get('world_size')} on {info.get('device')} ({info.get('host')})"),
         ("sampler", f"{sampler}, {batch}"),
+        ("loss", _loss_text(info.get("loss"), d)),
         ("precision / kernels", f"{info.get('dtype')} / {info.get('backend')}"),
         (
             "trained",
@@ -231,6 +249,9 @@ def _cards(summary: dict) -> str:
             )
         )
         cards.append(_card("validation force MAE", f"{v['f_mae_mev_a']:.1f}", "meV/Å"))
+        if isinstance(v.get("s_mae_mev_a3"), (int, float)):
+            graphs = html.escape(f"meV/Å³, {v.get('stress_graphs', 0)} graphs with a stress label")
+            cards.append(_card("validation stress MAE", f"{v['s_mae_mev_a3']:.1f}", graphs))
     t = summary["throughput"]
     if t is not None and math.isfinite(t["graphs_per_s"]):
         cards.append(
@@ -297,7 +318,7 @@ def _loss_traces(fig, steps: list[dict]) -> None:
     fig.add_trace(
         go.Scatter(x=x, y=smooth(y), mode="lines", name="loss, smoothed", line=dict(color="#1F4E79", width=2.4)), 1, 1
     )
-    fig.update_yaxes(title_text="loss (weighted E + F)", row=1, col=1, **_loss_axis(y))
+    fig.update_yaxes(title_text="loss (the run's loss)", row=1, col=1, **_loss_axis(y))
 
 
 def _validation_traces(fig, epochs: list[dict]) -> None:

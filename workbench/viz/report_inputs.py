@@ -25,6 +25,7 @@ EPOCH_NUMBERS = (
     "global_step",
     "valid_e_mae_mev_atom",
     "valid_f_mae_mev_a",
+    "valid_s_mae_mev_a3",
     "data_share",
     "compute_share",
     "allreduce_share",

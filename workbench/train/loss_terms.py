@@ -1,0 +1,144 @@
+r"""The loss terms of :mod:`workbench.train.losses`, on a mace batch (``ref``) and the model's
+output (``pred``). Definitions as in mace-torch's ``mace/modules/loss.py`` (v0.3.16), written here.
+
+For graphs :math:`g` of :math:`N_g` atoms with per-graph weights :math:`w_g` (``config_weight``)
+and per-label weights :math:`w^E_g, w^F_g, w^\sigma_g, w^W_g` (0 where the label is missing):
+
+.. math::
+
+    L_E = \langle w_g w^E_g ((E_g - \hat E_g)/N_g)^2 \rangle_g, \quad
+    L_F = \langle w_g w^F_g (F_{ia} - \hat F_{ia})^2 \rangle_{i,a}, \quad
+    L_\sigma = \langle w_g w^\sigma_g (\sigma_{g,ab} - \hat\sigma_{g,ab})^2 \rangle_{g,a,b}, \quad
+    L_W = \langle w_g w^W_g ((W_{g,ab} - \hat W_{g,ab})/N_g)^2 \rangle_{g,a,b}
+
+(means over every graph, atom or component of the batch, masked ones included, as mace takes
+them), and a loss is :math:`\lambda_E L_E + \lambda_F L_F + \lambda_\sigma L_\sigma` with the
+config's ``energy_weight``, ``forces_weight``, ``stress_weight`` (``virials_weight``). The Huber
+losses replace each square by :math:`h_\delta` (``huber_delta``); ``universal`` scales each
+force's :math:`\delta` by 1, 0.7, 0.4 or 0.1 for reference forces below 100, 200, 300 eV/Å and
+above (MACE-MP's recipe).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+#: reference force magnitudes (eV/Å) at which universal's Huber threshold steps down, and the factors
+FORCE_STEPS = (100.0, 200.0, 300.0)
+FORCE_FACTORS = (1.0, 0.7, 0.4, 0.1)
+
+
+def atoms_per_graph(ref) -> torch.Tensor:
+    return ref.ptr[1:] - ref.ptr[:-1]
+
+
+def per_atom(values: torch.Tensor, ref) -> torch.Tensor:
+    """A per-graph quantity repeated for each of the graph's atoms, as a column ``[atoms, 1]``."""
+    return torch.repeat_interleave(values, atoms_per_graph(ref)).unsqueeze(-1)
+
+
+def energy_mse(ref, pred) -> torch.Tensor:
+    return (
+        ref.weight * ref.energy_weight * torch.square((ref["energy"] - pred["energy"]) / atoms_per_graph(ref))
+    ).mean()
+
+
+def forces_mse(ref, pred) -> torch.Tensor:
+    w = per_atom(ref.weight, ref) * per_atom(ref.forces_weight, ref)
+    return (w * torch.square(ref["forces"] - pred["forces"])).mean()
+
+
+def stress_mse(ref, pred) -> torch.Tensor:
+    w = ref.weight.view(-1, 1, 1) * ref.stress_weight.view(-1, 1, 1)
+    return (w * torch.square(ref["stress"] - pred["stress"])).mean()
+
+
+def virials_mse(ref, pred) -> torch.Tensor:
+    w = ref.weight.view(-1, 1, 1) * ref.virials_weight.view(-1, 1, 1)
+    n = atoms_per_graph(ref).view(-1, 1, 1)
+    return (w * torch.square((ref["virials"] - pred["virials"]) / n)).mean()
+
+
+class _Weighted(torch.nn.Module):
+    """The weights of the terms, kept as buffers in the default dtype (as mace keeps them)."""
+
+    def __init__(
+        self,
+        energy_weight: float = 1.0,
+        forces_weight: float = 1.0,
+        stress_weight: float = 0.0,
+        virials_weight: float = 0.0,
+        huber_delta: float = 0.01,
+    ) -> None:
+        super().__init__()
+        for name, value in (
+            ("energy_weight", energy_weight),
+            ("forces_weight", forces_weight),
+            ("stress_weight", stress_weight),
+            ("virials_weight", virials_weight),
+        ):
+            self.register_buffer(name, torch.tensor(value, dtype=torch.get_default_dtype()))
+        self.huber_delta = float(huber_delta)
+        self.trains_stress = stress_weight > 0  # decided here, not per step: no host sync in the step
+
+    def extra_repr(self) -> str:
+        names = ("energy_weight", "forces_weight", "stress_weight", "virials_weight")
+        return ", ".join(f"{n}={float(getattr(self, n)):.3g}" for n in names) + f", huber_delta={self.huber_delta:g}"
+
+
+class EnergyForcesLoss(_Weighted):
+    def forward(self, ref, pred, ddp: bool | None = None) -> torch.Tensor:
+        return self.energy_weight * energy_mse(ref, pred) + self.forces_weight * forces_mse(ref, pred)
+
+
+class EnergyForcesStressLoss(_Weighted):
+    def forward(self, ref, pred, ddp: bool | None = None) -> torch.Tensor:
+        loss = self.energy_weight * energy_mse(ref, pred) + self.forces_weight * forces_mse(ref, pred)
+        return loss + self.stress_weight * stress_mse(ref, pred)
+
+
+class EnergyForcesVirialsLoss(_Weighted):
+    def forward(self, ref, pred, ddp: bool | None = None) -> torch.Tensor:
+        loss = self.energy_weight * energy_mse(ref, pred) + self.forces_weight * forces_mse(ref, pred)
+        return loss + self.virials_weight * virials_mse(ref, pred)
+
+
+class HuberLoss(_Weighted):
+    """Huber errors, unweighted per graph as in mace, except that graphs without a stress label
+    are masked out of the stress term (the module docstring of :mod:`workbench.train.losses`)."""
+
+    def forward(self, ref, pred, ddp: bool | None = None) -> torch.Tensor:
+        n, d = atoms_per_graph(ref), self.huber_delta
+        loss = self.energy_weight * F.huber_loss(ref["energy"] / n, pred["energy"] / n, reduction="mean", delta=d)
+        loss = loss + self.forces_weight * F.huber_loss(ref["forces"], pred["forces"], reduction="mean", delta=d)
+        if self.trains_stress:  # else the model computes no stress (losses.outputs_needed)
+            mask = (ref.stress_weight > 0).to(pred["stress"].dtype).view(-1, 1, 1)
+            h = F.huber_loss(ref["stress"], pred["stress"], reduction="none", delta=d)
+            loss = loss + self.stress_weight * (mask * h).mean()
+        return loss
+
+
+def conditional_huber_forces(ref_f: torch.Tensor, pred_f: torch.Tensor, delta: float) -> torch.Tensor:
+    """Per component Huber, its threshold ``delta`` times the factor of the reference force's size."""
+    size = torch.linalg.vector_norm(ref_f, dim=-1)
+    band = torch.bucketize(size, torch.tensor(FORCE_STEPS, dtype=size.dtype, device=size.device), right=True)
+    out = torch.zeros_like(pred_f)
+    for k, factor in enumerate(FORCE_FACTORS):
+        sel = band == k
+        out[sel] = F.huber_loss(ref_f[sel], pred_f[sel], reduction="none", delta=delta * factor)
+    return out.mean()
+
+
+class UniversalLoss(_Weighted):
+    """Huber errors of the weighted labels, with the force-size factors (MACE-MP's loss)."""
+
+    def forward(self, ref, pred, ddp: bool | None = None) -> torch.Tensor:
+        n, d = atoms_per_graph(ref), self.huber_delta
+        we, wf = ref.energy_weight, per_atom(ref.forces_weight, ref)
+        loss = self.energy_weight * F.huber_loss(we * ref["energy"] / n, we * pred["energy"] / n, delta=d)
+        loss = loss + self.forces_weight * conditional_huber_forces(wf * ref["forces"], wf * pred["forces"], d)
+        if self.trains_stress:  # else the model computes no stress (losses.outputs_needed)
+            ws = ref.stress_weight.view(-1, 1, 1)
+            loss = loss + self.stress_weight * F.huber_loss(ws * ref["stress"], ws * pred["stress"], delta=d)
+        return loss
