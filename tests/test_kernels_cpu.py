@@ -73,6 +73,26 @@ def test_vector_program_equals_its_polynomials(name, order):
     assert prog.flops_per_channel() < sum(p.flops_per_channel() for p in [c.poly for c in op.compiled])
 
 
+@pytest.mark.parametrize("degree", [4, 5])
+def test_vector_program_builds_long_monomials(degree):
+    """Monomials of more than three factors of one operand (MACE's contraction at correlation 4
+    and 5): every factor after the third multiplies the running product in place, which must
+    replace it (an ADD_MUL there added the shorter product back in)."""
+    rng = np.random.default_rng(degree)
+    x = Operand.channel_major("x", 5, 3)
+    w = Operand.component_major("w", 2, 3, rows="species")
+    y = Operand.channel_major("y", 2, 3)
+    terms = [
+        (int(rng.integers(2)), [(0, int(i)) for i in rng.integers(5, size=degree)] + [(1, int(rng.integers(2)))], 1.0)
+        for _ in range(12)
+    ]
+    p = SparsePolynomial.from_terms((x, w), y, terms)
+    assert p.max_degree == degree + 1
+    values = [rng.standard_normal((5, 3)), rng.standard_normal((2, 3))]
+    (got,) = vector_program([p]).evaluate_numpy(values)
+    np.testing.assert_allclose(got, _reference(p, values), rtol=1e-13)
+
+
 def test_broadcast_factors_move_into_coefficients():
     """``Σ_j C_ij Y_j h_i R_k``: one vector instruction per (i, k), Y summed in the coefficient."""
     h = Operand("h", 2, "sender", (0, 1), (2, 2), 8)

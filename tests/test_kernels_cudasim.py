@@ -65,6 +65,22 @@ def test_cuda_kernels_under_simulator(variant):
         assert max(e, f, g) <= tol, (key, e, f, g)
 
 
+CONTRACTION_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, {tests!r})
+from kernel_fixtures import contraction_errors
+errs = {{f"corr{{c}}": max(contraction_errors(c)) for c in (4, 5)}}
+"""
+
+
+@pytest.mark.parametrize("variant", ["unrolled", "table"])
+def test_contraction_at_correlation_4_and_5_under_simulator(variant):
+    """mace's symmetric contraction alone at correlation 4 and 5 (four and more factors of one
+    operand in a term): output, gradients and second derivatives, float64."""
+    errs = run_under_simulator(CONTRACTION_SCRIPT, variant)
+    assert max(errs.values()) <= 1e-12, errs
+
+
 SEGMENT_SCRIPT = r"""
 import json, numpy as np
 from workbench.kernels.backends import segment

@@ -218,6 +218,7 @@ class _Builder:
         r = self.temp()
         self.mul(r, pre, regs[2], one)
         for q in regs[3:]:
+            self.written.discard(r)  # r = r * q replaces r: a SET, where _emit would add to it
             self.mul(r, r, q, one)
         if prefix is None:
             self.release(pre)
