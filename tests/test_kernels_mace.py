@@ -144,3 +144,16 @@ def test_saved_model_loads_in_a_process_without_cuda(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "ok SymmetricContraction" in res.stdout
+
+
+def test_a_correlation_beyond_the_proven_ones_is_refused():
+    """mace builds any correlation; the kernels are checked for 1-5, so 6 stays e3nn's, by name."""
+    from e3nn import o3
+    from mace.modules.symmetric_contraction import SymmetricContraction as MaceSC
+
+    holder = torch.nn.Sequential(MaceSC(o3.Irreps("1x0e+1x1o"), o3.Irreps("1x0e"), correlation=6, num_elements=1).double())
+    with pytest.raises(
+        TypeError, match="correlation 6: the workbench kernels are checked against mace for correlation 1-5"
+    ):
+        accelerate(holder, backend="numba")
+    assert type(holder[0]) is MaceSC  # left as it was

@@ -156,12 +156,23 @@ def symmetric_contraction_polynomial(
     return poly, stats, k_slices
 
 
+#: the correlations whose kernels are checked against mace's own module (tests/test_kernels_mace.py
+#: and the CUDA simulator suite); a model of another is refused, not computed unchecked
+PROVEN_CORRELATIONS = (1, 2, 3, 4, 5)
+
+
 class _ContractionParams(torch.nn.Module):
     """Parameters and buffers of one output irrep, named as in mace's ``Contraction``."""
 
     def __init__(self, src: torch.nn.Module):
         super().__init__()
         self.correlation = int(src.correlation)
+        if self.correlation not in PROVEN_CORRELATIONS:
+            raise TypeError(
+                f"{type(src).__name__} of correlation {self.correlation}: the workbench kernels are checked "
+                f"against mace for correlation {PROVEN_CORRELATIONS[0]}-{PROVEN_CORRELATIONS[-1]} only; keep this "
+                "model on backend 'e3nn' (or 'torch')"
+            )
         self.num_features = int(src.num_features)
         self.weights_max = src.weights_max  # the same Parameter objects: optimizers keep working
         self.weights = src.weights
