@@ -13,6 +13,7 @@ import pytest
 from ase.build import bulk
 
 from workbench.data import formats
+from workbench.data.embedded import EMBEDDED_PATH
 from workbench.data.io import StructureError, read_structures, write_structures
 from workbench.data.keys import as_matrix
 from workbench.data.prepare import prepare
@@ -379,3 +380,17 @@ def test_a_new_format_is_one_class_and_one_registration(tmp_path, monkeypatch):
     assert [a.get_chemical_symbols() for a in got] == [["Cu"], ["Ni"]]
     with pytest.raises(ValueError, match="already registered"):
         formats.register(Poscars())
+
+
+@pytest.mark.skipif(not EMBEDDED_PATH.exists(), reason="embedded dataset missing")
+def test_the_embedded_mixture_prepares_alike_from_every_format(tmp_path):
+    """The target's own case: copies of the embedded mixture (here its first 400 frames: every
+    family, unlabelled ones, stress and none) give the extxyz route's index and shards, bit for bit."""
+    frames = read_structures(EMBEDDED_PATH, index=":400", require_labels=False)
+    assert 0 < sum("REF_stress" in a.info for a in frames) < len(frames)
+    src = write_structures(tmp_path / "mix.extxyz", frames)
+    ref = prepare([src], tmp_path / "ref", workers=2, shard_size=128, progress=False)
+    for name, file in DB_NAMES.items():
+        path = write_structures(tmp_path / file, frames)
+        store = prepare([path], tmp_path / f"from-{name}", workers=2, shard_size=128, progress=False)
+        assert _store_bytes(store) == _store_bytes(ref), name
