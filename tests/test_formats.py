@@ -394,3 +394,75 @@ def test_the_embedded_mixture_prepares_alike_from_every_format(tmp_path):
         path = write_structures(tmp_path / file, frames)
         store = prepare([path], tmp_path / f"from-{name}", workers=2, shard_size=128, progress=False)
         assert _store_bytes(store) == _store_bytes(ref), name
+
+
+def test_errors_of_checks_name_the_file_its_frame_and_the_row(frames, tmp_path):
+    """A check that fails after reading (here: two atoms on one spot) names the file of a folder,
+    the frame in that file and, in a database or mace HDF5, the row or configuration."""
+    import h5py
+    from mace.data.utils import config_from_atoms, save_configurations_as_HDF5
+
+    bad = [a.copy() for a in frames[:3]]
+    bad[2].positions[1] = bad[2].positions[0]
+    with h5py.File(tmp_path / "bad.h5", "w") as f:
+        save_configurations_as_HDF5([config_from_atoms(a) for a in bad], 0, f)
+    with pytest.raises(StructureError, match=r"bad\.h5, frame 2: mace configuration config_batch_0/config_2: atoms"):
+        read_structures(tmp_path / "bad.h5", require_labels=False)
+    folder = tmp_path / "omat"
+    folder.mkdir()
+    write_structures(folder / "a.aselmdb", frames[:2])
+    write_structures(folder / "b.aselmdb", bad)
+    with pytest.raises(StructureError, match=r"omat/b\.aselmdb, frame 2: row id 3: atoms 0 and 1"):
+        read_structures(folder, require_labels=False)
+
+
+def test_a_mixed_lmdb_folder_reads_every_file_as_mace_does(frames, tmp_path):
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    write_structures(folder / "a.aselmdb", frames[:2])
+    write_structures(tmp_path / "x_lmdb", frames[2:5])
+    (tmp_path / "x_lmdb" / "data.lmdb").rename(folder / "b.lmdb")
+    assert formats.detect(folder).name == "mace-lmdb"
+    assert len(read_structures(folder)) == 5
+
+
+def test_writing_refuses_names_of_other_formats_and_keeps_the_keys_asked_for(frames, tmp_path):
+    with pytest.raises(StructureError, match=r"x\.traj: a 'traj' file name; workbench writes extxyz"):
+        write_structures(tmp_path / "x.traj", frames)
+    assert not (tmp_path / "x.traj").exists()
+    renamed = [a.copy() for a in frames[:3]]
+    for a in renamed:
+        a.info["E_dft"] = a.info.pop("REF_energy")
+    from workbench.data.keys import LabelKeys
+
+    path = write_structures(tmp_path / "k.db", renamed, keys=LabelKeys(energy="E_dft"))
+    assert [a.info["REF_energy"] for a in read_structures(path)] == [a.info["E_dft"] for a in renamed]
+
+
+def test_a_loss_weight_that_is_not_a_number_is_named(frames, tmp_path):
+    bad = [a.copy() for a in frames[:2]]
+    bad[1].info["config_stress_weight"] = "heavy"
+    path = write_structures(tmp_path / "w.extxyz", bad)
+    with pytest.raises(StructureError, match=r"w\.extxyz, frame 1: config_stress_weight is not a number: 'heavy'"):
+        prepare([path], tmp_path / "out", workers=1, progress=False)
+
+
+def test_a_run_on_a_version_2_store_keeps_its_fingerprint(frames, tmp_path):
+    """Resume checks the training data's fingerprint: a version-2 store (no stress) hashes to what
+    the version-2 code hashed (its index records as stored, then its shards' digests), so runs
+    started on it still resume."""
+    import hashlib
+
+    from workbench.train.data import store_fingerprint
+
+    plain = [a.copy() for a in frames]
+    for a in plain:
+        a.info.pop("REF_stress", None)
+    store = prepare([write_structures(tmp_path / "p.extxyz", plain)], tmp_path / "st", workers=1, progress=False)
+    _downgrade_to_version_2(store)
+    old = GraphStore(store.path)
+    rows = np.arange(len(old))
+    then = hashlib.blake2b(digest_size=16)
+    then.update(np.ascontiguousarray(np.load(store.path / "index.npy")[rows]).tobytes())
+    then.update("".join(r["digest"] for r in old.manifest["shards"]).encode())
+    assert store_fingerprint(old, rows) == then.hexdigest()

@@ -151,7 +151,9 @@ def test_a_correlation_beyond_the_proven_ones_is_refused():
     from e3nn import o3
     from mace.modules.symmetric_contraction import SymmetricContraction as MaceSC
 
-    holder = torch.nn.Sequential(MaceSC(o3.Irreps("1x0e+1x1o"), o3.Irreps("1x0e"), correlation=6, num_elements=1).double())
+    holder = torch.nn.Sequential(
+        MaceSC(o3.Irreps("1x0e+1x1o"), o3.Irreps("1x0e"), correlation=6, num_elements=1).double()
+    )
     with pytest.raises(
         TypeError, match="correlation 6: the workbench kernels are checked against mace for correlation 1-5"
     ):

@@ -32,7 +32,7 @@ writes JSON, and checks:
 The recipe is otherwise identical: mace's ``ScaleShiftMACE`` with the same initial weights for
 the same seed (both seed torch just before building the model), E0s by least squares,
 ``avg_num_neighbors``, scale = RMS force and shift = mean interaction energy per atom from
-mace's own functions, ``WeightedEnergyForcesLoss``, Adam with amsgrad and mace's weight decay
+mace's own functions, the same loss (``--loss``, mace's definitions; ``weighted`` by default), Adam with amsgrad and mace's weight decay
 (5e-7 on the interactions' linear and skip weights and the products), EMA, gradient clipping,
 ``ReduceLROnPlateau`` on the validation loss. In float64 on e3nn a ``mace-order`` run repeats
 mace's training losses step for step (equal in our runs; ``tests/test_mace_order.py`` allows 1e-9).

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.cli_args import option_values
-from workbench.data.keys import ENERGY_KEY, FORCES_KEY, STRESS_KEY, VIRIALS_KEY
+from workbench.data.keys import ENERGY_KEY, FORCES_KEY, STRESS_KEY, VIRIALS_KEY, LabelKeys
 
 
 def _families(text: str | None):
@@ -225,7 +225,8 @@ def _add_info_stats(dsub) -> None:
             "path", nargs="?", help="structure file or prepared dataset directory (default: the embedded dataset)"
         )
         q.add_argument("--cutoff", type=float, default=4.5)
-        q.add_argument("--stress-key", default=STRESS_KEY, help="info key of the stress (default: %(default)s)")
+        if name == "info":
+            q.add_argument("--stress-key", default=STRESS_KEY, help="info key of the stress (default: %(default)s)")
         if name == "stats":
             q.add_argument("--out", help="JSON path (default: workbench/data/edge_stats.json)")
         q.set_defaults(func=fn)
@@ -280,7 +281,7 @@ def _convert(args: argparse.Namespace) -> int:
 
     keys = option_values(args, "energy_key", "forces_key", "stress_key", "virials_key")
     structures = read_structures(args.source, format=args.source_format, require_labels=False, **keys)
-    out = write_structures(args.out, structures, format=args.format)
+    out = write_structures(args.out, structures, format=args.format, keys=LabelKeys(*keys.values()))
     print(f"wrote {len(structures)} structures from {args.source} to {out}")
     return 0
 

@@ -1,4 +1,4 @@
-"""Reading and writing structures (extxyz and anything ASE reads), with validation.
+"""Reading and writing structures in any format of :mod:`workbench.data.formats`, with validation.
 
 Every problem is reported as a :class:`StructureError` that names the file, the
 frame and, where it applies, the atom or key, so a user can fix the input
@@ -307,17 +307,16 @@ def read_structures(
                 if require_labels and _is_labelled(atoms):
                     check_labels(atoms, path=path, frame=k, **_key_args(keys))
         return frames
-    frames = _pick(_read_all(path, fmt, keys), index)
+    frames, origins = _read_all(path, fmt, keys)
+    frames = _pick(frames, index)
     if not frames:
         raise StructureError(path, None, "file contains no structures")
     if validate:
         try:
             for k, atoms in enumerate(frames):
                 validate_structure(atoms, path=path, frame=k, require_labels=require_labels, **_key_args(keys))
-        except StructureError as exc:  # a database names its row too
-            if path.is_dir() or index != ":" or fmt.handle_name(0) is None:
-                raise
-            raise fmt.locate(exc, list(fmt.listing(path))[exc.frame]) from None
+        except StructureError as exc:
+            raise (_located(exc, origins) if index == ":" else exc) from None
     if cache is not None:
         cache_mod.save(cache, frames)
     return frames
@@ -343,18 +342,30 @@ def _format(path: Path, name: str | None):
     return AseFormat(name)
 
 
-def _read_all(path: Path, fmt, keys) -> list:
-    """Every frame of ``path`` (a folder: of each of its files in turn)."""
+def _read_all(path: Path, fmt, keys) -> tuple[list, list]:
+    """Every frame of ``path`` (a folder: of each of its files in turn), and for each frame its
+    ``(file, format, frame in that file)``."""
     from workbench.data import formats
 
-    if not path.is_dir():
-        fmt.check(path)
-        return fmt.read_all(path, keys)
+    files = formats.expand(path, fmt.name) if path.is_dir() else [(path, fmt)]
     frames: list = []
-    for file, file_fmt in formats.expand(path, fmt.name):
+    origins: list = []
+    for file, file_fmt in files:
         file_fmt.check(file)
-        frames += file_fmt.read_all(file, keys)
-    return frames
+        read = file_fmt.read_all(file, keys)
+        frames += read
+        origins += [(file, file_fmt, k) for k in range(len(read))]
+    return frames, origins
+
+
+def _located(exc: StructureError, origins: list) -> StructureError:
+    """A check's error on frame ``exc.frame`` of what was read, named by its own file, its frame
+    there and, in a database, its row id."""
+    if exc.frame is None or not 0 <= exc.frame < len(origins):
+        return exc
+    file, fmt, local = origins[exc.frame]
+    found = StructureError(file, local, exc.reason)
+    return fmt.locate(found, list(fmt.listing(file))[local]) if fmt.names_handles else found
 
 
 def _pick(frames: list, index: str | int | slice) -> list:
@@ -371,10 +382,14 @@ def _clean_for_write(atoms: ase.Atoms) -> ase.Atoms:
     return out
 
 
-def write_structures(path: str | os.PathLike, structures: Iterable[ase.Atoms], format: str | None = None) -> Path:
+def write_structures(
+    path: str | os.PathLike, structures: Iterable[ase.Atoms], format: str | None = None, keys=None
+) -> Path:
     """Write ``structures`` as extxyz (a ``.gz`` suffix gzips it reproducibly), or in the format
     of :mod:`workbench.data.formats` that ``format`` names or the path's suffix gives (``.db``,
-    ``.aselmdb``, a ``*_lmdb`` folder), the labels under the default keys.
+    ``.aselmdb``, a ``*_lmdb`` folder); ``keys`` (:class:`~workbench.data.keys.LabelKeys`, default
+    the REF_ keys) say where the structures hold their labels. A suffix of another ASE format
+    (``.traj``, ``.cif``) is refused rather than filled with extxyz text.
 
     The gzip header carries no timestamp or file name, so the same structures
     give the same bytes on every run (the embedded dataset relies on this).
@@ -385,7 +400,9 @@ def write_structures(path: str | os.PathLike, structures: Iterable[ase.Atoms], f
     path = Path(path)
     fmt = formats.detect(path, format)
     if fmt.name not in ("extxyz", "ase"):
-        return fmt.write(path, list(structures), LabelKeys())
+        return fmt.write(path, list(structures), keys or LabelKeys())
+    if fmt.name == "ase":
+        _refuse_other_ase_format(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = io.StringIO()
     ase.io.write(text, [_clean_for_write(a) for a in structures], format="extxyz")
@@ -399,6 +416,21 @@ def write_structures(path: str | os.PathLike, structures: Iterable[ase.Atoms], f
     else:
         path.write_bytes(data)
     return path
+
+
+def _refuse_other_ase_format(path: Path) -> None:
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    try:
+        guess = ase.io.formats.filetype(name, read=False)
+    except ase.io.formats.UnknownFileTypeError:
+        return  # no suffix ASE knows: extxyz text, as asked
+    if guess in ase.io.formats.ioformats and guess not in ("extxyz", "xyz"):
+        raise StructureError(
+            path,
+            None,
+            f"a {guess!r} file name; workbench writes extxyz (.extxyz, .xyz, .gz), ASE .db, .aselmdb and "
+            "*_lmdb folders: choose one of those names",
+        )
 
 
 def structures_to_text(structures: Sequence[ase.Atoms]) -> str:

@@ -95,12 +95,10 @@ def _check_resume(out: Path, settings: Settings, paths: list[Path]) -> dict | No
         return None
     if data.get("format") != FORMAT:
         raise ValueError(f"{manifest}: not a {FORMAT} manifest; choose a new --out")
-    if data.get("version") != FORMAT_VERSION:
-        print(f"{out}: prepared by format version {data.get('version')}; preparing it again", file=sys.stderr)
-        _clear_old_format(out)
-        return None
     old = data.get("settings", {})
-    changed = sorted(k for k, v in asdict(settings).items() if old.get(k) != v)
+    older = data.get("version") != FORMAT_VERSION
+    # an older format knew fewer settings: those it lacks had today's defaults
+    changed = sorted(k for k, v in asdict(settings).items() if old.get(k, getattr(Settings(), k)) != v)
     if changed:
         detail = ", ".join(f"{k}: {old.get(k)!r} -> {getattr(settings, k)!r}" for k in changed)
         raise ValueError(
@@ -113,6 +111,10 @@ def _check_resume(out: Path, settings: Settings, paths: list[Path]) -> dict | No
             f"{out}: was prepared from other sources ({len(old_paths)} file(s): {old_paths[:3]}...); "
             "use a new --out, or the same sources to resume"
         )
+    if older:  # the same sources and settings: nothing else is lost by writing it again
+        print(f"{out}: prepared by format version {data.get('version')}; preparing it again", file=sys.stderr)
+        _clear_old_format(out)
+        return None
     if data.get("complete") and data["sources"] == [fingerprint(p) for p in paths]:
         return data if _intact(out, data) else None
     return None
@@ -140,9 +142,6 @@ def _read_json(path: Path) -> dict | None:
 def _intact(out: Path, manifest: dict) -> bool:
     """True when a finished prepare is whole; else drop its damaged shards (and their parts) so
     that the run redoes just those chunks and merges again."""
-    if manifest.get("version") != FORMAT_VERSION:
-        print(f"{out}: prepared by an older format; preparing again", file=sys.stderr)
-        return False
     damaged = dict(damaged_shards(out, manifest["shards"]))
     for rec in manifest["shards"]:
         if rec["name"] not in damaged:
@@ -178,6 +177,8 @@ def _done_chunks(out: Path, fingerprints: list[dict]) -> set[tuple[int, int]]:
             with np.load(part) as z:
                 fp = json.loads(str(z["fingerprint"]))
                 shard = json.loads(str(z["shard"]))
+                if not set(PART_FIELDS) <= set(z.files):  # a part of an older format: done again
+                    fp = None
         except Exception:
             fp = shard = None
         if source < len(fingerprints) and fp == fingerprints[source] and not damaged_shards(out, [shard]):

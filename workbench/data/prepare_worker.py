@@ -120,15 +120,9 @@ def _labels(atoms, settings: Settings, path: Path | None, frame: int | None) -> 
     )
     stress = check_tensor_label(atoms, keys.stress, "stress", path=path, frame=frame)
     virials = check_tensor_label(atoms, keys.virials, "virials", path=path, frame=frame)
-    weights = np.array(
-        [
-            float(info.get("config_weight", 1.0)),
-            float(info.get("config_energy_weight", 1.0)),
-            float(info.get("config_forces_weight", 1.0)),
-            float(info.get(STRESS_WEIGHT_KEY, 1.0)) if stress is not None else 0.0,
-            float(info.get(VIRIALS_WEIGHT_KEY, 1.0)) if virials is not None else 0.0,
-        ]
-    )
+    keys_ = ("config_weight", "config_energy_weight", "config_forces_weight", STRESS_WEIGHT_KEY, VIRIALS_WEIGHT_KEY)
+    present = (True, True, True, stress is not None, virials is not None)
+    weights = np.array([_weight(info, k, path, frame) if has else 0.0 for k, has in zip(keys_, present)])
     return {
         "energy": float(info[keys.energy]),
         "forces": np.asarray(atoms.arrays[keys.forces], dtype=np.float64),
@@ -136,6 +130,18 @@ def _labels(atoms, settings: Settings, path: Path | None, frame: int | None) -> 
         "virials": nan3.copy() if virials is None else virials,
         "weights": weights,
     }
+
+
+def _weight(info: dict, key: str, path: Path | None, frame: int | None) -> float:
+    """A per-configuration loss weight (default 1): a finite number >= 0, else the frame's error."""
+    value = info.get(key, 1.0)
+    try:
+        weight = float(value)
+    except (TypeError, ValueError):
+        raise StructureError(path, frame, f"{key} is not a number: {str(value)[:60]!r}") from None
+    if not (np.isfinite(weight) and weight >= 0):
+        raise StructureError(path, frame, f"{key} is {weight}; a loss weight is a finite number >= 0")
+    return weight
 
 
 def worker_init() -> None:

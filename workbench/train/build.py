@@ -85,5 +85,6 @@ def check_labels_for_loss(config, counts: dict) -> None:
             key = getattr(config, f"{name}_key")
             raise ConfigError(
                 f"TrainConfig.{name}_weight: {getattr(config, f'{name}_weight'):g}, but no training graph has a "
-                f"{name} label ({name}_key {key!r}); set {name}_key to the file's key, or {name}_weight to 0"
+                f"{name} label ({name}_key {key!r}); set {name}_key to the file's key (a prepared dataset: "
+                f"prepare it again with --{name}-key), or {name}_weight to 0"
             )

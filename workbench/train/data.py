@@ -119,9 +119,16 @@ def configs_fingerprint(configs: Sequence) -> str:
 
 
 def store_fingerprint(store, rows: np.ndarray) -> str:
-    """A digest of a prepared dataset's ``rows``: their index records and the digests of the shards."""
+    """A digest of a prepared dataset's ``rows``: their index records and the digests of the shards.
+    Without stress or virials the records are hashed as format 2 held them, so that a run on a
+    store of that format still resumes."""
+    from workbench.data.store import INDEX_DTYPE_V2
+
+    records = store.records(rows)
+    if not (store.has_stress or store.has_virials):
+        records = records[list(INDEX_DTYPE_V2.names)].astype(INDEX_DTYPE_V2)
     h = _hasher()
-    h.update(np.ascontiguousarray(store.records(rows)).tobytes())
+    h.update(np.ascontiguousarray(records).tobytes())
     h.update("".join(r["digest"] for r in store.manifest["shards"]).encode())
     return h.hexdigest()
 
@@ -179,9 +186,10 @@ def _load_with_frames(config: TrainConfig) -> tuple[list, np.ndarray, Path]:
     from workbench.data.source import data_source
 
     path = data_source(config.dataset).path
-    if path.is_file() and path.stat().st_size > LARGE_FILE_BYTES:
+    size = _source_bytes(path)
+    if size > LARGE_FILE_BYTES:
         warnings.warn(
-            f"{path}: {path.stat().st_size / 2**20:.0f} MiB of structures are read whole into memory "
+            f"{path}: {size / 2**20:.0f} MiB of structures are read whole into memory "
             f"on every rank; for large datasets run 'workbench data prepare {path} --out DIR' once "
             "and train with dataset=DIR (streamed, bounded memory)",
             stacklevel=3,
@@ -202,6 +210,17 @@ def _load_with_frames(config: TrainConfig) -> tuple[list, np.ndarray, Path]:
     if not frames:
         raise _no_structures(path, config)
     return [structures[k] for k in frames], np.asarray(frames, dtype=np.int64), path
+
+
+def _source_bytes(path: Path) -> int:
+    """Bytes of a structure file, or of every file a structure folder's format reads."""
+    from workbench.data import formats
+
+    if path.is_file():
+        return path.stat().st_size
+    if path.is_dir():
+        return sum(file.stat().st_size for file, _ in formats.expand(path))
+    return 0
 
 
 def prepare_data(config: TrainConfig, structures: list | None = None) -> TrainData:

@@ -1,4 +1,4 @@
-r"""Energy and force errors of a model on a set of graphs, overall and per family (``config_type``).
+r"""Energy, force and stress errors of a model on a set of graphs, overall and per family (``config_type``).
 
 For graphs :math:`g` with :math:`N_g` atoms, predicted energy :math:`\hat E_g` and forces
 :math:`\hat F_{gi}`:

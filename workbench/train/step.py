@@ -170,10 +170,12 @@ def accumulate(totals: StepTotals, batch, out, t: tuple[float, float, float], bl
     n = (batch.ptr[1:] - batch.ptr[:-1]).to(out["energy"].dtype)
     totals.e_abs += float(((out["energy"].detach() - batch.energy).abs() / n).sum())
     totals.f_abs += float((out["forces"].detach() - batch.forces).abs().mean(dim=1).sum())
-    if out.get("stress") is not None:
-        labelled = batch.stress_weight > 0
-        totals.s_abs += float((out["stress"].detach() - batch.stress).abs().mean(dim=(1, 2))[labelled].sum())
-        totals.stress_graphs += int(labelled.sum())
+    if out.get("stress") is not None:  # the graphs validation counts too: weight and stress weight above 0
+        labelled = ((batch.weight * batch.stress_weight) > 0).to(out["stress"].dtype)
+        err = ((out["stress"].detach() - batch.stress).abs().mean(dim=(1, 2)) * labelled).sum()
+        s_abs, n = torch.stack([err, labelled.sum()]).tolist()  # one transfer from the device
+        totals.s_abs += s_abs
+        totals.stress_graphs += int(n)
     totals.graphs += int(batch.num_graphs)
     totals.force_atoms += int(batch.forces.shape[0])
     totals.data_s += t1 - t0

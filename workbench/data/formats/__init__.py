@@ -7,15 +7,15 @@ name             what                            recognised by
 ``mace-h5``      mace ``preprocess_data`` HDF5   ``.h5``, ``.hdf5``; a folder of them
 ``ase-db``       ASE SQLite database             ``.db``
 ``aselmdb``      fairchem's ASE LMDB (OMat24)    ``.aselmdb``; a folder of them
-``mace-lmdb``    mace-torch's LMDB datasets      ``.lmdb``; a folder of them (``*_lmdb``)
-``ase``          anything else ASE reads         any other suffix (not ``data prepare``)
+``mace-lmdb``    mace-torch's LMDB datasets      ``.lmdb``; a folder of them (``.aselmdb`` too)
+``ase``          anything else ASE reads         any other suffix (read only; not ``data prepare``)
 ===============  ==============================  ==============================================
 
 ``read_structures``, ``data prepare``, ``data info``, ``data sizes`` and ``workbench eval`` call
 :func:`detect`; a new format is one module with a :class:`~workbench.data.formats.base.Format`
 subclass and one line in :data:`FORMATS`.
 
->>> detect(Path("omat/train")).name   # a folder of .aselmdb files
+>>> detect(Path("train.aselmdb")).name
 'aselmdb'
 """
 
@@ -32,7 +32,7 @@ from workbench.data.formats.base import Chunk, Format
 from workbench.data.formats.extxyz import ExtxyzFormat
 from workbench.data.formats.mace_h5 import MaceH5Format
 
-__all__ = ["FORMATS", "Chunk", "Format", "detect", "expand", "format_names", "register"]
+__all__ = ["FORMATS", "Chunk", "Format", "detect", "expand", "register"]
 
 #: name -> format; the order decides which format claims a folder first; ``ase`` takes the rest
 FORMATS: dict[str, Format] = {}
@@ -48,10 +48,6 @@ def register(fmt: Format) -> Format:
 
 for _fmt in (ExtxyzFormat(), MaceH5Format(), AseDbFormat(), AseLmdbFormat(), MaceLmdbFormat(), AseFormat()):
     register(_fmt)
-
-
-def format_names() -> tuple[str, ...]:
-    return tuple(FORMATS)
 
 
 def detect(path: str | os.PathLike, name: str | None = None) -> Format:

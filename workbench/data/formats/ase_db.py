@@ -42,13 +42,13 @@ class AseDbFormat(Format):
 
     name = "ase-db"
     summary = "ASE SQLite database (.db)"
-    labels = "calculator results energy/forces/stress, or key_value_pairs/data under the label keys"
     suffixes = (".db",)
+    names_handles = True
 
     def check(self, path: Path) -> None:
         kind = sniff(path)
         if kind == "lmdb":
-            raise StructureError(path, None, "is an LMDB file, not SQLite: rename it to .aselmdb (or --format aselmdb)")
+            raise StructureError(path, None, "is an LMDB file, not SQLite: rename it to .aselmdb")
         if kind != "sqlite":
             raise StructureError(path, None, "is not an SQLite database (ASE .db files are)")
 
@@ -70,8 +70,12 @@ class AseDbFormat(Format):
         out: list[tuple[int, object]] = []
         rows = {}
         if ids:
-            with ase.db.connect(path, type="db", create_indices=False, use_lock_file=False) as db:
-                rows = {r.id: r for r in db.select(f"id>={min(ids)},id<={max(ids)}")}
+            try:
+                with ase.db.connect(path, type="db", create_indices=False, use_lock_file=False) as db:
+                    rows = {r.id: r for r in db.select(f"id>={min(ids)},id<={max(ids)}")}
+            except Exception as exc:  # sqlite3 and ase.db raise many types for a damaged file
+                where = f"rows {min(ids)}-{max(ids)}"
+                raise StructureError(path, first, f"{where}: cannot read ({type(exc).__name__}: {exc})") from None
         for k, row_id in enumerate(ids):
             try:
                 if row_id not in rows:

@@ -16,7 +16,6 @@ from workbench.data.keys import LabelKeys
 class AseFormat(Format):
     name = "ase"
     summary = "anything else ASE reads (ase.io; not for data prepare)"
-    labels = "info/arrays under the label keys; calculator results named like them"
     preparable = False
 
     def __init__(self, ase_format: str | None = None) -> None:

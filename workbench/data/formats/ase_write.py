@@ -83,8 +83,11 @@ def write_rows(path: Path, structures: Sequence, keys: LabelKeys, db_type: str) 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with ase.db.connect(tmp, type=db_type, use_lock_file=False) as db:
-            for atoms in structures:
-                row, kvp, data = _row(atoms, keys)
+            for k, atoms in enumerate(structures):
+                try:
+                    row, kvp, data = _row(atoms, keys)
+                except (ValueError, TypeError) as exc:  # a malformed label: name the structure, write nothing
+                    raise StructureError(path, k, f"cannot write its labels ({exc})") from None
                 db.write(row, key_value_pairs=kvp, data=data)
         os.replace(tmp, path)
     finally:

@@ -65,10 +65,15 @@ class AseLmdbFormat(Format):
 
     name = "aselmdb"
     summary = "fairchem ASE-LMDB (.aselmdb; a folder of them, as OMat24 and OMol25 ship)"
-    labels = "calculator results energy/forces/stress, or key_value_pairs/data under the label keys"
     suffixes = (".aselmdb",)
     folder_suffixes = (".aselmdb",)
-    db_type = "aselmdb"
+    names_handles = True
+
+    def claims(self, path: Path) -> bool:
+        # a folder that also holds .lmdb files is mace's (which reads both kinds): none is left out
+        if path.is_dir() and any(q.suffix.lower() == ".lmdb" for q in path.iterdir()):
+            return False
+        return super().claims(path)
 
     def check(self, path: Path) -> None:
         if sniff(path) != "lmdb":
@@ -96,6 +101,8 @@ class AseLmdbFormat(Format):
         return ids
 
     def read(self, path: Path, first: int, payload: object, keys: LabelKeys) -> list[tuple[int, object]]:
+        import lmdb
+
         ids: Sequence[int] = payload  # type: ignore[assignment]
         out: list[tuple[int, object]] = []
         env = _open(path)
@@ -107,7 +114,7 @@ class AseLmdbFormat(Format):
                         if raw is None:
                             raise ValueError("is gone from the database")
                         out.append((first + k, row_atoms(decode_row(raw), keys)))
-                    except (ValueError, TypeError, KeyError) as exc:
+                    except (ValueError, TypeError, KeyError, lmdb.Error) as exc:  # a damaged page too
                         reason = str(exc).replace("\n", " ")[:200]
                         out.append((first + k, StructureError(path, first + k, f"row id {row_id}: {reason}")))
         finally:
@@ -130,9 +137,9 @@ class MaceLmdbFormat(AseLmdbFormat):
     folder_suffixes = (".lmdb", ".aselmdb")
 
     def claims(self, path: Path) -> bool:
-        if path.name.endswith("_lmdb") and not path.is_file():  # mace's naming; a folder to be written, too
+        if path.name.endswith("_lmdb") and not path.exists():  # mace's naming, for a folder to be written
             return True
-        return super().claims(path)
+        return (path.is_dir() and bool(self.folder_files(path))) or (not path.is_dir() and super().claims(path))
 
     def write(self, path: Path, structures: Sequence, keys: LabelKeys) -> Path:
         """A folder (``path``, best named ``*_lmdb``) holding one ``data.lmdb`` of the rows."""

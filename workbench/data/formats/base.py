@@ -62,10 +62,10 @@ class Format:
 
     name: ClassVar[str]
     summary: ClassVar[str]  # one line: --help, errors, the README's table
-    labels: ClassVar[str]  # where the labels come from: the README's key mapping
     suffixes: ClassVar[tuple[str, ...]] = ()
     folder_suffixes: ClassVar[tuple[str, ...]] = ()  # a folder holding such files is this format
     preparable: ClassVar[bool] = True
+    names_handles: ClassVar[bool] = False  # errors name a frame's handle (its row id), not the frame alone
 
     def claims(self, path: Path) -> bool:
         """Whether ``path`` (a file, or a folder) is in this format, by its name."""

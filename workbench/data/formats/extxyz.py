@@ -301,7 +301,6 @@ class ExtxyzFormat(Format):
 
     name = "extxyz"
     summary = "extended XYZ (.extxyz, .xyz; .gz too)"
-    labels = "info[energy_key], arrays[forces_key], info[stress_key] and info[virials_key], as written"
     suffixes = EXTXYZ_SUFFIXES
 
     def chunks(self, source: int, path: Path, shard_size: int) -> Iterator[Chunk]:

@@ -1,8 +1,9 @@
 """mace ``preprocess_data`` HDF5 files, read defensively: every problem is a :class:`StructureError`.
 
 A file holds groups ``config_batch_N/config_M``, each a configuration (``atomic_numbers``,
-``positions``, ``cell``, ``pbc``, ``properties/{energy,forces}``, ``property_weights``,
-``config_type``, ``weight``; mace writes ``stress`` and ``virials`` among the properties too; absent values are stored as the string ``"None"``). A damaged
+``positions``, ``cell``, ``pbc``, ``properties/{energy,forces,stress,virials}``,
+``property_weights``, ``config_type``, ``weight``; absent values are stored as the string
+``"None"``). A damaged
 file, a stray group, an empty file or an impossible value names the file, the frame (0-based,
 in key order) and the configuration, never a bare h5py or ASE exception.
 """
@@ -120,9 +121,9 @@ def read_mace_h5(
     """``[(frame, ase.Atoms or StructureError)]`` for ``keys`` (from :func:`mace_h5_keys`), the
     frames numbered from ``first``, labels under ``labels``; a malformed configuration is a
     StructureError in its place."""
-    labels = labels or LabelKeys()
     import h5py
 
+    labels = labels or LabelKeys()
     path = Path(path)
     out: list[tuple[int, object]] = []
     try:
@@ -145,9 +146,9 @@ class MaceH5Format(Format):
 
     name = "mace-h5"
     summary = "mace preprocess_data HDF5 (.h5, .hdf5; a folder of shards)"
-    labels = "properties/{energy,forces,stress,virials}, property_weights/*, config_type, weight"
     suffixes = H5_SUFFIXES
     folder_suffixes = H5_SUFFIXES
+    names_handles = True
 
     def handle_name(self, handle: object) -> str:
         batch, config = handle  # type: ignore[misc]
