@@ -104,7 +104,6 @@ def bench_prepare(workdir: Path, frames: int = 20_000, workers: Sequence[int] = 
     """Prepare throughput against ``ase.io.iread`` alone on the same file: per worker against one
     ``iread`` (``per_worker_vs_parse``), and against as many ``iread`` processes running at once
     on parts of the file as there are workers (``vs_parallel_parse``: the same cores busy)."""
-    from workbench.data.prepare import prepare
 
     path, n = _tiled_extxyz(workdir, frames)
     t0 = time.perf_counter()
@@ -127,21 +126,10 @@ def bench_prepare(workdir: Path, frames: int = 20_000, workers: Sequence[int] = 
                 "graphs_per_s": graphs / parallel_s,
                 "atoms_per_s": atoms / parallel_s,
             }
-        out = workdir / f"prepared_w{w}"
-        shutil.rmtree(out, ignore_errors=True)
-        t0 = time.perf_counter()
-        store = prepare([path], out, workers=w, progress=False)
-        s = time.perf_counter() - t0
-        rate = len(store) / s
-        rows[f"prepare --workers {w}"] = {
-            "workers": w,
-            "seconds": s,
-            "graphs_per_s": rate,
-            "atoms_per_s": int(store.column("atoms").sum()) / s,
-            "per_worker_vs_parse": rate / w / (graphs / parse_s),
-            "vs_parallel_parse": parallel_s / s,
-        }
-        shutil.rmtree(out, ignore_errors=True)
+        row = _timed_prepare(path, workdir / f"prepared_w{w}", w)
+        row["per_worker_vs_parse"] = row["graphs_per_s"] / w / (graphs / parse_s)
+        row["vs_parallel_parse"] = parallel_s / row["seconds"]
+        rows[f"prepare --workers {w}"] = row
     rows.update(_prepare_aselmdb(workdir, path, n, workers, rows))
     return {"file": str(path), "frames": n, "atoms": atoms, "bytes": path.stat().st_size, "rows": rows}
 
@@ -165,26 +153,32 @@ def _aselmdb_copy(workdir: Path, path: Path, n: int) -> Path:
 def _prepare_aselmdb(workdir: Path, path: Path, n: int, workers: Sequence[int], rows: dict) -> dict:
     """``data prepare`` from the same frames as ``.aselmdb``, at each worker count, against the
     extxyz route's rate in ``rows`` (``vs_extxyz``)."""
-    from workbench.data.prepare import prepare
 
     db = _aselmdb_copy(workdir, path, n)
     out_rows = {}
     for w in workers:
-        out = workdir / f"prepared_lmdb_w{w}"
-        shutil.rmtree(out, ignore_errors=True)
-        t0 = time.perf_counter()
-        store = prepare([db], out, workers=w, progress=False)
-        s = time.perf_counter() - t0
-        rate = len(store) / s
-        out_rows[f"prepare .aselmdb --workers {w}"] = {
-            "workers": w,
-            "seconds": s,
-            "graphs_per_s": rate,
-            "atoms_per_s": int(store.column("atoms").sum()) / s,
-            "vs_extxyz": rate / rows[f"prepare --workers {w}"]["graphs_per_s"],
-        }
-        shutil.rmtree(out, ignore_errors=True)
+        row = _timed_prepare(db, workdir / f"prepared_lmdb_w{w}", w)
+        row["vs_extxyz"] = row["graphs_per_s"] / rows[f"prepare --workers {w}"]["graphs_per_s"]
+        out_rows[f"prepare .aselmdb --workers {w}"] = row
     return out_rows
+
+
+def _timed_prepare(source: Path, out: Path, workers: int) -> dict:
+    """One ``data prepare`` of ``source`` into a fresh ``out`` (removed after): its time and rates."""
+    from workbench.data.prepare import prepare
+
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    store = prepare([source], out, workers=workers, progress=False)
+    s = time.perf_counter() - t0
+    row = {
+        "workers": workers,
+        "seconds": s,
+        "graphs_per_s": len(store) / s,
+        "atoms_per_s": int(store.column("atoms").sum()) / s,
+    }
+    shutil.rmtree(out, ignore_errors=True)
+    return row
 
 
 class _ConfigOnly:
