@@ -1,5 +1,6 @@
 """Runs never mix or lose their records: the demo can be run again, a fresh start moves the
-earlier run aside, a resume refuses changed data, a full disk keeps the last good checkpoint."""
+earlier run aside, a resume refuses changed data, a full disk keeps the last good checkpoint
+and leaves no partial model file."""
 
 import subprocess
 import sys
@@ -122,3 +123,32 @@ def test_validation_elements_absent_from_training_are_named(small, tmp_path):
     cfg = _config(tmp_path, small, valid_dataset=str(valid))
     with pytest.warns(UserWarning, match=r"validation graphs hold elements that no training graph has: Li \(Z=3\)"):
         prepare_data(cfg)
+
+
+def test_export_on_a_full_disk_leaves_no_partial_model_and_a_rerun_says_it_was_done(small, tmp_path):
+    import math
+    import re
+
+    cfg = _config(tmp_path, small, max_steps=2, checkpoint_every=2)
+    done = subprocess.run(_train_cmd(cfg, tmp_path), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = RunDir(cfg.run_dir)
+    good = run.checkpoint.read_bytes()
+    cmd = _train_cmd(cfg.replace(export=True), tmp_path)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, preexec_fn=file_size_limit(64 << 10))
+    assert res.returncode == 2, res.stderr[-3000:]
+    errors = [line for line in res.stderr.splitlines() if line.startswith("workbench: error:")]
+    assert len(errors) == 1 and "cannot write the model" in errors[0] and "no partial file" in errors[0]
+    assert "Traceback" not in res.stderr
+    assert not run.model.exists() and not list(run.path.glob("*.model.tmp*"))
+    assert run.checkpoint.read_bytes() == good and not run.finished.exists()
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and run.model.stat().st_size > 64 << 10
+    said = re.search(r"done already: 2 steps in \d+ epochs, last loss (\S+);", again.stdout)
+    assert said and math.isfinite(float(said.group(1))), again.stdout  # was "final loss nan"
+
+
+def _train_cmd(cfg, tmp_path: Path) -> list[str]:
+    path = tmp_path / f"{cfg.name}-{len(list(tmp_path.glob('*.yaml')))}.yaml"
+    cfg.to_yaml(path)
+    return [str(BIN / "workbench"), "train", "--config", str(path)]

@@ -54,23 +54,30 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     return stale
 
 
-def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
-    """Write ``state`` atomically; the checkpoint it replaces is kept as ``*.prev.pt``."""
+def torch_save_atomic(obj: Any, path: str | os.PathLike, keep_previous: bool = False) -> Path:
+    """``torch.save(obj, path)`` that leaves either the old file or the whole new one, never part of
+    one: written to ``<path>.tmp<pid>`` and renamed. A full disk is one ``OSError`` and the temporary
+    is gone. ``keep_previous`` keeps the file it replaces as ``*.prev.pt``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
     buffer = io.BytesIO()
-    torch.save(state, buffer)  # serialised in memory, written with plain I/O: a full disk is one OSError
+    torch.save(obj, buffer)  # serialised in memory, written with plain I/O: a full disk is one OSError
     try:
         with open(tmp, "wb") as fh:
             fh.write(buffer.getbuffer())
     except OSError:
         tmp.unlink(missing_ok=True)
         raise
-    if path.exists():
+    if keep_previous and path.exists():
         os.replace(path, previous_path(path))
     os.replace(tmp, path)
     return path
+
+
+def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
+    """Write ``state`` atomically; the checkpoint it replaces is kept as ``*.prev.pt``."""
+    return torch_save_atomic(state, path, keep_previous=True)
 
 
 def _read(path: Path, trust: bool = False) -> dict[str, Any]:

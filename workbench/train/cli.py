@@ -37,8 +37,22 @@ def _run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     result = train(config, resume=not args.fresh)
     if result.model_path is not None:
-        print(f"done: {result.global_step} steps, final loss {result.final_loss:.4g}; model {result.model_path}")
+        print(done_line(result))
     return 0
+
+
+def done_line(result) -> str:
+    """The run's closing line. A rerun of a complete run takes no step: it says so, with the loss the
+    checkpoint recorded (none in checkpoints older than that record)."""
+    import math
+
+    loss = "unknown" if math.isnan(result.final_loss) else f"{result.final_loss:.4g}"
+    if result.steps_run == 0:
+        return (
+            f"done already: {result.global_step} steps in {result.epochs_done} epochs, last loss {loss}; "
+            f"nothing left to train (raise epochs or max_steps to go on, or --fresh); model {result.model_path}"
+        )
+    return f"done: {result.global_step} steps, final loss {loss}; model {result.model_path}"
 
 
 def _eval(args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ from workbench.limits import MAX_CUTOFF
 from workbench.packing.api import ALGORITHMS
 from workbench.train.losses import check_weights, loss_names
 from workbench.train.mace_order import NAME as MACE_ORDER
-from workbench.train.values import ConfigError, Interval, coerce, load_yaml
+from workbench.train.values import MAX_CONFIG_BYTES, ConfigError, Interval, brief, coerce, load_yaml
 
 #: The trainer's samplers: the packing algorithms of the registry, and mace_run_train's own batch
 #: order (workbench.train.mace_order). workbench.train.samplers.make_sampler builds them.
@@ -67,6 +67,8 @@ RANGES: dict[str, Interval] = {
     "prefetch_factor": Interval(1),
     "dist_timeout_s": Interval(1),
 }
+#: bounds that keep a typo from allocating gigabytes (mace's foundation models: [64, 64, 64])
+MAX_RADIAL_LAYERS, MAX_WIDTH = 16, 16384
 NULLABLE = ("max_structures", "ema_decay", "clip_grad", "max_steps")
 PATH_FIELDS = ("dataset", "valid_dataset")  # null means a default; an empty string is a mistake
 ON_NONFINITE = ("stop", "skip")
@@ -196,7 +198,7 @@ class TrainConfig:
             ("loss", LOSSES),
         ):
             if getattr(self, name) not in choices:
-                raise bad(name, f"{getattr(self, name)!r} is not one of {', '.join(choices)}")
+                raise bad(name, f"{brief(getattr(self, name))} is not one of {', '.join(choices)}")
         hints = _hints()
         for name, interval in RANGES.items():
             value = getattr(self, name)
@@ -207,9 +209,11 @@ class TrainConfig:
                 raise bad(
                     name, f"must be {interval.describe(kind)}{' or null' if name in NULLABLE else ''}, got {value}"
                 )
-        if not all(int(n) >= 1 for n in self.radial_mlp) or not self.radial_mlp:
+        if not 1 <= len(self.radial_mlp) <= MAX_RADIAL_LAYERS or not all(1 <= n <= MAX_WIDTH for n in self.radial_mlp):
             raise bad(
-                "radial_mlp", f"must be a non-empty list of layer widths >= 1, like [64, 64, 64], got {self.radial_mlp}"
+                "radial_mlp",
+                f"must be 1 to {MAX_RADIAL_LAYERS} layer widths in [1, {MAX_WIDTH}], like [64, 64, 64], "
+                f"got {brief(self.radial_mlp)}",
             )
         if self.energy_weight == 0 and self.forces_weight == 0:
             raise bad("forces_weight", "energy_weight and forces_weight are both 0: nothing to train on")
@@ -217,16 +221,18 @@ class TrainConfig:
         if mismatch:
             raise bad(*mismatch.split(": ", 1))
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
-            raise bad("device", f"{self.device!r} is not one of auto, cpu, cuda, cuda:N")
+            raise bad("device", f"{brief(self.device)} is not one of auto, cpu, cuda, cuda:N")
         for name in ("hidden_irreps", "mlp_irreps"):
             if not re.fullmatch(r"\s*\d+x\d[eo](\s*\+\s*\d+x\d[eo])*\s*", getattr(self, name)):
-                raise bad(name, f"{getattr(self, name)!r} is not an irreps string like '128x0e+128x1o'")
+                raise bad(name, f"{brief(getattr(self, name))} is not an irreps string like '128x0e+128x1o'")
+            if any(int(m) > MAX_WIDTH for m in re.findall(r"(\d+)x", getattr(self, name))):
+                raise bad(name, f"{brief(getattr(self, name))}: a multiplicity above {MAX_WIDTH}")
         if self.keep == "best" and self.valid_fraction == 0 and not self.valid_dataset:
             raise bad("keep", "'best' picks the epoch by validation loss: set valid_fraction > 0 or valid_dataset")
         if any(c in self.kernel_cache for c in "\n\r\0"):
-            raise bad("kernel_cache", f"{self.kernel_cache!r}: a folder path on one line")
+            raise bad("kernel_cache", f"{brief(self.kernel_cache)}: a folder path on one line")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
-            raise bad("name", f"{self.name!r}: use letters, digits, '.', '_' or '-' (it names the run directory)")
+            raise bad("name", f"{brief(self.name)}: use letters, digits, '.', '_' or '-' (it names the run directory)")
 
     def identity_changes(self, saved: dict[str, Any]) -> list[str]:
         """``field: saved -> now`` for every :data:`RUN_IDENTITY` field that differs from ``saved``."""
@@ -255,9 +261,11 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> TrainConfig:
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(map(str, set(data) - known))
         if unknown:
-            raise ConfigError(f"{source}: unknown TrainConfig field(s) {unknown}; valid fields: {sorted(known)}")
+            raise ConfigError(
+                f"{source}: unknown TrainConfig field(s) {brief(unknown)}; valid fields: {', '.join(sorted(known))}"
+            )
         return cls(**data)
 
     @classmethod
@@ -265,7 +273,13 @@ class TrainConfig:
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such config file")
-        data = load_yaml(path.read_text(), str(path)) or {}
+        if path.stat().st_size > MAX_CONFIG_BYTES:  # before reading it: a 90 MB "config" is a mistake
+            raise ConfigError(f"{path}: {path.stat().st_size:,} bytes; a config is at most {MAX_CONFIG_BYTES:,}")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); a config is a YAML file") from None
+        data = load_yaml(text, str(path)) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping of TrainConfig fields, got {type(data).__name__}")
         return cls.from_dict(data, source=str(path))
@@ -277,7 +291,7 @@ class TrainConfig:
         for item in items or []:
             key, sep, value = item.partition("=")
             if not sep:
-                raise ConfigError(f"{source} expects key=value, got {item!r}")
+                raise ConfigError(f"{source} expects key=value, got {brief(item)}")
             if not value.strip():  # "dataset=" would read as null: the embedded data, not what was meant
                 raise ConfigError(
                     f"{source} {item}: no value for {key.strip()}; give one (null for none), "

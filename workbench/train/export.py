@@ -15,8 +15,13 @@ from pathlib import Path
 
 import torch
 
+from workbench.train.checkpoint import torch_save_atomic
 from workbench.train.config import TrainConfig
 from workbench.train.rundir import RunDir
+
+
+class ExportError(ValueError):
+    """A model file that could not be written; the message names it and the way out."""
 
 
 def export_models(model: torch.nn.Module, ema, config: TrainConfig, run_dir: Path) -> Path:
@@ -24,14 +29,25 @@ def export_models(model: torch.nn.Module, ema, config: TrainConfig, run_dir: Pat
     if ema is not None:
         ema.copy_to(final.parameters())  # same parameter order: final is a deep copy of model
     if config.backend != "e3nn":
-        torch.save(final, RunDir(run_dir).accelerated_model(config.backend))
+        _write(final, RunDir(run_dir).accelerated_model(config.backend))
         from workbench.kernels import accelerate
 
         accelerate(final, backend="e3nn")
     path = RunDir(run_dir).model
-    torch.save(final, path)
+    _write(final, path)
     _warn_if_refused(path)
     return path
+
+
+def _write(model: torch.nn.Module, path: Path) -> None:
+    """Atomically: a full disk leaves the earlier file (or none), never a truncated model."""
+    try:
+        torch_save_atomic(model, path)
+    except OSError as exc:
+        raise ExportError(
+            f"{path}: cannot write the model ({exc.strerror or exc}); no partial file is left and the "
+            "checkpoint is kept: free space and run the same command again to export it"
+        ) from None
 
 
 def _warn_if_refused(path: Path) -> None:

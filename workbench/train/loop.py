@@ -19,6 +19,7 @@ on one :class:`~workbench.train.session.Session`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass
@@ -73,6 +74,7 @@ class TrainResult:
     epochs_done: int
     final_loss: float
     model_path: Path | None
+    steps_run: int = 0  # optimiser steps this call took (0: the run was already complete)
 
 
 def train(
@@ -185,6 +187,7 @@ def _train_locked(config: TrainConfig, structures: list | None, resume: bool, da
     restore(s, ckpt)
     wrap_ddp(s)
     s.done = config.max_steps is not None and s.global_step >= config.max_steps
+    first_step = s.global_step
     epoch_log = JsonlLog(s.run.epoch_log, EPOCH_FIELDS) if s.rank == 0 else contextlib.nullcontext()
     with JsonlLog(s.run.step_log(s.rank), STEP_FIELDS) as step_log, epoch_log as epoch_log, progress(s) as bar:
         while s.epoch < config.epochs and not s.done:
@@ -201,4 +204,4 @@ def _train_locked(config: TrainConfig, structures: list | None, resume: bool, da
                 checkpoint(s, s.epoch, 0)
             else:
                 checkpoint(s, s.epoch, consumed)
-    return _finish(s)
+    return dataclasses.replace(_finish(s), steps_run=s.global_step - first_step)

@@ -64,6 +64,7 @@ def restore(s: Session, ckpt: dict | None) -> None:
         s.ema.load_state_dict(ckpt["ema"])
     s.best = ckpt.get("best")
     s.epoch, s.global_step = ckpt["epoch"], ckpt["global_step"]
+    s.last_loss = float(ckpt.get("last_loss", float("nan")))  # absent before format of 2026-12
     saved = ckpt["config"]
     if saved.get("lr") is not None and saved["lr"] != s.config.lr:
         for group in s.optimizer.param_groups:
@@ -102,6 +103,7 @@ def checkpoint(s: Session, epoch: int, consumed: int) -> None:
                 "ema": s.ema.state_dict() if s.ema is not None else None,
                 "epoch": epoch,
                 "global_step": s.global_step,
+                "last_loss": s.last_loss,  # a rerun of a finished run reports it (it takes no step)
                 "stats": s.stats.to_dict(),
                 "sampler": [g["sampler"] for g in gathered],
                 "rng": [g["rng"] for g in gathered],

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 import types
 import typing
 from dataclasses import dataclass
@@ -56,10 +57,48 @@ _Loader.add_implicit_resolver(
 )
 
 
+#: A config is a page of settings: a larger file, or a value that aliases expand past this many
+#: nodes (a "billion laughs" of a few KB), is refused before anything walks it.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_NODES = 100_000
+MAX_CONFIG_DEPTH = 64
+#: the longest list a list field takes (families, radial_mlp); fields may bound it further
+MAX_LIST_ITEMS = 4096
+
+_brief = reprlib.Repr()  # keyword arguments only from Python 3.12
+_brief.maxlevel, _brief.maxlist, _brief.maxtuple, _brief.maxdict = 2, 8, 8, 8
+_brief.maxstring, _brief.maxother, _brief.maxlong = 60, 60, 40
+
+
+def brief(value: Any) -> str:
+    """``repr(value)`` cut to about 80 characters: an error line never prints a whole value."""
+    return _brief.repr(value)
+
+
+def _expanded_size(value: Any, source: str) -> int:
+    """Nodes of ``value`` with every alias expanded, counted once per shared object (memo by id)."""
+    memo: dict[int, int] = {}
+
+    def size(obj: Any, depth: int) -> int:
+        if not isinstance(obj, (list, dict)):
+            return 1
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"{source}: nested deeper than {MAX_CONFIG_DEPTH} levels (a recursive alias?)")
+        if id(obj) not in memo:
+            items = obj.items() if isinstance(obj, dict) else ((None, v) for v in obj)
+            memo[id(obj)] = 1 + sum(size(k, depth + 1) + size(v, depth + 1) for k, v in items)
+        return memo[id(obj)]
+
+    return size(value, 0)
+
+
 def load_yaml(text: str, source: str) -> Any:
-    """Parse YAML text; a syntax error becomes a :class:`ConfigError` naming ``source`` and the line."""
+    """Parse YAML text; a syntax error becomes a :class:`ConfigError` naming ``source`` and the line.
+    Text over :data:`MAX_CONFIG_BYTES`, or aliases expanding past :data:`MAX_CONFIG_NODES`, are refused."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{source}: {len(text):,} characters; a config is at most {MAX_CONFIG_BYTES:,}")
     try:
-        return yaml.load(text, Loader=_Loader)
+        data = yaml.load(text, Loader=_Loader)
     except _DuplicateKey as exc:
         raise ConfigError(
             f"{source}, line {exc.line}: key {exc.key!r} is given twice (first on line {exc.first_line}); keep one"
@@ -69,6 +108,12 @@ def load_yaml(text: str, source: str) -> Any:
         where = f"{source}, line {mark.line + 1}" if mark is not None else source
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{where}: not valid YAML ({problem})") from None
+    nodes = _expanded_size(data, source)
+    if nodes > MAX_CONFIG_NODES:
+        raise ConfigError(
+            f"{source}: its aliases expand to {nodes:,} values; a config holds at most {MAX_CONFIG_NODES:,}"
+        )
+    return data
 
 
 @dataclass(frozen=True)
@@ -107,7 +152,7 @@ def coerce(value: Any, hint: Any, field: str) -> Any:
     """``value`` as the type ``hint`` (``int``, ``float``, ``bool``, ``str``, ``list[...]``, ``X | None``)."""
 
     def bad(want: str) -> ConfigError:
-        return ConfigError(f"{field}: expected {want}, got {value!r}")
+        return ConfigError(f"{field}: expected {want}, got {brief(value)}")
 
     args = typing.get_args(hint)
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
@@ -121,6 +166,8 @@ def coerce(value: Any, hint: Any, field: str) -> Any:
             value = [v.strip() for v in value.strip().strip("[]").split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
             raise bad(f"a list like [{'64, 64' if args[0] is int else 'a, b'}]")
+        if len(value) > MAX_LIST_ITEMS:
+            raise ConfigError(f"{field}: {len(value):,} items; a list field takes at most {MAX_LIST_ITEMS:,}")
         return [coerce(v, args[0], f"{field}[{k}]") for k, v in enumerate(value)]
     if hint is bool:
         if isinstance(value, bool):
