@@ -9,6 +9,7 @@ entry here.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import numpy as np
 
 from workbench.packing import baselines
 from workbench.packing._kernels import level_steps as level_step_kernel
+from workbench.packing.checks import check_int, check_options
 from workbench.packing.core import PackingData, assign_to_csr, check_inputs, oversize_mask, round_to_replicas
 from workbench.packing.cost import CostModel
 from workbench.packing.metrics import packing_metrics
@@ -40,7 +42,7 @@ class Algorithm:
     ``"step"`` (its ``R`` batches together hold at most ``R * graphs_per_batch`` graphs, their
     split balanced by load, not count); None: no such option. ``randomized``: batches change
     with ``(seed, epoch)``. ``order_steps_by_load``: bins are ordered by load before being cut
-    into steps.
+    into steps. ``options``: the options it takes (``pack(..., **options)``), name -> default.
     """
 
     name: str
@@ -50,6 +52,7 @@ class Algorithm:
     randomized: bool
     order_steps_by_load: bool = False
     description: str
+    options: dict[str, Any]
 
     @property
     def takes_graphs_per_batch(self) -> bool:
@@ -57,16 +60,30 @@ class Algorithm:
         return self.count_bound is not None
 
 
+def _defaults(function: Callable, *internal: str) -> dict[str, Any]:
+    """The options of ``function``: its parameters with a default, but for those ``internal`` to
+    the package (read from the signature, so each default is written once, there)."""
+    params = inspect.signature(function).parameters.values()
+    return {p.name: p.default for p in params if p.default is not p.empty and p.name not in internal}
+
+
 # The two kinds of algorithm: what a kind implies is said once, here.
-def _to_capacity(name: str, run: Runner, description: str, **properties: Any) -> Algorithm:
-    """An algorithm that fills batches up to the capacity, never past it."""
-    return Algorithm(name=name, run=run, description=description, respects_capacity=True, **properties)
+def _to_capacity(name: str, run: Runner, description: str, takes: Callable, **properties: Any) -> Algorithm:
+    """An algorithm that fills batches up to the capacity, never past it; options those of ``takes``."""
+    options = _defaults(takes, "graph_order")
+    return Algorithm(name=name, run=run, description=description, respects_capacity=True, options=options, **properties)
 
 
-def _by_count(name: str, run: Runner, description: str, bound: Literal["batch", "step"]) -> Algorithm:
+def _by_count(name: str, run: Runner, description: str, bound: Literal["batch", "step"], takes: Callable) -> Algorithm:
     """A batcher that cuts shuffled graphs by count (per batch or per ``bound="step"``), blind to the capacity."""
     return Algorithm(
-        name=name, run=run, description=description, respects_capacity=False, count_bound=bound, randomized=True
+        name=name,
+        run=run,
+        description=description,
+        respects_capacity=False,
+        count_bound=bound,
+        randomized=True,
+        options=_defaults(takes),
     )
 
 
@@ -78,6 +95,7 @@ ALGORITHMS: dict[str, Algorithm] = {
             "paper",
             lambda c, cap, r, rng, **o: paper_bins(c, cap, r, **o),
             "Algorithm 1 of the paper (cyclic dealing of size-sorted graphs, adaptive reopening)",
+            paper_bins,
             randomized=False,
             order_steps_by_load=True,
         ),
@@ -85,16 +103,22 @@ ALGORITHMS: dict[str, Algorithm] = {
             "shuffled-paper",
             shuffled_paper_bins,
             "Algorithm 1 on a per-epoch window-shuffled size order (ours)",
+            shuffled_paper_bins,
             randomized=True,
             order_steps_by_load=True,
         ),
         _to_capacity(
-            "ffd", lambda c, cap, r, rng, **o: baselines.ffd(c, cap, **o), "first-fit decreasing", randomized=False
+            "ffd",
+            lambda c, cap, r, rng, **o: baselines.ffd(c, cap, **o),
+            "first-fit decreasing",
+            baselines.ffd,
+            randomized=False,
         ),
         _to_capacity(
             "dynamic",
             lambda c, cap, r, rng, **o: baselines.dynamic(c, cap, rng, **o),
             "PyG DynamicBatchSampler: greedy next-fit up to max_num on shuffled graphs",
+            baselines.dynamic,
             randomized=True,
         ),
         _by_count(
@@ -102,12 +126,14 @@ ALGORITHMS: dict[str, Algorithm] = {
             lambda c, cap, r, rng, **o: baselines.lpt(c, r, rng, **o),
             "fairchem-style: shuffled global batch per step, LPT-balanced across ranks",
             "step",
+            baselines.lpt,
         ),
         _by_count(
             "fixed-count",
             lambda c, cap, r, rng, **o: baselines.fixed_count(c, r, rng, **o),
             "PyG default: fixed graphs per batch, shuffled, split like DistributedSampler",
             "batch",
+            baselines.fixed_count,
         ),
     )
 }
@@ -170,7 +196,7 @@ def _layout(
     return flat, offsets
 
 
-def _inputs(
+def pack_inputs(
     costs, cost_field: str, atoms: np.ndarray | None, edges: np.ndarray | None, capacity: float, num_replicas: int
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Validated ``(costs, atoms, edges)`` from a plain cost array or a structured sizes array
@@ -218,6 +244,23 @@ def _assign(
     return assign, sub_bins + int(big.sum())
 
 
+def _batches(
+    spec: Algorithm,
+    raw: np.ndarray,
+    capacity: float,
+    num_replicas: int,
+    rng: np.random.Generator,
+    oversize: str,
+    level_steps: bool | None,
+    options: dict,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The batches of ``spec`` as CSR ``(flat, offsets)`` in rank/step layout (see :func:`pack`)."""
+    big = oversize_mask(raw, capacity, oversize) if spec.respects_capacity else np.zeros(raw.shape[0], dtype=bool)
+    assign, n_bins = _assign(spec, raw, capacity, num_replicas, rng, big, options)
+    level = spec.order_steps_by_load if level_steps is None else level_steps
+    return _layout(assign, n_bins, raw, num_replicas, capacity, spec.order_steps_by_load, level)
+
+
 def pack(
     costs,
     capacity: float,
@@ -241,40 +284,61 @@ def pack(
     costs : per-graph size (atoms, edges, or any cost such as
         :meth:`CostModel.graph_costs`), or a structured sizes array with fields
         ``atoms``/``edges``/``family`` (``cost_field`` picks the cost column).
-    capacity : maximum total cost of a batch.
-    num_replicas : number of ranks ``R``. The result has ``K`` batches with
-        ``K % R == 0``; batch ``k`` runs on rank ``k % R`` at step ``k // R``.
+    capacity : maximum total cost of a batch, a finite number > 0 (costs may be floats).
+    num_replicas : number of ranks ``R``. The ``K`` batches, ``K % R == 0``, run on rank ``k % R`` at step ``k // R``.
     algorithm : a key of :data:`ALGORITHMS`.
-    seed, epoch : randomised algorithms draw from ``default_rng([seed, epoch])``.
+    seed, epoch : randomised algorithms draw from ``default_rng([seed, epoch])``; integers
+        >= 0 (these, ``num_replicas`` and the options: :mod:`workbench.packing.checks`).
     atoms, edges : per-graph totals for the straggler cost model in ``metrics``.
     oversize : ``"error"`` (default) rejects graphs larger than ``capacity``
         naming them; ``"alone"`` gives each its own batch with a warning.
     level_steps : after ordering bins by load, re-deal (LPT) the graphs of any
         step whose max/mean load exceeds 1.001, if that keeps capacity. Default:
         on for the algorithms that order steps by load (paper, shuffled-paper).
-    options : algorithm options, e.g. ``graphs_per_batch`` (the algorithms that
-        ``takes_graphs_per_batch``), ``order`` (paper), ``window`` (shuffled-paper).
+    options : algorithm options (:attr:`Algorithm.options`), e.g. ``graphs_per_batch`` (the
+        algorithms that ``takes_graphs_per_batch``), ``order`` (paper), ``window``
+        (shuffled-paper); another name is refused, listing the algorithm's own.
     """
     spec = algorithm_named(algorithm)
-    raw, atoms, edges = _inputs(costs, cost_field, atoms, edges, capacity, num_replicas)
-    t0 = time.perf_counter()
-    big = oversize_mask(raw, capacity, oversize) if spec.respects_capacity else np.zeros(raw.shape[0], dtype=bool)
-    rng = np.random.default_rng([int(seed), int(epoch)])
-    assign, n_bins = _assign(spec, raw, capacity, num_replicas, rng, big, options)
-    level = spec.order_steps_by_load if level_steps is None else level_steps
-    flat, offsets = _layout(assign, n_bins, raw, int(num_replicas), float(capacity), spec.order_steps_by_load, level)
+    seed, epoch = check_int("seed", seed), check_int("epoch", epoch)
+    options = check_options(algorithm, options, spec.options)
+    raw, atoms, edges = pack_inputs(costs, cost_field, atoms, edges, capacity, num_replicas)
+    num_replicas = int(num_replicas)  # an int or a numpy integer (checked); the kernels get an int
+    t0, rng = time.perf_counter(), np.random.default_rng([seed, epoch])
+    flat, offsets = _batches(spec, raw, float(capacity), num_replicas, rng, oversize, level_steps, options)
     return Packing(
         flat=flat,
         offsets=offsets,
         costs=raw,
         capacity=float(capacity),
-        num_replicas=int(num_replicas),
+        num_replicas=num_replicas,
         algorithm=algorithm,
-        seed=int(seed),
-        epoch=int(epoch),
+        seed=seed,
+        epoch=epoch,
         atoms=None if atoms is None else np.asarray(atoms),
         edges=None if edges is None else np.asarray(edges),
         cost_model=cost_model,
         pack_seconds=time.perf_counter() - t0,
         options=dict(options, oversize=oversize, level_steps=level_steps),
     )
+
+
+#: pack's keywords that feed the metrics only, not the batches
+_METRICS_ONLY = ("atoms", "edges", "cost_model")
+#: pack's keywords that decide the batches, with pack's defaults (``level_steps`` is resolved)
+_BATCH_KEYWORDS = {"cost_field": "atoms", "oversize": "error", "level_steps": None}
+
+
+def batch_settings(algorithm: str, pack_options: dict) -> dict:
+    """Everything in ``pack_options`` (:func:`pack`'s keywords) that decides the batches, checked
+    and with every default filled in, so that settings giving the same batches compare equal;
+    the keywords that feed only the metrics (``atoms``, ``edges``, ``cost_model``) are left out."""
+    spec = algorithm_named(algorithm)
+    given = {k: v for k, v in pack_options.items() if k not in _METRICS_ONLY}
+    own = {k: v for k, v in given.items() if k not in _BATCH_KEYWORDS}
+    settings = {**_BATCH_KEYWORDS, **{k: v for k, v in given.items() if k in _BATCH_KEYWORDS}}
+    if settings["oversize"] not in ("error", "alone"):
+        raise ValueError(f"oversize must be 'error' or 'alone', got {settings['oversize']!r}")
+    if settings["level_steps"] is None:
+        settings["level_steps"] = spec.order_steps_by_load
+    return {**settings, **spec.options, **check_options(algorithm, own, spec.options)}

@@ -13,6 +13,12 @@ No algorithm produces empty batches: with fewer graphs than replicas it is an
 error, and when a packing's count is not a multiple of ``R`` the heaviest
 batches are split in two (:func:`round_to_replicas`) instead of padding with
 empty batches, which a DDP rank would still have to run.
+
+Graphs of cost 0 (an isolated atom has no edges under ``cost_field="edges"``) are valid and
+packed at their cost: they never fill a batch, so a packer bound by the capacity may gather many
+of them in one batch, and a split gives each half at least one graph, so every rank still gets a
+non-empty batch at every step. If such graphs do cost time, say so in their cost (atoms, or the
+cost model's ``a + b*atoms + c*edges``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import TypeVar
 import numpy as np
 
 from workbench.packing._kernels import csr_from_assign
+from workbench.packing.checks import EXACT_LIMIT, check_capacity, check_int
 from workbench.packing.cost import CostModel
 
 P = TypeVar("P", bound="PackingData")
@@ -126,11 +133,14 @@ def assign_to_csr(assign: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarr
 
 
 def _split_two(members: np.ndarray, costs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Split one bin into two of near-equal load (greedy, largest first)."""
+    """Split one bin of two or more graphs into two non-empty halves of near-equal load (greedy,
+    largest first). Equal loads go to the half with fewer graphs: graphs of cost 0 (isolated atoms
+    under ``cost_field="edges"``) would otherwise all land in the first half, leaving the second
+    empty."""
     members = members[np.argsort(-costs[members], kind="stable")]
     a, b, la, lb = [], [], 0.0, 0.0
     for i in members:
-        if la <= lb:
+        if (la, len(a)) <= (lb, len(b)):
             a.append(i)
             la += costs[i]
         else:
@@ -176,11 +186,9 @@ def round_to_replicas(assign: np.ndarray, n_bins: int, costs: np.ndarray, num_re
     return rank[assign], n_bins
 
 
-EXACT_LIMIT = float(2**53)
-
-
 def check_inputs(costs: np.ndarray, capacity: float, num_replicas: int) -> np.ndarray:
-    """Validate and return costs as a 1-D float or int array."""
+    """Validate and return costs as a 1-D float or int array (capacity and ``num_replicas`` as
+    :mod:`workbench.packing.checks` says)."""
     costs = np.asarray(costs)
     if costs.ndim != 1:
         raise ValueError(f"costs must be a 1-D array of per-graph sizes, got shape {costs.shape}")
@@ -189,18 +197,13 @@ def check_inputs(costs: np.ndarray, capacity: float, num_replicas: int) -> np.nd
     if costs.size and (not np.all(np.isfinite(costs)) or costs.min() < 0):
         bad = int(np.flatnonzero(~np.isfinite(costs) | (costs < 0))[0])
         raise ValueError(f"costs must be finite and >= 0; graph {bad} has cost {costs[bad]}")
-    if not (isinstance(capacity, (int, float, np.integer, np.floating)) and np.isfinite(capacity) and capacity > 0):
-        raise ValueError(f"capacity must be a finite number > 0, got {capacity!r}")
-    # Loads are summed in float64 (and int64): beyond 2**53 sums are no longer exact.
-    if capacity > EXACT_LIMIT:
-        raise ValueError(f"capacity {capacity:g} is beyond {EXACT_LIMIT:g} (2**53), where sums of sizes are not exact")
+    check_capacity(capacity)
     if costs.size and costs.max() > EXACT_LIMIT:
         bad = int(np.argmax(costs))
         raise ValueError(
             f"graph {bad} has cost {costs[bad]:g}, beyond {EXACT_LIMIT:g} (2**53), where sums of sizes are not exact"
         )
-    if int(num_replicas) != num_replicas or num_replicas < 1:
-        raise ValueError(f"num_replicas must be a positive integer, got {num_replicas}")
+    check_int("num_replicas", num_replicas, 1)
     if costs.shape[0] < num_replicas:
         raise ValueError(
             f"{costs.shape[0]} graphs cannot give every one of num_replicas={num_replicas} ranks a non-empty "

@@ -5,7 +5,8 @@ for one): give the dataset, get a ``torch.utils.data.DataLoader`` over
 :class:`~workbench.packing.sampler.BinPackingBatchSampler`, with the same guarantees as in the
 workbench's trainer: every rank gets the same number of batches, an epoch uses every graph once,
 the batches are a function of ``(seed, epoch, num_replicas)`` alone, and ``state_dict`` /
-``load_state_dict`` resume mid-epoch. A nequip config switches to it with::
+``load_state_dict`` resume mid-epoch (a state saved by a loader of other batches is refused,
+naming the setting that differs: :mod:`workbench.packing.state`). A nequip config switches to it with::
 
     train_dataloader:
       _target_: workbench.packing.loader.PackedDataLoader

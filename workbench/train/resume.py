@@ -76,13 +76,24 @@ def restore(s: Session, ckpt: dict | None) -> None:
     ]
     if changed:
         s.say(f"resume: applied {'; '.join(changed)}")
-    s.resume_sampler = ckpt["sampler"][s.rank]
+    s.resume_sampler = _sampler_state(s, ckpt["sampler"][s.rank])
     set_rng_state(ckpt["rng"][s.rank] if isinstance(ckpt["rng"], list) else ckpt["rng"])
     dropped = drop_after(s.run.step_log(s.rank), s.global_step)
     if s.rank == 0:
         drop_after(s.run.epoch_log, s.global_step)
         if dropped:
             s.say(f"resume: from step {s.global_step}; {dropped} step(s) logged after it will run again")
+
+
+def _sampler_state(s: Session, state) -> dict:
+    """This rank's sampler state, checked against its sampler now rather than at its epoch (an
+    older state, without the settings recorded since, comes back completed, after a warning)."""
+    try:
+        return s.sampler.check_state(state)
+    except ValueError as exc:
+        raise CheckpointError(
+            f"{s.run.checkpoint}: rank {s.rank}: {exc}; start afresh with --fresh (or another name)"
+        ) from None
 
 
 def checkpoint(s: Session, epoch: int, consumed: int) -> None:
