@@ -12,7 +12,13 @@ the ranks say                                the job
 ===========================================  ===============================================
 done                                         ends (exit 0)
 stopped by SIGUSR2 (time limit ahead)        is requeued; the next attempt resumes exactly
-stopped by SIGTERM                           SLURM already decided (requeue, scancel, preemption)
+stopped by SIGTERM, the job no longer         SLURM already decided (requeue, scancel, preemption)
+  RUNNING
+stopped by SIGTERM, the job still RUNNING    is requeued while failovers remain, as a lost rank:
+                                             SLURM decided nothing. A kill meant for an earlier
+                                             attempt does this: after a node failure, the node's
+                                             terminate request is delivered when it returns, and
+                                             the requeued job has the same job and step ids
 a rank raised an error of its own            ends FAILED: the same error would come back
 a rank vanished (killed, OOM, node lost)     is requeued while fewer than ``N`` failovers of
   and the others lost their peers            this job have happened; otherwise ends FAILED
@@ -45,6 +51,7 @@ PEER_LOST_PREFIXES = ("RuntimeError: [", "RuntimeError: Gloo", "RuntimeError: NC
 class Decision:
     requeue: bool
     why: str
+    failover: bool = False  # the requeue spends one of max_restarts (a time-limit requeue does not)
 
 
 def peer_lost(error: str) -> bool:
@@ -54,8 +61,16 @@ def peer_lost(error: str) -> bool:
     return error.startswith(PEER_LOST_PREFIXES) and ("gloo" in error.lower() or "nccl" in error.lower())
 
 
-def decide(markers: dict[int, dict], step_exit: int, world_size: int, used: int, max_restarts: int) -> Decision:
-    """The decision table of the module docstring, from one attempt's rank markers."""
+def decide(
+    markers: dict[int, dict],
+    step_exit: int,
+    world_size: int,
+    used: int,
+    max_restarts: int,
+    job_state: str | None = None,
+) -> Decision:
+    """The decision table of the module docstring, from one attempt's rank markers and the job's
+    state as ``scontrol`` sees it once the step has ended (None: unknown)."""
     states = {r: m.get("state") for r, m in markers.items()}
     if states.get(0) == "done":
         return Decision(False, "finished")
@@ -64,16 +79,35 @@ def decide(markers: dict[int, dict], step_exit: int, world_size: int, used: int,
         return Decision(True, "time limit ahead (SIGUSR2): requeued to resume from the checkpoint")
     vanished = sorted(r for r in range(world_size) if states.get(r) in (None, "running"))
     if "TERM" in signals and not vanished:
-        return Decision(False, "stopped by SIGTERM; SLURM decides what follows")
+        if job_state != "RUNNING":
+            return Decision(False, "stopped by SIGTERM; SLURM decides what follows")
+        return _failover("a SIGTERM that SLURM followed with no cancel, requeue or preemption", used, max_restarts)
     own = sorted(r for r, m in markers.items() if m.get("state") == "failed" and not peer_lost(m.get("error", "")))
     if own:
         return Decision(False, f"rank {own[0]} failed: {markers[own[0]].get('error', '?')[:300]}; not requeued")
     if step_exit == 0 and not vanished:
         return Decision(False, "the step ended without a failure")
     who = f"rank(s) {', '.join(map(str, vanished))} vanished" if vanished else f"the step failed ({step_exit})"
+    return _failover(who, used, max_restarts)
+
+
+def _failover(who: str, used: int, max_restarts: int) -> Decision:
     if used >= max_restarts:
         return Decision(False, f"{who}; no failover left ({used} of max_restarts={max_restarts} used)")
-    return Decision(True, f"{who}; failover {used + 1} of {max_restarts}: requeued to resume from the checkpoint")
+    why = f"{who}; failover {used + 1} of {max_restarts}: requeued to resume from the checkpoint"
+    return Decision(True, why, failover=True)
+
+
+def _job_state(job: str) -> str | None:
+    """``JobState`` of ``job`` now; None when SLURM cannot say (the decision then leaves it to SLURM)."""
+    from workbench.launch.errors import LaunchError
+    from workbench.launch.slurm import job_info
+
+    try:
+        info = job_info(job) if job else None
+    except (LaunchError, OSError):
+        return None
+    return info.state if info is not None else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,10 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     paths = RunDir(args.run_dir)
     used = sum(1 for r in read_jsonl(paths.failovers) if str(r.get("job_id")) == job)
     world = int(os.environ.get("SLURM_NTASKS") or 0) or len(paths.rank_markers())
-    d = decide(paths.read_rank_markers(attempt), args.step_exit, world, used, args.max_restarts)
+    markers = paths.read_rank_markers(attempt)
+    stopped_by_term = any(m.get("signal") == "TERM" for m in markers.values())
+    state = _job_state(job) if stopped_by_term else None  # asked only where the table needs it
+    d = decide(markers, args.step_exit, world, used, args.max_restarts, job_state=state)
     print(f"workbench: job {job} attempt {attempt}: {d.why}", file=sys.stderr, flush=True)
     if d.requeue:
-        if args.step_exit != 0:  # a failover, not a time-limit requeue: it spends the budget
+        if d.failover:  # not a time-limit requeue: it spends the budget
             nodes = os.environ.get("SLURM_JOB_NODELIST")
             with JsonlLog(paths.failovers) as log:
                 log.write({"job_id": job, "attempt": attempt, "nodes": nodes, "why": d.why, "time": time.time()})
