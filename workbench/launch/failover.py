@@ -14,19 +14,20 @@ done                                         ends (exit 0)
 stopped by SIGUSR2 (time limit ahead)        is requeued; the next attempt resumes exactly
 stopped by SIGTERM, the job no longer         SLURM already decided (requeue, scancel, preemption)
   RUNNING
-stopped by SIGTERM, the job still RUNNING    is requeued while failovers remain, as a lost rank:
-                                             SLURM decided nothing. A kill meant for an earlier
-                                             attempt does this: after a node failure, the node's
-                                             terminate request is delivered when it returns, and
-                                             the requeued job has the same job and step ids
+stopped by SIGTERM, the job still RUNNING    is requeued, up to ``STRAY_SIGTERM_LIMIT`` times a
+                                             job, without spending a failover: SLURM decided
+                                             nothing. A kill meant for an earlier attempt does
+                                             this: after a requeue, a terminate request that timed
+                                             out is sent again and reaches the new attempt, which
+                                             has the same job and step ids
 a rank raised an error of its own            ends FAILED: the same error would come back
 a rank vanished (killed, OOM, node lost)     is requeued while fewer than ``N`` failovers of
   and the others lost their peers            this job have happened; otherwise ends FAILED
 ===========================================  ===============================================
 
-A requeue from here is safe where one from inside a rank was not: the step is over, so SLURM
-never sees a job whose tasks are still winding down. Each failover is one line in
-``<run_dir>/launch/failovers.jsonl``. The exit code is the step's, so a job that is not
+Each requeue is one line in ``<run_dir>/launch/failovers.jsonl`` (``kind``: ``failover`` or
+``stray-sigterm``). A requeue from here is safe where one from inside a rank was not: the step is over, so SLURM
+never sees a job whose tasks are still winding down. The exit code is the step's, so a job that is not
 requeued keeps the state its step earned.
 """
 
@@ -47,11 +48,17 @@ PEER_LOST = ("DistBackendError", "DistNetworkError", "DistStoreError", "Connecti
 PEER_LOST_PREFIXES = ("RuntimeError: [", "RuntimeError: Gloo", "RuntimeError: NCCL")
 
 
+#: requeues of one job after a SIGTERM that SLURM followed with nothing (a stale kill); a bound,
+#: so that a job someone keeps signalling with ``scancel -s TERM`` ends
+STRAY_SIGTERM_LIMIT = 3
+FAILOVER, STRAY = "failover", "stray-sigterm"
+
+
 @dataclass
 class Decision:
     requeue: bool
     why: str
-    failover: bool = False  # the requeue spends one of max_restarts (a time-limit requeue does not)
+    kind: str | None = None  # what the requeue is logged as: FAILOVER spends one of max_restarts
 
 
 def peer_lost(error: str) -> bool:
@@ -68,9 +75,11 @@ def decide(
     used: int,
     max_restarts: int,
     job_state: str | None = None,
+    strays: int = 0,
 ) -> Decision:
     """The decision table of the module docstring, from one attempt's rank markers and the job's
-    state as ``scontrol`` sees it once the step has ended (None: unknown)."""
+    state as ``scontrol`` sees it once the step has ended (None: unknown). ``used`` failovers and
+    ``strays`` stray-SIGTERM requeues of this job have happened."""
     states = {r: m.get("state") for r, m in markers.items()}
     if states.get(0) == "done":
         return Decision(False, "finished")
@@ -81,7 +90,12 @@ def decide(
     if "TERM" in signals and not vanished:
         if job_state != "RUNNING":
             return Decision(False, "stopped by SIGTERM; SLURM decides what follows")
-        return _failover("a SIGTERM that SLURM followed with no cancel, requeue or preemption", used, max_restarts)
+        who = "a SIGTERM that SLURM followed with no cancel, requeue or preemption (a stale kill)"
+        if strays >= STRAY_SIGTERM_LIMIT:
+            return Decision(False, f"{who}; not requeued: {strays} such requeues of this job already")
+        return Decision(
+            True, f"{who}: requeued to resume from the checkpoint ({strays + 1} of {STRAY_SIGTERM_LIMIT})", STRAY
+        )
     own = sorted(r for r, m in markers.items() if m.get("state") == "failed" and not peer_lost(m.get("error", "")))
     if own:
         return Decision(False, f"rank {own[0]} failed: {markers[own[0]].get('error', '?')[:300]}; not requeued")
@@ -95,7 +109,7 @@ def _failover(who: str, used: int, max_restarts: int) -> Decision:
     if used >= max_restarts:
         return Decision(False, f"{who}; no failover left ({used} of max_restarts={max_restarts} used)")
     why = f"{who}; failover {used + 1} of {max_restarts}: requeued to resume from the checkpoint"
-    return Decision(True, why, failover=True)
+    return Decision(True, why, FAILOVER)
 
 
 def _job_state(job: str) -> str | None:
@@ -119,18 +133,20 @@ def main(argv: list[str] | None = None) -> int:
     job = os.environ.get("SLURM_JOB_ID", "")
     attempt = f"{job}.{int(os.environ.get('SLURM_RESTART_COUNT') or 0)}"
     paths = RunDir(args.run_dir)
-    used = sum(1 for r in read_jsonl(paths.failovers) if str(r.get("job_id")) == job)
+    kinds = [r.get("kind", FAILOVER) for r in read_jsonl(paths.failovers) if str(r.get("job_id")) == job]
+    used, strays = kinds.count(FAILOVER), kinds.count(STRAY)
     world = int(os.environ.get("SLURM_NTASKS") or 0) or len(paths.rank_markers())
     markers = paths.read_rank_markers(attempt)
     stopped_by_term = any(m.get("signal") == "TERM" for m in markers.values())
     state = _job_state(job) if stopped_by_term else None  # asked only where the table needs it
-    d = decide(markers, args.step_exit, world, used, args.max_restarts, job_state=state)
+    d = decide(markers, args.step_exit, world, used, args.max_restarts, job_state=state, strays=strays)
     print(f"workbench: job {job} attempt {attempt}: {d.why}", file=sys.stderr, flush=True)
     if d.requeue:
-        if d.failover:  # not a time-limit requeue: it spends the budget
+        if d.kind is not None:  # not a time-limit requeue
             nodes = os.environ.get("SLURM_JOB_NODELIST")
+            record = {"job_id": job, "attempt": attempt, "kind": d.kind, "nodes": nodes, "why": d.why}
             with JsonlLog(paths.failovers) as log:
-                log.write({"job_id": job, "attempt": attempt, "nodes": nodes, "why": d.why, "time": time.time()})
+                log.write({**record, "time": time.time()})
         out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
         msg = "requeued" if out.returncode == 0 else f"could not requeue: {out.stderr.strip()}"
         print(f"workbench: job {job} {msg}", file=sys.stderr, flush=True)
