@@ -95,3 +95,31 @@ def test_a_stress_weight_without_stress_labels_is_refused(tmp_path):
 
     with pytest.raises(ConfigError, match="stress_weight: 1, but no training graph has a stress label"):
         train(tiny(tmp_path, "nolabel", loss="stress", stress_weight=1.0, families=["water_clusters"]))
+
+
+def test_a_non_finite_stress_error_names_its_graph():
+    """The graphs a non-finite step names include one whose only bad number is its stress (or virials)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from workbench.train.step import _culprits
+
+    g = torch.Generator().manual_seed(7)
+    sizes = [3, 2, 4]
+    batch = SimpleNamespace(
+        ptr=torch.tensor([0, 3, 5, 9]),
+        batch=torch.repeat_interleave(torch.arange(3), torch.tensor(sizes)),
+        energy=torch.randn(3, generator=g, dtype=torch.float64),
+        forces=torch.randn(9, 3, generator=g, dtype=torch.float64),
+        stress=torch.randn(3, 3, 3, generator=g, dtype=torch.float64),
+        virials=torch.randn(3, 3, 3, generator=g, dtype=torch.float64),
+    )
+    out = {k: getattr(batch, k) + 0.1 for k in ("energy", "forces", "stress", "virials")}
+    assert _culprits(out, batch, [10, 11, 12]) == ([10, 11, 12], False)  # nothing stands out
+    out["stress"][1, 2, 0] = float("nan")
+    assert _culprits(out, batch, [10, 11, 12]) == ([11], True)
+    out["virials"][2, 0, 0] = float("inf")
+    assert _culprits(out, batch, [10, 11, 12]) == ([11, 12], True)
+    del out["stress"], out["virials"]  # an E+F run computes neither
+    assert _culprits(out, batch, [10, 11, 12]) == ([10, 11, 12], False)

@@ -109,13 +109,18 @@ def take_step(s: Session, batch, indices: Sequence[int] = ()) -> tuple[torch.Ten
 
 
 def _culprits(out: dict, batch, indices) -> tuple[list[int], bool]:
-    """The batch's graphs whose squared energy or force error is not finite (all, if none is)."""
+    """The batch's graphs whose squared energy, force, stress or virial error is not finite (all,
+    if none is); stress and virials where the model computed them."""
     indices = list(indices)
     with torch.no_grad():
         n = (batch.ptr[1:] - batch.ptr[:-1]).to(out["energy"].dtype)
         e_bad = ~torch.isfinite(((out["energy"] - batch.energy) / n) ** 2)
         f_bad = ~torch.isfinite(((out["forces"] - batch.forces) ** 2).sum(dim=1))
         bad = e_bad | torch.zeros_like(e_bad).index_put_((batch.batch,), f_bad, accumulate=True)
+        for key in ("stress", "virials"):
+            got, want = out.get(key), getattr(batch, key, None)
+            if got is not None and want is not None:
+                bad |= ~torch.isfinite(((got - want) ** 2).reshape(len(bad), -1).sum(dim=1))
     picked = [indices[k] for k in torch.nonzero(bad).flatten().tolist() if k < len(indices)]
     return (picked, True) if picked else (indices, False)
 
