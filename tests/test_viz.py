@@ -558,6 +558,20 @@ def test_fit_step_cost_model_recovers_coefficients(tmp_path):
 
 
 # ---------------------------------------------------------------- run monitor
+def test_stress_errors_get_a_panel_and_axis_of_their_own(tmp_path):
+    run = _fake_run(tmp_path)
+    epochs = [json.loads(line) for line in RunDir(run).epoch_log.read_text().splitlines()]
+    for e in epochs:
+        e["valid_s_mae_mev_a3"] = 4.0 - e["epoch"]
+    RunDir(run).epoch_log.write_text("".join(json.dumps(e) + "\n" for e in epochs))
+    fig = viz.loss_figure(run)
+    stress = [t for t in fig.data if t.name == "valid S MAE"]
+    assert len(stress) == 1 and list(stress[0].y) == [4.0, 3.0, 2.0]
+    assert stress[0].yaxis not in {t.yaxis for t in fig.data if "E MAE" in t.name or "F MAE" in t.name}
+    assert fig.layout[stress[0].yaxis.replace("y", "yaxis")].title.text == "stress MAE (meV/Å³)"
+    assert [a.text for a in fig.layout.annotations][-1] == "stress error per epoch"
+
+
 def test_run_monitor_reads_any_run_dir(tmp_path):
     run = _fake_run(tmp_path)
     series = viz.step_series(run)
@@ -566,6 +580,7 @@ def test_run_monitor_reads_any_run_dir(tmp_path):
     assert shares[1]["allreduce_s"] == pytest.approx(0.05) and shares[0]["allreduce_s"] == 0.0
     loss = viz.loss_figure(run)
     assert [t.name for t in loss.data[:2]] == ["rank 0", "rank 1"] and len(loss.data) == 6
+    assert len(loss.layout.annotations) == 2  # two panel titles: no stress panel for an E+F run
     times = viz.step_time_figure(run)
     assert sum(t.type == "bar" for t in times.data) == 3
     np.testing.assert_allclose(times.data[0].y, series[0]["step_s"])

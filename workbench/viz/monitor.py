@@ -50,40 +50,35 @@ def rank_time_shares(series: dict[int, dict[str, np.ndarray]], skip_first: int =
     return out
 
 
-def loss_figure(run_dir, title: str | None = None):
-    """Training loss per rank (log scale) and, per epoch, train/validation energy and force MAE."""
-    import plotly.graph_objects as go
+#: per-epoch error traces: (epoch field, legend name, dash, panel) with panel "e", "f" (the energy
+#: panel's second axis) or "s" (a third panel, drawn only for runs with stress)
+EPOCH_TRACES = (
+    ("train_e_mae_mev_atom", "train E MAE", "solid", "e"),
+    ("valid_e_mae_mev_atom", "valid E MAE", "dot", "e"),
+    ("train_f_mae_mev_a", "train F MAE", "solid", "f"),
+    ("valid_f_mae_mev_a", "valid F MAE", "dot", "f"),
+    ("train_s_mae_mev_a3", "train S MAE", "solid", "s"),
+    ("valid_s_mae_mev_a3", "valid S MAE", "dot", "s"),
+)
+_PANEL_COLOR = {"e": "#4C78A8", "f": "#E45756", "s": "#54A24B"}
 
+
+def loss_figure(run_dir, title: str | None = None):
+    """Training loss per rank (log scale); per epoch, train/validation energy and force MAE; and,
+    for a run that trains or validates stress, its MAE in a panel of its own (meV/Å³)."""
     from workbench.train.rundir import read_epochs
 
     series = step_series(run_dir)
     epochs = read_epochs(_run_dir(run_dir))
-    fig = panel_row(("loss per step", "error per epoch"), specs=[[{}, {"secondary_y": True}]])
+    shown = [t for t in EPOCH_TRACES if any(e.get(t[0]) is not None for e in epochs)]
+    stress = any(t[3] == "s" for t in shown)
+    titles = ("loss per step", "error per epoch", *(("stress error per epoch",) if stress else ()))
+    fig = panel_row(titles, specs=[[{}, {"secondary_y": True}, *([{}] if stress else [])]])
     for r, s in series.items():
         hover = f"rank {r}<br>step %{{x}}<br>loss %{{y:.4g}}<extra></extra>"
         _rank_line(fig, s, "loss", f"rank {r}", dict(color=RANK_COLORS[r % len(RANK_COLORS)], width=1.6), hover)
     if epochs:
-        x = [e["epoch"] for e in epochs]
-        for key, name, dash, sec in (
-            ("train_e_mae_mev_atom", "train E MAE", "solid", False),
-            ("valid_e_mae_mev_atom", "valid E MAE", "dot", False),
-            ("train_f_mae_mev_a", "train F MAE", "solid", True),
-            ("valid_f_mae_mev_a", "valid F MAE", "dot", True),
-            ("valid_s_mae_mev_a3", "valid S MAE (meV/Å³)", "dash", False),
-        ):
-            if any(e.get(key) is not None for e in epochs):
-                fig.add_trace(
-                    go.Scatter(
-                        x=x,
-                        y=[e.get(key) for e in epochs],
-                        mode="lines+markers",
-                        name=name,
-                        line=dict(dash=dash, color="#E45756" if sec else "#4C78A8"),
-                    ),
-                    row=1,
-                    col=2,
-                    secondary_y=sec,
-                )
+        _epoch_traces(fig, epochs, shown)
     else:
         fig.add_annotation(
             text="no finished epoch yet", showarrow=False, xref="x2 domain", yref="y2 domain", x=0.5, y=0.5
@@ -93,7 +88,28 @@ def loss_figure(run_dir, title: str | None = None):
     fig.update_xaxes(title_text="epoch", row=1, col=2)
     fig.update_yaxes(title_text="energy MAE (meV/atom)", row=1, col=2, secondary_y=False)
     fig.update_yaxes(title_text="force MAE (meV/Å)", row=1, col=2, secondary_y=True)
+    if stress:
+        fig.update_xaxes(title_text="epoch", row=1, col=3)
+        fig.update_yaxes(title_text="stress MAE (meV/Å³)", row=1, col=3)
     return style(fig, title or f"Run {_run_dir(run_dir).name}: loss", height=360)
+
+
+def _epoch_traces(fig, epochs: list[dict], shown) -> None:
+    import plotly.graph_objects as go
+
+    x = [e["epoch"] for e in epochs]
+    for key, name, dash, panel in shown:
+        trace = go.Scatter(
+            x=x,
+            y=[e.get(key) for e in epochs],
+            mode="lines+markers",
+            name=name,
+            line=dict(dash=dash, color=_PANEL_COLOR[panel]),
+        )
+        if panel == "s":
+            fig.add_trace(trace, row=1, col=3)
+        else:
+            fig.add_trace(trace, row=1, col=2, secondary_y=panel == "f")
 
 
 def _rank_line(fig, s: dict, key: str, name: str, line: dict, hover: str | None, **kw) -> None:
