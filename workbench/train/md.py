@@ -11,10 +11,11 @@ in mace-torch's own ``MACECalculator``, its hot ops are swapped for the workbenc
 * ``nvt``: Langevin at ``temperature`` (friction ``0.01 / fs``).
 
 Velocities start from a Maxwell-Boltzmann distribution at ``temperature`` (seeded), with the
-centre-of-mass motion removed. The summary gives the total-energy drift per atom per ps (the
-slope of a least-squares line through :math:`E_{tot}(t)`, meaningful in NVE), the largest
-excursion of :math:`E_{tot}` from its start, the temperature, and the speed in ns/day and
-ms/step (first step, which compiles, excluded).
+centre-of-mass motion removed. Graphs of a structure far from the origin are built centred
+(:mod:`workbench.data.neighbour_frame`); the trajectory keeps the structure's own coordinates.
+The summary gives the total-energy drift per atom per ps (the slope of a least-squares line
+through :math:`E_{tot}(t)`, meaningful in NVE), the largest excursion of :math:`E_{tot}` from its
+start, the temperature, and the speed in ns/day and ms/step (first step, which compiles, excluded).
 
 The starting frame gets the checks training data gets (``workbench.data.io.validate_structure``:
 no atoms closer than 0.5 Å, ...), and its elements must be the model's. A run whose temperature
@@ -36,6 +37,7 @@ import numpy as np
 
 from workbench.cli_args import Options, add_command, option_values
 from workbench.kernels.registry import BACKENDS
+from workbench.train.md_calculator import load_calculator
 
 __all__ = ["ENSEMBLES", "MDResult", "MDRunaway", "energy_drift", "load_calculator", "run_md", "temperature_limit"]
 
@@ -81,31 +83,6 @@ def energy_drift(time_ps: np.ndarray, total: np.ndarray, atoms: int) -> tuple[fl
     t, e = np.asarray(time_ps, dtype=float), np.asarray(total, dtype=float) / atoms
     slope = float(np.polyfit(t, e, 1)[0]) if t.size >= 2 and np.ptp(t) > 0 else 0.0
     return slope, float(np.max(np.abs(e - e[0]))) if e.size else 0.0
-
-
-def load_calculator(
-    model: str | os.PathLike,
-    backend: str = "numba",
-    device: str = "cpu",
-    dtype: str | None = None,
-    trust_model: bool = False,
-):
-    """mace-torch's ``MACECalculator`` for ``model`` with its hot ops on ``backend``. The file is
-    loaded without running code from it (:mod:`workbench.train.model_file`) unless ``trust_model``."""
-    from workbench.train.model_file import check_device, load_model
-
-    check_device(device)
-    from mace.calculators import MACECalculator
-
-    loaded = load_model(model, trust=trust_model, map_location="cpu")
-    if dtype is None:
-        dtype = str(next(loaded.parameters()).dtype).replace("torch.", "")
-    calc = MACECalculator(models=loaded, device=str(device), default_dtype=dtype)
-    if backend != "e3nn":
-        from workbench.kernels import accelerate
-
-        calc.models = [accelerate(m, backend=backend) for m in calc.models]
-    return calc
 
 
 def _check_elements(atoms, calc, model: str | os.PathLike) -> None:
