@@ -11,7 +11,8 @@ in mace-torch's own ``MACECalculator``, its hot ops are swapped for the workbenc
 * ``nvt``: Langevin at ``temperature`` (friction ``0.01 / fs``).
 
 Velocities start from a Maxwell-Boltzmann distribution at ``temperature`` (seeded), with the
-centre-of-mass motion removed. Graphs of a structure far from the origin are built centred
+centre-of-mass motion removed (except for a single atom, whose only motion it is: it starts at
+exactly ``temperature``). Graphs of a structure far from the origin are built centred
 (:mod:`workbench.data.neighbour_frame`); the trajectory keeps the structure's own coordinates.
 The summary gives the total-energy drift per atom per ps (the slope of a least-squares line
 through :math:`E_{tot}(t)`, meaningful in NVE), the largest excursion of :math:`E_{tot}` from its
@@ -142,17 +143,23 @@ def temperature_limit(target_k: float) -> float:
 
 def _thermalise(atoms, temperature: float, seed: int) -> None:
     """Maxwell-Boltzmann velocities at ``temperature`` (seeded), no centre-of-mass motion, no
-    rotation for a molecule (a periodic cell has no rotation to remove)."""
+    rotation for a molecule (a periodic cell has no rotation to remove). A single atom keeps its
+    velocity: its only motion is the centre of mass's, and ASE's rescaling of what is left after
+    removing it divides by zero (a NaN temperature); it starts at exactly ``temperature``."""
     from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary, ZeroRotation
 
-    MaxwellBoltzmannDistribution(atoms, temperature_K=temperature, rng=np.random.default_rng(seed))
+    single = len(atoms) == 1  # its kinetic energy is set to 3/2 k_B T: one draw of 3 dof scatters widely
+    MaxwellBoltzmannDistribution(atoms, temperature_K=temperature, rng=np.random.default_rng(seed), force_temp=single)
+    if single:
+        return
     Stationary(atoms)
     if not atoms.pbc.any():
         ZeroRotation(atoms)
 
 
 def _integrator(atoms, ensemble: str, timestep_fs: float, temperature: float, seed: int):
-    """Velocity Verlet for ``nve``; Langevin at ``temperature`` for ``nvt`` (its own seeded stream)."""
+    """Velocity Verlet for ``nve``; Langevin at ``temperature`` for ``nvt`` (its own seeded stream;
+    a single atom's centre of mass is thermostatted too, it has no other motion)."""
     from ase import units
     from ase.md.langevin import Langevin
     from ase.md.verlet import VelocityVerlet
@@ -166,6 +173,7 @@ def _integrator(atoms, ensemble: str, timestep_fs: float, temperature: float, se
         temperature_K=temperature,
         friction=LANGEVIN_FRICTION_PER_FS / units.fs,
         rng=np.random.default_rng(seed + 1),
+        **({"fixcm": False} if len(atoms) == 1 else {}),  # fixing the only atom's motion divides by N - 1 = 0
     )
 
 
@@ -233,6 +241,11 @@ class _Recorder:
     def _check_runaway(self, epot: float, kelvin: float) -> None:
         if math.isfinite(epot) and kelvin <= self.limit_k:  # also False for a NaN temperature
             return
+        if self.dyn.nsteps == 0 and not math.isfinite(kelvin):  # no step taken: not the timestep's fault
+            raise MDRunaway(
+                f"md: the starting velocities give a temperature of {kelvin} K before any step, so no timestep "
+                "will help; check the structure's masses (ase.Atoms.get_masses())"
+            )
         what = f"the temperature reached {kelvin:.3g} K" if math.isfinite(epot) else f"the energy became {epot}"
         raise MDRunaway(
             f"md: {what} at step {self.dyn.nsteps} (limit {self.limit_k:g} K: {RUNAWAY_FACTOR:g} x --temperature "
