@@ -34,7 +34,10 @@ def load_calculator(
     trust_model: bool = False,
 ):
     """mace-torch's ``MACECalculator`` for ``model`` with its hot ops on ``backend``. The file is
-    loaded without running code from it (:mod:`workbench.train.model_file`) unless ``trust_model``."""
+    loaded without running code from it (:mod:`workbench.train.model_file`) unless ``trust_model``.
+
+    The backend is applied whatever the file holds: a file saved after ``accelerate()`` runs
+    mace's e3nn modules again under ``backend="e3nn"``, so what runs is what the summary names."""
     from workbench.kernels import accelerate
     from workbench.train.model_file import check_device, load_model
 
@@ -43,6 +46,5 @@ def load_calculator(
     if dtype is None:
         dtype = str(next(loaded.parameters()).dtype).replace("torch.", "")
     calc = _calculator_class()(models=loaded, device=str(device), default_dtype=dtype)
-    if backend != "e3nn":
-        calc.models = [accelerate(m, backend=backend) for m in calc.models]
+    calc.models = [accelerate(m, backend=backend) for m in calc.models]
     return calc
