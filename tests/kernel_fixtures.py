@@ -60,6 +60,15 @@ def build_model(
     return model
 
 
+def save_md_model(path, atomic_numbers: tuple[int, int]):
+    """A random float64 ``ScaleShiftMACE`` (8x0e+8x1o, two elements: ``atomic_numbers``), saved at
+    ``path`` as mace saves models; returns ``path``."""
+    model = build_model("ScaleShiftMACE", "8x0e+8x1o", 2, 2, 2, dtype=torch.float64)
+    model.atomic_numbers = torch.tensor(list(atomic_numbers))
+    torch.save(model, path)
+    return path
+
+
 @functools.cache
 def mace_contraction(correlation: int, max_ell: int) -> torch.nn.Module:
     """mace's own SymmetricContraction, 1x(0e..max_ell) -> 1x0e+1x1o for 2 elements, float64,

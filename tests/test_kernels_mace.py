@@ -133,6 +133,23 @@ def test_accelerate_arguments():
         accelerate(torch.nn.Sequential(torch.nn.Linear(3, 3)))
 
 
+def test_one_op_may_be_named_alone():
+    """``ops="symmetric_contraction"`` is that op, not its letters (issue 47, AC23); a wrong name
+    is refused with the valid ones listed."""
+    from workbench.kernels.acceleration import model_ops
+
+    model = build_model(*CONFIGS[1], dtype=torch.float64)
+    assert accelerate(model, ops="symmetric_contraction") is model
+    assert sum(isinstance(m, SymmetricContraction) for m in model.modules()) == 2
+    assert getattr(model.interactions[0], "conv_fusion", None) is None  # the other op untouched
+    n = len(model_ops(model))
+    accelerate(model, ops="channelwise_tp")
+    assert len(model_ops(model)) > n
+    for bad in ("symmetric", ["symmetric_contraction", 3]):
+        with pytest.raises(ValueError, match=r"unknown op .* valid ops: symmetric_contraction, channelwise_tp"):
+            accelerate(model, ops=bad)
+
+
 def test_saved_model_loads_in_a_process_without_cuda(tmp_path):
     """A fresh interpreter (no GPU, no CUDA target) loads the pickled model and runs it."""
     cfg = CONFIGS[1]

@@ -74,3 +74,35 @@ def test_cli_errors_name_the_problem(tiny_model, args, message):
     args = [a.format(structure=structure) for a in args]
     res = run_workbench("md", model, *args, timeout=300)
     assert res.returncode == 2 and message in res.stderr
+
+
+def _count_forwards(monkeypatch, cls) -> list:
+    calls: list = []
+    original = cls.forward
+
+    def spy(self, *args, **kwargs):
+        calls.append(type(self).__name__)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "forward", spy)
+    return calls
+
+
+def test_backend_e3nn_on_an_accelerated_file_runs_e3nn(tiny_model, tmp_path, monkeypatch):
+    """A model file saved after accelerate() runs mace's e3nn modules under --backend e3nn, as the
+    summary says, and the workbench kernels under numba (issue 47, AC27b)."""
+    from mace.modules.symmetric_contraction import SymmetricContraction as MaceContraction
+
+    from workbench.kernels import SymmetricContraction, accelerate
+
+    model, structure = tiny_model
+    fast = accelerate(torch.load(model, weights_only=False), backend="numba")
+    torch.save(fast, tmp_path / "accelerated.model")
+    runs = {"ours": _count_forwards(monkeypatch, SymmetricContraction)}
+    runs["mace"] = _count_forwards(monkeypatch, MaceContraction)
+    for backend, runs_it, idle in (("e3nn", "mace", "ours"), ("numba", "ours", "mace")):
+        result = run_md(tmp_path / "accelerated.model", structure, steps=2, backend=backend, progress=False)
+        assert f"backend {backend}:" in result.summary()
+        assert runs[runs_it] and not runs[idle], (backend, {k: len(v) for k, v in runs.items()})
+        for calls in runs.values():
+            calls.clear()

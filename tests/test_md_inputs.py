@@ -1,6 +1,7 @@
 """``workbench md`` refuses bad inputs with one line naming the option or file, stops a run whose
 temperature runs away, and mace-torch's cuequivariance notice stays off the console."""
 
+import math
 import os
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import sys
 import ase.io
 import pytest
 import torch
-from kernel_fixtures import build_model
+from kernel_fixtures import build_model, save_md_model
 
 import workbench  # noqa: F401
 from workbench.cli import main
@@ -95,3 +96,45 @@ def test_mace_cuequivariance_notice_is_hidden_unless_asked(show):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0 and "imported" in res.stdout, res.stderr[-2000:]
     assert (NOTICE in res.stdout) == bool(show)
+
+
+@pytest.fixture(scope="module")
+def cu_model(tmp_path_factory):
+    """A random H/Cu mace model (for a copper cell and a lone atom)."""
+    return save_md_model(tmp_path_factory.mktemp("md_one_atom") / "hcu.model", (1, 29))
+
+
+@pytest.mark.parametrize("ensemble", ["nve", "nvt"])
+@pytest.mark.parametrize("structure", ["bulk Cu", "H atom"])
+def test_one_atom_runs(cu_model, ensemble, structure):
+    """ase.build.bulk("Cu") is a 1-atom cell (the atom sees its images) and a lone atom is one too:
+    no NaN temperature from removing the only motion there is (issue 47, PH13-15). The atom starts
+    at exactly --temperature (3 degrees of freedom) and, with no force on it, keeps its energy."""
+    from ase import Atoms
+    from ase.build import bulk
+
+    atoms = bulk("Cu") if structure == "bulk Cu" else Atoms("H", positions=[[0.0, 0.0, 0.0]])
+    result = run_md(cu_model, atoms, steps=5, ensemble=ensemble, timestep_fs=0.5, backend="e3nn", progress=False)
+    assert result.atoms == 1 and len(result.temperature_k) == 6
+    assert all(math.isfinite(t) and t > 0 for t in result.temperature_k)
+    assert result.temperature_k[0] == pytest.approx(300.0, rel=1e-9)
+    if ensemble == "nve":
+        assert result.max_excursion_ev_atom < 1e-9
+
+
+def test_one_atom_cell_on_the_command_line(cu_model, tmp_path, capsys):
+    from ase.build import bulk
+
+    ase.io.write(tmp_path / "cu.xyz", bulk("Cu"))
+    code = main(["md", str(cu_model), "--structure", str(tmp_path / "cu.xyz"), "--steps", "3"])
+    out = capsys.readouterr()
+    assert code == 0 and "NVE 3 steps of 0.5 fs, 1 atoms, backend numba" in out.out, out.err[-2000:]
+
+
+def test_non_finite_starting_velocities_are_not_blamed_on_the_timestep(files):
+    import ase.build
+
+    atoms = ase.build.molecule("H2O")
+    atoms.set_masses([0.0, 1.0, 1.0])
+    with pytest.raises(MDRunaway, match=r"temperature of nan K before any step, so no timestep will help"):
+        run_md(files / "tiny.model", atoms, steps=2, backend="e3nn", progress=False)

@@ -2,7 +2,8 @@
 
 We call ``mace.data.config_from_atoms`` and ``AtomicData.from_config`` rather than
 re-implementing them, so graphs, shifts and label weights are exactly what
-mace-torch's own training would build from the same extxyz.
+mace-torch's own training would build from the same extxyz (a non-periodic structure far from
+the origin is centred first: :mod:`workbench.data.neighbour_frame`).
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ def to_atomic_data(
     ``z_table`` defaults to the elements present in ``structures``; pass the
     model's table when the data is for an existing model.
     """
-    from mace.data import AtomicData, config_from_atoms
+    from mace.data import config_from_atoms
+
+    from workbench.data.neighbour_frame import graph_from_config
 
     if isinstance(structures, ase.Atoms):
         structures = [structures]
@@ -66,5 +69,5 @@ def to_atomic_data(
     out = []
     for atoms in structures:
         config = config_from_atoms(atoms, key_specification=spec, head_name=head)
-        out.append(AtomicData.from_config(config, z_table=z_table, cutoff=cutoff, heads=[head]))
+        out.append(graph_from_config(config, z_table, cutoff, heads=[head]))
     return out

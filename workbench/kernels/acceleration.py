@@ -21,16 +21,23 @@ AVAILABLE_OPS: tuple[str, ...] = ("symmetric_contraction", "channelwise_tp", "st
 KERNEL_BACKENDS: tuple[str, ...] = tuple(BACKENDS)
 
 
-def _check_ops(ops: Iterable[str] | None, known: tuple[str, ...], family: str) -> tuple[str, ...]:
-    ops = known if ops is None else tuple(ops)
+def _check_ops(ops: Iterable[str] | str | None, known: tuple[str, ...], family: str) -> tuple[str, ...]:
+    """``ops`` as a tuple of the family's op names; one name alone is that one op (a string is
+    iterable: ``tuple("channelwise_tp")`` would be its letters)."""
+    if ops is None:
+        return known
+    ops = (ops,) if isinstance(ops, str) else tuple(ops)
     for op in ops:
-        if op not in known:
-            raise ValueError(f"unknown op {op!r} for {family} models; known ops: {known}")
+        if not isinstance(op, str) or op not in known:
+            raise ValueError(f"accelerate: unknown op {op!r} for {family} models; valid ops: {', '.join(known)}")
     return ops
 
 
 def accelerate(
-    model: torch.nn.Module, backend: str = "numba", ops: Iterable[str] | None = None, precompile: bool | None = None
+    model: torch.nn.Module,
+    backend: str = "numba",
+    ops: Iterable[str] | str | None = None,
+    precompile: bool | None = None,
 ) -> torch.nn.Module:
     """Run the hot ops of ``model`` on ``backend`` (a name in :data:`KERNEL_BACKENDS`).
 
@@ -45,9 +52,9 @@ def accelerate(
         both in place, sharing the trained parameters (optimizers keep working).
         ``"e3nn"``: back to the family's own modules, in place, same parameters.
         ``"cueq"``: cuEquivariance through the family's converter; builds and returns a *new* model.
-    ops : tuple of str, optional
+    ops : str or tuple of str, optional
         op names to swap, among the family's (mace: ``"symmetric_contraction"``,
-        ``"channelwise_tp"``); ``None`` swaps every one. A block the kernels do not support
+        ``"channelwise_tp"``); one name alone is that op; ``None`` swaps every one. A block the kernels do not support
         raises ``TypeError`` naming its class. With ``backend="e3nn"`` the listed ops are restored.
     precompile : bool, optional
         ``backend="numba"`` on a model whose parameters are on a CUDA device: compile every

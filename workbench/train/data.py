@@ -11,7 +11,8 @@ Two sources, one split:
   the dataset.
 
 Both paths choose the same graphs in the same order for the same config and the same
-structures, and build identical ``AtomicData`` (``mace.data.AtomicData.from_config``).
+structures, and build identical ``AtomicData`` (``mace.data.AtomicData.from_config``, through
+:func:`workbench.data.neighbour_frame.graph_from_config`).
 """
 
 from __future__ import annotations
@@ -280,9 +281,10 @@ def check_graph_memory(structures: list, cutoff: float, fraction: float = 0.5) -
 
 
 def _from_structures(config: TrainConfig, structures: list | None) -> TrainData:
-    from mace.data import AtomicData, config_from_atoms
+    from mace.data import config_from_atoms
 
     from workbench.data.atomic_data import key_specification, z_table_for
+    from workbench.data.neighbour_frame import graph_from_config
 
     if structures is None:
         structures, frames, path = _load_with_frames(config)
@@ -302,7 +304,7 @@ def _from_structures(config: TrainConfig, structures: list | None) -> TrainData:
     z_table = z_table_for(chosen)
     spec = key_specification(config.energy_key, config.forces_key, config.stress_key, config.virials_key)
     configs = [config_from_atoms(a, key_specification=spec) for a in chosen]
-    data = [AtomicData.from_config(c, z_table=z_table, cutoff=config.cutoff) for c in configs]
+    data = [graph_from_config(c, z_table, config.cutoff) for c in configs]
     train, valid = data[n_valid:], data[:n_valid]
     atoms = np.array([int(d.num_nodes) for d in train], dtype=np.int64)
     edges = np.array([int(d.edge_index.shape[1]) for d in train], dtype=np.int64)
@@ -373,14 +375,13 @@ class StoreGraphs:
         )
 
     def __getitem__(self, k: int):
-        from mace.data import AtomicData
-
+        from workbench.data.neighbour_frame import graph_from_config
         from workbench.dtypes import default_dtype
 
         if not -len(self) <= k < len(self):
             raise IndexError(f"graph {k} out of range for {len(self)} graphs")
         with default_dtype(self.dtype):  # mace builds AtomicData in the default dtype
-            return AtomicData.from_config(self.configuration(k), z_table=self.z_table, cutoff=self.cutoff)
+            return graph_from_config(self.configuration(k), self.z_table, self.cutoff)
 
 
 def _from_store(config: TrainConfig, path: Path) -> TrainData:

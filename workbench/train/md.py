@@ -11,10 +11,12 @@ in mace-torch's own ``MACECalculator``, its hot ops are swapped for the workbenc
 * ``nvt``: Langevin at ``temperature`` (friction ``0.01 / fs``).
 
 Velocities start from a Maxwell-Boltzmann distribution at ``temperature`` (seeded), with the
-centre-of-mass motion removed. The summary gives the total-energy drift per atom per ps (the
-slope of a least-squares line through :math:`E_{tot}(t)`, meaningful in NVE), the largest
-excursion of :math:`E_{tot}` from its start, the temperature, and the speed in ns/day and
-ms/step (first step, which compiles, excluded).
+centre-of-mass motion removed (except for a single atom, whose only motion it is: it starts at
+exactly ``temperature``). Graphs of a structure far from the origin are built centred
+(:mod:`workbench.data.neighbour_frame`); the trajectory keeps the structure's own coordinates.
+The summary gives the total-energy drift per atom per ps (the slope of a least-squares line
+through :math:`E_{tot}(t)`, meaningful in NVE), the largest excursion of :math:`E_{tot}` from its
+start, the temperature, and the speed in ns/day and ms/step (first step, which compiles, excluded).
 
 The starting frame gets the checks training data gets (``workbench.data.io.validate_structure``:
 no atoms closer than 0.5 Å, ...), and its elements must be the model's. A run whose temperature
@@ -36,6 +38,7 @@ import numpy as np
 
 from workbench.cli_args import Options, add_command, option_values
 from workbench.kernels.registry import BACKENDS
+from workbench.train.md_calculator import load_calculator
 
 __all__ = ["ENSEMBLES", "MDResult", "MDRunaway", "energy_drift", "load_calculator", "run_md", "temperature_limit"]
 
@@ -81,31 +84,6 @@ def energy_drift(time_ps: np.ndarray, total: np.ndarray, atoms: int) -> tuple[fl
     t, e = np.asarray(time_ps, dtype=float), np.asarray(total, dtype=float) / atoms
     slope = float(np.polyfit(t, e, 1)[0]) if t.size >= 2 and np.ptp(t) > 0 else 0.0
     return slope, float(np.max(np.abs(e - e[0]))) if e.size else 0.0
-
-
-def load_calculator(
-    model: str | os.PathLike,
-    backend: str = "numba",
-    device: str = "cpu",
-    dtype: str | None = None,
-    trust_model: bool = False,
-):
-    """mace-torch's ``MACECalculator`` for ``model`` with its hot ops on ``backend``. The file is
-    loaded without running code from it (:mod:`workbench.train.model_file`) unless ``trust_model``."""
-    from workbench.train.model_file import check_device, load_model
-
-    check_device(device)
-    from mace.calculators import MACECalculator
-
-    loaded = load_model(model, trust=trust_model, map_location="cpu")
-    if dtype is None:
-        dtype = str(next(loaded.parameters()).dtype).replace("torch.", "")
-    calc = MACECalculator(models=loaded, device=str(device), default_dtype=dtype)
-    if backend != "e3nn":
-        from workbench.kernels import accelerate
-
-        calc.models = [accelerate(m, backend=backend) for m in calc.models]
-    return calc
 
 
 def _check_elements(atoms, calc, model: str | os.PathLike) -> None:
@@ -165,17 +143,23 @@ def temperature_limit(target_k: float) -> float:
 
 def _thermalise(atoms, temperature: float, seed: int) -> None:
     """Maxwell-Boltzmann velocities at ``temperature`` (seeded), no centre-of-mass motion, no
-    rotation for a molecule (a periodic cell has no rotation to remove)."""
+    rotation for a molecule (a periodic cell has no rotation to remove). A single atom keeps its
+    velocity: its only motion is the centre of mass's, and ASE's rescaling of what is left after
+    removing it divides by zero (a NaN temperature); it starts at exactly ``temperature``."""
     from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary, ZeroRotation
 
-    MaxwellBoltzmannDistribution(atoms, temperature_K=temperature, rng=np.random.default_rng(seed))
+    single = len(atoms) == 1  # its kinetic energy is set to 3/2 k_B T: one draw of 3 dof scatters widely
+    MaxwellBoltzmannDistribution(atoms, temperature_K=temperature, rng=np.random.default_rng(seed), force_temp=single)
+    if single:
+        return
     Stationary(atoms)
     if not atoms.pbc.any():
         ZeroRotation(atoms)
 
 
 def _integrator(atoms, ensemble: str, timestep_fs: float, temperature: float, seed: int):
-    """Velocity Verlet for ``nve``; Langevin at ``temperature`` for ``nvt`` (its own seeded stream)."""
+    """Velocity Verlet for ``nve``; Langevin at ``temperature`` for ``nvt`` (its own seeded stream;
+    a single atom's centre of mass is thermostatted too, it has no other motion)."""
     from ase import units
     from ase.md.langevin import Langevin
     from ase.md.verlet import VelocityVerlet
@@ -189,6 +173,7 @@ def _integrator(atoms, ensemble: str, timestep_fs: float, temperature: float, se
         temperature_K=temperature,
         friction=LANGEVIN_FRICTION_PER_FS / units.fs,
         rng=np.random.default_rng(seed + 1),
+        **({"fixcm": False} if len(atoms) == 1 else {}),  # fixing the only atom's motion divides by N - 1 = 0
     )
 
 
@@ -256,6 +241,11 @@ class _Recorder:
     def _check_runaway(self, epot: float, kelvin: float) -> None:
         if math.isfinite(epot) and kelvin <= self.limit_k:  # also False for a NaN temperature
             return
+        if self.dyn.nsteps == 0 and not math.isfinite(kelvin):  # no step taken: not the timestep's fault
+            raise MDRunaway(
+                f"md: the starting velocities give a temperature of {kelvin} K before any step, so no timestep "
+                "will help; check the structure's masses (ase.Atoms.get_masses())"
+            )
         what = f"the temperature reached {kelvin:.3g} K" if math.isfinite(epot) else f"the energy became {epot}"
         raise MDRunaway(
             f"md: {what} at step {self.dyn.nsteps} (limit {self.limit_k:g} K: {RUNAWAY_FACTOR:g} x --temperature "

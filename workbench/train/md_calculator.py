@@ -1,0 +1,50 @@
+"""The ASE calculator ``workbench md`` integrates with: mace-torch's ``MACECalculator``, the
+model's hot ops on the chosen kernel backend, and graphs built where the neighbour list can
+afford them (:mod:`workbench.data.neighbour_frame`)."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+__all__ = ["load_calculator"]
+
+
+@functools.cache
+def _calculator_class() -> type:
+    """``MACECalculator`` whose graph of a structure far from the origin is built centred; defined
+    on first use (importing mace costs seconds, the CLI's ``--help`` should not)."""
+    from mace.calculators import MACECalculator
+
+    from workbench.data.neighbour_frame import centred_atoms
+
+    class CentredMACECalculator(MACECalculator):
+        # Only the graph moves: ASE's own atoms (and the trajectory) keep the user's coordinates.
+        def _atoms_to_batch(self, atoms):
+            return super()._atoms_to_batch(centred_atoms(atoms))
+
+    return CentredMACECalculator
+
+
+def load_calculator(
+    model: str | os.PathLike,
+    backend: str = "numba",
+    device: str = "cpu",
+    dtype: str | None = None,
+    trust_model: bool = False,
+):
+    """mace-torch's ``MACECalculator`` for ``model`` with its hot ops on ``backend``. The file is
+    loaded without running code from it (:mod:`workbench.train.model_file`) unless ``trust_model``.
+
+    The backend is applied whatever the file holds: a file saved after ``accelerate()`` runs
+    mace's e3nn modules again under ``backend="e3nn"``, so what runs is what the summary names."""
+    from workbench.kernels import accelerate
+    from workbench.train.model_file import check_device, load_model
+
+    check_device(device)
+    loaded = load_model(model, trust=trust_model, map_location="cpu")
+    if dtype is None:
+        dtype = str(next(loaded.parameters()).dtype).replace("torch.", "")
+    calc = _calculator_class()(models=loaded, device=str(device), default_dtype=dtype)
+    calc.models = [accelerate(m, backend=backend) for m in calc.models]
+    return calc
