@@ -5,27 +5,11 @@ import json
 import ase.io
 import numpy as np
 import pytest
-import torch
 from cli_fixtures import run_workbench
-from kernel_fixtures import build_model
+from md_fixtures import tiny_model  # noqa: F401
 
 import workbench  # noqa: F401
 from workbench.train.md import energy_drift, run_md
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    """A random (non-zero) mace ScaleShiftMACE for H and O, saved as mace saves models, and a
-    water cluster of the embedded data."""
-    from workbench.data import load_embedded
-
-    d = tmp_path_factory.mktemp("md")
-    model = build_model("ScaleShiftMACE", "8x0e+8x1o", 2, 2, 2, dtype=torch.float64)
-    model.atomic_numbers = torch.tensor([1, 8])
-    torch.save(model, d / "tiny.model")
-    cluster = next(a for a in load_embedded() if a.info["config_type"] == "water_clusters")
-    ase.io.write(d / "cluster.xyz", cluster)
-    return d / "tiny.model", d / "cluster.xyz"
 
 
 def test_energy_drift_is_the_least_squares_slope_per_atom():
@@ -36,7 +20,7 @@ def test_energy_drift_is_the_least_squares_slope_per_atom():
     assert excursion == pytest.approx(np.max(np.abs(e / 10 - e[0] / 10)))
 
 
-def test_nve_20_steps_numba_matches_e3nn(tiny_model):
+def test_nve_20_steps_numba_matches_e3nn(tiny_model):  # noqa: F811
     model, structure = tiny_model
     runs = {
         b: run_md(model, structure, steps=20, backend=b, timestep_fs=0.25, progress=False) for b in ("numba", "e3nn")
@@ -50,7 +34,7 @@ def test_nve_20_steps_numba_matches_e3nn(tiny_model):
     assert a.max_excursion_ev_atom < 0.1 * np.ptp(np.asarray(a.potential_energy) / a.atoms)
 
 
-def test_cli_writes_trajectory_and_reports_drift(tiny_model, tmp_path):
+def test_cli_writes_trajectory_and_reports_drift(tiny_model, tmp_path):  # noqa: F811
     model, structure = tiny_model
     traj, out = tmp_path / "md.xyz", tmp_path / "md.json"
     options = ("--steps", 20, "--ensemble", "nvt", "--trajectory", traj, "--write-every", 5, "--json", out)
@@ -69,7 +53,7 @@ def test_cli_writes_trajectory_and_reports_drift(tiny_model, tmp_path):
         (["--structure", "{structure}", "--ensemble", "npt"], "invalid choice: 'npt'"),
     ],
 )
-def test_cli_errors_name_the_problem(tiny_model, args, message):
+def test_cli_errors_name_the_problem(tiny_model, args, message):  # noqa: F811
     model, structure = tiny_model
     args = [a.format(structure=structure) for a in args]
     res = run_workbench("md", model, *args, timeout=300)

@@ -35,8 +35,9 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,17 @@ def _marker(folder: Path, target: str, job: KernelJob) -> Path:
     return folder / "ready" / target / job.key
 
 
+def _write_marker(marker: Path, content: dict) -> None:
+    """A marker is a shortcut only: where it cannot be written (full disk) the next run checks
+    numba's cache instead."""
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps(content))
+    except OSError:
+        with suppress(OSError):  # a half-written marker would vouch for nothing
+            marker.unlink(missing_ok=True)
+
+
 # ----------------------------------------------------------------------------- workers
 def usable_cores() -> int:
     """The cores this process may run on."""
@@ -296,9 +308,7 @@ def _compile_all(
             if "error" in reply:
                 report.errors.append((job.label, reply["error"]))
             else:
-                marker = _marker(folder, tid, job)
-                marker.parent.mkdir(parents=True, exist_ok=True)
-                marker.write_text(json.dumps({"label": job.label, "seconds": reply["seconds"]}))
+                _write_marker(_marker(folder, tid, job), {"label": job.label, "seconds": reply["seconds"]})
                 times.append((job.label, round(reply["seconds"], 2)))
                 report.compiled += 1
             pbar.update(1)
@@ -325,7 +335,7 @@ def precompile(
     numba's cache; ``"ptx"``: PTX then ``ptxas`` for ``cc`` (default 9.0), no GPU needed,
     markers only. Kernels whose marker exists are skipped. A kernel that fails to compile is
     listed in ``errors`` (it compiles again at its launch, where the error is raised)."""
-    from workbench.kernels.backends.generated import source_dir
+    from workbench.kernels.backends.cache_folder import KernelCacheWarning, source_dir, unwritable
 
     if target not in ("device", "ptx"):
         raise ValueError(f"precompile: unknown target {target!r}; choose 'device' or 'ptx'")
@@ -339,6 +349,14 @@ def precompile(
     folder = source_dir()
     if all(_marker(folder, tid, j).exists() for j in jobs):  # all done: no need to queue behind another compile
         report.cached = len(jobs)
+        report.seconds = round(time.perf_counter() - t0, 3)
+        return report
+    why = unwritable(folder)
+    if why:  # a read-only or full cache: a run goes on, its kernels compile at their launch
+        warnings.warn(
+            KernelCacheWarning(f"kernel cache {folder}: cannot write ({why}); kernels compile at their first launch"),
+            stacklevel=2,
+        )
         report.seconds = round(time.perf_counter() - t0, 3)
         return report
     with node_lock(folder) as waited:

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from workbench.kernels.registry import backend_names
-from workbench.limits import MAX_CUTOFF
+from workbench.limits import MAX_CUTOFF, MAX_ELL_RANGE
 from workbench.packing.api import ALGORITHMS
 from workbench.train.losses import check_weights, loss_names
 from workbench.train.mace_order import NAME as MACE_ORDER
@@ -42,7 +42,7 @@ RANGES: dict[str, Interval] = {
     "valid_fraction": Interval(0.0, 1.0, hi_open=True),
     "max_structures": Interval(1),
     "num_interactions": Interval(1),
-    "max_ell": Interval(0, 4),
+    "max_ell": Interval(*MAX_ELL_RANGE),
     "correlation": Interval(1, 4),
     "num_bessel": Interval(1),
     "num_polynomial_cutoff": Interval(1),

@@ -1,50 +1,60 @@
 """Generated kernel modules: source written once under the cache directory and imported, so that
 numba's on-disk cache (``cache=True``) keeps their machine code and a configuration compiles
-once per machine, not once per process or rank."""
+once per machine, not once per process or rank.
+
+A cached source is trusted only byte for byte: one that differs (damaged, truncated, another
+encoding) is written again, atomically. The machine code numba cached for it recovers the same
+way (:func:`~workbench.kernels.backends.numba_cache.guard`). Where the folder cannot be written,
+or with ``WORKBENCH_CACHE=0``, the module is compiled in memory and nothing is written
+(:mod:`~workbench.kernels.backends.cache_folder` has the rule).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
+import linecache
 import os
+import re
 import sys
 import threading
 from pathlib import Path
 from types import ModuleType
 
-from workbench.cache_dir import cache_dir
-from workbench.kernels.options import ENV, kernel_options
+from workbench.kernels.backends.cache_folder import KERNEL_CACHE_ENV, folder_lock, reason, source_dir, warn_in_memory
+from workbench.kernels.backends.numba_cache import guard
+from workbench.kernels.options import kernel_options
 
 __all__ = ["KERNEL_CACHE_ENV", "load_module", "source_dir"]
 
 _LOCK = threading.RLock()
-
-
-#: the kernel cache folder; a cluster may point it at a shared filesystem, so that a kernel one
-#: job compiled is loaded by the next
-KERNEL_CACHE_ENV = ENV["kernel_cache"][0]
-
-
-def source_dir() -> Path:
-    """Where generated kernel modules (and numba's cache of their machine code) live:
-    ``$WORKBENCH_KERNEL_CACHE``, else ``$WORKBENCH_CACHE_DIR/kernels`` (default
-    ``~/.cache/cfm-workbench/kernels``)."""
-    cache = kernel_options().kernel_cache
-    if cache:
-        return Path(cache).expanduser()
-    return cache_dir("kernels")
+#: the disk-cache switch of a generated function's decorator: a module in memory has no file
+#: for numba to key its cache on ("no locator available"), so there it is turned off
+_CACHE_FLAG = re.compile(r"(?m)^(@[\w.]*jit\(.*?)\bcache=True")
 
 
 def load_module(text: str, prefix: str) -> ModuleType:
     """Import the module whose source is ``text``, named ``<prefix>_<digest of text>``: written to
     :func:`source_dir` first (atomically, so concurrent ranks never read half a file) and
-    registered in ``sys.modules`` (numba's cache re-imports a function's module by name)."""
+    registered in ``sys.modules`` (numba's cache re-imports a function's module by name). In
+    memory (no file) when the cache is off or its folder cannot be written."""
     name = f"{prefix}_{hashlib.sha1(text.encode()).hexdigest()[:20]}"
     with _LOCK:  # threads of one process: one writes and imports, the others get its module
         if name in sys.modules:
             return sys.modules[name]
-        return _write_and_import(name, text)
+        if not kernel_options().cache:
+            return _in_memory(name, text)
+        folder = source_dir()
+        try:
+            return _from_folder(folder, name, text)
+        except OSError as exc:
+            warn_in_memory(folder, reason(exc))
+        except RuntimeError as exc:
+            if "no locator available" not in str(exc):
+                raise
+            warn_in_memory(folder, "numba finds no writable folder for its machine code")
+        sys.modules.pop(name, None)
+        return _in_memory(name, text)
 
 
 def _mark_used(path: Path) -> None:
@@ -53,20 +63,58 @@ def _mark_used(path: Path) -> None:
         os.utime(path)
 
 
-def _write_and_import(name: str, text: str) -> ModuleType:
-    path = source_dir() / f"{name}.py"
-    if not path.exists() or path.read_text() != text:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(text)
+def _holds(path: Path, data: bytes) -> bool:
+    try:
+        return path.read_bytes() == data
+    except OSError:
+        return False
+
+
+def _write(path: Path, data: bytes) -> None:
+    """``data`` to ``path`` through a temporary file and ``os.replace``: readers see the old file or
+    the new one, never half of one; a failed write (full disk) leaves no temporary file."""
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
         os.replace(tmp, path)
-    else:
-        _mark_used(path)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _from_folder(folder: Path, name: str, text: str) -> ModuleType:
+    path = folder / f"{name}.py"
+    data = text.encode()
+    folder.mkdir(parents=True, exist_ok=True)
+    with folder_lock(folder, exclusive=False):  # a prune waits until the module is imported
+        if _holds(path, data):
+            _mark_used(path)
+        else:
+            _write(path, data)
+        module = _execute(name, text, str(path))
+    guard(module, folder)
+    return module
+
+
+def _in_memory(name: str, text: str) -> ModuleType:
+    filename = f"<{name}>"
+    text = _CACHE_FLAG.sub(r"\1cache=False", text)
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)  # for tracebacks and numba
+    return _execute(name, text, None)
+
+
+def _execute(name: str, text: str, path: str | None) -> ModuleType:
+    """Run ``text`` as module ``name`` (from its source, so that no bytecode file is written or
+    read: a damaged ``.pyc`` cannot break it)."""
+    code = compile(text, path or f"<{name}>", "exec")
+    module = ModuleType(name)
+    if path is not None:
+        module.__file__ = path
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        exec(code, module.__dict__)
     except BaseException:
         sys.modules.pop(name, None)
         raise

@@ -2,14 +2,19 @@
 for a while.
 
 Each generated kernel module is ``workbench_<kind>_<digest>.py`` in the cache folder
-(:func:`~workbench.kernels.backends.generated.source_dir`), with numba's machine code for it in
-``__pycache__`` (``<module>.<function>-<line>.py311.nbi`` and ``.nbc``) beside Python's bytecode.
+(:func:`~workbench.kernels.backends.generated.source_dir`), with numba's machine code for it
+(``<module>.<function>-<line>.py311.nbi`` and ``.nbc``) wherever numba keeps it: ``__pycache__``
+beside the module, or the folder numba derives from the cache folder under ``$NUMBA_CACHE_DIR`` or
+its user-wide cache (:func:`~workbench.kernels.backends.numba_cache.numba_folders`); all of them
+count towards a module's size and go with it.
 A new model configuration, dtype or workbench version writes new modules and never deletes the
 old ones, so a shared cache only grows. Loading a module refreshes its source's modification
 time, which is therefore its last use; :func:`prune` removes the modules (all their files) whose
-last use is older than a number of days, files in ``__pycache__`` whose module is gone, and
-temporary files a crashed writer left. A job that needs a pruned module writes and compiles it
-again, so pruning is safe, but best run when no job is starting.
+last use is older than a number of days, numba's files whose module is gone, and temporary files a
+crashed writer left. It holds the folder's lock
+(:func:`~workbench.kernels.backends.cache_folder.folder_lock`), so a process that is writing and
+importing a module finishes first; a job that needs a pruned module writes and compiles it
+again. Pruning is therefore safe while jobs run.
 """
 
 from __future__ import annotations
@@ -20,9 +25,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workbench.kernels.backends.cache_folder import folder_lock
+from workbench.kernels.backends.numba_cache import numba_folders
+
 __all__ = ["CachedModule", "PruneReport", "prune", "scan"]
 
 MODULE = re.compile(r"^(workbench_[a-z0-9_]+_[0-9a-f]{20})\.py$")
+#: numba's (and Python's) files of a generated module: its name, a dot, then anything
+CACHED = re.compile(r"^(workbench_[a-z0-9_]+_[0-9a-f]{20})\.")
 TEMPORARY = re.compile(r"^workbench_[a-z0-9_]+_[0-9a-f]{20}\.\d+\.\d+\.tmp$")
 DAY = 86400.0
 
@@ -57,12 +67,14 @@ def _size(path: Path) -> int | None:
 
 
 def _by_module(directory: Path) -> dict[str, list[Path]]:
-    """``__pycache__`` files grouped by the module name they start with."""
+    """numba's files of the generated modules, in every folder numba may keep them, grouped by
+    the module name they start with."""
     groups: dict[str, list[Path]] = defaultdict(list)
-    pycache = directory / "__pycache__"
-    if pycache.is_dir():
-        for f in pycache.iterdir():
-            groups[f.name.split(".", 1)[0]].append(f)
+    for folder in numba_folders(directory):
+        for f in folder.iterdir() if folder.is_dir() else ():
+            match = CACHED.match(f.name)
+            if match:
+                groups[match.group(1)].append(f)
     return groups
 
 
@@ -89,7 +101,7 @@ def _modules(directory: Path, extra: dict[str, list[Path]]) -> list[CachedModule
 
 
 def _strays(directory: Path, extra: dict[str, list[Path]], names: set[str], before: float) -> list[Path]:
-    """``__pycache__`` files of modules that are gone, and old temporary files."""
+    """numba's files of modules that are gone, and old temporary files."""
     out = [f for name, files in extra.items() if name not in names for f in files]
     for f in directory.iterdir() if directory.is_dir() else ():
         try:
@@ -109,16 +121,16 @@ def prune(
         raise ValueError(f"--older-than: {older_than_days!r} days; give a number of days >= 0")
     directory = Path(directory)
     before = (time.time() if now is None else now) - older_than_days * DAY
-    extra = _by_module(directory)
-    modules = _modules(directory, extra) if directory.is_dir() else []
-    report = PruneReport(directory, [m for m in modules if m.last_used < before], dry_run=dry_run)
-    report.strays = _strays(directory, extra, {m.name for m in modules}, before)
-    files = [f for m in report.modules for f in m.files] + report.strays
-    for f in files:
-        size = _size(f)
-        if size is None:
-            continue
-        report.size += size
-        if not dry_run:
-            f.unlink(missing_ok=True)
+    with folder_lock(directory, exclusive=not dry_run):  # a module being written and imported is not cut short
+        extra = _by_module(directory)
+        modules = _modules(directory, extra) if directory.is_dir() else []
+        report = PruneReport(directory, [m for m in modules if m.last_used < before], dry_run=dry_run)
+        report.strays = _strays(directory, extra, {m.name for m in modules}, before)
+        for f in [f for m in report.modules for f in m.files] + report.strays:
+            size = _size(f)
+            if size is None:
+                continue
+            report.size += size
+            if not dry_run:
+                f.unlink(missing_ok=True)
     return report

@@ -42,13 +42,34 @@ def _use_cache(folder: str | None) -> None:
         os.environ[KERNEL_CACHE_ENV] = os.path.abspath(os.path.expanduser(folder))
 
 
+def _checked_cache(args, what: str) -> None:
+    """``--cache`` in effect, and the folder refused in one line when it cannot be written."""
+    from workbench.kernels.backends.cache_folder import require_cache_on, require_writable, source_dir
+
+    _use_cache(args.cache)
+    require_cache_on(what)
+    require_writable(source_dir(), what)
+
+
+def _check_modules(model, modules: list[str] | None) -> None:
+    from workbench.kernels.acceleration import model_ops
+
+    labels = [site.label for site in model_ops(model)]
+    unknown = [m for m in modules or () if not any(label.startswith(m) for label in labels)]
+    if unknown:
+        raise ValueError(
+            f"--modules {','.join(unknown)}: no module starts with it; the model's are {', '.join(labels)}"
+        )
+
+
 def _main(args) -> int:
     import torch
 
     from workbench.kernels.acceleration import precompile_model
     from workbench.kernels.backends.generated import source_dir
+    from workbench.kernels.tools.precompile_args import check_precompile_args, parse_cc
 
-    _use_cache(args.cache)
+    check_precompile_args(args)  # every option, before anything is built or compiled
     target = args.target
     if target == "auto":
         target = "device" if torch.cuda.is_available() else "ptx"
@@ -56,13 +77,15 @@ def _main(args) -> int:
         raise ValueError(
             "--target device: torch sees no CUDA device here; use --target ptx to check the compile without a GPU"
         )
+    _checked_cache(args, "precompile")
+    cc = parse_cc(args.cc) if target == "ptx" else None
+    modules = [m.strip() for m in args.modules.split(",") if m.strip()] if args.modules else None
     reports = {}
     for dtype in args.dtype:
         model = _model(
             args.hidden, args.max_ell, args.correlation, args.elements, dtype, "cuda" if target == "device" else "cpu"
         )
-        cc = tuple(int(v) for v in args.cc.split(".")) if target == "ptx" else None
-        modules = [m.strip() for m in args.modules.split(",") if m.strip()] if args.modules else None
+        _check_modules(model, modules)
         r = precompile_model(model, target=target, cc=cc, workers=args.workers, modules=modules)
         reports[dtype] = r.as_dict()
         print(
@@ -87,13 +110,17 @@ def _megabytes(size: int) -> str:
 def _cache_main(args) -> int:
     from datetime import datetime
 
-    from workbench.kernels.backends.generated import source_dir
+    from workbench.kernels.backends.cache_folder import require_writable, source_dir
     from workbench.kernels.tools.cache import prune, scan
 
     _use_cache(args.cache)
     if args.older_than is not None and not args.prune:
         raise ValueError("--older-than: give it with --prune")
     directory = source_dir()
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"kernel cache {directory}: a regular file, not a folder; give --cache a folder")
+    if args.prune and not args.dry_run and directory.is_dir():
+        require_writable(directory, "--prune")
     modules = scan(directory)
     line = f"kernel cache {directory}: {len(modules)} modules, {_megabytes(sum(m.size for m in modules))}"
     if modules:
