@@ -5,6 +5,7 @@ import json
 import ase.io
 import numpy as np
 import pytest
+import torch
 from cli_fixtures import run_workbench
 from md_fixtures import tiny_model  # noqa: F401
 
@@ -72,7 +73,7 @@ def _count_forwards(monkeypatch, cls) -> list:
     return calls
 
 
-def test_backend_e3nn_on_an_accelerated_file_runs_e3nn(tiny_model, tmp_path, monkeypatch):
+def test_backend_e3nn_on_an_accelerated_file_runs_e3nn(tiny_model, tmp_path, monkeypatch):  # noqa: F811
     """A model file saved after accelerate() runs mace's e3nn modules under --backend e3nn, as the
     summary says, and the workbench kernels under numba (issue 47, AC27b)."""
     from mace.modules.symmetric_contraction import SymmetricContraction as MaceContraction
