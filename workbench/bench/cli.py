@@ -104,6 +104,8 @@ _DATA_OPTIONS: Options = {
 
 def _quality(args: argparse.Namespace) -> int:
     """validation errors against mace_run_train (same split, dtype, steps), and fixed-count vs the packers over seeds"""
+    if args.finetune:
+        return _finetune(args)
     if args.stress_weight is None:  # mace's default weight wherever its loss has a stress term
         args.stress_weight = 1.0 if "stress" in LOSSES[args.loss].uses else 0.0
     res = quality.bench_quality(
@@ -118,7 +120,28 @@ def _quality(args: argparse.Namespace) -> int:
     return _done(quality.format_table(res), args.out)
 
 
+def _finetune(args: argparse.Namespace) -> int:
+    from workbench.bench.finetune import bench_finetune, format_finetune
+
+    # its own folder and JSON unless given: a fine-tuning bench does not replace a quality bench
+    workdir = "runs/bench/finetune" if args.workdir == "runs/bench/quality" else args.workdir
+    out = "runs/bench/finetune.json" if args.out == "runs/bench/quality.json" else args.out
+    res = bench_finetune(
+        seeds=[int(s) for s in args.seeds.split(",")],
+        **option_values(args, "preset", "dtype", "batch_size", "threads", "backend"),
+        stress_weight=10.0 if args.stress_weight is None else args.stress_weight,
+        workdir=workdir,
+        out=out,
+    )
+    return _done(format_finetune(res), out)
+
+
 _QUALITY_OPTIONS: Options = {
+    "--finetune": {
+        "action": "store_true",
+        "help": "fine-tuning instead: a foundation trained by mace_run_train on mptrj, fine-tuned on new families "
+        "by both trainers, against scratch and the foundation (workbench.bench.finetune)",
+    },
     "--preset": _preset(
         quality.PRESETS,
         small="~7 min on 2 cores (noisy)",

@@ -239,6 +239,9 @@ def mace_command(config: TrainConfig, split: dict, workdir: Path, epochs: int) -
         "--eval_interval": 1,
         "--patience": 100000,
     }
+    from workbench.train.foundation import mace_run_train_flags
+
+    options.update(mace_run_train_flags(config))
     cmd = [exe]
     for flag, value in options.items():
         cmd += [flag] if value is None else [flag, str(value)]

@@ -11,24 +11,28 @@ import torch
 from workbench.train import mace_order
 from workbench.train.session import Session
 
+#: the modules whose parameters mace-torch's optimiser steps (``get_params_options``)
+TRAINED_MODULES = ("node_embedding", "interactions", "products", "readouts")
+
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """The optimiser's parameter groups. Without weight decay, one group. With it, mace-torch's
-    split: decay on the interactions' ``linear.weight`` and ``skip_tp_full.weight`` and on the
-    products, none on the embedding, the other interaction weights and the readouts."""
+    """The optimiser's parameter groups: the parameters of :data:`TRAINED_MODULES`, as mace-torch
+    steps (a fine-tuned model's Bessel weights are parameters that mace never steps). Without
+    weight decay, one group. With it, mace-torch's split: decay on the interactions'
+    ``linear.weight`` and ``skip_tp_full.weight`` and on the products, none on the rest."""
+    trained = [p for name in TRAINED_MODULES for p in getattr(model, name).parameters()]
     if not weight_decay:
-        return [{"params": list(model.parameters()), "weight_decay": 0.0}]
+        return [{"params": trained, "weight_decay": 0.0}]
     decay = [p for n, p in model.interactions.named_parameters() if "linear.weight" in n or "skip_tp_full.weight" in n]
     decay += list(model.products.parameters())
     chosen = {id(p) for p in decay}
-    rest = [p for p in model.parameters() if id(p) not in chosen]
+    rest = [p for p in trained if id(p) not in chosen]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
 
 
 def build_training(s: Session, ckpt: dict | None) -> None:
     """Model (accelerated when asked), optimiser, scheduler, EMA and loss."""
     from workbench.train.losses import build_loss, outputs_needed
-    from workbench.train.model import build_model
     from workbench.train.stats import ModelStats, compute_stats
 
     config = s.config
@@ -45,10 +49,15 @@ def build_training(s: Session, ckpt: dict | None) -> None:
         if s.data.stats is None:
             s.data.stats = compute_stats(s.data.train_configs, s.data.train, s.data.z_table)
         s.stats = s.data.stats
+    if config.foundation_model and not ckpt:  # fine-tuning: the foundation's statistics, E0s per config.e0s
+        from workbench.train.foundation import finetune_stats
+
+        fitted = {z: e for z, e in zip(s.stats.zs, s.stats.e0s) if z in set(s.data.train_elements)}
+        s.stats = finetune_stats(config, list(s.data.z_table.zs), fitted)
     # the initial weights depend on the seed and the model only, not on what drew random numbers
     # before (data loaders do): the same as mace_run_train's for the same seed and recipe
     torch.manual_seed(config.seed)
-    s.model = build_model(config, s.stats).to(s.device)
+    s.model = _model(config, s.stats).to(s.device)
     if config.backend != "e3nn":
         from workbench.kernels import accelerate
 
@@ -71,6 +80,17 @@ def build_training(s: Session, ckpt: dict | None) -> None:
     s.loss_fn = build_loss(config).to(s.device)
     stress, virials = outputs_needed(config.loss, config.stress_weight, config.virials_weight)
     s.outputs = {"compute_stress": stress, "compute_virials": virials}
+
+
+def _model(config, stats) -> torch.nn.Module:
+    """A new ScaleShiftMACE, or the foundation model's rebuild when fine-tuning."""
+    if config.foundation_model:
+        from workbench.train.foundation import build_finetune_model
+
+        return build_finetune_model(config, stats)
+    from workbench.train.model import build_model
+
+    return build_model(config, stats)
 
 
 def check_labels_for_loss(config, counts: dict) -> None:

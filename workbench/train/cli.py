@@ -60,7 +60,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     from workbench.train.evaluate import evaluate_file, format_table
 
-    keys = ("energy_key", "forces_key", "stress_key", "virials_key", "batch_size", "device", "trust_model")
+    keys = ("energy_key", "forces_key", "stress_key", "virials_key", "batch_size", "device", "trust_model", "head")
     result = evaluate_file(args.model, args.file, **option_values(args, *keys))
     print(format_table(result))
     if args.json:
@@ -84,6 +84,7 @@ def register(sub) -> None:
     e.add_argument("--batch-size", type=int, default=16)
     e.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
     e.add_argument("--json", help="also write the result as JSON here")
+    e.add_argument("--head", help="the head of a multihead model (default: its only head that is not pt_head)")
     add_trust_model_arg(e)
     e.set_defaults(func=_eval)
 

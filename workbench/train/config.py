@@ -23,6 +23,7 @@ import yaml
 from workbench.kernels.registry import backend_names
 from workbench.limits import MAX_CUTOFF, MAX_ELL_RANGE
 from workbench.packing.api import ALGORITHMS
+from workbench.train.e0s import check_e0s
 from workbench.train.losses import check_weights, loss_names
 from workbench.train.mace_order import NAME as MACE_ORDER
 from workbench.train.values import MAX_CONFIG_BYTES, ConfigError, Interval, brief, coerce, load_yaml
@@ -70,7 +71,7 @@ RANGES: dict[str, Interval] = {
 #: bounds that keep a typo from allocating gigabytes (mace's foundation models: [64, 64, 64])
 MAX_RADIAL_LAYERS, MAX_WIDTH = 16, 16384
 NULLABLE = ("max_structures", "ema_decay", "clip_grad", "max_steps")
-PATH_FIELDS = ("dataset", "valid_dataset")  # null means a default; an empty string is a mistake
+PATH_FIELDS = ("dataset", "valid_dataset", "foundation_model")  # null means a default; an empty string is a mistake
 ON_NONFINITE = ("stop", "skip")
 KEEP = ("last", "best")  # which weights the run exports
 #: The fields that define a run: a checkpoint resumes only under the same values (model, data,
@@ -99,7 +100,14 @@ RUN_IDENTITY = (
     "sampler",
     "capacity",
     "batch_size",
+    "foundation_model",
+    "foundation_head",
+    "foundation_elements",
+    "e0s",
 )
+#: which elements a fine-tuned model keeps: the data's (mace_run_train's default) or all of the
+#: foundation model's (its --foundation_model_elements True)
+FOUNDATION_ELEMENTS = ("data", "all")
 
 
 @dataclass
@@ -132,6 +140,13 @@ class TrainConfig:
     mlp_irreps: str = "16x0e"
     radial_mlp: list[int] = field(default_factory=lambda: [64, 64, 64])
     dtype: str = "float32"
+    # fine-tuning (workbench.train.foundation): start from a mace model file, whose architecture
+    # and weights then define the model above (fields left at their defaults take the file's values)
+    foundation_model: str | None = None
+    foundation_head: str | None = None  # the head to start from, for a file with several
+    foundation_elements: str = "data"  # data: keep the data's elements; all: every element of the file
+    e0s: str | dict[int, float] | None = None  # foundation, average, or {Z: eV}; None: foundation when fine-tuning
+    trust_model: bool = False  # load foundation_model as a full pickle (runs code from the file)
     # optimisation
     lr: float = 0.005
     weight_decay: float = 0.0  # > 0: on the parameters mace-torch decays (workbench.train.build.param_groups)
@@ -196,6 +211,7 @@ class TrainConfig:
             ("on_nonfinite", ON_NONFINITE),
             ("keep", KEEP),
             ("loss", LOSSES),
+            ("foundation_elements", FOUNDATION_ELEMENTS),
         ):
             if getattr(self, name) not in choices:
                 raise bad(name, f"{brief(getattr(self, name))} is not one of {', '.join(choices)}")
@@ -231,6 +247,9 @@ class TrainConfig:
             raise bad("keep", "'best' picks the epoch by validation loss: set valid_fraction > 0 or valid_dataset")
         if any(c in self.kernel_cache for c in "\n\r\0"):
             raise bad("kernel_cache", f"{brief(self.kernel_cache)}: a folder path on one line")
+        self.e0s = check_e0s(self.e0s, self.foundation_model)
+        if self.foundation_head is not None and not self.foundation_model:
+            raise bad("foundation_head", "names a head of foundation_model, which is not set")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
             raise bad("name", f"{brief(self.name)}: use letters, digits, '.', '_' or '-' (it names the run directory)")
 

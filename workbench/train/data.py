@@ -40,6 +40,8 @@ PREPARE_FIELDS = (
     "valid_fraction",
     "cutoff",
     "dtype",
+    "foundation_model",  # fine-tuning: the file's elements may define the one-hot table
+    "foundation_elements",
 )
 #: A structure file above this size is read whole by every rank: point the user at ``data prepare``.
 LARGE_FILE_BYTES = 200 * 2**20
@@ -63,6 +65,7 @@ class TrainData:
     train_family: np.ndarray | None = None  # int16 code into family_names of each training graph
     fingerprint: str = ""  # the content of the validation and training graphs, in split order (resume checks it)
     train_labels: dict = field(default_factory=dict)  # {"stress": n, "virials": n}: training graphs with the label
+    train_elements: list[int] = field(default_factory=list)  # atomic numbers the training split holds
 
     def describe(self, indices: Sequence[int], limit: int = 8) -> str:
         """Where training graphs ``indices`` came from, for error messages."""
@@ -233,7 +236,9 @@ def prepare_data(config: TrainConfig, structures: list | None = None) -> TrainDa
     """
     from workbench.data.source import data_source
     from workbench.dtypes import default_dtype  # imports torch: not at module level
+    from workbench.train.foundation import resolve
 
+    config = resolve(config)  # fine-tuning: the foundation's cutoff and elements
     if structures is None:
         source = data_source(config.dataset)
         if source.kind == "prepared":
@@ -301,7 +306,7 @@ def _from_structures(config: TrainConfig, structures: list | None) -> TrainData:
         {int(z) for a in valid for z in a.numbers}, {int(z) for a in chosen[len(valid) :] for z in a.numbers}, str(path)
     )
     n_valid = len(valid)
-    z_table = z_table_for(chosen)
+    z_table = _table(config, z_table_for(chosen).zs, str(path))
     spec = key_specification(config.energy_key, config.forces_key, config.stress_key, config.virials_key)
     configs = [config_from_atoms(a, key_specification=spec) for a in chosen]
     data = [graph_from_config(c, z_table, config.cutoff) for c in configs]
@@ -326,7 +331,19 @@ def _from_structures(config: TrainConfig, structures: list | None) -> TrainData:
         train_labels={
             k: sum(1 for c in configs[n_valid:] if c.properties.get(k) is not None) for k in ("stress", "virials")
         },
+        train_elements=sorted({int(z) for c in configs[n_valid:] for z in c.atomic_numbers}),
     )
+
+
+def _table(config: TrainConfig, data_zs, where: str):
+    """The one-hot table of the graphs: the data's elements, or a fine-tuned model's, which must
+    hold every element of the data."""
+    from mace.tools import AtomicNumberTable
+
+    from workbench.train.foundation import check_data_elements, table_elements
+
+    check_data_elements(config, data_zs, where)
+    return AtomicNumberTable(table_elements(config) or [int(z) for z in data_zs])
 
 
 class StoreGraphs:
@@ -385,8 +402,6 @@ class StoreGraphs:
 
 
 def _from_store(config: TrainConfig, path: Path) -> TrainData:
-    from mace.tools import AtomicNumberTable
-
     from workbench.data.store import GraphStore
     from workbench.train.stats import stats_from_index
 
@@ -406,12 +421,13 @@ def _from_store(config: TrainConfig, path: Path) -> TrainData:
         raise _no_structures(store.path, config)
     train_pos, valid_pos = split_order(candidates.size, config)
     train_rows, valid_rows = candidates[train_pos], candidates[valid_pos]
-    z_table = AtomicNumberTable(store.present_elements(np.concatenate([valid_rows, train_rows])))
+    data_zs = store.present_elements(np.concatenate([valid_rows, train_rows]))
+    z_table = _table(config, data_zs, str(store.path))
     if valid_rows.size:
         warn_unseen_elements(
             set(store.present_elements(valid_rows)), set(store.present_elements(train_rows)), str(path)
         )
-    stats = stats_from_index(store, train_rows, list(z_table.zs))
+    stats = stats_from_index(store, train_rows, [int(z) for z in data_zs])
     # The datasets keep 10 bytes a graph; the index itself is dropped with ``store``.
     train = StoreGraphs(store.reader, store.locations(train_rows), z_table, config.cutoff, config.dtype)
     valid = StoreGraphs(store.reader, store.locations(valid_rows), z_table, config.cutoff, config.dtype)
@@ -428,4 +444,5 @@ def _from_store(config: TrainConfig, path: Path) -> TrainData:
         train_family=store.column("family", train_rows).astype(np.int16),
         fingerprint=store_fingerprint(store, np.concatenate([valid_rows, train_rows])),
         train_labels={k: int(store.column(k, train_rows).sum()) for k in ("stress", "virials")},
+        train_elements=[int(z) for z in store.present_elements(train_rows)],
     )

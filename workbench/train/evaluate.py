@@ -204,21 +204,24 @@ def evaluate_file(
     trust_model: bool = False,
     stress_key: str = "REF_stress",
     virials_key: str = "REF_virials",
+    head: str | None = None,
 ) -> dict:
     """Errors of a saved mace-torch model (``torch.save`` of the module, e.g. ``model.model``)
     on the labelled frames of a structure file or folder (any format of
     :mod:`workbench.data.formats`), per ``config_type``; stress and virial errors too where
     frames carry those labels. The model file is loaded without running code from it
-    (:mod:`workbench.train.model_file`) unless ``trust_model``."""
+    (:mod:`workbench.train.model_file`) unless ``trust_model``. ``head``: the head a multihead
+    model predicts through (:func:`~workbench.train.heads.select_head`)."""
     from mace.tools import AtomicNumberTable
 
     from workbench.data.atomic_data import to_atomic_data
     from workbench.data.io import read_structures
+    from workbench.train.heads import select_head
     from workbench.train.model_file import check_device, load_model
 
     dev = check_device(device)
     # loaded on the CPU, then moved: e3nn's TorchScript parts load there whatever map_location says
-    model = load_model(model_path, trust=trust_model, map_location="cpu").to(dev)
+    model = select_head(load_model(model_path, trust=trust_model, map_location="cpu"), head, model_path)[1].to(dev)
     _warn_nonfinite(model, model_path)
     keys = {"energy_key": energy_key, "forces_key": forces_key, "stress_key": stress_key, "virials_key": virials_key}
     structures = [a for a in read_structures(structures_path, **keys) if a.info.get("labelled", True)]

@@ -87,6 +87,9 @@ def train(
     The torch default dtype is ``config.dtype`` while it runs (mace builds its data and
     buffers in the default dtype) and is restored afterwards.
     """
+    from workbench.train.foundation import resolve
+
+    config = resolve(config)  # fine-tuning: the foundation model's architecture
     with default_dtype(config.dtype), preempt.guard_from_env():  # preemption handling: opt-in via env
         return _train(config, structures, resume, data)
 

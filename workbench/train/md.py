@@ -275,6 +275,7 @@ def run_md(
     dtype: str | None = None,
     progress: bool = True,
     trust_model: bool = False,
+    head: str | None = None,
 ) -> MDResult:
     """Integrate ``steps`` steps of ``ensemble`` MD of ``structure`` (an ``ase.Atoms``, or a file
     and its frame ``index``) with the model; write every ``write_every``-th frame to ``trajectory`` (extxyz) when given.
@@ -284,7 +285,7 @@ def run_md(
     _check_md_args(ensemble, steps, timestep_fs, temperature, write_every)
     traj_path = _output_path(trajectory, "--trajectory")
     atoms = _read_structure(structure, index)
-    atoms.calc = load_calculator(model, backend=backend, device=device, dtype=dtype, trust_model=trust_model)
+    atoms.calc = load_calculator(model, backend=backend, device=device, dtype=dtype, trust_model=trust_model, head=head)
     _check_elements(atoms, atoms.calc, model)
     _thermalise(atoms, temperature, seed)
     dyn = _integrator(atoms, ensemble, timestep_fs, temperature, seed)
@@ -335,7 +336,7 @@ def _cli(args: Any) -> int:
         args.structure,
         timestep_fs=args.timestep,
         progress=True,
-        **option_values(args, *names, "trust_model"),
+        **option_values(args, *names, "trust_model", "head"),
     )
     print(result.summary())
     if result.trajectory:
@@ -365,6 +366,7 @@ _OPTIONS: Options = {
     "--write-every": {"type": int, "default": 10, "help": "frames between trajectory writes (default: %(default)s)"},
     "--seed": {"type": int, "default": 0, "help": "initial velocities (default: %(default)s)"},
     "--json": {"help": "also write the energies, drift and speed as JSON here"},
+    "--head": {"help": "the head of a multihead model to run (default: its only head that is not pt_head)"},
 }
 
 

@@ -32,17 +32,21 @@ def load_calculator(
     device: str = "cpu",
     dtype: str | None = None,
     trust_model: bool = False,
+    head: str | None = None,
 ):
     """mace-torch's ``MACECalculator`` for ``model`` with its hot ops on ``backend``. The file is
     loaded without running code from it (:mod:`workbench.train.model_file`) unless ``trust_model``.
 
     The backend is applied whatever the file holds: a file saved after ``accelerate()`` runs
-    mace's e3nn modules again under ``backend="e3nn"``, so what runs is what the summary names."""
+    mace's e3nn modules again under ``backend="e3nn"``, so what runs is what the summary names.
+    ``head``: the head of a multihead model to run (:func:`~workbench.train.heads.select_head`)."""
     from workbench.kernels import accelerate
     from workbench.train.model_file import check_device, load_model
 
     check_device(device)
-    loaded = load_model(model, trust=trust_model, map_location="cpu")
+    from workbench.train.heads import select_head
+
+    loaded = select_head(load_model(model, trust=trust_model, map_location="cpu"), head, model)[1]
     if dtype is None:
         dtype = str(next(loaded.parameters()).dtype).replace("torch.", "")
     calc = _calculator_class()(models=loaded, device=str(device), default_dtype=dtype)

@@ -27,6 +27,7 @@ def check_resume(s: Session, ckpt: dict | None) -> None:
             f"{s.run.checkpoint}: the checkpoint belongs to a run with other settings ({'; '.join(changed)}); "
             "resume with the same settings, or start afresh with --fresh (or another name)"
         )
+    _check_foundation(s, ckpt)
     saved = ckpt.get("data_fingerprint")
     if saved and s.data.fingerprint and saved != s.data.fingerprint:
         raise ValueError(
@@ -38,6 +39,20 @@ def check_resume(s: Session, ckpt: dict | None) -> None:
         raise ValueError(
             f"{s.run.checkpoint}: checkpoint was written by {len(ckpt['sampler'])} ranks, "
             f"this run has {s.world}; resume with the same number of ranks"
+        )
+
+
+def _check_foundation(s: Session, ckpt: dict) -> None:
+    """A fine-tuning run resumes only from the same foundation model file (by content)."""
+    if not s.config.foundation_model:
+        return
+    from workbench.train.foundation import foundation_of
+
+    now, saved = foundation_of(s.config).sha256, ckpt.get("foundation_sha256")
+    if saved != now:
+        raise ValueError(
+            f"{s.run.checkpoint}: the foundation model {s.config.foundation_model} changed since this checkpoint "
+            f"(sha256 {str(saved)[:12]} then, {now[:12]} now); resume with the same file, or start afresh with --fresh"
         )
 
 
@@ -121,10 +136,19 @@ def checkpoint(s: Session, epoch: int, consumed: int) -> None:
                 "config": s.config.to_dict(),
                 "best": s.best,
                 "data_fingerprint": s.data.fingerprint,
+                "foundation_sha256": _foundation_sha256(s),
             },
         )
     if s.world > 1:
         dist.barrier()
+
+
+def _foundation_sha256(s: Session) -> str | None:
+    if not s.config.foundation_model:
+        return None
+    from workbench.train.foundation import foundation_of
+
+    return foundation_of(s.config).sha256
 
 
 def _save(path, state: dict) -> None:

@@ -158,7 +158,10 @@ def coerce(value: Any, hint: Any, field: str) -> Any:
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         if value is None or (isinstance(value, str) and value.strip().lower() in _NULLS):
             return None
-        (hint,) = [a for a in args if a is not type(None)]
+        choices = [a for a in args if a is not type(None)]
+        if len(choices) > 1:  # a field of several kinds (TrainConfig.e0s) is checked by its own validator
+            return value
+        (hint,) = choices
         args = typing.get_args(hint)
     origin = typing.get_origin(hint)
     if origin is list:
