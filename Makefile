@@ -51,6 +51,8 @@ system-deps:
 # Two pytest workers (pytest-xdist), a test module whole on one worker: many tests are
 # single-threaded, so both cores stay busy. TEST_WORKERS=0 runs everything in one process.
 # (Not --dist loadgroup: under pytest 9 its group suffix no longer reaches the scheduler.)
+# --no-loadscope-reorder: modules go out in collection order, where tests/conftest.py puts the long
+# ones (LONG_MODULES) first; xdist's default order (most tests first) left them for last.
 TEST_WORKERS ?= 2
 # The NequIP environment is built first: notebook 06 (in the main run) measures through it.
 NEQUIP_VENV ?= .venv-nequip
@@ -58,7 +60,7 @@ NEQUIP_LOCK ?= requirements-nequip.lock
 NEQUIP_PY   := $(NEQUIP_VENV)/bin/python
 NEQUIP_STAMP := $(NEQUIP_VENV)/.installed
 test: $(STAMP) $(NEQUIP_STAMP) lint system-deps
-	WORKBENCH_LOCK="$(LOCK)" $(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	WORKBENCH_LOCK="$(LOCK)" $(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-nequip
 
 # NequIP and Allegro (nequip needs e3nn >= 0.6, mace-torch pins 0.4.4): their own venv and lock

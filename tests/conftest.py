@@ -63,3 +63,28 @@ def slurm_cluster():
         yield cluster
     finally:
         cluster.stop()
+
+
+# --- scheduling: the long modules first ---
+
+#: modules of a minute or more on 2 CI cores, longest first. ``--dist loadfile`` hands out whole
+#: modules in collection order (``make test`` passes --no-loadscope-reorder: xdist's own order,
+#: by test count, put these few-test modules last, where one of them alone bounded the wall time).
+LONG_MODULES = (
+    "test_two_node.py",
+    "test_launch.py",
+    "test_notebooks.py",
+    "test_browser.py",
+    "test_bench_step.py",
+    "test_bench_cpu.py",
+)
+
+
+def _module_rank(item: pytest.Item) -> int:
+    name = item.path.name
+    return LONG_MODULES.index(name) if name in LONG_MODULES else len(LONG_MODULES)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    # stable: every module keeps its own test order (test_launch.py's tests depend on theirs)
+    items.sort(key=_module_rank)

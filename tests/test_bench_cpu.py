@@ -44,6 +44,7 @@ def test_smoke_preset_writes_table_json_and_trajectory_figure(tmp_path):
     assert prof["numba_train"]["workbench ops"] > 0 and "workbench ops" not in prof["e3nn_train"]
     traj = data["trajectory"]
     assert len(traj["losses"]["numba-float64"]) == 4 and traj["float64"]["ok"] and traj["float32"]["ok"]
+    assert traj["families"] == ["water_clusters", "hea"]
     html = Path(traj["figure"]).read_text()
     assert "numba-float32" in html and "e3nn-float64" in html
     assert (

@@ -26,8 +26,10 @@ FLOAT32_RTOL = 1e-4
 FLOAT64_RTOL = 1e-8
 
 
-def _run(dtype: str, backend: str, steps: int, workdir: str | os.PathLike) -> list[float]:
-    """The losses of one short training run of the small model."""
+def _run(
+    dtype: str, backend: str, steps: int, workdir: str | os.PathLike, families: Sequence[str] | None = None
+) -> list[float]:
+    """The losses of one short training run of the small model (on ``families`` of the mixture, or all)."""
     from workbench.train.config import TrainConfig
     from workbench.train.loop import train
     from workbench.train.metrics import read_steps
@@ -44,6 +46,7 @@ def _run(dtype: str, backend: str, steps: int, workdir: str | os.PathLike) -> li
         sampler="fixed-count",
         batch_size=8,
         max_structures=max(64, 8 * steps),
+        families=list(families) if families else None,
         epochs=100,
         max_steps=steps,
         checkpoint_every=0,
@@ -55,15 +58,18 @@ def _run(dtype: str, backend: str, steps: int, workdir: str | os.PathLike) -> li
     return [s["loss"] for s in read_steps(cfg.run_dir)]
 
 
-def trajectory(steps: int, dtypes: Sequence[str], workdir: str | os.PathLike) -> dict:
-    """The Figure 9 check: the same short training run with e3nn and numba, losses per step."""
+def trajectory(
+    steps: int, dtypes: Sequence[str], workdir: str | os.PathLike, families: Sequence[str] | None = None
+) -> dict:
+    """The Figure 9 check: the same short training run with e3nn and numba, losses per step
+    (on the embedded mixture's ``families``, or all of it)."""
     losses: dict[str, list[float]] = {}
     wanted = list(dtypes) + (["float64"] if "float32" in dtypes and "float64" not in dtypes else [])
     for dtype in wanted:
         for backend in ("e3nn", "numba"):
             if dtype in dtypes or backend == "e3nn":
-                losses[f"{backend}-{dtype}"] = _run(dtype, backend, steps, workdir)
-    res: dict[str, Any] = {"steps": steps, "losses": losses}
+                losses[f"{backend}-{dtype}"] = _run(dtype, backend, steps, workdir, families)
+    res: dict[str, Any] = {"steps": steps, "families": list(families) if families else None, "losses": losses}
 
     def rel(a: str, b: str) -> float:
         x, y = np.asarray(losses[a]), np.asarray(losses[b])
