@@ -75,7 +75,7 @@ def _train_foundation(base: TrainConfig, split: dict, workdir: Path, epochs: int
     return trained.rename(where / "foundation.model")
 
 
-def _jobs_for_seed(base: TrainConfig, seed: int, found: Path, steps: int) -> dict[str, TrainConfig]:
+def _jobs_for_seed(base: TrainConfig, seed: int, found: Path) -> dict[str, TrainConfig]:
     tuned = replace(base, seed=seed, foundation_model=str(found), e0s="average")
     return {
         "mace": tuned,
@@ -176,7 +176,7 @@ def bench_finetune(
     result = {"bench": "finetune", "preset": preset, "dtype": dtype, "backend": backend, "steps": steps}
     result.update(pretrain=pt, finetune=ft, foundation=str(found), seeds=list(seeds), rows=rows)
     for seed in seeds:
-        for what, cfg in _jobs_for_seed(base, seed, found, steps).items():
+        for what, cfg in _jobs_for_seed(base, seed, found).items():
             rows.append(_row(what, seed, _run_job(what, cfg, ft, workdir, epochs, threads), ft, base))
             progress(f"seed {seed} {what:<10} F MAE {rows[-1]['f_mae_mev_a']:.2f} meV/Å")
             result["summary"] = summarise_finetune(rows)

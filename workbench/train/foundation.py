@@ -93,18 +93,6 @@ class Foundation:
             out[name] = int(out[name])
         return out
 
-    def describe(self) -> str:
-        from ase.data import chemical_symbols
-
-        arch = self.architecture()
-        elements = " ".join(chemical_symbols[z] for z in self.zs)
-        heads = f"heads {', '.join(self.heads)} (starting from {self.head})" if len(self.heads) > 1 else "one head"
-        return (
-            f"{self.path}: {type(self.model).__name__}, {arch['hidden_irreps']}, max_ell {arch['max_ell']}, "
-            f"correlation {arch['correlation']}, {arch['num_interactions']} interactions, r_max {arch['cutoff']} Å, "
-            f"{heads}; {len(self.zs)} elements: {elements}"
-        )
-
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()

@@ -44,12 +44,8 @@ def check_resume(s: Session, ckpt: dict | None) -> None:
 
 def _check_foundation(s: Session, ckpt: dict) -> None:
     """A fine-tuning run resumes only from the same foundation model file (by content)."""
-    if not s.config.foundation_model:
-        return
-    from workbench.train.foundation import foundation_of
-
-    now, saved = foundation_of(s.config).sha256, ckpt.get("foundation_sha256")
-    if saved != now:
+    now, saved = _foundation_sha256(s), ckpt.get("foundation_sha256")
+    if now is not None and saved != now:
         raise ValueError(
             f"{s.run.checkpoint}: the foundation model {s.config.foundation_model} changed since this checkpoint "
             f"(sha256 {str(saved)[:12]} then, {now[:12]} now); resume with the same file, or start afresh with --fresh"
