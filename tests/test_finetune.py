@@ -3,7 +3,6 @@ trained by real mace_run_train on the mixture's mptrj structures (with stress), 
 hea alloys, against mace_run_train's own fine-tuning and the foundation's predictions."""
 
 import re
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -11,60 +10,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from finetune_fixtures import ARCH, foundation, hea, write_family  # noqa: F401 (fixtures)
 from train_fixtures import pair_with_mace_run_train, step_losses
 
 from workbench.train.config import TrainConfig
 from workbench.train.values import ConfigError
 
-BIN = Path(sys.executable).parent
-ARCH = dict(
-    hidden_irreps="8x0e+8x1o",
-    max_ell=1,
-    correlation=2,
-    num_interactions=2,
-    cutoff=4.0,
-    radial_mlp=[16, 16],
-    num_bessel=8,
-)
 
-
-def _write(path: Path, families: list[str], n: int, max_atoms: int) -> Path:
-    from workbench.data.embedded import load_embedded
-    from workbench.data.io import write_structures
-
-    picked = [a for a in load_embedded() if a.info.get("config_type") in families and len(a) <= max_atoms][:n]
-    write_structures(path, picked)
-    return path
-
-
-@pytest.fixture(scope="module")
-def foundation(tmp_path_factory) -> Path:
-    """A foundation model by mace_run_train: 24 small mptrj structures, with stress, float64."""
-    where = tmp_path_factory.mktemp("foundation")
-    train = _write(where / "pt.extxyz", ["mptrj"], 24, 16)
-    cmd = [str(BIN / "mace_run_train"), "--name", "found", "--seed", "1", "--work_dir", str(where), "--device", "cpu"]
-    cmd += ["--default_dtype", "float64", "--model", "ScaleShiftMACE", "--train_file", str(train)]
-    cmd += ["--valid_fraction", "0.2", "--E0s", "average", "--r_max", "4.0", "--max_ell", "1", "--correlation", "2"]
-    cmd += ["--hidden_irreps", "8x0e+8x1o", "--MLP_irreps", "8x0e", "--radial_MLP", "[16,16]", "--batch_size", "4"]
-    cmd += ["--max_num_epochs", "1", "--loss", "stress", "--stress_weight", "10", "--energy_key", "REF_energy"]
-    cmd += ["--forces_key", "REF_forces", "--stress_key", "REF_stress", "--eval_interval", "1"]
-    done = subprocess.run(cmd, capture_output=True, text=True, env={"OMP_NUM_THREADS": "1", "PATH": str(BIN)})
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return where / "found.model"
-
-
-@pytest.fixture(scope="module")
-def hea(tmp_path_factory) -> Path:
-    return _write(tmp_path_factory.mktemp("hea") / "hea.extxyz", ["hea"], 19, 1000)
-
-
-def _cfg(tmp_path: Path, foundation: Path, data: Path, **kw) -> TrainConfig:
+def _cfg(tmp_path: Path, foundation: Path, data: Path, **kw) -> TrainConfig:  # noqa: F811
     base = dict(name="ft", output_dir=str(tmp_path), dataset=str(data), foundation_model=str(foundation))
     base.update(dtype="float64", sampler="fixed-count", batch_size=4, epochs=1, progress=False, checkpoint_every=0)
     return TrainConfig(**{**base, **kw})
 
 
-def test_a_finetuning_run_pairs_with_mace_run_train_step_for_step(tmp_path, foundation, hea):
+def test_a_finetuning_run_pairs_with_mace_run_train_step_for_step(tmp_path, foundation, hea):  # noqa: F811
     """mace_run_train --foundation_model and a mace-order run, float64 e3nn, stress loss: every
     step's loss and the final models' validation errors agree, for the data's elements (mace's
     default) and E0s refitted (average), and for all the file's elements with its own E0s."""
@@ -85,7 +44,7 @@ def test_a_finetuning_run_pairs_with_mace_run_train_step_for_step(tmp_path, foun
             assert b[key] == pytest.approx(a[key], rel=1e-9)
 
 
-def test_the_architecture_comes_from_the_file_and_a_contradiction_names_both(tmp_path, foundation, hea):
+def test_the_architecture_comes_from_the_file_and_a_contradiction_names_both(tmp_path, foundation, hea):  # noqa: F811
     from workbench.train.foundation import FoundationError, load_foundation, resolve
 
     found = load_foundation(foundation)
@@ -111,7 +70,7 @@ def _predict(model, atoms) -> tuple[float, np.ndarray]:
 
 
 @pytest.mark.parametrize("elements", ["data", "all"])
-def test_before_any_step_the_model_predicts_what_the_foundation_does(tmp_path, foundation, hea, elements):
+def test_before_any_step_the_model_predicts_what_the_foundation_does(tmp_path, foundation, hea, elements):  # noqa: F811
     """The rebuilt model with the foundation's E0s equals the foundation on new structures, to
     1e-10, whether it keeps the data's elements (mace rescales the embedding) or all of them."""
     from ase.io import read
@@ -133,7 +92,7 @@ def test_before_any_step_the_model_predicts_what_the_foundation_does(tmp_path, f
         np.testing.assert_allclose(f1, f0, rtol=1e-10, atol=1e-12)
 
 
-def test_e0s_foundation_average_and_an_explicit_map(tmp_path, foundation, hea):
+def test_e0s_foundation_average_and_an_explicit_map(tmp_path, foundation, hea):  # noqa: F811
     from mace.data.utils import compute_average_E0s
 
     from workbench.train.data import prepare_data
@@ -169,7 +128,7 @@ def test_e0s_foundation_average_and_an_explicit_map(tmp_path, foundation, hea):
         TrainConfig(e0s={1: -13.6})
 
 
-def test_finetuning_trains_resumes_and_refuses_another_foundation_file(tmp_path, foundation, hea):
+def test_finetuning_trains_resumes_and_refuses_another_foundation_file(tmp_path, foundation, hea):  # noqa: F811
     import shutil
 
     from workbench.train import train
@@ -188,7 +147,7 @@ def test_finetuning_trains_resumes_and_refuses_another_foundation_file(tmp_path,
     assert len(losses) == 4 and all(np.isfinite(losses))
 
 
-def test_the_numba_kernels_finetune_as_e3nn_does(tmp_path, foundation, hea):
+def test_the_numba_kernels_finetune_as_e3nn_does(tmp_path, foundation, hea):  # noqa: F811
     """float64: the same losses on both backends, on the foundation's rebuilt architecture."""
     from workbench.train import train
 
@@ -200,7 +159,7 @@ def test_the_numba_kernels_finetune_as_e3nn_does(tmp_path, foundation, hea):
     np.testing.assert_allclose(runs["numba"], runs["e3nn"], rtol=1e-10)
 
 
-def _cli(tmp_path: Path, foundation_value: str, hea: Path, *extra: str) -> tuple[int, str]:
+def _cli(tmp_path: Path, foundation_value: str, hea: Path, *extra: str) -> tuple[int, str]:  # noqa: F811
     from workbench.cli import main
 
     cfg = _cfg(tmp_path, Path(foundation_value), hea)
@@ -213,12 +172,12 @@ def _cli(tmp_path: Path, foundation_value: str, hea: Path, *extra: str) -> tuple
     return code, err.read_text()
 
 
-def test_bad_foundation_input_is_one_line_and_exit_2(tmp_path, foundation, hea):
+def test_bad_foundation_input_is_one_line_and_exit_2(tmp_path, foundation, hea):  # noqa: F811
     other = tmp_path / "not-a-model.pt"
     torch.save({"weights": torch.ones(3)}, other)
     truncated = tmp_path / "truncated.model"
     truncated.write_bytes(foundation.read_bytes()[:5000])
-    water = _write(tmp_path / "water.extxyz", ["water_clusters"], 8, 30)
+    water = write_family(tmp_path / "water.extxyz", ["water_clusters"], 8, 30)
     cases = [
         (str(other), [], r"a dict, not a mace-torch model"),
         (str(truncated), [], r"truncated\.model: not a loadable model file"),
@@ -233,7 +192,7 @@ def test_bad_foundation_input_is_one_line_and_exit_2(tmp_path, foundation, hea):
         assert re.search(message, lines[0]), lines[0]
 
 
-def test_a_prepared_dataset_finetunes_as_the_file_does(tmp_path, foundation, hea):
+def test_a_prepared_dataset_finetunes_as_the_file_does(tmp_path, foundation, hea):  # noqa: F811
     """The store keeps its own element table; fine-tuning with all the file's elements and E0s
     refitted gives the in-memory run's losses."""
     from workbench.cli import main

@@ -58,6 +58,10 @@ def pair_with_mace_run_train(cfg: TrainConfig, tmp_path: Path, epochs: int):
     from workbench.bench.quality import run_mace, run_workbench, write_split
 
     split = write_split(cfg, tmp_path / "split")
+    if cfg.multihead_finetuning:  # mace is given the structures our run replays
+        from workbench.train.replay import write_replay
+
+        split.update(write_replay(cfg, tmp_path / "split"))
     mace_model, _ = run_mace(cfg, split, tmp_path / "mace", epochs, threads=1)
     ours = replace(
         cfg,
@@ -72,6 +76,9 @@ def pair_with_mace_run_train(cfg: TrainConfig, tmp_path: Path, epochs: int):
     )
     our_model, _ = run_workbench(ours, tmp_path / "ours", threads=1)
     results = next((tmp_path / "mace" / "results").glob("*_train.txt")).read_text().splitlines()
+    half = len(results) // 2
+    if len(results) % 2 == 0 and results[:half] == results[half:]:
+        results = results[:half]  # multihead runs: mace 0.3.16 writes every line of this file twice
     theirs = [json.loads(line)["loss"] for line in results if json.loads(line).get("mode") == "opt"]
     return split, mace_model, our_model, theirs, step_losses(ours.run_dir)
 

@@ -8,11 +8,17 @@ mixture's ``mptrj`` structures (materials, with stress). Then, on the new famili
 * ``workbench train`` with ``foundation_model``, sampler ``mace-order`` (mace's batches, so the
   seed's run pairs with mace's);
 * ``workbench train`` from scratch with the same architecture, recipe and number of steps;
+* multihead fine-tuning with replay of the pre-training split (``mace_run_train
+  --multiheads_finetuning True`` given the structures our run replays, and ``workbench train``
+  with ``multihead_finetuning``, ``mace-order``; loss ``universal``, E0s the foundation's);
 
 and the foundation model itself, evaluated as it is. Every model is evaluated by one function on
-the same validation file, per family. Checks: the paired per-seed ratios of E, F and S MAE
-(workbench / mace) within :data:`FINETUNE_TOLERANCE`; the fine-tuned force MAE on the new
-families below both the scratch run's and the foundation's.
+the same validation file, per family (the new families' validation split is stratified, so
+that it holds the stressed hea alloys). Checks: the paired per-seed ratios of E, F and S MAE
+(workbench / mace, naive and multihead) within :data:`FINETUNE_TOLERANCE`; the fine-tuned force
+MAE on the new families below both the scratch run's and the foundation's; and what replay keeps
+of the pre-training families' errors (``retention``: every model on the pre-training validation
+split, the multihead ones through both heads).
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ def _splits(base: TrainConfig, preset: str, workdir: Path) -> tuple[dict, dict]:
 
     sizes = SIZES[preset]
     pt = write_split(replace(base, families=list(PRETRAIN_FAMILIES), max_structures=sizes["pretrain"]), workdir / "pt")
-    ft = write_split(replace(base, families=list(NEW_FAMILIES), max_structures=sizes["finetune"]), workdir / "ft")
+    ft = _stratified(base, NEW_FAMILIES, sizes["finetune"], workdir / "ft")
     missing = sorted((_elements(ft["train"]) | _elements(ft["valid"])) - _elements(pt["train"]))
     if missing:  # the foundation could not represent them: mace would stop part-way
         raise ValueError(
@@ -59,6 +65,24 @@ def _splits(base: TrainConfig, preset: str, workdir: Path) -> tuple[dict, dict]:
             "use a larger preset"
         )
     return pt, ft
+
+
+def _stratified(base: TrainConfig, families: Sequence[str], n: int | None, workdir: Path) -> dict:
+    """One split per family (``n`` shared equally), joined: every family in both halves."""
+    from ase.io import read
+
+    from workbench.bench.quality import write_split
+    from workbench.data.io import write_structures
+
+    each = None if n is None else max(2, n // len(families))
+    parts = [write_split(replace(base, families=[f], max_structures=each), workdir / f) for f in families]
+    out = {}
+    for half in ("train", "valid"):
+        out[half] = str(workdir / f"{half}.extxyz")
+        write_structures(out[half], [a for p in parts for a in read(p[half], index=":")])
+    atoms = np.array([len(a) for a in read(out["train"], index=":")])
+    n_train, n_valid = sum(p["n_train"] for p in parts), sum(p["n_valid"] for p in parts)
+    return dict(out, n_train=n_train, n_valid=n_valid, mean_atoms=float(atoms.mean()), max_atoms=int(atoms.max()))
 
 
 def _elements(path: str) -> set[int]:
@@ -75,65 +99,109 @@ def _train_foundation(base: TrainConfig, split: dict, workdir: Path, epochs: int
     return trained.rename(where / "foundation.model")
 
 
-def _jobs_for_seed(base: TrainConfig, seed: int, found: Path) -> dict[str, TrainConfig]:
+def _jobs_for_seed(base: TrainConfig, seed: int, found: Path, replay_from: str) -> dict[str, TrainConfig]:
     tuned = replace(base, seed=seed, foundation_model=str(found), e0s="average")
+    multi = replace(tuned, e0s="foundation", loss="universal", multihead_finetuning=True, pt_dataset=replay_from)
     return {
         "mace": tuned,
         "finetuned": replace(tuned, sampler="mace-order", keep="best"),
         "scratch": replace(base, seed=seed, sampler="mace-order", keep="best"),
+        "mace-mh": multi,
+        "multihead": replace(multi, sampler="mace-order", keep="best"),
     }
 
 
 def _run_job(what: str, cfg: TrainConfig, split: dict, workdir: Path, epochs: int, threads: int) -> Path:
     from workbench.bench.quality import run_mace, run_workbench
+    from workbench.train.replay import write_replay
 
     where = workdir / f"{what}-seed{cfg.seed}"
-    if what == "mace":
+    if what.startswith("mace"):
+        if cfg.multihead_finetuning:  # mace replays what our run replays
+            split = {**split, **write_replay(cfg, where / "replay")}
         return run_mace(cfg, split, where, epochs, threads)[0]
     cfg = replace(cfg, name=what, output_dir=str(where), dataset=split["train"], valid_dataset=split["valid"])
     return run_workbench(replace(cfg, max_structures=None, families=None, epochs=epochs), where, threads)[0]
 
 
-def _row(what: str, seed: int | None, model: Path, split: dict, base: TrainConfig) -> dict:
+def _row(what: str, seed: int | None, model: Path, valid: str, base: TrainConfig, head: str | None = None) -> dict:
     from workbench.train.evaluate import evaluate_file
 
     keys = {k: getattr(base, k) for k in ("energy_key", "forces_key", "stress_key", "virials_key")}
-    result = evaluate_file(model, split["valid"], **keys)
+    result = evaluate_file(model, valid, head=head, **keys)
     families = {k: {m: v.get(m) for m in (*METRICS, "graphs")} for k, v in result["families"].items()}
-    return {"run": what, "seed": seed, **{m: result.get(m) for m in METRICS}, "families": families}
+    return {"run": what, "seed": seed, "head": head, **{m: result.get(m) for m in METRICS}, "families": families}
 
 
-def summarise_finetune(rows: list[dict]) -> dict:
-    """Paired ratios (finetuned / mace per seed) and the means of every run kind."""
-    by = {(r["run"], r["seed"]): r for r in rows}
-    seeds = sorted({r["seed"] for r in rows if r["run"] == "finetuned" and ("mace", r["seed"]) in by})
-    ratios = {
-        m: [by[("finetuned", s)][m] / by[("mace", s)][m] for s in seeds if by[("mace", s)].get(m)] for m in METRICS
+def _evaluated(what: str, seed: int | None, model: Path, ft: dict, pt: dict, base: TrainConfig) -> tuple[list, list]:
+    """``(rows, retention)``: the new families' errors (a multihead model through ``Default``),
+    and the pre-training families' errors through each head the model has."""
+    heads = ("Default", "pt_head") if what in ("mace-mh", "multihead") else (None,)
+    rows = [_row(what, seed, model, ft["valid"], base, heads[0])]
+    return rows, [_row(what, seed, model, pt["valid"], base, h) for h in heads]
+
+
+RUNS = ("foundation", "mace", "finetuned", "scratch", "mace-mh", "multihead")
+PAIRS = {"finetuned": "mace", "multihead": "mace-mh"}  # ours -> mace's, paired per seed
+
+
+def _ratios(rows: list[dict], ours: str, theirs: str) -> dict[str, list[float]]:
+    by = {(r["run"], r["seed"], r.get("head")): r for r in rows}
+    keys = sorted({(s, h) for (run, s, h) in by if run == ours and (theirs, s, h) in by}, key=str)
+    return {
+        m: [by[(ours, s, h)][m] / by[(theirs, s, h)][m] for s, h in keys if by[(theirs, s, h)].get(m)] for m in METRICS
     }
-    means = {
+
+
+def _means(rows: list[dict], head_of: dict | None = None) -> dict:
+    pick = lambda r, run: r["run"] == run and (head_of is None or r.get("head") == head_of.get(run))  # noqa: E731
+    return {
         run: {
-            m: float(np.mean([r[m] for r in rows if r["run"] == run and r.get(m) is not None] or [np.nan]))
+            m: float(np.mean([r[m] for r in rows if pick(r, run) and r.get(m) is not None] or [np.nan]))
             for m in METRICS
         }
-        for run in ("foundation", "mace", "finetuned", "scratch")
+        for run in RUNS
     }
-    worst = max((abs(x - 1) for v in ratios.values() for x in v), default=float("nan"))
+
+
+def summarise_finetune(rows: list[dict], retention: list[dict] | None = None) -> dict:
+    """Paired ratios (ours / mace's per seed, naive and multihead, every head evaluated), the
+    means of every run kind, and the pre-training families' errors (``retention``)."""
+    retention = retention or []
+    ratios = {}
+    for ours, theirs in PAIRS.items():  # the new families' rows, then the pre-training families' (every head)
+        new, kept = _ratios(rows, ours, theirs), _ratios(retention, ours, theirs)
+        ratios[ours] = {m: new[m] + kept[m] for m in METRICS}
+    means = _means(rows)
+    worst = max((abs(x - 1) for r in ratios.values() for v in r.values() for x in v), default=float("nan"))
     tuned_f = means["finetuned"]["f_mae_mev_a"]
+    kept = {
+        "via_default_head": _means(retention, dict.fromkeys(RUNS) | {"mace-mh": "Default", "multihead": "Default"}),
+        "via_pt_head": _means(retention, {"mace-mh": "pt_head", "multihead": "pt_head"}),
+    }
     return {
         "paired_ratios": ratios,
         "worst_ratio_deviation": worst,
-        "parity": bool(seeds) and worst <= FINETUNE_TOLERANCE,
+        "parity": any(ratios[o]["f_mae_mev_a"] for o in PAIRS) and worst <= FINETUNE_TOLERANCE,
         "means": means,
         "finetuned_beats_scratch": tuned_f < means["scratch"]["f_mae_mev_a"],
         "finetuned_beats_foundation": tuned_f < means["foundation"]["f_mae_mev_a"],
+        "retention": kept,
     }
 
 
 def format_finetune(result: dict) -> str:
     s = result["summary"]
-    lines = [f"{'run':<12} {'E MAE meV/atom':>15} {'F MAE meV/Å':>12} {'S MAE meV/Å³':>13}"]
+    head = f"{'run':<12} {'E MAE meV/atom':>15} {'F MAE meV/Å':>12} {'S MAE meV/Å³':>13}"
+    lines = ["new families (a multihead model through its Default head)", head]
     for run, m in s["means"].items():
         lines.append(f"{run:<12} {m['e_mae_mev_atom']:>15.2f} {m['f_mae_mev_a']:>12.2f} {m['s_mae_mev_a3']:>13.3f}")
+    kept = s.get("retention", {})
+    if kept:
+        lines += ["pre-training families (retention): F MAE meV/Å via Default head / via pt_head"]
+        for run, m in kept["via_default_head"].items():
+            pt = kept["via_pt_head"].get(run, {}).get("f_mae_mev_a", float("nan"))
+            lines.append(f"{run:<12} {m['f_mae_mev_a']:>12.2f} {pt:>12.2f}")
     lines.append(
         f"paired finetuned/mace: worst |ratio - 1| {s['worst_ratio_deviation']:.2e} "
         f"({'within' if s['parity'] else 'OUTSIDE'} {FINETUNE_TOLERANCE:g}); fine-tuned F MAE below scratch: "
@@ -172,14 +240,19 @@ def bench_finetune(
     steps = epochs * (ft["n_train"] // batch_size)
     progress(f"foundation: mace_run_train on {pt['n_train']} {'+'.join(PRETRAIN_FAMILIES)} structures")
     found = _train_foundation(base, pt, workdir, SIZES[preset]["pt_epochs"], threads)
-    rows = [_row("foundation", None, found, ft, base)]
+    rows, retention = _evaluated("foundation", None, found, ft, pt, base)
     result = {"bench": "finetune", "preset": preset, "dtype": dtype, "backend": backend, "steps": steps}
-    result.update(pretrain=pt, finetune=ft, foundation=str(found), seeds=list(seeds), rows=rows)
+    result.update(pretrain=pt, finetune=ft, foundation=str(found), seeds=list(seeds), rows=rows, retention=retention)
     for seed in seeds:
-        for what, cfg in _jobs_for_seed(base, seed, found).items():
-            rows.append(_row(what, seed, _run_job(what, cfg, ft, workdir, epochs, threads), ft, base))
-            progress(f"seed {seed} {what:<10} F MAE {rows[-1]['f_mae_mev_a']:.2f} meV/Å")
-            result["summary"] = summarise_finetune(rows)
+        for what, cfg in _jobs_for_seed(base, seed, found, pt["train"]).items():
+            model = _run_job(what, cfg, ft, workdir, epochs, threads)
+            new, kept = _evaluated(what, seed, model, ft, pt, base)
+            rows += new
+            retention += kept
+            progress(
+                f"seed {seed} {what:<10} F MAE {new[0]['f_mae_mev_a']:.2f} meV/Å (pre-training families {kept[0]['f_mae_mev_a']:.2f})"
+            )
+            result["summary"] = summarise_finetune(rows, retention)
             write_json(out, result)
     (workdir / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return result

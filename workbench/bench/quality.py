@@ -241,7 +241,7 @@ def mace_command(config: TrainConfig, split: dict, workdir: Path, epochs: int) -
     }
     from workbench.train.foundation import mace_run_train_flags
 
-    options.update(mace_run_train_flags(config))
+    options.update(mace_run_train_flags(config, split if "pt_train" in split else None))
     cmd = [exe]
     for flag, value in options.items():
         cmd += [flag] if value is None else [flag, str(value)]

@@ -33,27 +33,9 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 def build_training(s: Session, ckpt: dict | None) -> None:
     """Model (accelerated when asked), optimiser, scheduler, EMA and loss."""
     from workbench.train.losses import build_loss, outputs_needed
-    from workbench.train.stats import ModelStats, compute_stats
 
     config = s.config
-    if ckpt:
-        s.stats = ModelStats(**ckpt["stats"])
-    elif config.sampler == mace_order.NAME:  # mace's statistics passes: particular to this seed and batch size
-        if not s.data.train_configs:
-            raise ValueError(
-                f"sampler {mace_order.NAME!r} needs the structures in memory (an extxyz dataset), "
-                "not a prepared dataset"
-            )
-        s.stats = compute_stats(s.data.train_configs, s.data.train, s.data.z_table, *s.sampler.statistics_rows())
-    else:
-        if s.data.stats is None:
-            s.data.stats = compute_stats(s.data.train_configs, s.data.train, s.data.z_table)
-        s.stats = s.data.stats
-    if config.foundation_model and not ckpt:  # fine-tuning: the foundation's statistics, E0s per config.e0s
-        from workbench.train.foundation import finetune_stats
-
-        fitted = {z: e for z, e in zip(s.stats.zs, s.stats.e0s) if z in set(s.data.train_elements)}
-        s.stats = finetune_stats(config, list(s.data.z_table.zs), fitted)
+    s.stats = _stats(s, ckpt)
     # the initial weights depend on the seed and the model only, not on what drew random numbers
     # before (data loaders do): the same as mace_run_train's for the same seed and recipe
     torch.manual_seed(config.seed)
@@ -80,6 +62,37 @@ def build_training(s: Session, ckpt: dict | None) -> None:
     s.loss_fn = build_loss(config).to(s.device)
     stress, virials = outputs_needed(config.loss, config.stress_weight, config.virials_weight)
     s.outputs = {"compute_stress": stress, "compute_virials": virials}
+
+
+def _stats(s: Session, ckpt: dict | None):
+    """The model's constants: a checkpoint's, the foundation's (fine-tuning, E0s per
+    ``config.e0s``), or the training split's (mace-order: over mace's statistics passes)."""
+    from workbench.train.stats import ModelStats, compute_stats
+
+    config = s.config
+    if ckpt:
+        return ModelStats(**ckpt["stats"])
+    if config.multihead_finetuning:  # every constant is the foundation's (mace refuses E0s average here)
+        from workbench.train.foundation import finetune_stats
+
+        return finetune_stats(config, list(s.data.z_table.zs), {})
+    if config.sampler == mace_order.NAME:  # mace's statistics passes: particular to this seed and batch size
+        if not s.data.train_configs:
+            raise ValueError(
+                f"sampler {mace_order.NAME!r} needs the structures in memory (an extxyz dataset), "
+                "not a prepared dataset"
+            )
+        stats = compute_stats(s.data.train_configs, s.data.train, s.data.z_table, *s.sampler.statistics_rows())
+    else:
+        if s.data.stats is None:
+            s.data.stats = compute_stats(s.data.train_configs, s.data.train, s.data.z_table)
+        stats = s.data.stats
+    if config.foundation_model:  # fine-tuning: the foundation's statistics, E0s per config.e0s
+        from workbench.train.foundation import finetune_stats
+
+        fitted = {z: e for z, e in zip(stats.zs, stats.e0s) if z in set(s.data.train_elements)}
+        stats = finetune_stats(config, list(s.data.z_table.zs), fitted)
+    return stats
 
 
 def _model(config, stats) -> torch.nn.Module:

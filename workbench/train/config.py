@@ -26,6 +26,7 @@ from workbench.packing.api import ALGORITHMS
 from workbench.train.e0s import check_e0s
 from workbench.train.losses import check_weights, loss_names
 from workbench.train.mace_order import NAME as MACE_ORDER
+from workbench.train.replay_options import check_replay_fields
 from workbench.train.values import MAX_CONFIG_BYTES, ConfigError, Interval, brief, coerce, load_yaml
 
 #: The trainer's samplers: the packing algorithms of the registry, and mace_run_train's own batch
@@ -67,11 +68,18 @@ RANGES: dict[str, Interval] = {
     "num_workers": Interval(0),
     "prefetch_factor": Interval(1),
     "dist_timeout_s": Interval(1),
+    "num_samples_pt": Interval(1),
+    "weight_pt_head": Interval(0.0),
 }
 #: bounds that keep a typo from allocating gigabytes (mace's foundation models: [64, 64, 64])
 MAX_RADIAL_LAYERS, MAX_WIDTH = 16, 16384
-NULLABLE = ("max_structures", "ema_decay", "clip_grad", "max_steps")
-PATH_FIELDS = ("dataset", "valid_dataset", "foundation_model")  # null means a default; an empty string is a mistake
+NULLABLE = ("max_structures", "ema_decay", "clip_grad", "max_steps", "num_samples_pt")
+PATH_FIELDS = (
+    "dataset",
+    "valid_dataset",
+    "foundation_model",
+    "pt_dataset",
+)  # null means a default; an empty string is a mistake
 ON_NONFINITE = ("stop", "skip")
 KEEP = ("last", "best")  # which weights the run exports
 #: The fields that define a run: a checkpoint resumes only under the same values (model, data,
@@ -104,6 +112,11 @@ RUN_IDENTITY = (
     "foundation_head",
     "foundation_elements",
     "e0s",
+    "multihead_finetuning",
+    "pt_dataset",
+    "num_samples_pt",
+    "subselect_pt",
+    "weight_pt_head",
 )
 #: which elements a fine-tuned model keeps: the data's (mace_run_train's default) or all of the
 #: foundation model's (its --foundation_model_elements True)
@@ -147,6 +160,12 @@ class TrainConfig:
     foundation_elements: str = "data"  # data: keep the data's elements; all: every element of the file
     e0s: str | dict[int, float] | None = None  # foundation, average, or {Z: eV}; None: foundation when fine-tuning
     trust_model: bool = False  # load foundation_model as a full pickle (runs code from the file)
+    # multihead fine-tuning with replay (workbench.train.replay): heads pt_head + Default
+    multihead_finetuning: bool = False
+    pt_dataset: str | None = None  # the pre-training structures to replay: any structure format or a prepared dataset
+    num_samples_pt: int | None = 10000  # replayed structures kept (mace's default); None: all
+    subselect_pt: str = "random"  # random, or fps (farthest points in the foundation's descriptors)
+    weight_pt_head: float = 1.0  # the replayed structures' weight in the loss
     # optimisation
     lr: float = 0.005
     weight_decay: float = 0.0  # > 0: on the parameters mace-torch decays (workbench.train.build.param_groups)
@@ -250,6 +269,7 @@ class TrainConfig:
         self.e0s = check_e0s(self.e0s, self.foundation_model)
         if self.foundation_head is not None and not self.foundation_model:
             raise bad("foundation_head", "names a head of foundation_model, which is not set")
+        check_replay_fields(self)
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
             raise bad("name", f"{brief(self.name)}: use letters, digits, '.', '_' or '-' (it names the run directory)")
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.train.config import TrainConfig
+from workbench.train.split import configs_fingerprint, hasher, split_order
 
 #: The ``TrainConfig`` fields ``prepare_data`` reads: configs equal on these get equal ``TrainData``.
 PREPARE_FIELDS = (
@@ -42,6 +43,12 @@ PREPARE_FIELDS = (
     "dtype",
     "foundation_model",  # fine-tuning: the file's elements may define the one-hot table
     "foundation_elements",
+    "foundation_head",  # fps replay selection reads the foundation's descriptors
+    "multihead_finetuning",
+    "pt_dataset",
+    "num_samples_pt",
+    "subselect_pt",
+    "weight_pt_head",
 )
 #: A structure file above this size is read whole by every rank: point the user at ``data prepare``.
 LARGE_FILE_BYTES = 200 * 2**20
@@ -66,6 +73,10 @@ class TrainData:
     fingerprint: str = ""  # the content of the validation and training graphs, in split order (resume checks it)
     train_labels: dict = field(default_factory=dict)  # {"stress": n, "virials": n}: training graphs with the label
     train_elements: list[int] = field(default_factory=list)  # atomic numbers the training split holds
+    heads: list[str] | None = None  # multihead fine-tuning: the model's heads (workbench.train.replay)
+    valid_heads: list[str] | None = None  # the head of each validation graph
+    train_heads: np.ndarray | None = None  # int8 index into heads of each training graph
+    replay_note: str = ""  # what was replayed, for the run's log
 
     def describe(self, indices: Sequence[int], limit: int = 8) -> str:
         """Where training graphs ``indices`` came from, for error messages."""
@@ -101,27 +112,6 @@ class StoreOrigin:
         return [f"{path}, frame {frame} (shard {shard})" for (path, frame), shard in zip(store.origin(rows), shards)]
 
 
-def _hasher():
-    import hashlib
-
-    return hashlib.blake2b(digest_size=16)
-
-
-def configs_fingerprint(configs: Sequence) -> str:
-    """A digest of mace ``Configuration`` s: elements, geometry, labels, weights and family, in order."""
-    h = _hasher()
-    for c in configs:
-        values = (c.atomic_numbers, c.positions, c.cell, c.pbc, c.properties.get("energy"), c.properties.get("forces"))
-        # stress and virials only where present: a dataset without them keeps its digest of before
-        tensors = [c.properties[k] for k in ("stress", "virials") if c.properties.get(k) is not None]
-        for v in (*values, *tensors, c.weight, c.config_type):
-            if v is None or isinstance(v, str):
-                h.update(f"<{v}>".encode())
-            else:
-                h.update(np.ascontiguousarray(np.asarray(v, dtype=np.float64)).tobytes())
-    return h.hexdigest()
-
-
 def store_fingerprint(store, rows: np.ndarray) -> str:
     """A digest of a prepared dataset's ``rows``: their index records and the digests of the shards.
     Without stress or virials the records are hashed as format 2 held them, so that a run on a
@@ -131,7 +121,7 @@ def store_fingerprint(store, rows: np.ndarray) -> str:
     records = store.records(rows)
     if not (store.has_stress or store.has_virials):
         records = records[list(INDEX_DTYPE_V2.names)].astype(INDEX_DTYPE_V2)
-    h = _hasher()
+    h = hasher()
     h.update(np.ascontiguousarray(records).tobytes())
     h.update("".join(r["digest"] for r in store.manifest["shards"]).encode())
     return h.hexdigest()
@@ -151,26 +141,6 @@ def warn_unseen_elements(valid_z: set[int], train_z: set[int], where: str) -> li
             stacklevel=3,
         )
     return unseen
-
-
-def split_order(n: int, config: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
-    """``(train, valid)`` positions into ``n`` candidate graphs: a seeded shuffle, the
-    ``max_structures`` cut, then the first ``valid_fraction`` for validation (none when
-    ``valid_dataset`` names a validation file)."""
-    order = np.random.default_rng(config.seed).permutation(n)
-    if config.max_structures:
-        order = order[: config.max_structures]
-    if config.valid_dataset:  # validation comes from its own file: every candidate trains
-        return order, order[:0]
-    n_valid = round(config.valid_fraction * len(order))
-    if config.valid_fraction > 0 and len(order) >= 2:
-        n_valid = max(n_valid, 1)
-    if len(order) - n_valid < 1:
-        raise ValueError(
-            f"dataset has {len(order)} structure(s): too few for a train/validation split "
-            f"with valid_fraction={config.valid_fraction}"
-        )
-    return order[n_valid:], order[:n_valid]
 
 
 def _no_structures(path, config: TrainConfig) -> ValueError:
@@ -237,14 +207,16 @@ def prepare_data(config: TrainConfig, structures: list | None = None) -> TrainDa
     from workbench.data.source import data_source
     from workbench.dtypes import default_dtype  # imports torch: not at module level
     from workbench.train.foundation import resolve
+    from workbench.train.replay import load_replay
 
     config = resolve(config)  # fine-tuning: the foundation's cutoff and elements
+    replay = load_replay(config) if config.multihead_finetuning else None
     if structures is None:
         source = data_source(config.dataset)
         if source.kind == "prepared":
-            return _from_store(config, source.path)
+            return _from_store(config, source.path, replay)
     with default_dtype(config.dtype):  # mace builds AtomicData in the default dtype
-        return _from_structures(config, structures)
+        return _from_structures(config, structures, replay)
 
 
 #: bytes an in-memory AtomicData spends per directed edge (edge_index, shifts, unit_shifts)
@@ -285,11 +257,12 @@ def check_graph_memory(structures: list, cutoff: float, fraction: float = 0.5) -
     return estimate
 
 
-def _from_structures(config: TrainConfig, structures: list | None) -> TrainData:
+def _from_structures(config: TrainConfig, structures: list | None, replay=None) -> TrainData:
     from mace.data import config_from_atoms
 
     from workbench.data.atomic_data import key_specification, z_table_for
     from workbench.data.neighbour_frame import graph_from_config
+    from workbench.train.replay import run_heads, with_replay
 
     if structures is None:
         structures, frames, path = _load_with_frames(config)
@@ -306,16 +279,17 @@ def _from_structures(config: TrainConfig, structures: list | None) -> TrainData:
         {int(z) for a in valid for z in a.numbers}, {int(z) for a in chosen[len(valid) :] for z in a.numbers}, str(path)
     )
     n_valid = len(valid)
-    z_table = _table(config, z_table_for(chosen).zs, str(path))
+    zs = sorted(set(z_table_for(chosen).zs) | (replay.elements if replay else set()))
+    z_table = _table(config, zs, str(path))
     spec = key_specification(config.energy_key, config.forces_key, config.stress_key, config.virials_key)
     configs = [config_from_atoms(a, key_specification=spec) for a in chosen]
-    data = [graph_from_config(c, z_table, config.cutoff) for c in configs]
+    data = [graph_from_config(c, z_table, config.cutoff, heads=run_heads(config)) for c in configs]
     train, valid = data[n_valid:], data[:n_valid]
     atoms = np.array([int(d.num_nodes) for d in train], dtype=np.int64)
     edges = np.array([int(d.edge_index.shape[1]) for d in train], dtype=np.int64)
     names = sorted({str(c.config_type) for c in configs})
     code = {n: k for k, n in enumerate(names)}
-    return TrainData(
+    made = TrainData(
         train,
         valid,
         z_table,
@@ -333,6 +307,7 @@ def _from_structures(config: TrainConfig, structures: list | None) -> TrainData:
         },
         train_elements=sorted({int(z) for c in configs[n_valid:] for z in c.atomic_numbers}),
     )
+    return made if replay is None else with_replay(made, replay, config)
 
 
 def _table(config: TrainConfig, data_zs, where: str):
@@ -356,12 +331,15 @@ class StoreGraphs:
     share the arrays and open their own shard maps.
     """
 
-    def __init__(self, reader, locations: np.ndarray, z_table, cutoff: float, dtype: str) -> None:
+    def __init__(
+        self, reader, locations: np.ndarray, z_table, cutoff: float, dtype: str, heads: list[str] | None = None
+    ) -> None:
         self.reader = reader
         self.locations = locations
         self.z_table = z_table
         self.cutoff = float(cutoff)
         self.dtype = dtype
+        self.heads = heads  # the model's heads (multihead fine-tuning); these graphs are the Default head's
 
     def __len__(self) -> int:
         return int(self.locations.shape[0])
@@ -398,11 +376,12 @@ class StoreGraphs:
         if not -len(self) <= k < len(self):
             raise IndexError(f"graph {k} out of range for {len(self)} graphs")
         with default_dtype(self.dtype):  # mace builds AtomicData in the default dtype
-            return graph_from_config(self.configuration(k), self.z_table, self.cutoff)
+            return graph_from_config(self.configuration(k), self.z_table, self.cutoff, heads=self.heads)
 
 
-def _from_store(config: TrainConfig, path: Path) -> TrainData:
+def _from_store(config: TrainConfig, path: Path, replay=None) -> TrainData:
     from workbench.data.store import GraphStore
+    from workbench.train.replay import run_heads, with_replay
     from workbench.train.stats import stats_from_index
 
     if config.valid_dataset:
@@ -422,16 +401,17 @@ def _from_store(config: TrainConfig, path: Path) -> TrainData:
     train_pos, valid_pos = split_order(candidates.size, config)
     train_rows, valid_rows = candidates[train_pos], candidates[valid_pos]
     data_zs = store.present_elements(np.concatenate([valid_rows, train_rows]))
-    z_table = _table(config, data_zs, str(store.path))
+    z_table = _table(config, sorted(set(data_zs) | (replay.elements if replay else set())), str(store.path))
     if valid_rows.size:
         warn_unseen_elements(
             set(store.present_elements(valid_rows)), set(store.present_elements(train_rows)), str(path)
         )
     stats = stats_from_index(store, train_rows, [int(z) for z in data_zs])
     # The datasets keep 10 bytes a graph; the index itself is dropped with ``store``.
-    train = StoreGraphs(store.reader, store.locations(train_rows), z_table, config.cutoff, config.dtype)
-    valid = StoreGraphs(store.reader, store.locations(valid_rows), z_table, config.cutoff, config.dtype)
-    return TrainData(
+    heads = run_heads(config)
+    train = StoreGraphs(store.reader, store.locations(train_rows), z_table, config.cutoff, config.dtype, heads)
+    valid = StoreGraphs(store.reader, store.locations(valid_rows), z_table, config.cutoff, config.dtype, heads)
+    made = TrainData(
         train,
         valid,
         z_table,
@@ -446,3 +426,4 @@ def _from_store(config: TrainConfig, path: Path) -> TrainData:
         train_labels={k: int(store.column(k, train_rows).sum()) for k in ("stress", "virials")},
         train_elements=[int(z) for z in store.present_elements(train_rows)],
     )
+    return made if replay is None else with_replay(made, replay, config)

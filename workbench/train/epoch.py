@@ -109,16 +109,7 @@ def validate(s: Session, epoch: int) -> dict:
     step on the loss (as mace_run_train); with ``keep="best"`` the weights of the epoch with the
     lowest loss so far are kept for the export."""
     with s.ema.average_parameters() if s.ema is not None else contextlib.nullcontext():
-        valid = evaluate(
-            s.model,
-            s.data.valid,
-            s.device,
-            batch_size=s.config.batch_size,
-            num_workers=s.config.num_workers,
-            families=s.data.valid_families,
-            loss_fn=s.loss_fn,
-            **s.outputs,
-        )
+        valid = _evaluate_heads(s)
         loss = valid.get("loss", float("nan"))
         if (
             s.config.keep == "best"
@@ -134,6 +125,33 @@ def validate(s: Session, epoch: int) -> dict:
     if math.isfinite(loss):
         s.scheduler.step(loss)
     return valid
+
+
+def _evaluate_heads(s: Session) -> dict:
+    """The validation errors; with several heads, each head's graphs on their own (as mace's
+    loaders per head), under ``heads``, and the last head's (``Default``, the new data) on top:
+    its loss drives the scheduler and ``keep: best``, as mace's last head does."""
+    from torch.utils.data import Subset
+
+    def run(data, families) -> dict:
+        return evaluate(
+            s.model,
+            data,
+            s.device,
+            batch_size=s.config.batch_size,
+            num_workers=s.config.num_workers,
+            families=families,
+            loss_fn=s.loss_fn,
+            **s.outputs,
+        )
+
+    if not s.data.valid_heads:
+        return run(s.data.valid, s.data.valid_families)
+    per = {}
+    for head in s.data.heads:
+        mine = [i for i, h in enumerate(s.data.valid_heads) if h == head]
+        per[head] = run(Subset(s.data.valid, mine), [s.data.valid_families[i] for i in mine])
+    return {**per[s.data.heads[-1]], "heads": per}
 
 
 def log_epoch(
@@ -161,6 +179,7 @@ def log_epoch(
             **{f"valid_{k}": _finite_or_none(valid.get(k)) for k in TENSOR_METRICS},
             "valid_families": valid["families"],
             "valid_loss": valid.get("loss"),
+            **({"valid_heads": _heads_record(valid["heads"])} if "heads" in valid else {}),
             "compute_share": totals.compute_s / busy,
             "allreduce_share": totals.allreduce_s / busy,
             "data_share": totals.data_s / busy,
@@ -169,6 +188,14 @@ def log_epoch(
             "peak_mem_gb": torch.cuda.max_memory_allocated(s.device) / 1e9 if s.device.type == "cuda" else None,
         }
     )
+
+
+def _heads_record(heads: dict) -> dict:
+    """Per head: its errors (null where none), loss and families, for the epoch record."""
+    return {
+        head: {k: (_finite_or_none(v) if isinstance(v, float) else v) for k, v in result.items()}
+        for head, result in heads.items()
+    }
 
 
 def _finite_or_none(value) -> float | None:

@@ -160,9 +160,12 @@ def foundation_of(config: TrainConfig) -> Foundation | None:
 def resolve(config: TrainConfig) -> TrainConfig:
     """``config`` with the architecture of its foundation model (unchanged without one); a field
     that is not at its default and differs from the file is an error naming both."""
+    from workbench.train.replay_options import recipe
+
     found = foundation_of(config)
     if found is None:
         return config
+    config = recipe(config)  # multihead fine-tuning: mace's lr, EMA and loss where the config keeps defaults
     defaults = TrainConfig.__dataclass_fields__
     arch = found.architecture()
     for name, value in arch.items():
@@ -227,24 +230,31 @@ def finetune_stats(config: TrainConfig, zs: list[int], fitted: dict[int, float])
         avg_num_neighbors=float(c["avg_num_neighbors"]),
         shift=float(torch.as_tensor(c["atomic_inter_shift"]).reshape(-1)[0]),
         scale=float(torch.as_tensor(c["atomic_inter_scale"]).reshape(-1)[0]),
+        # multihead: pt_head keeps the foundation's E0s, as mace_run_train does
+        pt_e0s=[found.e0s[int(z)] for z in zs] if config.multihead_finetuning else None,
     )
 
 
 def build_finetune_model(config: TrainConfig, stats) -> torch.nn.Module:
     """The foundation model rebuilt over ``stats.zs`` in ``config.dtype`` with its weights (mace's
-    ``load_foundations_elements``), one head named ``Default`` and ``stats.e0s``."""
+    ``load_foundations_elements``): one head named ``Default`` with ``stats.e0s``, or for
+    multihead fine-tuning heads ``pt_head`` (``stats.pt_e0s``) and ``Default``, each readout a
+    copy of the foundation's."""
     import numpy as np
     from mace import modules
     from mace.tools import AtomicNumberTable
     from mace.tools.finetuning_utils import load_foundations_elements
 
     from workbench.dtypes import default_dtype
+    from workbench.train.replay_options import run_heads
 
     found = foundation_of(config)
     dtype = getattr(torch, config.dtype)
-    mace_config = dict(found.mace_config, heads=["Default"], atomic_numbers=list(stats.zs))
-    mace_config.update(num_elements=len(stats.zs), atomic_energies=np.array([stats.e0s]))
-    mace_config.update(atomic_inter_scale=[stats.scale], atomic_inter_shift=[stats.shift])
+    heads = run_heads(config) or ["Default"]
+    e0s = [stats.pt_e0s, stats.e0s] if len(heads) > 1 else [stats.e0s]
+    mace_config = dict(found.mace_config, heads=heads, atomic_numbers=list(stats.zs))
+    mace_config.update(num_elements=len(stats.zs), atomic_energies=np.array(e0s))
+    mace_config.update(atomic_inter_scale=[stats.scale] * len(heads), atomic_inter_shift=[stats.shift] * len(heads))
     with default_dtype(dtype):
         model = modules.ScaleShiftMACE(**mace_config)
         model = load_foundations_elements(
@@ -256,22 +266,32 @@ def build_finetune_model(config: TrainConfig, stats) -> torch.nn.Module:
             default_dtype=dtype,
         )
     with torch.no_grad():  # mace's copy also overwrites the E0s when the element lists match
-        model.atomic_energies_fn.atomic_energies.copy_(torch.tensor([stats.e0s], dtype=dtype))
+        model.atomic_energies_fn.atomic_energies.copy_(torch.tensor(e0s, dtype=dtype))
     return model.to(dtype)
 
 
-def mace_run_train_flags(config: TrainConfig) -> dict[str, Any]:
-    """mace_run_train's naive fine-tuning flags for a config with a foundation model (mace takes
-    the architecture from the file; the architecture flags it is also given are overridden)."""
+def mace_run_train_flags(config: TrainConfig, replay_files: dict | None = None) -> dict[str, Any]:
+    """mace_run_train's fine-tuning flags for a config with a foundation model (mace takes the
+    architecture from the file; the architecture flags it is also given are overridden).
+    Multihead fine-tuning needs ``replay_files`` (:func:`workbench.train.replay.write_replay`):
+    mace is given the structures this run replays, and our lr and EMA decay explicitly."""
     if not config.foundation_model:
         return {}
     e0s = config.e0s or "foundation"
     flags: dict[str, Any] = {
         "--foundation_model": config.foundation_model,
         "--foundation_model_elements": config.foundation_elements == "all",
-        "--multiheads_finetuning": False,
+        "--multiheads_finetuning": bool(config.multihead_finetuning),
         "--E0s": e0s if isinstance(e0s, str) else "{" + ", ".join(f"{z}: {e!r}" for z, e in e0s.items()) + "}",
     }
     if config.foundation_head:
         flags["--foundation_head"] = config.foundation_head
+    if config.multihead_finetuning:
+        if not replay_files:
+            raise ValueError("multihead fine-tuning: give mace_run_train the replay files (replay.write_replay)")
+        flags.update({"--pt_train_file": replay_files["pt_train"], "--pt_valid_file": replay_files["pt_valid"]})
+        flags.update({"--force_mh_ft_lr": True, "--lr": config.lr, "--loss": config.loss})
+        flags.update({"--weight_pt_head": config.weight_pt_head, "--real_pt_data_ratio_threshold": 0.1})
+        if config.ema_decay is not None:
+            flags["--ema_decay"] = config.ema_decay
     return flags

@@ -102,6 +102,8 @@ def set_up(config: TrainConfig, structures: list | None, data: TrainData | None,
     preflight(config, device)
     if data is None:
         data = prepare_data(config, structures)
+    if data.replay_note and rank == 0:
+        print(f"workbench: {data.replay_note}", file=sys.stderr, flush=True)
     sampler = make_sampler(config, data.train_atoms, world, rank, mace_order.file_order(data))
     run = RunDir(config.run_dir)
     if rank == 0:

@@ -34,6 +34,13 @@ NAME = "mace-order"
 STATISTICS_PASSES = 2  # avg_num_neighbors, then shift and scale, before the first step
 
 
+def statistics_passes(config) -> int:
+    """The loader passes mace_run_train makes before its first step: 2, or 1 in multihead
+    fine-tuning, where the replay head's neighbour count comes from the foundation and mace
+    skips the avg_num_neighbors pass (only the scaling pass is left)."""
+    return 1 if getattr(config, "multihead_finetuning", False) else STATISTICS_PASSES
+
+
 class _Passes:
     """The loader's passes in order, replayed from the seed (a pass is recomputed, not stored)."""
 
@@ -96,6 +103,7 @@ class MaceOrderSampler(EpochBatchSampler):
     seed : mace's ``--seed``.
     order : :func:`file_order` (mace's file positions to dataset indices); None: the same.
     atoms : atoms per graph, for :meth:`packing` (the run record's batch layout).
+    statistics_passes : loader passes mace makes before its first step (:func:`statistics_passes`).
 
     One process only: mace's distributed runs draw from ``DistributedSampler`` instead.
     The protocol of :class:`~workbench.packing.sampler.EpochBatchSampler` (``set_epoch``,
@@ -103,7 +111,13 @@ class MaceOrderSampler(EpochBatchSampler):
     """
 
     def __init__(
-        self, n: int, batch_size: int, seed: int = 0, order: np.ndarray | None = None, atoms: np.ndarray | None = None
+        self,
+        n: int,
+        batch_size: int,
+        seed: int = 0,
+        order: np.ndarray | None = None,
+        atoms: np.ndarray | None = None,
+        statistics_passes: int = STATISTICS_PASSES,
     ) -> None:
         if n < batch_size:
             raise ValueError(
@@ -115,6 +129,7 @@ class MaceOrderSampler(EpochBatchSampler):
             raise ValueError(f"order must be a permutation of the {self.n} training graphs")
         self.order = None if order is None else np.asarray(order, dtype=np.int64)
         self.atoms = np.ones(self.n, dtype=np.int64) if atoms is None else np.asarray(atoms, dtype=np.int64)
+        self.statistics_passes = int(statistics_passes)
         self.set_epoch(0)
         self._passes = _Passes(n, batch_size, seed)
         self._cache: tuple[int, np.ndarray] | None = None
@@ -123,14 +138,15 @@ class MaceOrderSampler(EpochBatchSampler):
         """The ``(steps, batch_size)`` graph indices of ``epoch`` (default: the current one)."""
         epoch = self.epoch if epoch is None else int(epoch)
         if self._cache is None or self._cache[0] != epoch:
-            b = self._passes.get(STATISTICS_PASSES + epoch)
+            b = self._passes.get(self.statistics_passes + epoch)
             self._cache = (epoch, b if self.order is None else self.order[b])
         return self._cache[1]
 
     def statistics_rows(self) -> tuple[np.ndarray, np.ndarray]:
         """``(neighbour_rows, energy_rows)``: the training graphs mace's ``avg_num_neighbors`` and
-        its shift and scale are computed over (passes 0 and 1, each in drawing order)."""
-        rows = self._passes.get(0).ravel(), self._passes.get(1).ravel()
+        its shift and scale are computed over (passes 0 and 1, each in drawing order; one pass
+        serves both when mace makes only one)."""
+        rows = self._passes.get(0).ravel(), self._passes.get(self.statistics_passes - 1).ravel()
         return rows if self.order is None else (self.order[rows[0]], self.order[rows[1]])
 
     def packing(self, epoch: int | None = None):

@@ -35,7 +35,10 @@ def make_sampler(
     """
     if config.sampler == mace_order.NAME:
         mace_order.check_ranks(num_replicas)
-        return MaceOrderSampler(len(atoms), config.batch_size, seed=config.seed, order=file_order, atoms=atoms)
+        passes = mace_order.statistics_passes(config)
+        return MaceOrderSampler(
+            len(atoms), config.batch_size, seed=config.seed, order=file_order, atoms=atoms, statistics_passes=passes
+        )
     spec = ALGORITHMS[config.sampler]
     options = {}
     if spec.respects_capacity:

@@ -41,15 +41,19 @@ class ModelStats:
     avg_num_neighbors: float
     shift: float
     scale: float
+    pt_e0s: list[float] | None = None  # multihead fine-tuning: the E0s of head pt_head (e0s: Default's)
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "zs": self.zs,
             "e0s": self.e0s,
             "avg_num_neighbors": self.avg_num_neighbors,
             "shift": self.shift,
             "scale": self.scale,
         }
+        if self.pt_e0s is not None:  # absent otherwise: a one-head checkpoint reads as before
+            out["pt_e0s"] = self.pt_e0s
+        return out
 
     def describe(self) -> str:
         """A few lines for a console or notebook."""
