@@ -161,6 +161,9 @@ def test_notebook_04_local(runs):
     assert "#SBATCH" in text, "the SLURM cell should print the dry-run job script when submission is off"
     assert "NVE 20 steps of 0.5 fs" in text and "eV/atom/ps" in text, "the MD check of the trained model should run"
     assert "validation graphs with a stress label" in text, "the run trains with stress and reports its error"
+    assert "heads: Default" in text and "in head pt_head" in text, "the fine-tuning section reads the foundation"
+    tables = "".join(o.data.get("text/html", "") for c in nb.cells for o in c.get("outputs", []) if "data" in o)
+    assert "fine-tuned, pt_head" in tables and "water_clusters" in tables, "errors before and after, per head"
     run_dir = runs / "nb04-local"
     from workbench.train.metrics import read_steps
 
