@@ -13,6 +13,11 @@ PYTEST_ARGS ?=
 LOCK   ?= requirements.lock
 INSTALL_FLAGS := $(if $(LOCK),-c $(LOCK),--upgrade --upgrade-strategy eager)
 STAMP  := $(VENV)/.installed$(if $(LOCK),-locked,-latest)
+# cuEquivariance's Python layers (pure Python, CPU too), kept off the main environment's path: with
+# them importable the cueq backend counts as available. Tests that read a model saved with
+# cuEquivariance layers put this folder on a subprocess's PYTHONPATH (tests/test_finetune_cueq.py).
+CUEQ_LIB  := $(VENV)/cueq-lib
+CUEQ_PKGS ?= cuequivariance==0.13.0 cuequivariance-torch==0.13.0
 
 .PHONY: demo test test-nequip lint lab venv lock lock-nequip bench-packing bench-cpu clean-venv system-deps
 
@@ -59,7 +64,11 @@ NEQUIP_VENV ?= .venv-nequip
 NEQUIP_LOCK ?= requirements-nequip.lock
 NEQUIP_PY   := $(NEQUIP_VENV)/bin/python
 NEQUIP_STAMP := $(NEQUIP_VENV)/.installed
-test: $(STAMP) $(NEQUIP_STAMP) lint system-deps
+$(CUEQ_LIB)/.installed: $(STAMP)
+	rm -rf $(CUEQ_LIB) && $(PIP) install -q --no-deps --no-compile --target $(CUEQ_LIB) $(CUEQ_PKGS)
+	@touch $@
+
+test: $(STAMP) $(NEQUIP_STAMP) $(CUEQ_LIB)/.installed lint system-deps
 	WORKBENCH_LOCK="$(LOCK)" $(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-nequip
 

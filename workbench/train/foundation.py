@@ -12,6 +12,8 @@ your own), as ``mace_run_train --foundation_model PATH`` does (naive fine-tuning
   neighbour count, scale and shift are the foundation's; the E0s follow ``TrainConfig.e0s``
   (:mod:`workbench.train.e0s`).
 * A file with several heads (mace-mh-1) starts from ``foundation_head`` (mace's ``remove_pt_head``).
+* A file saved with cuEquivariance layers is converted to e3nn's by mace's converter (it needs
+  cuequivariance-torch, which runs on the CPU too); ``TrainConfig.backend`` applies as usual.
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ def _load(path: str, size: int, mtime_ns: int, trust: bool, head: str | None) ->
             f"{' or '.join(CLASSES)} (mace_run_train's default model)"
         )
     if _holds_cueq(model):
-        raise FoundationError(_cueq_hint(where))
+        model = _from_cueq(model, where)
     heads = heads_of(model)
     chosen, model = select_head(model, head, where, option="TrainConfig.foundation_head")
     return Foundation(where, _sha256(where), model.eval(), heads, chosen, extract_config_mace_model(model))
@@ -144,10 +146,28 @@ def _holds_cueq(model: torch.nn.Module) -> bool:
 
 def _cueq_hint(path: Path) -> str:
     return (
-        f"TrainConfig.foundation_model: {path}: saved with cuEquivariance layers; convert it to e3nn first with "
-        f"mace's converter (`python -m mace.cli.convert_cueq_e3nn {path}`, which needs cuequivariance-torch) "
-        "and fine-tune from its output; TrainConfig.backend then applies as usual"
+        f"TrainConfig.foundation_model: {path}: saved with cuEquivariance layers, and cuequivariance-torch is not "
+        "installed to read them; `pip install cuequivariance-torch` (pure Python, runs on the CPU too) and the "
+        "file is converted to e3nn by mace's own converter before training, or convert it yourself "
+        f"(`python -m mace.cli.convert_cueq_e3nn {path}`) and fine-tune from its output"
     )
+
+
+def _from_cueq(model: torch.nn.Module, path: Path) -> torch.nn.Module:
+    """A model saved with cuEquivariance layers, converted to e3nn's by mace's converter
+    (``mace.cli.convert_cueq_e3nn``); ``TrainConfig.backend`` then applies as to any model."""
+    from mace.cli.convert_cueq_e3nn import run
+
+    from workbench.dtypes import default_dtype
+
+    with default_dtype(next(model.parameters()).dtype):  # the converter sets the default dtype
+        try:
+            return run(model, device="cpu", return_model=True)
+        except Exception as exc:
+            raise FoundationError(
+                f"TrainConfig.foundation_model: {path}: mace's cuEquivariance -> e3nn converter failed "
+                f"({type(exc).__name__}: {str(exc)[:160]})"
+            ) from None
 
 
 def foundation_of(config: TrainConfig) -> Foundation | None:

@@ -32,7 +32,7 @@ import torch
 __all__ = ["ModelFileError", "check_device", "load_model", "load_torch_file", "nonfinite_parameters"]
 
 #: modules whose ``torch.nn.Module`` classes a model may be built from
-MODULE_PACKAGES = ("mace.modules.", "e3nn.", "torch.nn.modules.", "workbench.kernels.")
+MODULE_PACKAGES = ("mace.modules.", "e3nn.", "torch.nn.modules.", "workbench.kernels.", "cuequivariance_torch.")
 #: other classes a mace model holds as values (irreps, instruction records, the fx tracer class)
 VALUE_CLASSES = (
     "e3nn.o3._irreps.Irrep",
@@ -41,6 +41,20 @@ VALUE_CLASSES = (
     "e3nn.o3._linear.Instruction",
     "e3nn.o3._tensor_product._instruction.Instruction",
     "torch.fx._symbolic_trace.Tracer",
+    # a model saved with cuEquivariance layers (mace's --enable_cueq): their descriptors, plain data
+    "mace.modules.wrapper_ops.CuEquivarianceConfig",
+    "mace.tools.cg.O3_e3nn",
+    "cuequivariance.group_theory.equivariant_polynomial.EquivariantPolynomial",
+    "cuequivariance.group_theory.irreps_array.irreps.Irreps",
+    "cuequivariance.group_theory.irreps_array.irreps.MulIrrep",
+    "cuequivariance.group_theory.irreps_array.irreps_and_layout.IrrepsAndLayout",
+    "cuequivariance.group_theory.irreps_array.irreps_layout.IrrepsLayout",
+    "cuequivariance.segmented_polynomials.operation.Operation",
+    "cuequivariance.segmented_polynomials.path.Path",
+    "cuequivariance.segmented_polynomials.segmented_operand.SegmentedOperand",
+    "cuequivariance.segmented_polynomials.segmented_polynomial.SegmentedPolynomial",
+    "cuequivariance.segmented_polynomials.segmented_tensor_product.SegmentedTensorProduct",
+    "cuequivariance.segmented_polynomials.subscripts.Subscripts",
 )
 #: activation functions a model may keep as attributes (mace's gates)
 ACTIVATIONS = tuple(
