@@ -84,6 +84,8 @@ def test_select_head_reduces_to_the_named_head_and_lists_the_heads_otherwise(fil
         float(one.scale_shift.scale.reshape(-1)[0]) == 1.0
         and float(one.atomic_energies_fn.atomic_energies[0, 1]) == -2.0
     )
+    for dtype in (torch.float64, torch.float32):  # mace rebuilds in the default dtype: ours is the model's
+        assert next(select_head(two.to(dtype), "Default", "two")[1].parameters()).dtype == dtype
     with pytest.raises(HeadError, match=r"--head: 'omat' is not a head of two; its heads: pt_head, Default"):
         select_head(two, "omat", "two")
     with pytest.raises(HeadError, match=r"three has heads omat, mp, pt_head; name the one to use"):

@@ -43,4 +43,7 @@ def select_head(
         head = candidates[0]
     from mace.tools.scripts_utils import remove_pt_head
 
-    return head, remove_pt_head(model, head)
+    from workbench.dtypes import default_dtype
+
+    with default_dtype(next(model.parameters()).dtype):  # mace rebuilds the model in the default dtype
+        return head, remove_pt_head(model, head)
