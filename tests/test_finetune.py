@@ -26,12 +26,13 @@ def _cfg(tmp_path: Path, foundation: Path, data: Path, **kw) -> TrainConfig:  # 
 def test_a_finetuning_run_pairs_with_mace_run_train_step_for_step(tmp_path, foundation, hea):  # noqa: F811
     """mace_run_train --foundation_model and a mace-order run, float64 e3nn, stress loss: every
     step's loss and the final models' validation errors agree, for the data's elements (mace's
-    default) and E0s refitted (average), and for all the file's elements with its own E0s."""
+    default) and E0s refitted (average), for all the file's elements with its own E0s, and with
+    mace's estimated E0s (the foundation's, corrected on the training split)."""
     from workbench.bench.quality import PRESETS, base_config
     from workbench.train.evaluate import evaluate_file
 
-    for k, (e0s, elements) in enumerate((("average", "data"), ("foundation", "all"))):
-        where = tmp_path / elements
+    for k, (e0s, elements) in enumerate((("average", "data"), ("foundation", "all"), ("estimated", "data"))):
+        where = tmp_path / f"{e0s}-{elements}"
         cfg = base_config(PRESETS["small"], where, seed=3 + k, loss="stress", stress_weight=10.0)
         cfg = replace(cfg, dataset=str(hea), max_structures=None, batch_size=4, **ARCH)
         # a small clip_grad clips every step: mace's norm counts the Bessel weights it never steps

@@ -10,7 +10,8 @@ mixture's ``mptrj`` structures (materials, with stress). Then, on the new famili
 * ``workbench train`` from scratch with the same architecture, recipe and number of steps;
 * multihead fine-tuning with replay of the pre-training split (``mace_run_train
   --multiheads_finetuning True`` given the structures our run replays, and ``workbench train``
-  with ``multihead_finetuning``, ``mace-order``; loss ``universal``, E0s the foundation's);
+  with ``multihead_finetuning``, ``mace-order``; loss ``universal``, E0s ``estimated``: mace
+  refuses ``average`` here);
 
 and the foundation model itself, evaluated as it is. Every model is evaluated by one function on
 the same validation file, per family (the new families' validation split is stratified, so
@@ -101,7 +102,7 @@ def _train_foundation(base: TrainConfig, split: dict, workdir: Path, epochs: int
 
 def _jobs_for_seed(base: TrainConfig, seed: int, found: Path, replay_from: str) -> dict[str, TrainConfig]:
     tuned = replace(base, seed=seed, foundation_model=str(found), e0s="average")
-    multi = replace(tuned, e0s="foundation", loss="universal", multihead_finetuning=True, pt_dataset=replay_from)
+    multi = replace(tuned, e0s="estimated", loss="universal", multihead_finetuning=True, pt_dataset=replay_from)
     return {
         "mace": tuned,
         "finetuned": replace(tuned, sampler="mace-order", keep="best"),

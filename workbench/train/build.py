@@ -75,7 +75,7 @@ def _stats(s: Session, ckpt: dict | None):
     if config.multihead_finetuning:  # every constant is the foundation's (mace refuses E0s average here)
         from workbench.train.foundation import finetune_stats
 
-        return finetune_stats(config, list(s.data.z_table.zs), {})
+        return finetune_stats(config, list(s.data.z_table.zs), {}, s.data.new_train_configs())
     if config.sampler == mace_order.NAME:  # mace's statistics passes: particular to this seed and batch size
         if not s.data.train_configs:
             raise ValueError(
@@ -91,7 +91,7 @@ def _stats(s: Session, ckpt: dict | None):
         from workbench.train.foundation import finetune_stats
 
         fitted = {z: e for z, e in zip(stats.zs, stats.e0s) if z in set(s.data.train_elements)}
-        stats = finetune_stats(config, list(s.data.z_table.zs), fitted)
+        stats = finetune_stats(config, list(s.data.z_table.zs), fitted, s.data.new_train_configs())
     return stats
 
 

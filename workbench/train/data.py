@@ -77,6 +77,15 @@ class TrainData:
     valid_heads: list[str] | None = None  # the head of each validation graph
     train_heads: np.ndarray | None = None  # int8 index into heads of each training graph
     replay_note: str = ""  # what was replayed, for the run's log
+    new_train: int | None = None  # with replay: training graphs of the new data, counted once
+
+    def new_train_configs(self) -> list:
+        """The new data's training ``Configuration`` s, each once (without the replayed ones and
+        mace's repeats); empty for a prepared dataset."""
+        if self.new_train is None or not self.train_configs:
+            return list(self.train_configs)
+        start = int((self.train_heads == 0).sum())
+        return self.train_configs[start : start + self.new_train]
 
     def describe(self, indices: Sequence[int], limit: int = 8) -> str:
         """Where training graphs ``indices`` came from, for error messages."""

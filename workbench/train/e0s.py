@@ -6,6 +6,9 @@ interaction energy, :math:`E = \sum_i E0_{z_i} + E_\text{int}`.
 * ``average`` — least squares on the training split (mace's ``compute_average_E0s``), the only
   choice when training from scratch;
 * ``foundation`` — the foundation model's own (fine-tuning only; the default there);
+* ``estimated`` — the foundation's, corrected by least squares so that the foundation's
+  predictions on the training split best match its energies (mace's ``--E0s estimated``,
+  fine-tuning only; the choice for multihead fine-tuning, where ``average`` is refused);
 * ``{Z: eV}`` — an explicit map, keys atomic numbers or element symbols (fine-tuning only).
 
 When a fine-tuned model keeps elements the data lacks (``foundation_elements: all``), those keep
@@ -21,7 +24,7 @@ from workbench.train.values import ConfigError, brief
 
 __all__ = ["E0S_CHOICES", "check_e0s", "choose_e0s"]
 
-E0S_CHOICES = ("foundation", "average")
+E0S_CHOICES = ("foundation", "average", "estimated")
 
 
 def _atomic_number(key: Any) -> int | None:
@@ -52,11 +55,13 @@ def check_e0s(value: Any, foundation_model: str | None) -> str | dict[int, float
         choice = value.strip().lower()
         if choice not in E0S_CHOICES:
             raise bad(f"{brief(value)} is not one of {', '.join(E0S_CHOICES)}, or a map {{Z: eV}}")
-        if choice == "foundation" and not foundation_model:
-            raise bad("'foundation' takes the E0s of foundation_model, which is not set")
+        if choice in ("foundation", "estimated") and not foundation_model:
+            raise bad(f"{choice!r} starts from the E0s of foundation_model, which is not set")
         return choice
     if not isinstance(value, dict) or not value:
-        raise bad(f"expected foundation, average or a map {{Z: eV}} like {{1: -13.6, 8: -2041.8}}, got {brief(value)}")
+        raise bad(
+            f"expected foundation, average, estimated or a map {{Z: eV}} like {{1: -13.6, 8: -2041.8}}, got {brief(value)}"
+        )
     if not foundation_model:
         raise bad("an explicit map applies to fine-tuning (foundation_model); a run from scratch fits them (average)")
     out: dict[int, float] = {}

@@ -37,6 +37,7 @@ __all__ = [
     "FoundationError",
     "build_finetune_model",
     "check_data_elements",
+    "estimate_e0s",
     "finetune_stats",
     "load_foundation",
     "mace_run_train_flags",
@@ -236,23 +237,45 @@ def check_data_elements(config: TrainConfig, data_zs, where: str) -> None:
         )
 
 
-def finetune_stats(config: TrainConfig, zs: list[int], fitted: dict[int, float]):
+def finetune_stats(config: TrainConfig, zs: list[int], fitted: dict[int, float], configs: list | None = None):
     """The :class:`~workbench.train.stats.ModelStats` of a fine-tuned model over ``zs``: E0s per
-    ``config.e0s`` (``fitted``: least squares on the training split), the rest the foundation's."""
+    ``config.e0s`` (``fitted``: least squares on the training split; ``configs``: the new
+    training structures, for ``estimated``), the rest the foundation's."""
     from workbench.train.e0s import choose_e0s
     from workbench.train.stats import ModelStats
 
     found = foundation_of(config)
     c = found.mace_config
+    spec = estimate_e0s(found, configs) if config.e0s == "estimated" else config.e0s
     return ModelStats(
         zs=[int(z) for z in zs],
-        e0s=choose_e0s(config.e0s, list(zs), fitted, found.e0s),
+        e0s=choose_e0s(spec, list(zs), fitted, found.e0s),
         avg_num_neighbors=float(c["avg_num_neighbors"]),
         shift=float(torch.as_tensor(c["atomic_inter_shift"]).reshape(-1)[0]),
         scale=float(torch.as_tensor(c["atomic_inter_scale"]).reshape(-1)[0]),
         # multihead: pt_head keeps the foundation's E0s, as mace_run_train does
         pt_e0s=[found.e0s[int(z)] for z in zs] if config.multihead_finetuning else None,
     )
+
+
+def estimate_e0s(found: Foundation, configs: list | None) -> dict[int, float]:
+    """mace's ``--E0s estimated``: the foundation's E0s plus the least-squares correction of its
+    energy errors on ``configs`` (mace ``Configuration`` s of the new training data), for the
+    elements they hold (``mace.data.utils.estimate_e0s_from_foundation``)."""
+    from mace.data.utils import estimate_e0s_from_foundation
+    from mace.tools import AtomicNumberTable
+
+    from workbench.dtypes import default_dtype
+
+    if not configs:
+        raise FoundationError(
+            "TrainConfig.e0s: 'estimated' runs the foundation on the training structures, which a prepared dataset "
+            "does not keep in memory; train from the structure file, or use foundation or a map"
+        )
+    table = AtomicNumberTable(sorted({int(z) for c in configs for z in c.atomic_numbers}))
+    with default_dtype(next(found.model.parameters()).dtype):
+        est = estimate_e0s_from_foundation(found.model, dict(found.e0s), configs, table, device="cpu")
+    return {int(z): float(e) for z, e in est.items()}
 
 
 def build_finetune_model(config: TrainConfig, stats) -> torch.nn.Module:

@@ -319,4 +319,5 @@ def with_replay(data, replay: Replay, config: TrainConfig):
         valid_heads=[PT_HEAD] * len(pt_valid) + [FT_HEAD] * len(data.valid),
         train_heads=np.concatenate([np.zeros(len(pt_train)), np.ones(n_new * copies)]).astype(np.int8),
         replay_note=describe(replay, n_new),
+        new_train=n_new,
     )
