@@ -35,6 +35,7 @@ downloaded Materials Project replay; here the selection applies to every ``pt_da
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,15 +77,16 @@ class Replay:
         return {int(z) for a in (*self.train, *self.valid) for z in a.numbers}
 
 
-def _read_source(config: TrainConfig) -> list:
-    """Every labelled structure of ``pt_dataset``, labels under the config's keys."""
+def _read_source(config: TrainConfig) -> Sequence:
+    """Every labelled structure of ``pt_dataset``, labels under the config's keys (a prepared
+    dataset's are built when indexed)."""
     from workbench.data.io import read_structures
     from workbench.data.source import data_source
 
     source = data_source(config.pt_dataset, field="pt_dataset")
     keys = {k: getattr(config, k) for k in ("energy_key", "forces_key", "stress_key", "virials_key")}
     if source.kind == "prepared":
-        return _read_store(source.path, keys)
+        return _StoreStructures(source.path, keys)
     atoms = read_structures(source.path, **keys)
     kept = [a for a in atoms if a.info.get("labelled", True)]
     if not kept:
@@ -92,16 +94,25 @@ def _read_source(config: TrainConfig) -> list:
     return kept
 
 
-def _read_store(path: Path, keys: dict[str, str]) -> list:
-    """The labelled graphs of a prepared dataset as ``ase.Atoms`` with their labels."""
-    import ase
+class _StoreStructures:
+    """The labelled graphs of a prepared dataset as ``ase.Atoms`` with their labels, built on
+    access: a random replay of ``num_samples_pt`` reads only the structures it picks."""
 
-    from workbench.data.store import GraphStore
+    def __init__(self, path: Path, keys: dict[str, str]) -> None:
+        from workbench.data.store import GraphStore
 
-    store = GraphStore(path)
-    out = []
-    for row in store.select():
-        g = store.graph(int(row))
+        self.store, self.keys = GraphStore(path), keys
+        self.rows = self.store.select()
+        if not self.rows.size:
+            raise ConfigError(f"TrainConfig.pt_dataset: {path}: no labelled structures to replay")
+
+    def __len__(self) -> int:
+        return int(self.rows.size)
+
+    def __getitem__(self, i: int):
+        import ase
+
+        g, keys = self.store.graph(int(self.rows[i])), self.keys
         a = ase.Atoms(numbers=g.numbers, positions=g.positions, cell=g.cell, pbc=g.pbc)
         a.info[keys["energy_key"]] = float(g.energy)
         a.arrays[keys["forces_key"]] = np.asarray(g.forces, dtype=np.float64)
@@ -110,10 +121,10 @@ def _read_store(path: Path, keys: dict[str, str]) -> list:
             if np.isfinite(value).all():
                 a.info[keys[f"{name}_key"]] = value.reshape(3, 3)
         a.info["config_type"] = str(g.family)
-        out.append(a)
-    if not out:
-        raise ConfigError(f"TrainConfig.pt_dataset: {path}: no labelled structures to replay")
-    return out
+        return a
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
 
 
 def load_replay(config: TrainConfig) -> Replay:
