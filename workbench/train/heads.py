@@ -11,9 +11,9 @@ import os
 
 import torch
 
-__all__ = ["PT_HEAD", "HeadError", "heads_of", "select_head"]
+from workbench.train.replay_options import PT_HEAD  # one owner, importable without torch
 
-PT_HEAD = "pt_head"
+__all__ = ["PT_HEAD", "HeadError", "heads_of", "select_head"]
 
 
 class HeadError(ValueError):

@@ -18,7 +18,7 @@ What a run does, from ``TrainConfig``:
   (``subselect_pt``: ``random``, or ``fps``, farthest points in the foundation's invariant
   descriptors, as mace's ``fine_tuning_select``), then split by ``valid_fraction``;
 * the E0s of ``pt_head`` are the foundation's, those of ``Default`` follow ``e0s``
-  (``foundation`` or a map; mace refuses ``average`` here, and so do we);
+  (``foundation``, ``estimated`` or a map; mace refuses ``average`` here, and so do we);
 * when the new training structures are fewer than :data:`RATIO_THRESHOLD` of the replayed
   ones, they are repeated :math:`\lfloor 0.1 / r \rfloor` more times (mace's
   ``real_pt_data_ratio_threshold``);
@@ -34,6 +34,7 @@ downloaded Materials Project replay; here the selection applies to every ``pt_da
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -161,7 +162,7 @@ def descriptors(config: TrainConfig, structures: list) -> np.ndarray:
     from workbench.progress import bar
     from workbench.train.foundation import foundation_of
 
-    model = foundation_of(config).model.double()
+    model = copy.deepcopy(foundation_of(config).model).double()  # the cached foundation stays as loaded
     table = AtomicNumberTable([int(z) for z in model.atomic_numbers])
     species = sorted({int(z) for a in structures for z in a.numbers})
     irreps = model.products[0].linear.irreps_out

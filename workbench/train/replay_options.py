@@ -23,7 +23,7 @@ __all__ = [
     "run_heads",
 ]
 
-PT_HEAD = "pt_head"  # mace's name for the replayed head (workbench.train.heads.PT_HEAD)
+PT_HEAD = "pt_head"  # mace's name for the replayed head (its remove_pt_head, our select_head)
 FT_HEAD = "Default"
 SUBSELECT = ("random", "fps")
 #: below this ratio of new to replayed training structures, the new ones are repeated (mace's default)
