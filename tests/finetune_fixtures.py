@@ -55,3 +55,16 @@ def hea(tmp_path_factory) -> Path:
 def pt_file(foundation) -> Path:
     """The foundation's pre-training structures (the replay source of multihead fine-tuning)."""
     return foundation.parent / "pt.extxyz"
+
+
+def train_cli(tmp_path: Path, cfg, *extra: str) -> tuple[int, str]:
+    """``workbench train`` on ``cfg`` (written as YAML) with ``extra`` arguments: ``(exit code, stderr)``."""
+    from workbench.cli import main
+
+    path = tmp_path / "cli.yaml"
+    cfg.to_yaml(path)
+    err = tmp_path / "stderr.txt"
+    with open(err, "w") as fh, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "stderr", fh)
+        code = main(["train", "--config", str(path), *extra])
+    return code, err.read_text()

@@ -22,6 +22,11 @@ def _rows(drift: float = 0.0):
         retention += [_r("mace", seed, 120.0), _r("finetuned", seed, 120.0)]
         for run in ("mace-mh", "multihead"):
             retention += [_r(run, seed, 60.0, head="Default"), _r(run, seed, 55.0 + seed, head="pt_head")]
+        for run in ("mace-heads", "heads"):  # a head per family, each family through its own head
+            for family, f in (("water", 150.0 + seed), ("hea", 90.0)):
+                row = _r(run, seed, f, head=family)
+                rows.append({**row, "families": {family: {"f_mae_mev_a": f, "e_mae_mev_atom": 1.0}}})
+            retention.append(_r(run, seed, 58.0, head="pt_head"))
     return rows, retention
 
 
@@ -36,8 +41,13 @@ def test_paired_ratios_means_and_retention():
     assert s["retention"]["via_default_head"]["multihead"]["f_mae_mev_a"] == 60.0
     assert s["retention"]["via_pt_head"]["multihead"]["f_mae_mev_a"] == pytest.approx(55.5)
     assert math.isnan(s["retention"]["via_pt_head"]["scratch"]["f_mae_mev_a"])
+    assert len(s["paired_ratios"]["heads"]["f_mae_mev_a"]) == 6  # 2 seeds x (2 family heads, pt_head)
+    assert s["per_family"]["heads"]["water"]["f_mae_mev_a"] == pytest.approx(150.5)
+    assert s["per_family"]["heads"]["hea"]["f_mae_mev_a"] == 90.0 and set(s["per_family"]["heads"]) == {"hea", "water"}
+    assert math.isnan(s["means"]["heads"]["f_mae_mev_a"])  # no pooled error: two heads
+    assert s["retention"]["via_pt_head"]["heads"]["f_mae_mev_a"] == 58.0
     text = format_finetune({"summary": s})
-    assert "retention" in text and "multihead" in text
+    assert "retention" in text and "multihead" in text and "per new family" in text
 
 
 def test_a_drift_beyond_the_tolerance_breaks_parity():

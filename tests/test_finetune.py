@@ -3,14 +3,13 @@ trained by real mace_run_train on the mixture's mptrj structures (with stress), 
 hea alloys, against mace_run_train's own fine-tuning and the foundation's predictions."""
 
 import re
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from finetune_fixtures import ARCH, foundation, hea, write_family  # noqa: F401 (fixtures)
+from finetune_fixtures import ARCH, foundation, hea, train_cli, write_family  # noqa: F401 (fixtures)
 from train_fixtures import pair_with_mace_run_train, step_losses
 
 from workbench.train.config import TrainConfig
@@ -161,16 +160,7 @@ def test_the_numba_kernels_finetune_as_e3nn_does(tmp_path, foundation, hea):  # 
 
 
 def _cli(tmp_path: Path, foundation_value: str, hea: Path, *extra: str) -> tuple[int, str]:  # noqa: F811
-    from workbench.cli import main
-
-    cfg = _cfg(tmp_path, Path(foundation_value), hea)
-    path = tmp_path / "ft.yaml"
-    cfg.to_yaml(path)
-    err = tmp_path / "stderr.txt"
-    with open(err, "w") as fh, pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sys, "stderr", fh)
-        code = main(["train", "--config", str(path), *extra])
-    return code, err.read_text()
+    return train_cli(tmp_path, _cfg(tmp_path, Path(foundation_value), hea), *extra)
 
 
 def test_bad_foundation_input_is_one_line_and_exit_2(tmp_path, foundation, hea):  # noqa: F811

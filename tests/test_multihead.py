@@ -4,13 +4,12 @@ mace_run_train --multiheads_finetuning True step for step."""
 
 import json
 import re
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
-from finetune_fixtures import ARCH, foundation, hea, pt_file, write_family  # noqa: F401 (fixtures)
+from finetune_fixtures import ARCH, foundation, hea, pt_file, train_cli, write_family  # noqa: F401 (fixtures)
 from train_fixtures import pair_with_mace_run_train, step_losses
 
 from workbench.train.config import TrainConfig
@@ -145,18 +144,6 @@ def test_a_multihead_model_exports_both_heads_for_eval_and_md(tmp_path, foundati
     assert main([*args, "--json", str(out)]) == 0 and out.exists()
 
 
-def _cli(tmp_path: Path, cfg: TrainConfig, *extra: str) -> tuple[int, str]:
-    from workbench.cli import main
-
-    path = tmp_path / "mh.yaml"
-    cfg.to_yaml(path)
-    err = tmp_path / "stderr.txt"
-    with open(err, "w") as fh, pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sys, "stderr", fh)
-        code = main(["train", "--config", str(path), *extra])
-    return code, err.read_text()
-
-
 def test_bad_replay_input_is_one_line_and_exit_2(tmp_path, foundation, hea, pt_file):  # noqa: F811
     from ase.io import read, write
 
@@ -174,7 +161,7 @@ def test_bad_replay_input_is_one_line_and_exit_2(tmp_path, foundation, hea, pt_f
         (["--set", "num_samples_pt=0"], r"TrainConfig\.num_samples_pt"),
     ]
     for extra, message in cases:
-        code, err = _cli(tmp_path, cfg, *extra)
+        code, err = train_cli(tmp_path, cfg, *extra)
         lines = [line for line in err.splitlines() if line.startswith("workbench: error:")]
         assert code == 2 and len(lines) == 1, err
         assert re.search(message, lines[0]), lines[0]

@@ -57,22 +57,23 @@ def pair_with_mace_run_train(cfg: TrainConfig, tmp_path: Path, epochs: int):
 
     from workbench.bench.quality import run_mace, run_workbench, write_split
 
-    split = write_split(cfg, tmp_path / "split")
+    if cfg.heads:  # each head's split, written; both trainers read the files
+        from workbench.train.head_data import head_config
+
+        splits = {h: write_split(head_config(cfg, h), tmp_path / "split" / h) for h in cfg.heads}
+        heads = {h: {**cfg.heads[h], "dataset": x["train"], "valid_dataset": x["valid"]} for h, x in splits.items()}
+        cfg = replace(cfg, heads=heads, max_structures=None, families=None)
+        split = {**splits[next(iter(splits))], "heads": splits}
+    else:
+        split = write_split(cfg, tmp_path / "split")
     if cfg.multihead_finetuning:  # mace is given the structures our run replays
         from workbench.train.replay import write_replay
 
         split.update(write_replay(cfg, tmp_path / "split"))
     mace_model, _ = run_mace(cfg, split, tmp_path / "mace", epochs, threads=1)
+    files = {} if cfg.heads else dict(dataset=split["train"], valid_dataset=split["valid"])
     ours = replace(
-        cfg,
-        name="ours",
-        sampler="mace-order",
-        keep="best",
-        dataset=split["train"],
-        valid_dataset=split["valid"],
-        max_structures=None,
-        families=None,
-        epochs=epochs,
+        cfg, name="ours", sampler="mace-order", keep="best", max_structures=None, families=None, epochs=epochs, **files
     )
     our_model, _ = run_workbench(ours, tmp_path / "ours", threads=1)
     results = next((tmp_path / "mace" / "results").glob("*_train.txt")).read_text().splitlines()

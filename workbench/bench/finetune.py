@@ -83,7 +83,15 @@ def _stratified(base: TrainConfig, families: Sequence[str], n: int | None, workd
         write_structures(out[half], [a for p in parts for a in read(p[half], index=":")])
     atoms = np.array([len(a) for a in read(out["train"], index=":")])
     n_train, n_valid = sum(p["n_train"] for p in parts), sum(p["n_valid"] for p in parts)
-    return dict(out, n_train=n_train, n_valid=n_valid, mean_atoms=float(atoms.mean()), max_atoms=int(atoms.max()))
+    each_family = {f: {"train": p["train"], "valid": p["valid"]} for f, p in zip(families, parts)}
+    return dict(
+        out,
+        n_train=n_train,
+        n_valid=n_valid,
+        mean_atoms=float(atoms.mean()),
+        max_atoms=int(atoms.max()),
+        families=each_family,
+    )
 
 
 def _elements(path: str) -> set[int]:
@@ -100,15 +108,20 @@ def _train_foundation(base: TrainConfig, split: dict, workdir: Path, epochs: int
     return trained.rename(where / "foundation.model")
 
 
-def _jobs_for_seed(base: TrainConfig, seed: int, found: Path, replay_from: str) -> dict[str, TrainConfig]:
+def _jobs_for_seed(base: TrainConfig, seed: int, found: Path, replay_from: str, ft: dict) -> dict[str, TrainConfig]:
     tuned = replace(base, seed=seed, foundation_model=str(found), e0s="average")
     multi = replace(tuned, e0s="estimated", loss="universal", multihead_finetuning=True, pt_dataset=replay_from)
+    # one head per new family, each with its own split files and estimated E0s
+    heads = {f: {"dataset": x["train"], "valid_dataset": x["valid"]} for f, x in ft["families"].items()}
+    split_heads = replace(multi, dataset=None, max_structures=None, families=None, heads=heads)
     return {
         "mace": tuned,
         "finetuned": replace(tuned, sampler="mace-order", keep="best"),
         "scratch": replace(base, seed=seed, sampler="mace-order", keep="best"),
         "mace-mh": multi,
         "multihead": replace(multi, sampler="mace-order", keep="best"),
+        "mace-heads": split_heads,
+        "heads": replace(split_heads, sampler="mace-order", keep="best"),
     }
 
 
@@ -121,7 +134,8 @@ def _run_job(what: str, cfg: TrainConfig, split: dict, workdir: Path, epochs: in
         if cfg.multihead_finetuning:  # mace replays what our run replays
             split = {**split, **write_replay(cfg, where / "replay")}
         return run_mace(cfg, split, where, epochs, threads)[0]
-    cfg = replace(cfg, name=what, output_dir=str(where), dataset=split["train"], valid_dataset=split["valid"])
+    files = {} if cfg.heads else dict(dataset=split["train"], valid_dataset=split["valid"])
+    cfg = replace(cfg, name=what, output_dir=str(where), **files)
     return run_workbench(replace(cfg, max_structures=None, families=None, epochs=epochs), where, threads)[0]
 
 
@@ -135,15 +149,20 @@ def _row(what: str, seed: int | None, model: Path, valid: str, base: TrainConfig
 
 
 def _evaluated(what: str, seed: int | None, model: Path, ft: dict, pt: dict, base: TrainConfig) -> tuple[list, list]:
-    """``(rows, retention)``: the new families' errors (a multihead model through ``Default``),
-    and the pre-training families' errors through each head the model has."""
+    """``(rows, retention)``: the new families' errors (a multihead model through ``Default``,
+    a model with a head per family each family through its own head), and the pre-training
+    families' errors through each head the model has (``pt_head`` for one with a head per family)."""
+    if what in HEAD_RUNS:
+        rows = [_row(what, seed, model, x["valid"], base, f) for f, x in ft["families"].items()]
+        return rows, [_row(what, seed, model, pt["valid"], base, "pt_head")]
     heads = ("Default", "pt_head") if what in ("mace-mh", "multihead") else (None,)
     rows = [_row(what, seed, model, ft["valid"], base, heads[0])]
     return rows, [_row(what, seed, model, pt["valid"], base, h) for h in heads]
 
 
-RUNS = ("foundation", "mace", "finetuned", "scratch", "mace-mh", "multihead")
-PAIRS = {"finetuned": "mace", "multihead": "mace-mh"}  # ours -> mace's, paired per seed
+RUNS = ("foundation", "mace", "finetuned", "scratch", "mace-mh", "multihead", "mace-heads", "heads")
+PAIRS = {"finetuned": "mace", "multihead": "mace-mh", "heads": "mace-heads"}  # ours -> mace's, paired per seed
+HEAD_RUNS = ("mace-heads", "heads")  # a head per new family
 
 
 def _ratios(rows: list[dict], ours: str, theirs: str) -> dict[str, list[float]]:
@@ -152,6 +171,25 @@ def _ratios(rows: list[dict], ours: str, theirs: str) -> dict[str, list[float]]:
     return {
         m: [by[(ours, s, h)][m] / by[(theirs, s, h)][m] for s, h in keys if by[(theirs, s, h)].get(m)] for m in METRICS
     }
+
+
+def _per_family(rows: list[dict]) -> dict:
+    """Per run and new family, the mean over seeds of that family's errors (for a model with a
+    head per family: through the family's own head)."""
+    out: dict = {}
+    for run in RUNS:
+        mine = [r for r in rows if r["run"] == run]
+        names = sorted({f for r in mine for f in r.get("families", {})})
+        out[run] = {
+            f: {
+                m: float(
+                    np.mean([v for r in mine if (v := r.get("families", {}).get(f, {}).get(m)) is not None] or [np.nan])
+                )
+                for m in METRICS
+            }
+            for f in names
+        }
+    return out
 
 
 def _means(rows: list[dict], head_of: dict | None = None) -> dict:
@@ -173,18 +211,19 @@ def summarise_finetune(rows: list[dict], retention: list[dict] | None = None) ->
     for ours, theirs in PAIRS.items():  # the new families' rows, then the pre-training families' (every head)
         new, kept = _ratios(rows, ours, theirs), _ratios(retention, ours, theirs)
         ratios[ours] = {m: new[m] + kept[m] for m in METRICS}
-    means = _means(rows)
+    means = _means([r for r in rows if r["run"] not in HEAD_RUNS])  # pooled: one model, one head per run
     worst = max((abs(x - 1) for r in ratios.values() for v in r.values() for x in v), default=float("nan"))
     tuned_f = means["finetuned"]["f_mae_mev_a"]
     kept = {
         "via_default_head": _means(retention, dict.fromkeys(RUNS) | {"mace-mh": "Default", "multihead": "Default"}),
-        "via_pt_head": _means(retention, {"mace-mh": "pt_head", "multihead": "pt_head"}),
+        "via_pt_head": _means(retention, dict.fromkeys(["mace-mh", "multihead", *HEAD_RUNS], "pt_head")),
     }
     return {
         "paired_ratios": ratios,
         "worst_ratio_deviation": worst,
         "parity": any(ratios[o]["f_mae_mev_a"] for o in PAIRS) and worst <= FINETUNE_TOLERANCE,
         "means": means,
+        "per_family": _per_family(rows),
         "finetuned_beats_scratch": tuned_f < means["scratch"]["f_mae_mev_a"],
         "finetuned_beats_foundation": tuned_f < means["foundation"]["f_mae_mev_a"],
         "retention": kept,
@@ -196,7 +235,18 @@ def format_finetune(result: dict) -> str:
     head = f"{'run':<12} {'E MAE meV/atom':>15} {'F MAE meV/Å':>12} {'S MAE meV/Å³':>13}"
     lines = ["new families (a multihead model through its Default head)", head]
     for run, m in s["means"].items():
+        if run in HEAD_RUNS:  # no pooled row: each family goes through its own head (below)
+            continue
         lines.append(f"{run:<12} {m['e_mae_mev_atom']:>15.2f} {m['f_mae_mev_a']:>12.2f} {m['s_mae_mev_a3']:>13.3f}")
+    per_family = s.get("per_family", {})
+    names = sorted({f for v in per_family.values() for f in v})
+    if names:
+        lines += ["F MAE meV/Å per new family (a model with a head per family: through its own head)"]
+        lines += [f"{'run':<12} " + " ".join(f"{f:>15}" for f in names)]
+        for run, v in per_family.items():
+            lines.append(
+                f"{run:<12} " + " ".join(f"{v.get(f, {}).get('f_mae_mev_a', float('nan')):>15.2f}" for f in names)
+            )
     kept = s.get("retention", {})
     if kept:
         lines += ["pre-training families (retention): F MAE meV/Å via Default head / via pt_head"]
@@ -245,13 +295,14 @@ def bench_finetune(
     result = {"bench": "finetune", "preset": preset, "dtype": dtype, "backend": backend, "steps": steps}
     result.update(pretrain=pt, finetune=ft, foundation=str(found), seeds=list(seeds), rows=rows, retention=retention)
     for seed in seeds:
-        for what, cfg in _jobs_for_seed(base, seed, found, pt["train"]).items():
+        for what, cfg in _jobs_for_seed(base, seed, found, pt["train"], ft).items():
             model = _run_job(what, cfg, ft, workdir, epochs, threads)
             new, kept = _evaluated(what, seed, model, ft, pt, base)
             rows += new
             retention += kept
+            errors = ", ".join(f"{r['f_mae_mev_a']:.2f}" + (f" ({r['head']})" if r["head"] else "") for r in new)
             progress(
-                f"seed {seed} {what:<10} F MAE {new[0]['f_mae_mev_a']:.2f} meV/Å (pre-training families {kept[0]['f_mae_mev_a']:.2f})"
+                f"seed {seed} {what:<10} F MAE {errors} meV/Å (pre-training families {kept[0]['f_mae_mev_a']:.2f})"
             )
             result["summary"] = summarise_finetune(rows, retention)
             write_json(out, result)

@@ -33,10 +33,24 @@ def _as_config(config):
 
 def _absolute(config):
     # The job may start in another directory (a SLURM node, a torchrun worker): pin the paths.
+    from workbench.train.config import PATH_FIELDS
+
     changes: dict[str, Any] = {"output_dir": str(Path(config.output_dir).absolute())}
-    if config.dataset and not os.path.isabs(config.dataset) and Path(config.dataset).exists():
-        changes["dataset"] = str(Path(config.dataset).absolute())
+    for name in PATH_FIELDS:
+        changes[name] = _pinned(getattr(config, name))
+    if config.heads:
+        changes["heads"] = {
+            head: {**spec, **{k: _pinned(spec.get(k)) for k in ("dataset", "valid_dataset") if spec.get(k)}}
+            for head, spec in config.heads.items()
+        }
     return config.replace(**changes)
+
+
+def _pinned(path: str | None) -> str | None:
+    """``path`` made absolute when it names something here (None and absolute paths stay)."""
+    if path and not os.path.isabs(path) and Path(path).exists():
+        return str(Path(path).absolute())
+    return path
 
 
 def _prepare_run_dir(config, fresh: bool) -> Path:

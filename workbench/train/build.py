@@ -75,7 +75,8 @@ def _stats(s: Session, ckpt: dict | None):
     if config.multihead_finetuning:  # every constant is the foundation's (mace refuses E0s average here)
         from workbench.train.foundation import finetune_stats
 
-        return finetune_stats(config, list(s.data.z_table.zs), {}, s.data.new_train_configs())
+        by_head = {h: s.data.new_train_configs(h) for h in config.heads or ()}
+        return finetune_stats(config, list(s.data.z_table.zs), {}, s.data.new_train_configs(), by_head)
     if config.sampler == mace_order.NAME:  # mace's statistics passes: particular to this seed and batch size
         if not s.data.train_configs:
             raise ValueError(

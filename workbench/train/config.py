@@ -117,6 +117,7 @@ RUN_IDENTITY = (
     "num_samples_pt",
     "subselect_pt",
     "weight_pt_head",
+    "heads",
 )
 #: which elements a fine-tuned model keeps: the data's (mace_run_train's default) or all of the
 #: foundation model's (its --foundation_model_elements True)
@@ -160,12 +161,14 @@ class TrainConfig:
     foundation_elements: str = "data"  # data: keep the data's elements; all: every element of the file
     e0s: str | dict[int, float] | None = None  # foundation, average, or {Z: eV}; None: foundation when fine-tuning
     trust_model: bool = False  # load foundation_model as a full pickle (runs code from the file)
-    # multihead fine-tuning with replay (workbench.train.replay): heads pt_head + Default
+    # multihead fine-tuning with replay (workbench.train.replay): heads pt_head + Default (or heads)
     multihead_finetuning: bool = False
     pt_dataset: str | None = None  # the pre-training structures to replay: any structure format or a prepared dataset
     num_samples_pt: int | None = 10000  # replayed structures kept (mace's default); None: all
     subselect_pt: str = "random"  # random, or fps (farthest points in the foundation's descriptors)
     weight_pt_head: float = 1.0  # the replayed structures' weight in the loss
+    # several new datasets, one head each: {name: {dataset, valid_dataset, valid_fraction, e0s}}
+    heads: dict[str, dict[str, Any]] | None = None
     # optimisation
     lr: float = 0.005
     weight_decay: float = 0.0  # > 0: on the parameters mace-torch decays (workbench.train.build.param_groups)

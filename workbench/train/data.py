@@ -49,9 +49,21 @@ PREPARE_FIELDS = (
     "num_samples_pt",
     "subselect_pt",
     "weight_pt_head",
+    "heads",
 )
 #: A structure file above this size is read whole by every rank: point the user at ``data prepare``.
 LARGE_FILE_BYTES = 200 * 2**20
+
+
+@dataclass(frozen=True)
+class HeadPart:
+    """How one new head's data is built in a run of several (:mod:`workbench.train.head_data`):
+    its graphs carry head ``name`` of ``heads``, over a one-hot table of every head's ``elements``."""
+
+    name: str
+    heads: list[str]
+    elements: frozenset = frozenset()
+    loaded: tuple | None = None  # (structures, frames, path) already read from the head's file
 
 
 @dataclass
@@ -77,15 +89,19 @@ class TrainData:
     valid_heads: list[str] | None = None  # the head of each validation graph
     train_heads: np.ndarray | None = None  # int8 index into heads of each training graph
     replay_note: str = ""  # what was replayed, for the run's log
-    new_train: int | None = None  # with replay: training graphs of the new data, counted once
+    new_train: dict[str, int] | None = None  # with replay: each new head's training graphs, counted once
 
-    def new_train_configs(self) -> list:
-        """The new data's training ``Configuration`` s, each once (without the replayed ones and
-        mace's repeats); empty for a prepared dataset."""
+    def new_train_configs(self, head: str | None = None) -> list:
+        """The training ``Configuration`` s of new head ``head`` (default: every new head), each
+        once (without the replayed ones and mace's repeats); empty for a prepared dataset."""
         if self.new_train is None or not self.train_configs:
             return list(self.train_configs)
-        start = int((self.train_heads == 0).sum())
-        return self.train_configs[start : start + self.new_train]
+        out = []
+        for name, n in self.new_train.items():
+            if head in (None, name):
+                where = np.flatnonzero(self.train_heads == self.heads.index(name))[:n]
+                out += [self.train_configs[int(i)] for i in where]
+        return out
 
     def describe(self, indices: Sequence[int], limit: int = 8) -> str:
         """Where training graphs ``indices`` came from, for error messages."""
@@ -220,6 +236,10 @@ def prepare_data(config: TrainConfig, structures: list | None = None) -> TrainDa
 
     config = resolve(config)  # fine-tuning: the foundation's cutoff and elements
     replay = load_replay(config) if config.multihead_finetuning else None
+    if config.heads:  # several new datasets, one head each
+        from workbench.train.head_data import from_heads
+
+        return from_heads(config, replay)
     if structures is None:
         source = data_source(config.dataset)
         if source.kind == "prepared":
@@ -266,15 +286,15 @@ def check_graph_memory(structures: list, cutoff: float, fraction: float = 0.5) -
     return estimate
 
 
-def _from_structures(config: TrainConfig, structures: list | None, replay=None) -> TrainData:
+def _from_structures(config: TrainConfig, structures: list | None, replay=None, part: HeadPart | None = None):
     from mace.data import config_from_atoms
 
     from workbench.data.atomic_data import key_specification, z_table_for
     from workbench.data.neighbour_frame import graph_from_config
-    from workbench.train.replay import run_heads, with_replay
+    from workbench.train.replay import FT_HEAD, run_heads, with_replay
 
     if structures is None:
-        structures, frames, path = _load_with_frames(config)
+        structures, frames, path = part.loaded if part and part.loaded else _load_with_frames(config)
     else:
         frames, path = np.arange(len(structures)), "<structures given>"
     train_pos, valid_pos = split_order(len(structures), config)
@@ -288,11 +308,12 @@ def _from_structures(config: TrainConfig, structures: list | None, replay=None) 
         {int(z) for a in valid for z in a.numbers}, {int(z) for a in chosen[len(valid) :] for z in a.numbers}, str(path)
     )
     n_valid = len(valid)
-    zs = sorted(set(z_table_for(chosen).zs) | (replay.elements if replay else set()))
-    z_table = _table(config, zs, str(path))
+    extra = (replay.elements if replay else set()) | (part.elements if part else set())
+    z_table = _table(config, sorted(set(z_table_for(chosen).zs) | extra), str(path))
     spec = key_specification(config.energy_key, config.forces_key, config.stress_key, config.virials_key)
-    configs = [config_from_atoms(a, key_specification=spec) for a in chosen]
-    data = [graph_from_config(c, z_table, config.cutoff, heads=run_heads(config)) for c in configs]
+    configs = [config_from_atoms(a, key_specification=spec, head_name=part.name if part else FT_HEAD) for a in chosen]
+    heads = part.heads if part else run_heads(config)
+    data = [graph_from_config(c, z_table, config.cutoff, heads=heads) for c in configs]
     train, valid = data[n_valid:], data[:n_valid]
     atoms = np.array([int(d.num_nodes) for d in train], dtype=np.int64)
     edges = np.array([int(d.edge_index.shape[1]) for d in train], dtype=np.int64)
@@ -341,14 +362,22 @@ class StoreGraphs:
     """
 
     def __init__(
-        self, reader, locations: np.ndarray, z_table, cutoff: float, dtype: str, heads: list[str] | None = None
+        self,
+        reader,
+        locations: np.ndarray,
+        z_table,
+        cutoff: float,
+        dtype: str,
+        heads: list[str] | None = None,
+        head: str = "Default",
     ) -> None:
         self.reader = reader
         self.locations = locations
         self.z_table = z_table
         self.cutoff = float(cutoff)
         self.dtype = dtype
-        self.heads = heads  # the model's heads (multihead fine-tuning); these graphs are the Default head's
+        self.heads = heads  # the model's heads (multihead fine-tuning)
+        self.head = head  # the head these graphs train
 
     def __len__(self) -> int:
         return int(self.locations.shape[0])
@@ -375,7 +404,7 @@ class StoreGraphs:
             pbc=tuple(bool(p) for p in g.pbc),
             weight=float(g.weights[0]),
             config_type=g.family,
-            head="Default",
+            head=self.head,
         )
 
     def __getitem__(self, k: int):
@@ -388,7 +417,7 @@ class StoreGraphs:
             return graph_from_config(self.configuration(k), self.z_table, self.cutoff, heads=self.heads)
 
 
-def _from_store(config: TrainConfig, path: Path, replay=None) -> TrainData:
+def _from_store(config: TrainConfig, path: Path, replay=None, part: HeadPart | None = None) -> TrainData:
     from workbench.data.store import GraphStore
     from workbench.train.replay import run_heads, with_replay
     from workbench.train.stats import stats_from_index
@@ -410,16 +439,19 @@ def _from_store(config: TrainConfig, path: Path, replay=None) -> TrainData:
     train_pos, valid_pos = split_order(candidates.size, config)
     train_rows, valid_rows = candidates[train_pos], candidates[valid_pos]
     data_zs = store.present_elements(np.concatenate([valid_rows, train_rows]))
-    z_table = _table(config, sorted(set(data_zs) | (replay.elements if replay else set())), str(store.path))
+    extra = (replay.elements if replay else set()) | (part.elements if part else set())
+    z_table = _table(config, sorted(set(data_zs) | extra), str(store.path))
     if valid_rows.size:
         warn_unseen_elements(
             set(store.present_elements(valid_rows)), set(store.present_elements(train_rows)), str(path)
         )
     stats = stats_from_index(store, train_rows, [int(z) for z in data_zs])
     # The datasets keep 10 bytes a graph; the index itself is dropped with ``store``.
-    heads = run_heads(config)
-    train = StoreGraphs(store.reader, store.locations(train_rows), z_table, config.cutoff, config.dtype, heads)
-    valid = StoreGraphs(store.reader, store.locations(valid_rows), z_table, config.cutoff, config.dtype, heads)
+    heads, head = (part.heads, part.name) if part else (run_heads(config), "Default")
+    train, valid = (
+        StoreGraphs(store.reader, store.locations(rows), z_table, config.cutoff, config.dtype, heads, head)
+        for rows in (train_rows, valid_rows)
+    )
     made = TrainData(
         train,
         valid,

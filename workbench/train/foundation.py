@@ -237,25 +237,54 @@ def check_data_elements(config: TrainConfig, data_zs, where: str) -> None:
         )
 
 
-def finetune_stats(config: TrainConfig, zs: list[int], fitted: dict[int, float], configs: list | None = None):
+def finetune_stats(
+    config: TrainConfig,
+    zs: list[int],
+    fitted: dict[int, float],
+    configs: list | None = None,
+    by_head: dict | None = None,
+):
     """The :class:`~workbench.train.stats.ModelStats` of a fine-tuned model over ``zs``: E0s per
     ``config.e0s`` (``fitted``: least squares on the training split; ``configs``: the new
-    training structures, for ``estimated``), the rest the foundation's."""
+    training structures, for ``estimated``), the rest the foundation's. With ``heads``, each
+    head's E0s per its own ``e0s`` (``by_head``: each head's training structures)."""
     from workbench.train.e0s import choose_e0s
     from workbench.train.stats import ModelStats
 
     found = foundation_of(config)
     c = found.mace_config
     spec = estimate_e0s(found, configs) if config.e0s == "estimated" else config.e0s
+    per_head = None
+    if config.heads:
+        per_head = {h: head_e0s(config, h, list(zs), (by_head or {}).get(h)) for h in config.heads}
     return ModelStats(
         zs=[int(z) for z in zs],
-        e0s=choose_e0s(spec, list(zs), fitted, found.e0s),
+        e0s=list(per_head.values())[-1] if per_head else choose_e0s(spec, list(zs), fitted, found.e0s),
         avg_num_neighbors=float(c["avg_num_neighbors"]),
         shift=float(torch.as_tensor(c["atomic_inter_shift"]).reshape(-1)[0]),
         scale=float(torch.as_tensor(c["atomic_inter_scale"]).reshape(-1)[0]),
         # multihead: pt_head keeps the foundation's E0s, as mace_run_train does
         pt_e0s=[found.e0s[int(z)] for z in zs] if config.multihead_finetuning else None,
+        head_e0s=per_head,
     )
+
+
+def head_e0s(config: TrainConfig, head: str, zs: list[int], configs: list | None) -> list[float]:
+    """The E0s of new head ``head`` over ``zs``, per its ``e0s`` (``configs``: its training
+    structures); an explicit map must give every element they hold."""
+    from workbench.train.e0s import choose_e0s
+    from workbench.train.replay_options import head_settings
+    from workbench.train.values import ConfigError
+
+    found = foundation_of(config)
+    spec = head_settings(config, head)["e0s"]
+    if spec == "estimated":
+        spec = estimate_e0s(found, configs)
+    held = {int(z): 0.0 for c in configs or [] for z in c.atomic_numbers}  # marks the head's elements
+    try:
+        return choose_e0s(spec, zs, held, found.e0s)
+    except ConfigError as exc:
+        raise ConfigError(f"TrainConfig.heads.{head}.e0s: {str(exc).split(': ', 1)[1]}") from None
 
 
 def estimate_e0s(found: Foundation, configs: list | None) -> dict[int, float]:
@@ -281,8 +310,8 @@ def estimate_e0s(found: Foundation, configs: list | None) -> dict[int, float]:
 def build_finetune_model(config: TrainConfig, stats) -> torch.nn.Module:
     """The foundation model rebuilt over ``stats.zs`` in ``config.dtype`` with its weights (mace's
     ``load_foundations_elements``): one head named ``Default`` with ``stats.e0s``, or for
-    multihead fine-tuning heads ``pt_head`` (``stats.pt_e0s``) and ``Default``, each readout a
-    copy of the foundation's."""
+    multihead fine-tuning heads ``pt_head`` (``stats.pt_e0s``) and ``Default`` (or those of
+    ``heads``, ``stats.head_e0s``), each readout a copy of the foundation's."""
     import numpy as np
     from mace import modules
     from mace.tools import AtomicNumberTable
@@ -294,7 +323,10 @@ def build_finetune_model(config: TrainConfig, stats) -> torch.nn.Module:
     found = foundation_of(config)
     dtype = getattr(torch, config.dtype)
     heads = run_heads(config) or ["Default"]
-    e0s = [stats.pt_e0s, stats.e0s] if len(heads) > 1 else [stats.e0s]
+    if stats.head_e0s:  # several new heads: pt_head's, then each head's in order
+        e0s = [stats.pt_e0s, *(stats.head_e0s[h] for h in heads[1:])]
+    else:
+        e0s = [stats.pt_e0s, stats.e0s] if len(heads) > 1 else [stats.e0s]
     mace_config = dict(found.mace_config, heads=heads, atomic_numbers=list(stats.zs))
     mace_config.update(num_elements=len(stats.zs), atomic_energies=np.array(e0s))
     mace_config.update(atomic_inter_scale=[stats.scale] * len(heads), atomic_inter_shift=[stats.shift] * len(heads))
@@ -320,13 +352,14 @@ def mace_run_train_flags(config: TrainConfig, replay_files: dict | None = None) 
     mace is given the structures this run replays, and our lr and EMA decay explicitly."""
     if not config.foundation_model:
         return {}
-    e0s = config.e0s or "foundation"
     flags: dict[str, Any] = {
         "--foundation_model": config.foundation_model,
         "--foundation_model_elements": config.foundation_elements == "all",
         "--multiheads_finetuning": bool(config.multihead_finetuning),
-        "--E0s": e0s if isinstance(e0s, str) else "{" + ", ".join(f"{z}: {e!r}" for z, e in e0s.items()) + "}",
+        "--E0s": _mace_e0s(config.e0s),
     }
+    if config.heads:
+        flags["--heads"] = repr(_mace_heads(config))
     if config.foundation_head:
         flags["--foundation_head"] = config.foundation_head
     if config.multihead_finetuning:
@@ -338,3 +371,25 @@ def mace_run_train_flags(config: TrainConfig, replay_files: dict | None = None) 
         if config.ema_decay is not None:
             flags["--ema_decay"] = config.ema_decay
     return flags
+
+
+def _mace_e0s(e0s) -> str:
+    e0s = e0s or "foundation"
+    return e0s if isinstance(e0s, str) else "{" + ", ".join(f"{z}: {e!r}" for z, e in e0s.items()) + "}"
+
+
+def _mace_heads(config: TrainConfig) -> dict[str, dict[str, Any]]:
+    """mace's ``--heads`` for ``config.heads``: each head's files, split and E0s (a head without a
+    validation file names None, or mace would take ``--valid_file``)."""
+    from workbench.train.replay_options import head_settings
+
+    out = {}
+    for head in config.heads:
+        mine = head_settings(config, head)
+        out[head] = {
+            "train_file": mine["dataset"],
+            "valid_file": mine["valid_dataset"],
+            "valid_fraction": mine["valid_fraction"],
+            "E0s": _mace_e0s(mine["e0s"]),
+        }
+    return out

@@ -73,7 +73,7 @@ def write_run_record(run: RunDir, config, data, world: int, device, sampler) -> 
             "cutoff": config.cutoff,
         },
         "data": {
-            "source": data_source(config.dataset).label(),
+            "source": _source_label(config),
             "train_graphs": len(data.train_atoms),
             "valid_graphs": len(data.valid),
             "train_atoms": int(np.sum(data.train_atoms)),
@@ -96,6 +96,14 @@ def write_run_record(run: RunDir, config, data, world: int, device, sampler) -> 
         train_edges=np.asarray(data.train_edges, dtype=np.int64),
     )
     os.replace(tmp, run.packing)
+
+
+def _source_label(config) -> str:
+    """The training data as the record names it; with ``heads``, each head's and the replay's."""
+    if not config.heads:
+        return data_source(config.dataset).label()
+    names = [f"{h}: {data_source(spec['dataset']).label()}" for h, spec in config.heads.items()]
+    return "; ".join([*names, f"pt_head: {data_source(config.pt_dataset).label()}"])
 
 
 def read_run_record(run_dir: str | os.PathLike) -> dict:

@@ -227,12 +227,13 @@ def write_replay(config: TrainConfig, folder: str | os.PathLike) -> dict[str, An
     return {**{k: str(v) for k, v in paths.items()}, "n_pt_train": len(replay.train), "n_pt_valid": len(replay.valid)}
 
 
-def describe(replay: Replay, n_new: int) -> str:
-    """One line for the run's log."""
-    extra = repeats(n_new, len(replay.train))
+def describe(replay: Replay, new: dict[str, int]) -> str:
+    """One line for the run's log (``new``: each new head's training structures)."""
+    extra = repeats(sum(new.values()), len(replay.train))
+    heads = "; ".join(f"{n} new training structures in head {h}" for h, n in new.items())
     line = (
         f"replay: {len(replay.train)} + {len(replay.valid)} (validation) of {replay.read} structures from "
-        f"{replay.source} in head {PT_HEAD}; {n_new} new training structures in head {FT_HEAD}"
+        f"{replay.source} in head {PT_HEAD}; {heads}"
     )
     if extra:
         line += f", repeated {extra + 1}x (fewer than {RATIO_THRESHOLD:g} of the replay, as mace does)"
@@ -241,14 +242,20 @@ def describe(replay: Replay, n_new: int) -> str:
 
 class ReplayOrigin:
     """Training-graph position -> where it came from, for a run with replay: the replayed graphs
-    first, then the new ones (``copies`` times). ``frames`` orders the graphs as mace reads its
-    ConcatDataset (replay file, then the training file once per copy), for ``mace-order``."""
+    first, then each new head's (``copies`` times each). ``frames`` orders the graphs as mace
+    reads its ConcatDataset (replay file, then each head's training file once per copy), for
+    ``mace-order``. ``parts``: per new head ``(n, origin, file_order)``."""
 
-    def __init__(self, replay: Replay, new_origin, n_new: int, copies: int, new_order: np.ndarray | None) -> None:
+    def __init__(self, replay: Replay, parts: list[tuple[int, Any, np.ndarray | None]], copies: int) -> None:
         self.source, self.picked = replay.source, replay.picked
-        self.n_pt, self.n_new, self.new_origin = len(replay.train), n_new, new_origin
-        base = np.arange(n_new) if new_order is None else np.asarray(new_order, dtype=np.int64)
-        order = np.concatenate([np.arange(self.n_pt)] + [self.n_pt + c * n_new + base for c in range(copies)])
+        self.n_pt, self.parts = len(replay.train), parts
+        self.starts = np.cumsum([self.n_pt] + [n * copies for n, _, _ in parts])
+        order, start = [np.arange(self.n_pt)], self.n_pt
+        for n, _, new_order in parts:
+            base = np.arange(n) if new_order is None else np.asarray(new_order, dtype=np.int64)
+            order += [start + c * n + base for c in range(copies)]
+            start += n * copies
+        order = np.concatenate(order)
         self.frames = np.empty_like(order)
         self.frames[order] = np.arange(order.size)
 
@@ -257,10 +264,11 @@ class ReplayOrigin:
         for i in (int(k) for k in indices):
             if i < self.n_pt:
                 out.append(f"{self.source}, replayed structure {i} (head {PT_HEAD})")
-            elif self.new_origin is not None:
-                out.extend(self.new_origin([(i - self.n_pt) % self.n_new]))
-            else:
-                out.append(f"training graph {(i - self.n_pt) % self.n_new}")
+                continue
+            j = int(np.searchsorted(self.starts, i, side="right")) - 1
+            n, origin, _ = self.parts[j]
+            local = (i - int(self.starts[j])) % n
+            out.extend(origin([local]) if origin is not None else [f"training graph {local}"])
         return out
 
 
@@ -280,56 +288,79 @@ def _graphs(config: TrainConfig, atoms: list, z_table) -> tuple[list, list]:
         return configs, [graph_from_config(c, z_table, config.cutoff, heads=run_heads(config)) for c in configs]
 
 
-def _joined(first, second, copies: int = 1):
-    """``first`` then ``copies`` times ``second``: a list when both are, else a ConcatDataset."""
-    if isinstance(second, list):
-        return list(first) + second * copies
+def _joined(first: list, seconds: list, copies: int = 1):
+    """``first``, then each of ``seconds`` ``copies`` times: a list when all are, else a ConcatDataset."""
+    if all(isinstance(x, list) for x in seconds):
+        return list(first) + [g for x in seconds for g in x * copies]
     from torch.utils.data import ConcatDataset
 
-    return ConcatDataset([first, *[second] * copies])
+    return ConcatDataset([first, *[x for x in seconds for _ in range(copies)]])
 
 
 def with_replay(data, replay: Replay, config: TrainConfig):
     """``data`` (the new structures' :class:`~workbench.train.data.TrainData`, built in head
     Default) with the replayed graphs before them, per head and per family."""
+    return join_heads([(FT_HEAD, data)], replay, config)
+
+
+def join_heads(parts: list, replay: Replay, config: TrainConfig):
+    """One :class:`~workbench.train.data.TrainData` of the replayed graphs (head pt_head) and each
+    new head's ``(name, TrainData)`` after them, in order; every new head is repeated as mace does
+    when all of them together are fewer than a tenth of the replay."""
     from dataclasses import replace
 
     from workbench.train.mace_order import file_order
     from workbench.train.split import configs_fingerprint
 
-    pt_train_c, pt_train = _graphs(config, replay.train, data.z_table)
-    pt_valid_c, pt_valid = _graphs(config, replay.valid, data.z_table)
-    n_new = len(data.train)
-    copies = 1 + repeats(n_new, len(pt_train))
-    names = sorted({*data.family_names, *(str(c.config_type) for c in pt_train_c + pt_valid_c)})
-    code = {n: k for k, n in enumerate(names)}
-    new_family = np.array([code[data.family_names[int(k)]] for k in data.train_family], dtype=np.int16)
-    pt_family = np.array([code[str(c.config_type)] for c in pt_train_c], dtype=np.int16)
-    return replace(
-        data,
-        train=_joined(pt_train, data.train, copies),
-        valid=_joined(pt_valid, data.valid),
-        train_atoms=np.concatenate([[int(g.num_nodes) for g in pt_train], *[data.train_atoms] * copies]).astype(
-            np.int64
-        ),
-        train_edges=np.concatenate(
-            [[int(g.edge_index.shape[1]) for g in pt_train], *[data.train_edges] * copies]
-        ).astype(np.int64),
-        train_configs=(pt_train_c + data.train_configs * copies) if data.train_configs else [],
-        valid_configs=(pt_valid_c + data.valid_configs) if data.valid_configs else [],
-        origin=ReplayOrigin(replay, data.origin, n_new, copies, file_order(data)),
-        valid_families=[str(c.config_type) for c in pt_valid_c] + list(data.valid_families or []),
-        family_names=names,
-        train_family=np.concatenate([pt_family, *[new_family] * copies]),
-        fingerprint=configs_fingerprint(pt_valid_c + pt_train_c) + data.fingerprint,
-        train_labels={
-            k: v * copies + sum(c.properties.get(k) is not None for c in pt_train_c)
-            for k, v in data.train_labels.items()
-        },
-        train_elements=sorted(set(data.train_elements) | {int(z) for c in pt_train_c for z in c.atomic_numbers}),
-        heads=run_heads(config),
-        valid_heads=[PT_HEAD] * len(pt_valid) + [FT_HEAD] * len(data.valid),
-        train_heads=np.concatenate([np.zeros(len(pt_train)), np.ones(n_new * copies)]).astype(np.int8),
-        replay_note=describe(replay, n_new),
-        new_train=n_new,
+    first = parts[0][1]
+    pt_train_c, pt_train = _graphs(config, replay.train, first.z_table)
+    pt_valid_c, pt_valid = _graphs(config, replay.valid, first.z_table)
+    new = {name: len(d.train) for name, d in parts}
+    copies = 1 + repeats(sum(new.values()), len(pt_train))
+    names = sorted(
+        {*(n for _, d in parts for n in d.family_names), *(str(c.config_type) for c in pt_train_c + pt_valid_c)}
     )
+    code = {n: k for k, n in enumerate(names)}
+    families = [np.array([code[str(c.config_type)] for c in pt_train_c], dtype=np.int16)]
+    for _, d in parts:
+        families += [np.array([code[d.family_names[int(k)]] for k in d.train_family], dtype=np.int16)] * copies
+    datas = [d for _, d in parts]
+    return replace(
+        first,
+        train=_joined(pt_train, [d.train for d in datas], copies),
+        valid=_joined(pt_valid, [d.valid for d in datas]),
+        train_atoms=np.concatenate(
+            [[int(g.num_nodes) for g in pt_train], *[d.train_atoms for d in datas for _ in range(copies)]]
+        ).astype(np.int64),
+        train_edges=np.concatenate(
+            [[int(g.edge_index.shape[1]) for g in pt_train], *[d.train_edges for d in datas for _ in range(copies)]]
+        ).astype(np.int64),
+        train_configs=(pt_train_c + [c for d in datas for c in d.train_configs * copies])
+        if all(d.train_configs for d in datas)
+        else [],
+        valid_configs=(pt_valid_c + [c for d in datas for c in d.valid_configs])
+        if all(d.valid_configs for d in datas)
+        else [],
+        origin=ReplayOrigin(replay, [(len(d.train), d.origin, file_order(d)) for d in datas], copies),
+        valid_families=[str(c.config_type) for c in pt_valid_c] + [f for d in datas for f in (d.valid_families or [])],
+        family_names=names,
+        train_family=np.concatenate(families),
+        fingerprint=configs_fingerprint(pt_valid_c + pt_train_c) + "".join(d.fingerprint for d in datas),
+        train_labels={
+            k: v + sum(d.train_labels.get(k, 0) * copies for d in datas) for k, v in _labels(pt_train_c).items()
+        },
+        train_elements=sorted(
+            {int(z) for c in pt_train_c for z in c.atomic_numbers}.union(*(d.train_elements for d in datas))
+        ),
+        heads=[PT_HEAD, *new],
+        valid_heads=[PT_HEAD] * len(pt_valid) + [name for name, d in parts for _ in range(len(d.valid))],
+        train_heads=np.concatenate(
+            [np.zeros(len(pt_train))] + [np.full(n * copies, k + 1) for k, n in enumerate(new.values())]
+        ).astype(np.int8),
+        replay_note=describe(replay, new),
+        new_train=new,
+    )
+
+
+def _labels(configs: list) -> dict[str, int]:
+    return {k: sum(c.properties.get(k) is not None for c in configs) for k in ("stress", "virials")}

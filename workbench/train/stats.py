@@ -42,6 +42,7 @@ class ModelStats:
     shift: float
     scale: float
     pt_e0s: list[float] | None = None  # multihead fine-tuning: the E0s of head pt_head (e0s: Default's)
+    head_e0s: dict[str, list[float]] | None = None  # with TrainConfig.heads: each new head's (e0s: the last's)
 
     def to_dict(self) -> dict:
         out = {
@@ -53,6 +54,8 @@ class ModelStats:
         }
         if self.pt_e0s is not None:  # absent otherwise: a one-head checkpoint reads as before
             out["pt_e0s"] = self.pt_e0s
+        if self.head_e0s is not None:
+            out["head_e0s"] = self.head_e0s
         return out
 
     def describe(self) -> str:
