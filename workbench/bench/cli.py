@@ -205,7 +205,11 @@ _CPU_OPTIONS: Options = {
     "--dtypes": {"help": "comma list of float32,float64 (default: the preset's)"},
     "--repeats": {"type": int, "help": "timed steps per backend (default: the preset's)"},
     "--trajectory-steps": {"type": int, "help": "training steps of the trajectory part (default: the preset's)"},
-    "--threads": {"type": int, "default": 2, "help": "torch and numba threads (default: %(default)s)"},
+    "--threads": {
+        "type": int,
+        "default": 2,
+        "help": "torch, numba and the peers' OpenMP threads (default: %(default)s)",
+    },
     "--workdir": {"default": "runs/bench/cpu", "help": "trajectory runs (default: %(default)s)"},
     "--out": {"default": "runs/bench/cpu.json", "help": "JSON; the trajectory figure goes beside it as .html"},
     "--nequip-python": {
@@ -239,7 +243,11 @@ _NEQUIP_OPTIONS: Options = {
         "help": "untimed steps of the same model right before each timed one (default: %(default)s; 0: timed "
         "right after the other backends' steps)",
     },
-    "--threads": {"type": int, "default": 2, "help": "torch and numba threads (default: %(default)s)"},
+    "--threads": {
+        "type": int,
+        "default": 2,
+        "help": "torch, numba and the peers' OpenMP threads (default: %(default)s)",
+    },
     "--device": {"default": "cpu", "help": "cpu, cuda or cuda:N (default: %(default)s)"},
     "--backends": {
         "help": f"comma list of {','.join(nequip.BACKENDS)} ({','.join(nequip.REQUIRED)} always run; "

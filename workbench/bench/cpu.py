@@ -25,6 +25,9 @@ Parts (``--parts``):
   of percent within 100 steps, which the JSON records). ``--out`` gets a ``.html`` twin with
   both curves. The full preset trains on the whole embedded mixture, the smoke preset on its
   small-structure families (water clusters, HEA).
+* ``md`` - an MD step through ASE calculators: mace-torch's on e3nn, ours, and the peers a user
+  would install instead (Symmetrix-XL), each with its agreement with e3nn
+  (:mod:`workbench.bench.cpu_md`).
 * ``families`` - NequIP and Allegro MD and train steps against their own path
   (:mod:`workbench.bench.families`: run in the NequIP environment's interpreter,
   ``nequip_python``, since the two families cannot share one environment).
@@ -43,12 +46,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from workbench.bench.table import Column, cpu_name, render, run_versions, write_json
+from workbench.bench.cpu_tables import format_table
+from workbench.bench.table import cpu_name, run_versions, write_json
 from workbench.bench.workloads import MODELS, system_batch
 
 __all__ = ["PARTS", "PRESETS", "bench_cpu", "format_table", "hot_op_timer", "peak_gflops", "step_profile"]
 
-PARTS = ("steps", "ops", "profile", "trajectory", "families")
+PARTS = ("steps", "ops", "profile", "trajectory", "families", "md")
 PRESETS: dict[str, dict[str, Any]] = {
     "full": dict(
         models=("paper", "small"),
@@ -57,7 +61,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         repeats=3,
         trajectory_steps=100,
         trajectory_families=None,  # the whole embedded mixture
-        families={"configs": ("tutorial", "large"), "dtypes": ("float32", "float64"), "repeat": 4, "repeats": 5},
+        families={"configs": ("tutorial", "large"), "dtypes": ("float32", "float64"), "repeats": 5, "repeat": 4},
+        md={"models": ("paper",), "systems": ("water-96", "water-384", "water-1536"), "repeats": 5},
     ),
     "smoke": dict(
         models=("small",),
@@ -68,6 +73,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         # small structures only: the whole mixture's 768-atom water boxes made a smoke step ~25 s
         trajectory_families=("water_clusters", "hea"),
         families={"configs": ("tutorial",), "dtypes": ("float64",), "repeat": 1, "repeats": 1},
+        md={"models": ("small",), "systems": ("water-24",), "repeats": 1},
     ),
 }
 #: targets (paper config, float32 and float64): speed-up of numba over e3nn
@@ -384,10 +390,27 @@ def bench_cpu(
         trajectory_figure(res["trajectory"], html)
         res["trajectory"]["figure"] = str(html)
         write_json(out, res)
+    if "md" in parts:
+        md = dict(PRESETS[preset]["md"], **({"repeats": repeats} if repeats else {}))
+        _md(res, md, models, systems, s["dtypes"], Path(workdir), out)
     if "families" in parts:  # last: nequip sets global torch state in this process
         res["families"] = run_families(PRESETS[preset]["families"], threads, nequip_python)
         write_json(out, res)
     return res
+
+
+def _md(res: dict, p: dict, models, systems, dtypes, workdir: Path, out: Path) -> None:
+    """The ``md`` part: the preset's models and systems unless given, saved after each case."""
+    from workbench.bench.cpu_md import md_case
+
+    # the peers run OpenMP runtimes of their own, which read this when they load: --threads for all
+    os.environ["OMP_NUM_THREADS"] = str(res["threads"])
+    res["md"] = []
+    for model, system, dtype in [
+        (m, y, d) for m in models or p["models"] for y in systems or p["systems"] for d in dtypes
+    ]:
+        res["md"].append(md_case(model, system, dtype, p["repeats"], workdir / "md"))
+        write_json(out, res)
 
 
 def _machine() -> dict:
@@ -399,82 +422,3 @@ def _machine() -> dict:
         "torch_threads": torch.get_num_threads(),
         "versions": run_versions(),
     }
-
-
-def _steps_table(cases: list[dict]) -> str:
-    def ms(key: str):
-        return lambda c: c[key]["median_ms"]
-
-    bar = Column("|", lambda c: "|")
-    columns = [
-        Column("model", "model", width=6, align="<"),
-        Column("system", "system", width=10, align="<"),
-        Column("dtype", "dtype", width=8, align="<"),
-        Column("atoms", "atoms", "d", 5),
-        Column("edges", "edges", "d", 6),
-        bar,
-        Column("MD e3nn", ms("e3nn_md"), ".1f", 8),
-        Column("numba", ms("numba_md"), ".1f", 7),
-        Column("x", "speedup_md", ".2f", 5),
-        bar,
-        Column("train e3nn", ms("e3nn_train"), ".1f", 10),
-        Column("numba", ms("numba_train"), ".1f", 7),
-        Column("x", "speedup_train", ".2f", 5),
-        bar,
-        Column("+stress e3nn", lambda c: c["e3nn_stress"]["median_ms"] if "e3nn_stress" in c else None, ".1f", 12),
-        Column("numba", lambda c: c["numba_stress"]["median_ms"] if "numba_stress" in c else None, ".1f", 7),
-        Column("x", lambda c: c.get("speedup_stress"), ".2f", 5),
-    ]
-    return render(cases, columns, rule=False)
-
-
-def _ops_lines(res: dict, ops: list[dict]) -> list[str]:
-    peak = res.get("peak_gflops", {})
-    lines = [
-        "",
-        "hot ops in one numba step: ms (share of the step), GFLOP/s of the term-by-term work (program's executed) "
-        f"and % of the torch.mm peak ({', '.join(f'{d} {v:.0f}' for d, v in peak.items())} GFLOP/s)",
-    ]
-    for c in ops:
-        for step, rec in c["ops"].items():
-            cells = [
-                f"{name.split('_')[0]}: {r['ms']:.1f} ms ({100 * r['share']:.0f}%) {r['gflops']:.1f} "
-                f"({r['program_gflops']:.1f}) {100 * r['of_peak']:.1f}%"
-                for name, r in rec.items()
-                if isinstance(r, dict)
-            ]
-            lines.append(f"  {c['model']:6} {c['system']:10} {c['dtype']:8} {step:5}  " + "; ".join(cells))
-    return lines
-
-
-def _profile_table(pr: dict) -> str:
-    keys = [k for k in pr if k.endswith(("_md", "_train"))]
-    cats = sorted({c for k in keys for c in pr[k] if c != "total_ms"})
-    rows = [{"what": "total (profiled) ms", **{k: f"{pr[k]['total_ms']:.1f}" for k in keys}}]
-    rows += [{"what": cat, **{k: f"{100 * pr[k].get(cat, 0.0):.1f}%" for k in keys}} for cat in cats]
-    columns = [Column("", "what", width=48, align="<"), *(Column(k, k, width=12) for k in keys)]
-    title = f"\nprofile ({pr['model']}, {pr['system']}, {pr['dtype']}): share of self CPU time"
-    return render(rows, columns, title=title, rule=False, indent="  ")
-
-
-def format_table(res: dict) -> str:
-    """The steps table (ms, e3nn / numba, speed-up), the hot ops' GFLOP/s, the profile and the
-    trajectory verdict, as text."""
-    from workbench.bench.cpu_trajectory import trajectory_lines
-
-    lines = []
-    cases = [c for c in res["cases"] if "e3nn_md" in c]
-    if cases:
-        lines.append(_steps_table(cases))
-    ops = [c for c in res["cases"] if "ops" in c]
-    if ops:
-        lines += _ops_lines(res, ops)
-    if "profile" in res:
-        lines.append(_profile_table(res["profile"]))
-    if "trajectory" in res:
-        lines += ["", *trajectory_lines(res["trajectory"])]
-    if "families" in res:
-        from workbench.bench.families import family_lines
-
-        lines += family_lines(res["families"])
-    return "\n".join(lines)

@@ -22,6 +22,7 @@ __all__ = [
     "mace_batch",
     "mixture_batches",
     "system_batch",
+    "system_structures",
     "to_device",
     "water_box",
     "workload_batches",
@@ -96,15 +97,15 @@ def water_box(n: int, rng: np.random.Generator):
     return build_liquid_water(WATER_TILE, rng).repeat(_repeats(n // WATER_TILE))
 
 
-def system_batch(name: str, dtype: str, cutoff: float = CUTOFF, seed: int = 0) -> tuple[dict, list[int], dict]:
-    """A mace batch for ``name`` (``water-<atoms>``, ``crystal-<atoms>`` or ``mixed``), its atomic numbers and
-    ``{atoms, edges, graphs, families}``."""
+def system_structures(name: str, seed: int = 0) -> list:
+    """The ``ase.Atoms`` of system ``name`` (``water-<atoms>``, ``crystal-<atoms>``: one
+    structure; ``mixed``: the graphs of one packed batch)."""
     rng = np.random.default_rng(seed)
     if name.startswith("water-"):
-        structures = [water_box(int(name.split("-", 1)[1]), rng)]
-    elif name.startswith("crystal-"):
-        structures = [crystal(int(name.split("-", 1)[1]), rng)]
-    elif name == "mixed":
+        return [water_box(int(name.split("-", 1)[1]), rng)]
+    if name.startswith("crystal-"):
+        return [crystal(int(name.split("-", 1)[1]), rng)]
+    if name == "mixed":
         from workbench.data.embedded import load_embedded
 
         frames = load_embedded(validate=False)
@@ -113,10 +114,16 @@ def system_batch(name: str, dtype: str, cutoff: float = CUTOFF, seed: int = 0) -
             if len(frames[k]) <= room:
                 structures.append(frames[k])
                 room -= len(frames[k])
-    else:
-        raise ValueError(
-            f"unknown system {name!r}: use water-<atoms> (a multiple of 3), crystal-<atoms> (a multiple of 4) or mixed"
-        )
+        return structures
+    raise ValueError(
+        f"unknown system {name!r}: use water-<atoms> (a multiple of 3), crystal-<atoms> (a multiple of 4) or mixed"
+    )
+
+
+def system_batch(name: str, dtype: str, cutoff: float = CUTOFF, seed: int = 0) -> tuple[dict, list[int], dict]:
+    """A mace batch for ``name`` (``water-<atoms>``, ``crystal-<atoms>`` or ``mixed``), its atomic numbers and
+    ``{atoms, edges, graphs, families}``."""
+    structures = system_structures(name, seed)
     batch, zs = mace_batch(structures, dtype, cutoff)
     info = {
         "atoms": int(batch["positions"].shape[0]),

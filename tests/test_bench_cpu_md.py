@@ -1,0 +1,37 @@
+"""``bench cpu --parts md``: MD steps through ASE calculators, each with its agreement with
+e3nn; a peer that is not installed gets a row that says how to get it."""
+
+import math
+
+import pytest
+
+from workbench.bench import peers
+from workbench.bench.cpu_md import md_case, md_lines
+
+
+@pytest.fixture
+def ghost(monkeypatch):
+    """A peer whose package is not installed anywhere."""
+    ghost = peers.Peer("ghost", "ghost-evaluator", "no_such_module_for_workbench", None, None)
+    monkeypatch.setitem(peers.PEERS, "ghost", ghost)
+    return ghost
+
+
+def test_md_rows_time_each_calculator_and_skip_a_missing_peer(tmp_path, ghost):
+    case = md_case("small", "water-24", "float64", 2, tmp_path, calculators=("e3nn", "ghost"))
+    e3nn, skipped = case["rows"]["e3nn"], case["rows"]["ghost"]
+    assert case["atoms"] == 24 and e3nn["median_ms"] > 0 and e3nn["cold_s"] > 0
+    assert e3nn["force_rel"] == 0.0 and e3nn["energy_rel"] == 0.0  # e3nn against itself, same positions
+    assert skipped == {"skipped": "skipped: ghost-evaluator is not installed (pip install 'cfm-workbench[peers]')"}
+    assert math.isnan(e3nn.get("vs_numba", math.nan))  # no numba row to compare with
+    text = "\n".join(md_lines([case]))
+    assert "ghost-evaluator is not installed" in text and "e3nn" in text
+
+
+def test_peer_names_and_dtypes_are_checked(tmp_path):
+    with pytest.raises(KeyError, match="unknown peer 'nope'; choose from symmetrix"):
+        peers.missing("nope")
+    with pytest.raises(ValueError, match="a peer runs float32 or float64"):
+        peers.calculator("symmetrix", tmp_path / "m.json", "float16")
+    with pytest.raises(FileNotFoundError, match="no such model file to convert for symmetrix"):
+        peers.convert("symmetrix", tmp_path / "absent.model", tmp_path)
