@@ -28,6 +28,33 @@ def test_md_rows_time_each_calculator_and_skip_a_missing_peer(tmp_path, ghost):
     assert "ghost-evaluator is not installed" in text and "e3nn" in text
 
 
+def test_a_conversion_runs_once_per_model_and_settings_in_an_absolute_folder(tmp_path, monkeypatch, ghost):
+    """The peer's converter gets an absolute folder (it runs there), and a model converted before
+    with the same settings is not converted again; other settings convert anew."""
+    calls = []
+
+    def convert(model, folder):
+        calls.append(folder)
+        out = folder / "model.json"
+        out.write_text(model.read_text())
+        return out
+
+    monkeypatch.setitem(peers.PEERS, "ghost", peers.Peer("ghost", "ghost-evaluator", "json", convert, None, "a"))
+    model = tmp_path / "m.model"
+    model.write_text("weights")
+    monkeypatch.chdir(tmp_path)
+    first = peers.convert("ghost", model, "relative")
+    assert first.is_absolute() and first.read_text() == "weights" and calls[0].is_absolute()
+    assert peers.convert("ghost", model, "relative") == first and len(calls) == 1
+    monkeypatch.setitem(peers.PEERS, "ghost", peers.Peer("ghost", "ghost-evaluator", "json", convert, None, "b"))
+    assert peers.convert("ghost", model, "relative") != first and len(calls) == 2
+
+
+def test_the_md_part_runs_one_structure(tmp_path):
+    with pytest.raises(ValueError, match="--systems mixed: the md part runs one structure"):
+        md_case("small", "mixed", "float64", 1, tmp_path, calculators=("e3nn",))
+
+
 def test_peer_names_and_dtypes_are_checked(tmp_path):
     with pytest.raises(KeyError, match="unknown peer 'nope'; choose from symmetrix"):
         peers.missing("nope")

@@ -87,7 +87,7 @@ def test_the_heads_are_joined_after_the_replay_in_order(tmp_path, foundation, he
     from workbench.train.data import prepare_data
     from workbench.train.replay import repeats
 
-    heads = {"alloys": {"dataset": str(hea), "valid_fraction": 0.0}, "bulk": {"dataset": str(bulk)}}
+    heads = {"alloys": {"dataset": str(hea), "valid_dataset": str(bulk)}, "bulk": {"dataset": str(bulk)}}
     data = prepare_data(_cfg(tmp_path, foundation, pt_file, heads))
     assert data.heads == ["pt_head", "alloys", "bulk"]
     n = {h: int((data.train_heads == k).sum()) for k, h in enumerate(data.heads)}
@@ -98,7 +98,7 @@ def test_the_heads_are_joined_after_the_replay_in_order(tmp_path, foundation, he
     )
     assert data.new_train == {"alloys": 19, "bulk": n["bulk"]}
     assert [int(g.head) for g in data.train] == data.train_heads.tolist()
-    assert {data.valid_heads[i] for i in range(len(data.valid))} == {"pt_head", "bulk"}  # alloys: no validation
+    assert data.valid_heads.count("alloys") == 14 and set(data.valid_heads) == {"pt_head", "alloys", "bulk"}
     assert all(c.head == "bulk" for c in data.new_train_configs("bulk"))
     first_bulk = int(np.flatnonzero(data.train_heads == 2)[0])
     assert "bulk.extxyz, frame" in data.describe([first_bulk]) and "hea.extxyz" in data.describe(
@@ -181,6 +181,7 @@ def test_bad_heads_are_one_line_and_exit_2(tmp_path, foundation, hea, bulk, pt_f
         ("heads={alloys: {dataset: x.extxyz, e0s: {Xx: 1}}}", r"heads\.alloys\.e0s: 'Xx' is not an element"),
         ("heads=[a, b]", r"TrainConfig\.heads: expected a mapping"),
         (f"dataset={hea}", r"TrainConfig\.dataset: with heads, each head names its own dataset"),
+        ("heads={alloys: {dataset: x.extxyz, valid_fraction: 0}}", r"heads\.alloys\.valid_fraction: 0 leaves the head"),
         ("heads={alloys: {dataset: " + str(bulk) + ", e0s: {Cu: -3.5}}}", r"heads\.alloys\.e0s: no energy for"),
     ]
     for override, message in cases:
@@ -209,3 +210,17 @@ def test_mace_is_given_each_head_with_its_files_split_and_e0s(tmp_path, foundati
     assert list(given) == ["alloys", "bulk"]
     assert given["alloys"] == {"train_file": str(hea), "valid_file": None, "valid_fraction": 0.3, "E0s": "estimated"}
     assert given["bulk"]["valid_file"] == str(hea) and given["bulk"]["E0s"] == "{29: 1.0}"
+
+
+def test_reordered_heads_change_the_run_identity():
+    """The order of heads is the order of the readouts: a resume with the heads swapped is refused."""
+    heads = {"a": {"dataset": "a.extxyz"}, "b": {"dataset": "b.extxyz", "e0s": {"H": -13.6}}}
+    cfg = TrainConfig(foundation_model="f.model", multihead_finetuning=True, pt_dataset="pt.extxyz", heads=heads)
+    saved = cfg.to_dict()
+    assert cfg.identity_changes(saved) == [] and cfg.heads["b"]["e0s"] == {1: -13.6}
+    swapped = cfg.replace(heads={"b": heads["b"], "a": heads["a"]})
+    assert [c.split(":")[0] for c in swapped.identity_changes(saved)] == ["heads"]
+    assert "valid_fraction" not in cfg.heads["a"]  # unset: follows the config's
+    from workbench.train.replay_options import head_settings
+
+    assert head_settings(cfg.replace(valid_fraction=0.3), "a")["valid_fraction"] == 0.3

@@ -404,13 +404,20 @@ def _md(res: dict, p: dict, models, systems, dtypes, workdir: Path, out: Path) -
     from workbench.bench.cpu_md import md_case
 
     # the peers run OpenMP runtimes of their own, which read this when they load: --threads for all
+    before = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = str(res["threads"])
-    res["md"] = []
-    for model, system, dtype in [
-        (m, y, d) for m in models or p["models"] for y in systems or p["systems"] for d in dtypes
-    ]:
-        res["md"].append(md_case(model, system, dtype, p["repeats"], workdir / "md"))
-        write_json(out, res)
+    try:
+        res["md"] = []
+        for model, system, dtype in [
+            (m, y, d) for m in models or p["models"] for y in systems or p["systems"] for d in dtypes
+        ]:
+            res["md"].append(md_case(model, system, dtype, p["repeats"], workdir / "md"))
+            write_json(out, res)
+    finally:  # the setting stays with this part
+        if before is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = before
 
 
 def _machine() -> dict:

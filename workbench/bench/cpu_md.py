@@ -34,8 +34,8 @@ CALCULATORS = ("e3nn", "numba", *PEERS)
 DISPLACEMENT = 1e-3  # Å per repeat: every call computes anew
 
 
-def _model_file(model: str, atoms, dtype: str, folder: Path) -> Path:
-    """The random model of ``model`` over ``atoms``' elements, saved as mace saves one."""
+def _model_file(model: str, system: str, atoms, dtype: str, folder: Path) -> Path:
+    """The random model of ``model`` over ``atoms``' elements and neighbour count, saved as mace saves one."""
     import torch
 
     from workbench.bench.workloads import CUTOFF, MODELS
@@ -45,7 +45,7 @@ def _model_file(model: str, atoms, dtype: str, folder: Path) -> Path:
     hidden, ell, corr = MODELS[model]
     zs = sorted({int(z) for z in atoms.numbers})
     neighbours = count_edges(atoms, CUTOFF) / len(atoms)
-    path = folder / f"{model}-{'-'.join(map(str, zs))}-{dtype}.model"
+    path = folder / f"{model}-{system}-{dtype}.model"
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
         torch.save(random_scaleshift_mace(hidden, ell, corr, zs, neighbours, getattr(torch, dtype), "cpu"), path)
@@ -96,8 +96,11 @@ def md_case(
     from workbench.bench.workloads import system_structures
 
     folder = Path(folder)
-    (atoms,) = system_structures(system)
-    path = _model_file(model, atoms, dtype, folder)
+    structures = system_structures(system)
+    if len(structures) != 1:
+        raise ValueError(f"--systems {system}: the md part runs one structure (water-<atoms> or crystal-<atoms>)")
+    (atoms,) = structures
+    path = _model_file(model, system, atoms, dtype, folder)
     case: dict[str, Any] = {"model": model, "system": system, "dtype": dtype, "atoms": len(atoms), "rows": {}}
     ready, first = {}, {}
     for name in calculators:

@@ -221,7 +221,7 @@ def summarise_finetune(rows: list[dict], retention: list[dict] | None = None) ->
     return {
         "paired_ratios": ratios,
         "worst_ratio_deviation": worst,
-        "parity": any(ratios[o]["f_mae_mev_a"] for o in PAIRS) and worst <= FINETUNE_TOLERANCE,
+        "parity": all(ratios[o]["f_mae_mev_a"] for o in PAIRS) and worst <= FINETUNE_TOLERANCE,
         "means": means,
         "per_family": _per_family(rows),
         "finetuned_beats_scratch": tuned_f < means["scratch"]["f_mae_mev_a"],

@@ -44,6 +44,7 @@ class Peer:
     module: str
     convert: Callable[[Path, Path], Path]  # (mace model file, folder) -> the peer's model file
     make: Callable[[Path, str], object]  # (the peer's model file, dtype) -> an ASE calculator
+    settings: str = ""  # what else decides the conversion (part of its cache key)
 
 
 def missing(name: str) -> str | None:
@@ -59,8 +60,8 @@ def convert(name: str, model: str | os.PathLike, folder: str | os.PathLike) -> P
     peer, model = _peer(name), Path(model)
     if not model.is_file():
         raise FileNotFoundError(f"{model}: no such model file to convert for {name}")
-    digest = hashlib.sha256(model.read_bytes()).hexdigest()[:16]
-    folder = Path(folder) / f"{name}-{digest}"
+    digest = hashlib.sha256(model.read_bytes() + peer.settings.encode()).hexdigest()[:16]
+    folder = Path(folder).resolve() / f"{name}-{digest}"  # absolute: the converter runs in this folder
     folder.mkdir(parents=True, exist_ok=True)
     done = folder / "converted"
     if done.exists():
@@ -106,5 +107,12 @@ def _symmetrix_calculator(converted: Path, dtype: str):
 
 
 PEERS: dict[str, Peer] = {
-    "symmetrix": Peer("symmetrix", "symmetrix-xl", "symmetrix", _symmetrix_convert, _symmetrix_calculator)
+    "symmetrix": Peer(
+        "symmetrix",
+        "symmetrix-xl",
+        "symmetrix",
+        _symmetrix_convert,
+        _symmetrix_calculator,
+        settings=f"num-spline-points={SYMMETRIX_SPLINE_POINTS}",
+    )
 }

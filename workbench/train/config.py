@@ -278,10 +278,14 @@ class TrainConfig:
 
     def identity_changes(self, saved: dict[str, Any]) -> list[str]:
         """``field: saved -> now`` for every :data:`RUN_IDENTITY` field that differs from ``saved``."""
+
+        def ordered(v: Any) -> Any:  # the order of heads is the order of the model's readouts
+            return list(v.items()) if isinstance(v, dict) else v
+
         return [
             f"{k}: {saved.get(k)!r} -> {getattr(self, k)!r}"
             for k in RUN_IDENTITY
-            if k in saved and saved[k] != getattr(self, k)
+            if k in saved and ordered(saved[k]) != ordered(getattr(self, k))
         ]
 
     # -- paths

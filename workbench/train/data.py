@@ -90,18 +90,14 @@ class TrainData:
     train_heads: np.ndarray | None = None  # int8 index into heads of each training graph
     replay_note: str = ""  # what was replayed, for the run's log
     new_train: dict[str, int] | None = None  # with replay: each new head's training graphs, counted once
+    head_configs: dict[str, list] | None = None  # with replay: each new head's training Configurations, once
 
     def new_train_configs(self, head: str | None = None) -> list:
         """The training ``Configuration`` s of new head ``head`` (default: every new head), each
         once (without the replayed ones and mace's repeats); empty for a prepared dataset."""
-        if self.new_train is None or not self.train_configs:
+        if self.head_configs is None:
             return list(self.train_configs)
-        out = []
-        for name, n in self.new_train.items():
-            if head in (None, name):
-                where = np.flatnonzero(self.train_heads == self.heads.index(name))[:n]
-                out += [self.train_configs[int(i)] for i in where]
-        return out
+        return [c for name, configs in self.head_configs.items() if head in (None, name) for c in configs]
 
     def describe(self, indices: Sequence[int], limit: int = 8) -> str:
         """Where training graphs ``indices`` came from, for error messages."""

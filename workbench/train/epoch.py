@@ -129,7 +129,7 @@ def validate(s: Session, epoch: int) -> dict:
 
 def _evaluate_heads(s: Session) -> dict:
     """The validation errors; with several heads, each head's graphs on their own (as mace's
-    loaders per head), under ``heads``, and the last head's (``Default``, the new data) on top:
+    loaders per head), under ``heads``, and the last head's (new data) on top:
     its loss drives the scheduler and ``keep: best``, as mace's last head does."""
     from torch.utils.data import Subset
 

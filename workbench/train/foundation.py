@@ -253,7 +253,7 @@ def finetune_stats(
 
     found = foundation_of(config)
     c = found.mace_config
-    spec = estimate_e0s(found, configs) if config.e0s == "estimated" else config.e0s
+    spec = estimate_e0s(found, configs) if config.e0s == "estimated" and not config.heads else config.e0s
     per_head = None
     if config.heads:
         per_head = {h: head_e0s(config, h, list(zs), (by_head or {}).get(h)) for h in config.heads}

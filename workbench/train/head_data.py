@@ -48,9 +48,13 @@ def from_heads(config: TrainConfig, replay: Replay) -> TrainData:
             sources[head] = (sub, source.path, loaded)
             elements |= {int(z) for a in loaded[0] for z in a.numbers}
         if sub.valid_dataset:
-            elements |= {
-                int(z) for a in _load_with_frames(sub.replace(dataset=sub.valid_dataset))[0] for z in a.numbers
-            }
+            if data_source(sub.valid_dataset, field=f"heads.{head}.valid_dataset").kind == "prepared":
+                raise ValueError(
+                    f"TrainConfig.heads.{head}.valid_dataset ({sub.valid_dataset}): a structure file; a prepared "
+                    "dataset is split by valid_fraction"
+                )
+            valid = _load_with_frames(sub.replace(dataset=sub.valid_dataset))[0]
+            elements |= {int(z) for a in valid for z in a.numbers}
     parts = []
     for head, (sub, path, loaded) in sources.items():
         part = HeadPart(head, heads, frozenset(elements), loaded)

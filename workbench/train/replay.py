@@ -1,7 +1,8 @@
 r"""Multihead fine-tuning with replay, as ``mace_run_train --multiheads_finetuning True`` does it.
 
 The fine-tuned model gets two heads, ``pt_head`` (the foundation's, trained on replayed
-pre-training structures) and ``Default`` (the new data's). Both share every layer but the
+pre-training structures) and ``Default`` (the new data's), or with ``heads`` one head per new
+dataset after ``pt_head`` (:mod:`workbench.train.head_data`). All share every layer but the
 readouts, so the replay keeps the shared layers from forgetting what the foundation knew:
 
 .. math::
@@ -17,15 +18,15 @@ What a run does, from ``TrainConfig``:
   is read with the run's label keys; ``num_samples_pt`` of its structures are kept
   (``subselect_pt``: ``random``, or ``fps``, farthest points in the foundation's invariant
   descriptors, as mace's ``fine_tuning_select``), then split by ``valid_fraction``;
-* the E0s of ``pt_head`` are the foundation's, those of ``Default`` follow ``e0s``
-  (``foundation``, ``estimated`` or a map; mace refuses ``average`` here, and so do we);
-* when the new training structures are fewer than :data:`RATIO_THRESHOLD` of the replayed
-  ones, they are repeated :math:`\lfloor 0.1 / r \rfloor` more times (mace's
+* the E0s of ``pt_head`` are the foundation's, those of ``Default`` (each new head) follow
+  ``e0s`` (``foundation``, ``estimated`` or a map; mace refuses ``average`` here, and so do we);
+* when the new training structures (of all new heads) are fewer than :data:`RATIO_THRESHOLD`
+  of the replayed ones, they are repeated :math:`\lfloor 0.1 / r \rfloor` more times (mace's
   ``real_pt_data_ratio_threshold``);
 * mace's multihead recipe applies where the config keeps the defaults: lr 1e-4, EMA decay
   0.99999, loss ``universal`` (:func:`recipe`);
 * validation is reported per head (and per family within each); the scheduler and
-  ``keep: best`` follow the ``Default`` head's loss, as mace's last head.
+  ``keep: best`` follow the last head's loss, as mace's do.
 
 mace 0.3.16 uses a local ``--pt_train_file`` whole and applies ``--num_samples_pt`` only to its
 downloaded Materials Project replay; here the selection applies to every ``pt_dataset``, and
@@ -336,10 +337,10 @@ def join_heads(parts: list, replay: Replay, config: TrainConfig):
             [[int(g.edge_index.shape[1]) for g in pt_train], *[d.train_edges for d in datas for _ in range(copies)]]
         ).astype(np.int64),
         train_configs=(pt_train_c + [c for d in datas for c in d.train_configs * copies])
-        if all(d.train_configs for d in datas)
+        if all(isinstance(d.train, list) for d in datas)
         else [],
         valid_configs=(pt_valid_c + [c for d in datas for c in d.valid_configs])
-        if all(d.valid_configs for d in datas)
+        if all(isinstance(d.valid, list) for d in datas)
         else [],
         origin=ReplayOrigin(replay, [(len(d.train), d.origin, file_order(d)) for d in datas], copies),
         valid_families=[str(c.config_type) for c in pt_valid_c] + [f for d in datas for f in (d.valid_families or [])],
@@ -359,6 +360,7 @@ def join_heads(parts: list, replay: Replay, config: TrainConfig):
         ).astype(np.int8),
         replay_note=describe(replay, new),
         new_train=new,
+        head_configs={name: list(d.train_configs) for name, d in parts},
     )
 
 

@@ -132,7 +132,12 @@ def _check_heads(config: TrainConfig, bad) -> None:
                 f"{where}.e0s",
                 "'average' cannot be used with multihead_finetuning (as in mace); use foundation or a map",
             )
-        out[name] = {**spec, "valid_fraction": float(fraction), "e0s": e0s}
+        if not fraction and not spec.get("valid_dataset"):  # mace: "No valid datasets found for head"
+            raise bad(f"{where}.valid_fraction", "0 leaves the head without validation; give > 0 or a valid_dataset")
+        out[name] = dict(spec)  # what the user gave: the rest follows the config (head_settings)
+        for key, value in (("valid_fraction", float(fraction)), ("e0s", e0s)):
+            if key in spec:
+                out[name][key] = value
     config.heads = out
 
 

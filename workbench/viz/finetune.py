@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from workbench.train.replay_options import PT_HEAD
+
 __all__ = ["errors_by_head_html", "foundation_summary", "replay_layout_figure"]
 
 
@@ -38,16 +40,18 @@ def replay_layout_figure(data, capacity: float, num_replicas: int = 2, seed: int
 
     if not data.heads:
         raise ValueError("replay_layout_figure: the data of a multihead run (multihead_finetuning: true)")
-    sizes = np.zeros(len(data.train_atoms), dtype=[("atoms", np.int64), ("family", "U16")])
+    width = f"U{max(len(h) for h in data.heads)}"  # head names are up to 64 characters
+    sizes = np.zeros(len(data.train_atoms), dtype=[("atoms", np.int64), ("family", width)])
     sizes["atoms"] = data.train_atoms
-    sizes["family"] = np.asarray(data.heads, dtype="U16")[data.train_heads]
+    sizes["family"] = np.asarray(data.heads, dtype=width)[data.train_heads]
     first = []
     for rank in range(num_replicas):
         sampler = BinPackingBatchSampler(
             data.train_atoms, capacity=capacity, num_replicas=num_replicas, rank=rank, seed=seed, algorithm=algorithm
         )
         first.append(np.asarray(next(iter(sampler)), dtype=np.int64))
-    title = f"Step 0 per GPU: new data (Default) and replay (pt_head) in one {algorithm} packing"
+    new = ", ".join(h for h in data.heads if h != PT_HEAD)
+    title = f"Step 0 per GPU: new data ({new}) and replay ({PT_HEAD}) in one {algorithm} packing"
     return bin_layout_figure([(algorithm, rectangles_from_batches(first, sizes))], capacity=capacity, title=title)
 
 
