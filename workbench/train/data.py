@@ -235,7 +235,7 @@ def prepare_data(config: TrainConfig, structures: list | None = None) -> TrainDa
     if config.heads:  # several new datasets, one head each
         from workbench.train.head_data import from_heads
 
-        return from_heads(config, replay)
+        return from_heads(config, replay, (HeadPart, _from_structures, _from_store, _load_with_frames))
     if structures is None:
         source = data_source(config.dataset)
         if source.kind == "prepared":

@@ -17,7 +17,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from workbench.train.config import TrainConfig
-from workbench.train.data import HeadPart, TrainData, _from_store, _from_structures, _load_with_frames
 from workbench.train.replay import Replay, join_heads
 from workbench.train.replay_options import head_settings, new_heads, run_heads
 
@@ -29,9 +28,11 @@ def head_config(config: TrainConfig, head: str) -> TrainConfig:
     return config.replace(heads=None, multihead_finetuning=False, pt_dataset=None, **head_settings(config, head))
 
 
-def from_heads(config: TrainConfig, replay: Replay) -> TrainData:
+def from_heads(config: TrainConfig, replay: Replay, build):
     """The run's :class:`~workbench.train.data.TrainData`: the replay, then every head of
-    ``config.heads`` in order."""
+    ``config.heads`` in order. ``build``: the data module's builders ``(HeadPart, from_structures,
+    from_store, load_with_frames)``, passed in so that this module does not import it back."""
+    HeadPart, _from_structures, _from_store, _load_with_frames = build
     from workbench.data.source import data_source
     from workbench.dtypes import default_dtype
 
