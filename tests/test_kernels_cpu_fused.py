@@ -136,19 +136,25 @@ def test_fused_bits_identical_across_thread_counts():
     assert len(set(digests)) == 1 and len(digests[0]) == 40, digests
 
 
-def test_auto_fuses_small_channel_counts_and_short_programs(monkeypatch):
-    """``auto`` (the default) fuses passes of at most 32 channels and 160 instructions;
-    ``WORKBENCH_CPU_UNROLL_MAX`` moves the instruction limit, ``interpreter`` and ``fused`` force."""
-    op = channelwise_tp_op(make_conv_tp("4x0e+4x1o", 2))[0]
-    short = op.cpu_plan(16).passes[0][1].program
-    assert short.num_instructions <= cpu_fused.FUSED_MAX_INSTRUCTIONS
+def test_auto_fuses_short_programs_at_every_channel_count(monkeypatch):
+    """``auto`` (the default) fuses passes of at most 256 instructions at any channel count (the
+    message op of MACE's paper configuration, 239 instructions at 128 channels, included) and
+    leaves longer ones on the interpreter; ``WORKBENCH_CPU_UNROLL_MAX`` moves the limit,
+    ``interpreter`` and ``fused`` force."""
+    paper = channelwise_tp_op(make_conv_tp("4x0e+4x1o", 3))[0]
+    weights = paper.derivative((True,) * len(paper.operands)).cpu_plan(16).passes
+    short = max((rp.program for _, rp in weights), key=lambda p: p.num_instructions)
+    assert short.num_instructions == 239
+    wide = channelwise_tp_op(make_conv_tp("4x0e+4x1o+4x2e+4x3o", 3))[0]
+    long = wide.cpu_plan(16).passes[0][1].program
+    assert long.num_instructions > cpu_fused.FUSED_MAX_INSTRUCTIONS == 256
     monkeypatch.delenv("WORKBENCH_CPU_KERNELS", raising=False)
-    assert cpu_fused.use_fused(short, 16) and cpu_fused.use_fused(short, 32)
-    assert not cpu_fused.use_fused(short, 33)
+    assert all(cpu_fused.use_fused(short, c) for c in (3, 16, 32, 128, 256))
+    assert not any(cpu_fused.use_fused(long, c) for c in (3, 128))
     monkeypatch.setenv("WORKBENCH_CPU_UNROLL_MAX", str(short.num_instructions - 1))
-    assert not cpu_fused.use_fused(short, 16)
+    assert not cpu_fused.use_fused(short, 128)
     monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "fused")
-    assert cpu_fused.use_fused(short, 128)
+    assert cpu_fused.use_fused(long, 128)
     monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "interpreter")
     assert not cpu_fused.use_fused(short, 16)
 
