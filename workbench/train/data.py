@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.train.config import TrainConfig
+from workbench.train.replay_options import FT_HEAD
 from workbench.train.split import configs_fingerprint, hasher, split_order
 
 #: The ``TrainConfig`` fields ``prepare_data`` reads: configs equal on these get equal ``TrainData``.
@@ -287,7 +288,7 @@ def _from_structures(config: TrainConfig, structures: list | None, replay=None, 
 
     from workbench.data.atomic_data import key_specification, z_table_for
     from workbench.data.neighbour_frame import graph_from_config
-    from workbench.train.replay import FT_HEAD, run_heads, with_replay
+    from workbench.train.replay import run_heads, with_replay
 
     if structures is None:
         structures, frames, path = part.loaded if part and part.loaded else _load_with_frames(config)
@@ -365,7 +366,7 @@ class StoreGraphs:
         cutoff: float,
         dtype: str,
         heads: list[str] | None = None,
-        head: str = "Default",
+        head: str = FT_HEAD,
     ) -> None:
         self.reader = reader
         self.locations = locations
@@ -443,7 +444,7 @@ def _from_store(config: TrainConfig, path: Path, replay=None, part: HeadPart | N
         )
     stats = stats_from_index(store, train_rows, [int(z) for z in data_zs])
     # The datasets keep 10 bytes a graph; the index itself is dropped with ``store``.
-    heads, head = (part.heads, part.name) if part else (run_heads(config), "Default")
+    heads, head = (part.heads, part.name) if part else (run_heads(config), FT_HEAD)
     train, valid = (
         StoreGraphs(store.reader, store.locations(rows), z_table, config.cutoff, config.dtype, heads, head)
         for rows in (train_rows, valid_rows)

@@ -318,11 +318,11 @@ def build_finetune_model(config: TrainConfig, stats) -> torch.nn.Module:
     from mace.tools.finetuning_utils import load_foundations_elements
 
     from workbench.dtypes import default_dtype
-    from workbench.train.replay_options import run_heads
+    from workbench.train.replay_options import FT_HEAD, run_heads
 
     found = foundation_of(config)
     dtype = getattr(torch, config.dtype)
-    heads = run_heads(config) or ["Default"]
+    heads = run_heads(config) or [FT_HEAD]
     if stats.head_e0s:  # several new heads: pt_head's, then each head's in order
         e0s = [stats.pt_e0s, *(stats.head_e0s[h] for h in heads[1:])]
     else:
