@@ -20,7 +20,7 @@ row before the pass (:func:`row_coefficients`, vectorised over rows).
 
 All the outputs of one pass with the same row shape share one program, so their common
 monomials are built once and every operand row is read once. Segments run in parallel
-(``prange``); no two segments write the same element, so there are no atomics, and sums run
+(``prange``, :mod:`~workbench.kernels.backends.cpu_segments`); no two segments write the same element, so there are no atomics, and sums run
 in a fixed order: the same inputs give the same bits on every run and thread count.
 
 Layout: a vector register is a contiguous run of ``C`` channels. Channelwise operands whose

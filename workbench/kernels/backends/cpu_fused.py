@@ -39,7 +39,8 @@ LLVM may fuse a multiply and the next add. Kernels are
 written under the kernel cache and compiled with numba's on-disk cache: once per pass shape,
 channel count and dtype on a machine. Compiling is numba's typing and lowering, per statement
 of the body and whatever the channel count: about a second for a NequIP pass of 4 to 50
-instructions, 20-25 s for MACE's 239-instruction radial-weight gradient. :func:`use_fused`
+instructions, 11 s for MACE's 239-instruction radial-weight gradient (compiled once: the
+parallel driver calls it by address, :mod:`~workbench.kernels.backends.cpu_segments`). :func:`use_fused`
 decides where: programs short enough to compile in seconds, at every channel count. At 16
 channels fusing removes the per-row bookkeeping; at 128 it keeps the program's registers
 out of memory (the interpreter loads and stores every register of every instruction): the
@@ -52,9 +53,8 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-import numba
-
 from workbench.kernels.backends.cpu_loops import LANES
+from workbench.kernels.backends.cpu_segments import Segments
 from workbench.kernels.backends.cpu_unrolled import constant_coefficients, instruction_lines, literal
 from workbench.kernels.options import kernel_options
 
@@ -63,9 +63,6 @@ __all__ = ["FUSED_MAX_INSTRUCTIONS", "FusedPass", "fused_pass", "use_fused"]
 #: ``cpu_kernels="auto"`` fuses passes of at most this many instructions: bigger programs (the
 #: contraction's 500 to 6,000) would compile for minutes, and stay on the interpreter
 FUSED_MAX_INSTRUCTIONS = 256
-#: segments are handed to the threads in about this many chunks per thread (balance against
-#: the cost of a call: numba counts references to its array arguments)
-CHUNKS = 8
 _ROW = {0: "row", 1: "r1", 2: "r2"}
 
 
@@ -85,21 +82,19 @@ def use_fused(program: Any, channels: int, options: Any = None) -> bool:
 
 
 class FusedPass:
-    """A row pass's fused kernels: ``parallel`` / ``serial`` take the arrays :attr:`arrays`
-    (indices into the pass's 10 kernel arrays), the row indices :attr:`indices` (``1``:
-    ``idx1``, ``2``: ``idx2``), ``seg_ptr, seg_perm, seg_row`` and the outputs :attr:`outputs`."""
+    """A row pass's fused kernel, ``run_segments(lo, hi, ...)`` over segments ``lo .. hi - 1``: it
+    takes the arrays :attr:`arrays` (indices into the pass's 10 kernel arrays), the row indices
+    :attr:`indices` (``1``: ``idx1``, ``2``: ``idx2``), ``seg_ptr, seg_perm, seg_row`` and the
+    outputs :attr:`outputs`; :class:`~workbench.kernels.backends.cpu_segments.Segments` runs it."""
 
     def __init__(self, module: Any, arrays: tuple[int, ...], indices: tuple[int, ...], outputs: tuple[int, ...]):
         self.module, self.arrays, self.indices, self.outputs = module, arrays, indices, outputs
+        self.segments = Segments(module.run_segments, len(arrays) + len(indices))
 
     def run(self, parallel: bool, arrays, idx1, idx2, segments, outs) -> None:
         args = [arrays[a] for a in self.arrays] + [idx1 if i == 1 else idx2 for i in self.indices]
         args += list(segments) + [outs[q] for q in self.outputs]
-        if parallel:
-            size = max(1, (segments[0].shape[0] - 1) // (CHUNKS * numba.get_num_threads()))
-            self.module.run_parallel(size, *args)
-        else:
-            self.module.run_serial(*args)
+        (self.segments.parallel if parallel else self.segments.serial)(*args)
 
 
 def _signature(rp: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
@@ -179,8 +174,7 @@ def _row_lines(rp: Any, C: int, cast: str, indices: tuple[int, ...], ind: str) -
 
 
 def kernel_source(rp: Any, channels: int, dtype: str) -> str:
-    """Source of ``run_segments`` (segments ``lo .. hi - 1``), ``run_parallel`` (every segment, in
-    chunks of ``size`` over numba's threads) and ``run_serial`` for ``rp`` at ``channels`` in ``dtype``."""
+    """Source of ``run_segments`` (segments ``lo .. hi - 1``) for ``rp`` at ``channels`` in ``dtype``."""
     arrays, indices, outputs = _signature(rp)
     C = channels
     cast = "" if dtype == "float64" else "f32"
@@ -196,17 +190,12 @@ def kernel_source(rp: Any, channels: int, dtype: str) -> str:
         *_store_lines(rp, C, True, "q", "    "),
     ]
     body = [line for line in body if line.strip()]
-    call = f"run_segments(lo, hi, {args})"  # not s0, s1: the accumulators are s0, s1, ...
     return "\n".join(
         ["@njit(cache=True, fastmath=FASTMATH, nogil=True)", f"def run_segments(lo, hi, {args}):"]
         + [f"    acc = np.empty({acc_size}, dtype=np.{dtype})", f"    lanes = np.empty({LANES}, dtype=np.{dtype})"]
         + [f"    zero = {literal(0.0, cast)}", "    for s in range(lo, hi):"]
         + ["    " + line for line in body]
-        + ["", "", "@njit(cache=True, parallel=True)", f"def run_parallel(size, {args}):"]
-        + ["    n = seg_ptr.shape[0] - 1"]
-        + ["    for k in prange((n + size - 1) // size):", "        lo = k * size", "        hi = min(n, lo + size)"]
-        + [f"        {call}", "", "", "@njit(cache=True)", f"def run_serial({args}):"]
-        + ["    lo = 0", "    hi = seg_ptr.shape[0] - 1", f"    {call}", ""]
+        + [""]
     )
 
 
@@ -217,7 +206,7 @@ def _module(source: str) -> Any:
 
     head = (
         f"# generated by workbench.kernels.backends.cpu_fused (version {_version()}); safe to delete\n"
-        "import numba\nimport numpy as np\nfrom numba import njit, prange\n"
+        "import numba\nimport numpy as np\nfrom numba import njit\n"
         "from workbench.kernels.backends.cpu_loops import FASTMATH\n\nf32 = numba.float32\n\n\n"
     )
     return load_module(head + source, "workbench_fused")

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from workbench.kernels.backends.cpu_segments import Segments
 from workbench.kernels.descriptor.program import ADD_AXPY, ADD_K, ADD_MUL, SET_AXPY, SET_K, SET_MUL
 
 __all__ = [
@@ -127,14 +128,14 @@ def _store_lines(target_row: str, seg: int, ind: str) -> list[str]:
 
 
 def driver_source(body: list[str] | None) -> str:
-    """Source of ``segment``, ``run_parallel`` and ``run_serial`` with the program's body inlined:
-    ``body`` the lines of a generated body (they read and write the flat registers ``F`` and
-    the coefficients ``K_rows[krow, k]``), or None for the interpreter."""
+    """Source of ``run_segments(lo, hi, ...)``, segments ``lo .. hi - 1`` with the program's body
+    inlined: ``body`` the lines of a generated body (they read and write the flat registers ``F``
+    and the coefficients ``K_rows[krow, k]``), or None for the interpreter."""
     arrays = [f"a{i}" for i in range(NUM_ARRAYS)]
-    I2, I3 = " " * 8, " " * 12
+    I2, I3 = " " * 12, " " * 16
     seg = [
-        "@njit(cache=True, fastmath=FASTMATH)",
-        f"def segment(s, {_ARGS}):",
+        "@njit(cache=True, fastmath=FASTMATH, nogil=True)",
+        f"def run_segments(lo, hi, {_ARGS}):",
         "    V = vec_arr.shape[0]",
         "    A = acc_out.shape[0]",
         "    n = np.uint64(C)",
@@ -143,55 +144,37 @@ def driver_source(body: list[str] | None) -> str:
         "    R = np.empty((nreg, C), dtype=o0.dtype)",
         "    F = R.reshape(nreg * C)",
         "    lanes = np.empty(LANES, dtype=o0.dtype)",
-        "    for j in range(A):",
-        "        if acc_seg[j] == 1:",
-        "            jj = np.uint64(V + j)",
-        "            for c in range(n):",
-        "                R[jj, c] = 0.0",
-        "    p0 = seg_ptr[s]",
-        "    for p in range(p0, seg_ptr[s + 1]):",
-        "        row = seg_perm[p]",
-        "        krow = row if varying else 0",
-        "        for j in range(V):",
-        "            if vec_const[j] == 1 and p != p0:  # the segment's own row: loaded once",
-        "                continue",
-        "            code = vec_code[j]",
-        "            r = np.uint64(row if code == 0 else (idx1[row] if code == 1 else idx2[row]))",
-        "            jj = np.uint64(j)",
-        "            base = np.uint64(vec_base[j])",
-        "            src = vec_arr[j]",
-    ]
-    seg += _chain("src", arrays, "for c in range(n): R[jj, c] = X[r, base + c]", I3)
-    seg += [
+        "    for s in range(lo, hi):",
         "        for j in range(A):",
-        "            if acc_seg[j] == 0:",
+        "            if acc_seg[j] == 1:",
         "                jj = np.uint64(V + j)",
         "                for c in range(n):",
         "                    R[jj, c] = 0.0",
+        "        p0 = seg_ptr[s]",
+        "        for p in range(p0, seg_ptr[s + 1]):",
+        "            row = seg_perm[p]",
+        "            krow = row if varying else 0",
+        "            for j in range(V):",
+        "                if vec_const[j] == 1 and p != p0:  # the segment's own row: loaded once",
+        "                    continue",
+        "                code = vec_code[j]",
+        "                r = np.uint64(row if code == 0 else (idx1[row] if code == 1 else idx2[row]))",
+        "                jj = np.uint64(j)",
+        "                base = np.uint64(vec_base[j])",
+        "                src = vec_arr[j]",
+    ]
+    seg += _chain("src", arrays, "for c in range(n): R[jj, c] = X[r, base + c]", I3)
+    seg += [
+        "            for j in range(A):",
+        "                if acc_seg[j] == 0:",
+        "                    jj = np.uint64(V + j)",
+        "                    for c in range(n):",
+        "                        R[jj, c] = 0.0",
     ]
     seg += _interpreter_lines(I2) if body is None else [I2 + line for line in body]
     seg += _store_lines("row", 0, I2)
-    seg += _store_lines("seg_row[s]", 1, "    ")
-    return "\n".join(seg + _run_lines()) + "\n"
-
-
-def _run_lines() -> list[str]:
-    """``run_parallel`` and ``run_serial``: ``segment`` over every segment, with and without ``prange``."""
-    loop = f"segment(np.int64(s), {_ARGS})"
-    return [
-        "",
-        "",
-        "@njit(parallel=True, cache=True, fastmath=FASTMATH)",
-        f"def run_parallel({_ARGS}):",
-        "    for s in prange(seg_ptr.shape[0] - 1):",
-        f"        {loop}",
-        "",
-        "",
-        "@njit(cache=True, fastmath=FASTMATH)",
-        f"def run_serial({_ARGS}):",
-        "    for s in range(seg_ptr.shape[0] - 1):",
-        f"        {loop}",
-    ]
+    seg += _store_lines("seg_row[s]", 1, "        ")
+    return "\n".join(seg) + "\n"
 
 
 def _version() -> str:
@@ -205,21 +188,24 @@ def _version() -> str:
 
 
 @cache
-def _drivers(body: tuple[str, ...] | None) -> tuple[Any, Any]:
+def _drivers(body: tuple[str, ...] | None) -> Segments:
     from workbench.kernels.backends.generated import load_module
 
     head = (
         f"# generated by workbench.kernels.backends.cpu_loops (version {_version()}); safe to delete\n"
-        "import numba\nimport numpy as np\nfrom numba import njit, prange\n"
+        "import numba\nimport numpy as np\nfrom numba import njit\n"
         "from workbench.kernels.backends.cpu_loops import FASTMATH, LANES\n\nf32 = numba.float32\n\n\n"
     )
     module = load_module(head + driver_source(None if body is None else list(body)), "workbench_cpu")
-    return module.run_parallel, module.run_serial
+    return Segments(module.run_segments, NUM_ARRAYS + 2)  # after the arrays: idx1, idx2, seg_ptr
 
 
 def drivers(body: list[str] | None) -> tuple[Any, Any]:
-    """``(run_parallel, run_serial)`` with ``body`` (generated lines, or None: the interpreter)."""
-    return _drivers(None if body is None else tuple(body))
+    """``(parallel, serial)``: the row-pass kernel with ``body`` (generated lines, or None: the
+    interpreter) over every segment, on numba's threads or on the calling one
+    (:class:`~workbench.kernels.backends.cpu_segments.Segments`)."""
+    segments = _drivers(None if body is None else tuple(body))
+    return segments.parallel, segments.serial
 
 
 @njit(cache=True, fastmath=FASTMATH)
