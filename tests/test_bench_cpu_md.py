@@ -62,3 +62,28 @@ def test_peer_names_and_dtypes_are_checked(tmp_path):
         peers.calculator("symmetrix", tmp_path / "m.json", "float16")
     with pytest.raises(FileNotFoundError, match="no such model file to convert for symmetrix"):
         peers.convert("symmetrix", tmp_path / "absent.model", tmp_path)
+
+
+def test_the_mp0_model_is_shaped_like_mace_mp0_on_a_three_element_crystal(tmp_path):
+    """``--models mp0``: 6 Å and an 89-element embedding, on SrTiO3; ours equals e3nn in float64."""
+    import torch
+
+    case = md_case("mp0", "perovskite-5", "float64", 1, tmp_path, calculators=("e3nn", "numba"))
+    model = torch.load(tmp_path / "mp0-perovskite-5-float64.model", weights_only=False)
+    assert float(model.r_max) == 6.0 and model.atomic_numbers.tolist() == list(range(1, 90))
+    assert case["atoms"] == 5
+    numba = case["rows"]["numba"]
+    assert numba["force_rel"] < 1e-10 and numba["energy_rel"] < 1e-10
+
+
+def test_model_settings_and_systems_reject_what_they_cannot_build():
+    from workbench.bench.step_model import base_model
+    from workbench.bench.workloads import model_elements, system_structures
+
+    assert model_elements("paper", [8, 1, 8]) == [1, 8]
+    with pytest.raises(ValueError, match=r"model 'mp0' has no embedding for atomic numbers \[92\]"):
+        model_elements("mp0", [8, 92])
+    with pytest.raises(ValueError, match="perovskite-7: a SrTiO3 supercell holds a multiple of 5 atoms"):
+        system_structures("perovskite-7")
+    with pytest.raises(ValueError, match="model 'mp0' runs in `bench cpu` only; choose from paper, small"):
+        base_model("mp0", [1, 8], {"edges_per_atom": 10.0}, "float64", "cpu")

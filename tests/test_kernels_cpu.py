@@ -246,7 +246,7 @@ def test_generated_and_fused_code_equal_the_interpreter(monkeypatch, kind):
     monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "interpreter")
     (ref,) = op.evaluate(ts, graph=graph)
     monkeypatch.setenv("WORKBENCH_CPU_KERNELS", kind)
-    chosen = cpu_unrolled.use_generated if kind == "generated" else lambda p: cpu_fused.use_fused(p, 8)
+    chosen = cpu_unrolled.use_generated if kind == "generated" else cpu_fused.use_fused
     assert all(chosen(rp.program) for _, rp in op.cpu_plan(8).passes)
     (got,) = op.evaluate(ts, graph=graph)
     torch.testing.assert_close(got, ref, rtol=1e-13, atol=1e-13 * float(ref.abs().max()))

@@ -12,7 +12,7 @@ from typing import Any
 
 from workbench.bench import cold_start, cpu, data, families, kernel_cli, nequip, quality, step, train
 from workbench.bench.quality_summary import PARITY_TOLERANCE
-from workbench.bench.workloads import MODELS
+from workbench.bench.workloads import MODEL_SETTINGS, MODELS
 from workbench.cli_args import Options, add_command, add_options, option_values
 from workbench.train.cli import add_config_args, config_from_args
 from workbench.train.losses import LOSSES
@@ -277,7 +277,7 @@ _STEP_OPTIONS: Options = {
         smoke="small model, water-24/48 and a mixture at 96 atoms, 1 + 2 steps (a CPU test)",
     ),
     "--parts": {"nargs": "+", "default": list(step.PARTS), "choices": list(step.PARTS)},
-    "--model": {"choices": list(MODELS), "help": "default: the preset's"},
+    "--model": {"choices": [m for m in MODELS if m not in MODEL_SETTINGS], "help": "default: the preset's"},
     "--dtypes": {"nargs": "+", "choices": ["float32", "float64"], "help": "default: the preset's"},
     "--workloads": {"nargs": "+", "help": "water-<atoms> and mixture-<capacity> (default: the preset's)"},
     "--backends": {"nargs": "+", "default": list(step.BACKENDS), "choices": list(step.BACKENDS)},

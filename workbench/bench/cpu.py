@@ -48,7 +48,7 @@ from typing import Any
 
 from workbench.bench.cpu_tables import format_table
 from workbench.bench.table import cpu_name, run_versions, write_json
-from workbench.bench.workloads import MODELS, system_batch
+from workbench.bench.workloads import MODELS, model_cutoff, system_batch
 
 __all__ = ["PARTS", "PRESETS", "bench_cpu", "format_table", "hot_op_timer", "peak_gflops", "step_profile"]
 
@@ -94,8 +94,9 @@ def _models(model: str, zs: list[int], info: dict, dtype: str) -> dict[str, Any]
     from workbench.kernels.tools.models import random_scaleshift_mace
 
     hidden, ell, corr = MODELS[model]
+    neighbours = info["edges"] / max(info["atoms"], 1)
     base = random_scaleshift_mace(
-        hidden, ell, corr, zs, info["edges"] / max(info["atoms"], 1), getattr(torch, dtype), "cpu"
+        hidden, ell, corr, zs, neighbours, getattr(torch, dtype), "cpu", r_max=model_cutoff(model)
     )
     out = {}
     for backend in ("e3nn", "numba"):
@@ -318,7 +319,7 @@ def _cases(res: dict, s: dict, parts: Sequence[str], out: Path) -> None:
     cases = [(m, y, d) for m in s["models"] for y in s["systems"] for d in s["dtypes"]]
     progress = bar(total=len(cases), desc="bench cpu", unit="case")
     for model, system, dtype in cases:
-        batch, zs, info = system_batch(system, dtype)
+        batch, zs, info = system_batch(system, dtype, model=model)
         ms = _models(model, zs, info, dtype)
         case = {"model": model, "system": system, "dtype": dtype, **info}
         if "steps" in parts:
@@ -335,7 +336,7 @@ def _cases(res: dict, s: dict, parts: Sequence[str], out: Path) -> None:
 def _profile(s: dict) -> dict:
     """The ``profile`` part on the first model, system and dtype."""
     model, system, dtype = s["models"][0], s["systems"][0], s["dtypes"][0]
-    batch, zs, info = system_batch(system, dtype)
+    batch, zs, info = system_batch(system, dtype, model=model)
     ms = _models(model, zs, info, dtype)
     return {
         "model": model,

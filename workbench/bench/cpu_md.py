@@ -38,17 +38,19 @@ def _model_file(model: str, system: str, atoms, dtype: str, folder: Path) -> Pat
     """The random model of ``model`` over ``atoms``' elements and neighbour count, saved as mace saves one."""
     import torch
 
-    from workbench.bench.workloads import CUTOFF, MODELS
+    from workbench.bench.workloads import MODELS, model_cutoff, model_elements
     from workbench.data.sizes import count_edges
     from workbench.kernels.tools.models import random_scaleshift_mace
 
     hidden, ell, corr = MODELS[model]
-    zs = sorted({int(z) for z in atoms.numbers})
-    neighbours = count_edges(atoms, CUTOFF) / len(atoms)
+    zs = model_elements(model, atoms.numbers)
+    r_max = model_cutoff(model)
+    neighbours = count_edges(atoms, r_max) / len(atoms)
     path = folder / f"{model}-{system}-{dtype}.model"
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        torch.save(random_scaleshift_mace(hidden, ell, corr, zs, neighbours, getattr(torch, dtype), "cpu"), path)
+        model_ = random_scaleshift_mace(hidden, ell, corr, zs, neighbours, getattr(torch, dtype), "cpu", r_max=r_max)
+        torch.save(model_, path)
     return path
 
 
@@ -98,7 +100,7 @@ def md_case(
     folder = Path(folder)
     structures = system_structures(system)
     if len(structures) != 1:
-        raise ValueError(f"--systems {system}: the md part runs one structure (water-<atoms> or crystal-<atoms>)")
+        raise ValueError(f"--systems {system}: the md part runs one structure (water-, crystal- or perovskite-<atoms>)")
     (atoms,) = structures
     path = _model_file(model, system, atoms, dtype, folder)
     case: dict[str, Any] = {"model": model, "system": system, "dtype": dtype, "atoms": len(atoms), "rows": {}}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Sequence
 
-from workbench.bench.workloads import MODELS
+from workbench.bench.workloads import MODEL_SETTINGS, MODELS
 
 __all__ = ["LR", "base_model", "free_memory", "make_optimizer", "step_loss", "sync", "train_step"]
 
@@ -73,5 +73,9 @@ def base_model(model: str, zs: Sequence[int], info: dict, dtype: str, device: st
 
     from workbench.kernels.tools.models import random_scaleshift_mace
 
+    if model in MODEL_SETTINGS:  # its cutoff and embedding are not what the step workloads are built for
+        raise ValueError(
+            f"model {model!r} runs in `bench cpu` only; choose from {', '.join(m for m in MODELS if m not in MODEL_SETTINGS)}"
+        )
     hidden, ell, corr = MODELS[model]
     return random_scaleshift_mace(hidden, ell, corr, list(zs), info["edges_per_atom"], getattr(torch, dtype), device)

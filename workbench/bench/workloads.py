@@ -29,8 +29,34 @@ __all__ = [
 ]
 
 #: name -> (hidden irreps, max_ell, correlation)
-MODELS: dict[str, tuple[str, int, int]] = {"paper": ("128x0e+128x1o", 3, 3), "small": ("32x0e+32x1o", 2, 2)}
+MODELS: dict[str, tuple[str, int, int]] = {
+    "paper": ("128x0e+128x1o", 3, 3),
+    "small": ("32x0e+32x1o", 2, 2),
+    "mp0": ("128x0e+128x1o", 3, 3),
+}
 CUTOFF = 4.5
+#: what a model sets beyond :data:`MODELS`: its cutoff (Å; default :data:`CUTOFF`) and the
+#: elements of its embedding (default: the system's). ``mp0`` is shaped like MACE-MP-0 medium:
+#: 6 Å and the 89 elements H to Ac, whatever the structure holds
+MODEL_SETTINGS: dict[str, dict] = {"mp0": {"r_max": 6.0, "elements": tuple(range(1, 90))}}
+
+
+def model_cutoff(model: str) -> float:
+    """``model``'s cutoff radius in Å."""
+    return float(MODEL_SETTINGS.get(model, {}).get("r_max", CUTOFF))
+
+
+def model_elements(model: str, present: Sequence[int]) -> list[int]:
+    """The atomic numbers of ``model``'s embedding on a structure holding ``present``."""
+    elements = MODEL_SETTINGS.get(model, {}).get("elements")
+    if elements is None:
+        return sorted({int(z) for z in present})
+    missing = sorted({int(z) for z in present} - set(elements))
+    if missing:
+        raise ValueError(f"model {model!r} has no embedding for atomic numbers {missing}")
+    return list(elements)
+
+
 #: atoms of the ``mixed`` batch
 MIXED_CAPACITY = 768
 #: atoms of the largest liquid-water box :func:`~workbench.data.generators.build_liquid_water`
@@ -79,6 +105,26 @@ def crystal(n: int, rng: np.random.Generator):
     return atoms
 
 
+def perovskite(n: int, rng: np.random.Generator):
+    """A periodic cubic SrTiO3 perovskite of ``n`` atoms (a multiple of 5), strained by 1% and
+    rattled by 0.05 Å: three elements, as a foundation model meets them in a crystal."""
+    from ase import Atoms
+
+    if n % 5 or n < 5:
+        raise ValueError(f"system perovskite-{n}: a SrTiO3 supercell holds a multiple of 5 atoms")
+    a = 3.905
+    cell = Atoms(
+        "SrTiO3",
+        scaled_positions=[(0, 0, 0), (0.5, 0.5, 0.5), (0.5, 0.5, 0), (0.5, 0, 0.5), (0, 0.5, 0.5)],
+        cell=[a, a, a],
+        pbc=True,
+    )
+    atoms = cell.repeat(_repeats(n // 5))
+    atoms.set_cell(atoms.cell.array @ (np.eye(3) + rng.normal(0, 0.01, (3, 3))), scale_atoms=True)
+    atoms.positions += rng.normal(0, 0.05, atoms.positions.shape)
+    return atoms
+
+
 def water_box(n: int, rng: np.random.Generator):
     """A periodic liquid-water box of ``n`` atoms: generated directly up to
     :data:`WATER_MAX_ATOMS`, else a :data:`WATER_TILE`-atom box repeated (``n / WATER_TILE`` a
@@ -98,13 +144,15 @@ def water_box(n: int, rng: np.random.Generator):
 
 
 def system_structures(name: str, seed: int = 0) -> list:
-    """The ``ase.Atoms`` of system ``name`` (``water-<atoms>``, ``crystal-<atoms>``: one
-    structure; ``mixed``: the graphs of one packed batch)."""
+    """The ``ase.Atoms`` of system ``name`` (``water-<atoms>``, ``crystal-<atoms>``,
+    ``perovskite-<atoms>``: one structure; ``mixed``: the graphs of one packed batch)."""
     rng = np.random.default_rng(seed)
     if name.startswith("water-"):
         return [water_box(int(name.split("-", 1)[1]), rng)]
     if name.startswith("crystal-"):
         return [crystal(int(name.split("-", 1)[1]), rng)]
+    if name.startswith("perovskite-"):
+        return [perovskite(int(name.split("-", 1)[1]), rng)]
     if name == "mixed":
         from workbench.data.embedded import load_embedded
 
@@ -116,15 +164,24 @@ def system_structures(name: str, seed: int = 0) -> list:
                 room -= len(frames[k])
         return structures
     raise ValueError(
-        f"unknown system {name!r}: use water-<atoms> (a multiple of 3), crystal-<atoms> (a multiple of 4) or mixed"
+        f"unknown system {name!r}: use water-<atoms> (a multiple of 3), crystal-<atoms> (a multiple of 4), "
+        "perovskite-<atoms> (a multiple of 5) or mixed"
     )
 
 
-def system_batch(name: str, dtype: str, cutoff: float = CUTOFF, seed: int = 0) -> tuple[dict, list[int], dict]:
-    """A mace batch for ``name`` (``water-<atoms>``, ``crystal-<atoms>`` or ``mixed``), its atomic numbers and
-    ``{atoms, edges, graphs, families}``."""
+def system_batch(
+    name: str, dtype: str, cutoff: float = CUTOFF, seed: int = 0, model: str | None = None
+) -> tuple[dict, list[int], dict]:
+    """A mace batch for ``name`` (a system of :func:`system_structures`), its atomic numbers and
+    ``{atoms, edges, graphs, families}``; with ``model``, at that model's cutoff and elements."""
     structures = system_structures(name, seed)
-    batch, zs = mace_batch(structures, dtype, cutoff)
+    z_table = None
+    if model is not None:
+        from mace.tools.utils import AtomicNumberTable
+
+        cutoff = model_cutoff(model)
+        z_table = AtomicNumberTable(model_elements(model, [z for a in structures for z in a.numbers]))
+    batch, zs = mace_batch(structures, dtype, cutoff, z_table)
     info = {
         "atoms": int(batch["positions"].shape[0]),
         "edges": int(batch["edge_index"].shape[1]),

@@ -238,7 +238,7 @@ def run_pass(
     options = kernel_options()
     work = pass_work(int(perm.shape[0]), prog.num_instructions, channels)
     in_parallel = work >= (options.cpu_serial_work or SERIAL_WORK)
-    if use_fused(prog, channels, options):
+    if use_fused(prog, options):
         fused_pass(rp, channels, dtype).run(in_parallel, arrays, idx1, idx2, segments, outs)
         return
     K = row_coefficients(rp, arrays, idx1, idx2, int(perm.shape[0]), dtype)
@@ -398,7 +398,7 @@ def run_edge(
     options = kernel_options()
     for kind, rp in cp.passes:
         # fused kernels load no row once per segment: per-edge outputs walk the edges in memory order
-        if kind == "edge" and (rp.const_code == -1 or use_fused(rp.program, channels, options)):
+        if kind == "edge" and (rp.const_code == -1 or use_fused(rp.program, options)):
             ptr, perm = _runs(sender.shape[0])
             seg = (ptr, perm, perm)
         else:  # node outputs, or edge outputs walked by the end point whose rows are loaded once

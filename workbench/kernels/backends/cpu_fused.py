@@ -66,11 +66,11 @@ FUSED_MAX_INSTRUCTIONS = 256
 _ROW = {0: "row", 1: "r1", 2: "r2"}
 
 
-def use_fused(program: Any, channels: int, options: Any = None) -> bool:
-    """Whether a pass of ``program`` at ``channels`` runs as a fused kernel: always with
+def use_fused(program: Any, options: Any = None) -> bool:
+    """Whether a pass of ``program`` runs as a fused kernel, at any channel count: always with
     ``WORKBENCH_CPU_KERNELS=fused``, never with ``interpreter`` or ``generated``, and with the
     default ``auto`` for at most :data:`FUSED_MAX_INSTRUCTIONS` instructions
-    (``WORKBENCH_CPU_UNROLL_MAX`` overrides) at any channel count.
+    (``WORKBENCH_CPU_UNROLL_MAX`` overrides).
     ``options``: the :class:`~workbench.kernels.options.KernelOptions` in effect, if read already."""
     options = options or kernel_options()
     if options.cpu_kernels in ("interpreter", "generated"):

@@ -24,8 +24,9 @@ def random_scaleshift_mace(
     device: str | torch.device,
     perturb: float = 0.1,
     seed: int = 0,
+    r_max: float = 4.5,
 ) -> torch.nn.Module:
-    """A 2-layer ``ScaleShiftMACE`` (residual interaction blocks, 8 Bessel functions, 4.5 Å) in ``dtype``.
+    """A 2-layer ``ScaleShiftMACE`` (residual interaction blocks, 8 Bessel functions, ``r_max`` Å) in ``dtype``.
 
     ``perturb`` adds ``perturb * N(0, 1)`` to every trainable parameter, so that no kernel is
     timed or checked on mace's structured initial values alone.
@@ -37,7 +38,7 @@ def random_scaleshift_mace(
         torch.manual_seed(seed)
         block = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
         model = modules.ScaleShiftMACE(
-            r_max=4.5,
+            r_max=r_max,
             num_bessel=8,
             num_polynomial_cutoff=5,
             max_ell=max_ell,
