@@ -187,7 +187,9 @@ def _cpu(args: argparse.Namespace) -> int:
     lists = option_values(args, "parts", "models", "systems", "dtypes")
     res = cpu.bench_cpu(
         **{k: _items(v) for k, v in lists.items()},
-        **option_values(args, "preset", "repeats", "trajectory_steps", "threads", "out", "workdir", "nequip_python"),
+        **option_values(
+            args, "preset", "repeats", "trajectory_steps", "threads", "out", "workdir", "nequip_python", "keep_memory"
+        ),
     )
     return _done(cpu.format_table(res), args.out)
 
@@ -211,6 +213,11 @@ _CPU_OPTIONS: Options = {
         "help": "torch, numba and the peers' OpenMP threads (default: %(default)s)",
     },
     "--workdir": {"default": "runs/bench/cpu", "help": "trajectory runs (default: %(default)s)"},
+    "--keep-memory": {
+        "action": "store_true",
+        "help": "md part: keep freed memory in the process, as `workbench md` does (workbench.train.heap; "
+        "process-wide, so every row gets it)",
+    },
     "--out": {"default": "runs/bench/cpu.json", "help": "JSON; the trajectory figure goes beside it as .html"},
     "--nequip-python": {
         "default": families.named_python(),

@@ -358,6 +358,7 @@ def bench_cpu(
     out: str | os.PathLike = "runs/bench/cpu.json",
     workdir: str | os.PathLike = "runs/bench/cpu",
     nequip_python: str | os.PathLike | None = None,
+    keep_memory: bool = False,
 ) -> dict:
     """Run the parts of the benchmark (see the module docstring) and write ``out`` after each case."""
     from workbench.bench.cpu_trajectory import trajectory, trajectory_figure
@@ -393,6 +394,7 @@ def bench_cpu(
         write_json(out, res)
     if "md" in parts:
         md = dict(PRESETS[preset]["md"], **({"repeats": repeats} if repeats else {}))
+        res["keep_memory"] = keep_memory
         _md(res, md, models, systems, s["dtypes"], Path(workdir), out)
     if "families" in parts:  # last: nequip sets global torch state in this process
         res["families"] = run_families(PRESETS[preset]["families"], threads, nequip_python)
@@ -412,7 +414,8 @@ def _md(res: dict, p: dict, models, systems, dtypes, workdir: Path, out: Path) -
         for model, system, dtype in [
             (m, y, d) for m in models or p["models"] for y in systems or p["systems"] for d in dtypes
         ]:
-            res["md"].append(md_case(model, system, dtype, p["repeats"], workdir / "md"))
+            keep = res["keep_memory"]
+            res["md"].append(md_case(model, system, dtype, p["repeats"], workdir / "md", keep_memory=keep))
             write_json(out, res)
     finally:  # the setting stays with this part
         if before is None:

@@ -54,14 +54,18 @@ def _model_file(model: str, system: str, atoms, dtype: str, folder: Path) -> Pat
     return path
 
 
-def _calculator(name: str, path: Path, dtype: str, folder: Path):
+def _calculator(name: str, path: Path, dtype: str, folder: Path, keep_memory: bool = False):
     """``(calculator, None)`` or ``(None, why not)``."""
     from workbench.bench import peers
 
     if name in ("e3nn", "numba"):
         from workbench.train.md_calculator import load_calculator
 
-        return load_calculator(path, backend=name, dtype=dtype), None
+        return load_calculator(path, backend=name, dtype=dtype, keep_memory=keep_memory), None
+    if keep_memory:
+        from workbench.train.heap import keep_freed_memory
+
+        keep_freed_memory()
     why = peers.missing(name)
     if why:
         return None, why
@@ -91,10 +95,17 @@ def _agreement(ref: tuple, mine: tuple) -> dict[str, float]:
 
 
 def md_case(
-    model: str, system: str, dtype: str, repeats: int, folder: str | Path, calculators=CALCULATORS
+    model: str,
+    system: str,
+    dtype: str,
+    repeats: int,
+    folder: str | Path,
+    calculators=CALCULATORS,
+    keep_memory: bool = False,
 ) -> dict[str, Any]:
     """One row set of the module docstring for ``model`` on ``system`` (one structure) in
-    ``dtype``, for ``calculators`` (e3nn, numba and the peers' names)."""
+    ``dtype``, for ``calculators`` (e3nn, numba and the peers' names); ``keep_memory``: as
+    :func:`~workbench.train.md_calculator.load_calculator`'s, for the whole process."""
     from workbench.bench.workloads import system_structures
 
     folder = Path(folder)
@@ -107,7 +118,7 @@ def md_case(
     ready, first = {}, {}
     for name in calculators:
         t0 = time.perf_counter()
-        calc, why = _calculator(name, path, dtype, folder)
+        calc, why = _calculator(name, path, dtype, folder, keep_memory)
         if calc is None:
             case["rows"][name] = {"skipped": why}
             continue

@@ -259,6 +259,22 @@ class _Recorder:
         return float(np.median(timed)) if timed.size else float("nan")
 
 
+def _run_recorded(atoms, dyn, steps, timestep_fs, traj_path, write_every, temperature, desc) -> _Recorder:
+    """Run ``steps`` steps of ``dyn``, recorded (and written) by a :class:`_Recorder`, with a progress
+    bar named ``desc`` (None: no bar)."""
+    from workbench.progress import bar
+
+    progress_bar = bar(total=steps, desc=desc, unit="step", disable=desc is None)
+    recorder = _Recorder(atoms, dyn, timestep_fs, traj_path, write_every, progress_bar)
+    recorder.limit_k = temperature_limit(temperature)
+    dyn.attach(recorder, interval=1)  # ASE calls it at step 0 too
+    try:
+        dyn.run(steps)
+    finally:
+        progress_bar.close()
+    return recorder
+
+
 def run_md(
     model: str | os.PathLike,
     structure: Any,
@@ -276,28 +292,25 @@ def run_md(
     progress: bool = True,
     trust_model: bool = False,
     head: str | None = None,
+    keep_memory: bool = False,
 ) -> MDResult:
     """Integrate ``steps`` steps of ``ensemble`` MD of ``structure`` (an ``ase.Atoms``, or a file
     and its frame ``index``) with the model; write every ``write_every``-th frame to ``trajectory`` (extxyz) when given.
-    Raises :class:`MDRunaway` when the temperature exceeds :func:`temperature_limit` of ``temperature``."""
-    from workbench.progress import bar
-
+    Raises :class:`MDRunaway` when the temperature exceeds :func:`temperature_limit` of ``temperature``.
+    ``keep_memory``: :func:`~workbench.train.md_calculator.load_calculator`'s (``workbench md`` sets it)."""
     _check_md_args(ensemble, steps, timestep_fs, temperature, write_every)
     traj_path = _output_path(trajectory, "--trajectory")
     atoms = _read_structure(structure, index)
-    atoms.calc = load_calculator(model, backend=backend, device=device, dtype=dtype, trust_model=trust_model, head=head)
+    atoms.calc = load_calculator(
+        model, backend=backend, device=device, dtype=dtype, trust_model=trust_model, head=head, keep_memory=keep_memory
+    )
     _check_elements(atoms, atoms.calc, model)
     _thermalise(atoms, temperature, seed)
     dyn = _integrator(atoms, ensemble, timestep_fs, temperature, seed)
     traj_path = _fresh_trajectory(traj_path)
-    progress_bar = bar(total=steps, desc=f"md {ensemble}", unit="step", disable=not progress)
-    recorder = _Recorder(atoms, dyn, timestep_fs, traj_path, write_every, progress_bar)
-    recorder.limit_k = temperature_limit(temperature)
-    dyn.attach(recorder, interval=1)  # ASE calls it at step 0 too
-    try:
-        dyn.run(steps)
-    finally:
-        progress_bar.close()
+    recorder = _run_recorded(
+        atoms, dyn, steps, timestep_fs, traj_path, write_every, temperature, f"md {ensemble}" if progress else None
+    )
     rec, n = recorder.rec, len(atoms)
     drift, excursion = energy_drift(np.array(rec["t"]), np.array(rec["etot"]), n)
     per_step = recorder.seconds_per_step()
@@ -336,6 +349,7 @@ def _cli(args: Any) -> int:
         args.structure,
         timestep_fs=args.timestep,
         progress=True,
+        keep_memory=True,  # one MD in this process: each step reuses the last one's memory
         **option_values(args, *names, "trust_model", "head"),
     )
     print(result.summary())
