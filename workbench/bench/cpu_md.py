@@ -54,18 +54,14 @@ def _model_file(model: str, system: str, atoms, dtype: str, folder: Path) -> Pat
     return path
 
 
-def _calculator(name: str, path: Path, dtype: str, folder: Path, keep_memory: bool = False):
+def _calculator(name: str, path: Path, dtype: str, folder: Path):
     """``(calculator, None)`` or ``(None, why not)``."""
     from workbench.bench import peers
 
     if name in ("e3nn", "numba"):
         from workbench.train.md_calculator import load_calculator
 
-        return load_calculator(path, backend=name, dtype=dtype, keep_memory=keep_memory), None
-    if keep_memory:
-        from workbench.train.heap import keep_freed_memory
-
-        keep_freed_memory()
+        return load_calculator(path, backend=name, dtype=dtype), None
     why = peers.missing(name)
     if why:
         return None, why
@@ -108,6 +104,10 @@ def md_case(
     :func:`~workbench.train.md_calculator.load_calculator`'s, for the whole process."""
     from workbench.bench.workloads import system_structures
 
+    if keep_memory:  # once, before any calculator: every row runs under it
+        from workbench.train.heap import keep_freed_memory
+
+        keep_freed_memory()
     folder = Path(folder)
     structures = system_structures(system)
     if len(structures) != 1:
@@ -118,7 +118,7 @@ def md_case(
     ready, first = {}, {}
     for name in calculators:
         t0 = time.perf_counter()
-        calc, why = _calculator(name, path, dtype, folder, keep_memory)
+        calc, why = _calculator(name, path, dtype, folder)
         if calc is None:
             case["rows"][name] = {"skipped": why}
             continue
