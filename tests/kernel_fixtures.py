@@ -21,30 +21,35 @@ def build_model(
     dtype: torch.dtype = torch.float64,
     seed: int = 0,
     interaction: str = "RealAgnosticResidualInteractionBlock",
+    **extra,
 ) -> torch.nn.Module:
-    """A real ``mace.modules.MACE`` / ``ScaleShiftMACE`` with random (non-zero) weights."""
+    """A real ``mace.modules.MACE`` / ``ScaleShiftMACE`` with random (non-zero) weights;
+    ``extra``: more of mace's keywords (``radial_type``, ``apply_cutoff``, ...)."""
     from mace import modules
 
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         torch.manual_seed(seed)
-        kwargs = dict(
-            r_max=4.0,
-            num_bessel=4,
-            num_polynomial_cutoff=5,
-            max_ell=max_ell,
-            interaction_cls=modules.interaction_classes[interaction],
-            interaction_cls_first=modules.interaction_classes[interaction],
-            num_interactions=2,
-            num_elements=n_elements,
-            hidden_irreps=o3.Irreps(hidden),
-            MLP_irreps=o3.Irreps("8x0e"),
-            atomic_energies=np.linspace(-1.0, -2.0, n_elements),
-            avg_num_neighbors=4.0,
-            atomic_numbers=list(range(1, n_elements + 1)),
-            correlation=correlation,
-            gate=torch.nn.functional.silu,
+        kwargs = (
+            dict(
+                r_max=4.0,
+                num_bessel=4,
+                num_polynomial_cutoff=5,
+                max_ell=max_ell,
+                interaction_cls=modules.interaction_classes[interaction],
+                interaction_cls_first=modules.interaction_classes[interaction],
+                num_interactions=2,
+                num_elements=n_elements,
+                hidden_irreps=o3.Irreps(hidden),
+                MLP_irreps=o3.Irreps("8x0e"),
+                atomic_energies=np.linspace(-1.0, -2.0, n_elements),
+                avg_num_neighbors=4.0,
+                atomic_numbers=list(range(1, n_elements + 1)),
+                correlation=correlation,
+                gate=torch.nn.functional.silu,
+            )
+            | extra
         )
         if cls_name == "ScaleShiftMACE":
             model = modules.ScaleShiftMACE(atomic_inter_scale=1.3, atomic_inter_shift=0.2, **kwargs)

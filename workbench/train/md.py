@@ -38,7 +38,7 @@ import numpy as np
 
 from workbench.cli_args import Options, add_command, option_values
 from workbench.kernels.registry import BACKENDS
-from workbench.train.md_calculator import load_calculator
+from workbench.train.md_calculator import RADIAL_CHOICES, load_calculator
 
 __all__ = ["ENSEMBLES", "MDResult", "MDRunaway", "energy_drift", "load_calculator", "run_md", "temperature_limit"]
 
@@ -293,17 +293,18 @@ def run_md(
     trust_model: bool = False,
     head: str | None = None,
     keep_memory: bool = False,
+    radial: str | None = None,
 ) -> MDResult:
     """Integrate ``steps`` steps of ``ensemble`` MD of ``structure`` (an ``ase.Atoms``, or a file
     and its frame ``index``) with the model; write every ``write_every``-th frame to ``trajectory`` (extxyz) when given.
     Raises :class:`MDRunaway` when the temperature exceeds :func:`temperature_limit` of ``temperature``.
-    ``keep_memory``: :func:`~workbench.train.md_calculator.load_calculator`'s (``workbench md`` sets it)."""
+    ``keep_memory`` (``workbench md`` sets it) and ``radial``: those of
+    :func:`~workbench.train.md_calculator.load_calculator`."""
     _check_md_args(ensemble, steps, timestep_fs, temperature, write_every)
     traj_path = _output_path(trajectory, "--trajectory")
     atoms = _read_structure(structure, index)
-    atoms.calc = load_calculator(
-        model, backend=backend, device=device, dtype=dtype, trust_model=trust_model, head=head, keep_memory=keep_memory
-    )
+    options = {"device": device, "dtype": dtype, "trust_model": trust_model, "head": head, "radial": radial}
+    atoms.calc = load_calculator(model, backend=backend, keep_memory=keep_memory, **options)
     _check_elements(atoms, atoms.calc, model)
     _thermalise(atoms, temperature, seed)
     dyn = _integrator(atoms, ensemble, timestep_fs, temperature, seed)
@@ -343,7 +344,18 @@ def _cli(args: Any) -> int:
     """molecular dynamics with a mace model (NVE energy drift, ns/day) on the workbench kernels"""
 
     _output_path(args.json, "--json")
-    names = ("steps", "ensemble", "temperature", "backend", "index", "trajectory", "write_every", "seed", "dtype")
+    names = (
+        "steps",
+        "ensemble",
+        "temperature",
+        "backend",
+        "index",
+        "trajectory",
+        "write_every",
+        "seed",
+        "dtype",
+        "radial",
+    )
     result = run_md(
         args.model,
         args.structure,
@@ -376,6 +388,11 @@ _OPTIONS: Options = {
         "help": "kernels for the model's hot ops (default: %(default)s)",
     },
     "--dtype": {"choices": ["float32", "float64"], "help": "default: the model's own"},
+    "--radial": {
+        "choices": RADIAL_CHOICES,
+        "help": "radial networks from a table (forces within 1e-10 in float64) or run as networks "
+        "(default: table with the numba backend on the CPU, mlp otherwise)",
+    },
     "--trajectory": {"help": "write frames here (extxyz)"},
     "--write-every": {"type": int, "default": 10, "help": "frames between trajectory writes (default: %(default)s)"},
     "--seed": {"type": int, "default": 0, "help": "initial velocities (default: %(default)s)"},

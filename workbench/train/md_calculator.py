@@ -7,7 +7,11 @@ from __future__ import annotations
 import functools
 import os
 
-__all__ = ["load_calculator"]
+__all__ = ["RADIAL_CHOICES", "load_calculator"]
+
+#: how the calculator evaluates a model's radial networks: ``"table"``
+#: (:func:`~workbench.kernels.mace.radial.tabulate_radial`) or ``"mlp"`` (the networks themselves)
+RADIAL_CHOICES: tuple[str, ...] = ("table", "mlp")
 
 
 @functools.cache
@@ -34,6 +38,7 @@ def load_calculator(
     trust_model: bool = False,
     head: str | None = None,
     keep_memory: bool = False,
+    radial: str | None = None,
 ):
     """mace-torch's ``MACECalculator`` for ``model`` with its hot ops on ``backend``. The file is
     loaded without running code from it (:mod:`workbench.train.model_file`) unless ``trust_model``.
@@ -44,7 +49,16 @@ def load_calculator(
     ``keep_memory`` (on the CPU): keep freed memory in the process for the next step
     (:func:`~workbench.train.heap.keep_freed_memory`: fewer page faults, 0.78x the step at 1,536
     atoms). Process-wide and never undone: right for a process that runs one MD (``workbench md``
-    sets it), not for one that also runs other large work."""
+    sets it), not for one that also runs other large work.
+
+    ``radial`` (:data:`RADIAL_CHOICES`): ``"table"`` evaluates each interaction's radial network
+    from a table of it (:func:`~workbench.kernels.mace.radial.tabulate_radial`: forces within
+    1e-10 of the network's in float64, 0.86x the MD step at 1,536 atoms); ``"mlp"`` runs the
+    networks. Default: ``"table"`` with the numba backend on the CPU, ``"mlp"`` otherwise (the
+    tables are CPU kernels; the e3nn backend is the reference). The report of what was tabulated
+    is ``calc.radial_report`` (one dict per model). Models run in ``eval()`` mode."""
+    if radial is not None and radial not in RADIAL_CHOICES:
+        raise ValueError(f"radial={radial!r}; the choices are {', '.join(RADIAL_CHOICES)}")
     from workbench.kernels import accelerate
     from workbench.train.model_file import check_device, load_model
 
@@ -60,5 +74,19 @@ def load_calculator(
     if dtype is None:
         dtype = str(next(loaded.parameters()).dtype).replace("torch.", "")
     calc = _calculator_class()(models=loaded, device=str(device), default_dtype=dtype)
-    calc.models = [accelerate(m, backend=backend) for m in calc.models]
+    calc.models = [accelerate(m, backend=backend).eval() for m in calc.models]
+    calc.radial_report = _radial(calc.models, radial, backend, device)
     return calc
+
+
+def _radial(models: list, radial: str | None, backend: str, device: str) -> list[dict[str, str]]:
+    """Tabulate the models' radial networks where ``radial`` (or its default) says so."""
+    if radial is None:
+        radial = "table" if backend == "numba" and str(device) == "cpu" else "mlp"
+    if radial == "mlp":
+        return [{} for _ in models]
+    if str(device) != "cpu":
+        raise ValueError(f"radial='table' runs on the CPU only, not on {device!r}; use radial='mlp'")
+    from workbench.kernels.mace.radial import tabulate_radial
+
+    return [tabulate_radial(m) for m in models]

@@ -1,0 +1,237 @@
+r"""MACE's radial networks as tables, for MD: :func:`tabulate_radial`.
+
+Every interaction of a mace-torch model computes its tensor-product weights as
+``conv_tp_weights(edge_feats)``, ``edge_feats = radial_embedding(lengths)[0]`` (Bessel basis,
+times the cutoff unless the model applies it later): a function of the edge length alone,
+:math:`R: r \mapsto \mathbb{R}^J`. :func:`tabulate_radial` tabulates it per interaction
+(:mod:`workbench.kernels.radial_table`, error measured against the network in float64), and
+switches two objects by ``__class__`` assignment (same parameters, ``state_dict`` keys and
+pickles):
+
+- ``radial_embedding`` -> :class:`TappedRadialEmbedding`: remembers the lengths it was called on
+  and the ``edge_feats`` tensor it returned;
+- each ``conv_tp_weights`` (e3nn ``FullyConnectedNet``) -> :class:`TabulatedRadialMLP`: when
+  called on exactly that tensor, returns the table at those lengths (numba, CPU), differentiable
+  once for forces and stress.
+
+Anything else runs the network: training mode, parameters that take gradients, other input
+(mace's attention block concatenates species to ``edge_feats``), lengths off the table's domain,
+CUDA tensors. The table is rebuilt when a parameter changes (in-place updates included).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.kernels.class_swap import CACHE, KeepsOp, probe_copy
+from workbench.kernels.lazy_class import LazyClass
+from workbench.kernels.radial_table import RadialTable, TableRefused, build
+
+__all__ = [
+    "TabulatedRadialMLP",  # noqa: F822  (built on first access by the module __getattr__)
+    "TappedRadialEmbedding",  # noqa: F822
+    "tabulate_radial",
+    "untabulate_radial",
+]
+
+_TAP = "_wb_radial_tap"  # (edge_feats, lengths) of the latest call; never pickled
+_SOURCE = "_wb_radial_source"  # the tapped embedding a tabulated network reads
+
+
+class _TableFunction(torch.autograd.Function):
+    """``[E]`` lengths -> ``[E, J]`` table values; backward: the slopes dotted with the gradient."""
+
+    @staticmethod
+    def forward(ctx, lengths: torch.Tensor, table: RadialTable) -> torch.Tensor:
+        from workbench.kernels.backends.cpu_radial import table_values
+
+        r = lengths.detach().contiguous().numpy()
+        values, plan = table_values(r, table.lo, table.h, table.coeffs)
+        ctx.saved = (r, plan, table)
+        return torch.from_numpy(values)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        from workbench.kernels.backends.cpu_radial import table_slope_dot
+
+        if torch.is_grad_enabled():  # create_graph: a second derivative would miss the table's
+            raise RuntimeError(
+                "a tabulated radial network is differentiable once (forces, stress), not twice: "
+                "train with the network (untabulate_radial(model), or radial='mlp' in load_calculator)"
+            )
+        r, plan, table = ctx.saved
+        g = grad.contiguous().numpy()
+        return torch.from_numpy(table_slope_dot(r, plan, table.lo, table.h, table.coeffs, g)), None
+
+
+def _make_tap():
+    from mace.modules.blocks import RadialEmbeddingBlock
+
+    class TappedRadialEmbedding(RadialEmbeddingBlock):
+        """mace's ``RadialEmbeddingBlock`` that keeps ``(edge_feats, lengths)`` of its latest call
+        for the tabulated networks (:func:`tabulate_radial`); outputs unchanged."""
+
+        def forward(self, edge_lengths, *args, **kwargs):
+            out = super().forward(edge_lengths, *args, **kwargs)
+            self.__dict__[_TAP] = (out[0], edge_lengths)
+            return out
+
+        def __getstate__(self):
+            state = dict(super().__getstate__())
+            state.pop(_TAP, None)
+            return state
+
+    return TappedRadialEmbedding
+
+
+def _make_tabulated():
+    from e3nn.nn import FullyConnectedNet
+
+    class TabulatedRadialMLP(KeepsOp, FullyConnectedNet):
+        """e3nn's ``FullyConnectedNet`` that answers a call on its tapped embedding's
+        ``edge_feats`` from a table of the embedding and itself (:func:`tabulate_radial`)."""
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            lengths = self._tabulable(x)
+            if lengths is None:
+                return super().forward(x)
+            table = self.radial_table()
+            if not table.covers(lengths):
+                return super().forward(x)
+            return _TableFunction.apply(lengths.reshape(-1), table)
+
+        def _tabulable(self, x: torch.Tensor) -> torch.Tensor | None:
+            source = self.__dict__.get(_SOURCE)
+            tap = source.__dict__.get(_TAP) if source is not None else None
+            if tap is None or tap[0] is not x or self.training or x.device.type != "cpu":
+                return None
+            if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+                return None
+            lengths = tap[1]
+            return lengths if lengths.dtype == x.dtype and lengths.dim() <= 2 else None
+
+        def radial_table(self) -> RadialTable:
+            """The table of this network after its embedding, rebuilt when a parameter changed."""
+            return self.cached_op(lambda: _build(self), lambda kept: kept[0] == _state(self))[1]
+
+        def __getstate__(self):
+            state = dict(super().__getstate__())
+            state.pop(_SOURCE, None)
+            return state
+
+    return TabulatedRadialMLP
+
+
+_tap_class = LazyClass(globals(), "TappedRadialEmbedding", _make_tap)
+_tabulated_class = LazyClass(globals(), "TabulatedRadialMLP", _make_tabulated)
+
+
+def __getattr__(name: str) -> type:
+    for lazy in (_tap_class, _tabulated_class):
+        if name == lazy.name:
+            return lazy()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _state(mlp: torch.nn.Module) -> tuple:
+    """What the table depends on: the parameters (storage, in-place version), the embedding's too."""
+    mods = (mlp, mlp.__dict__[_SOURCE])
+    return tuple((p.data_ptr(), p._version, p.dtype) for m in mods for p in m.parameters()) + tuple(
+        (b.data_ptr(), b._version, b.dtype) for m in mods for b in m.buffers()
+    )
+
+
+def _probe(m: torch.nn.Module, native: type) -> torch.nn.Module:
+    """A float64 CPU copy of ``m`` as the library's class ``native``, without the workbench's links."""
+    kept = {k: m.__dict__.pop(k) for k in (_SOURCE, _TAP, CACHE) if k in m.__dict__}
+    try:
+        probe = probe_copy(m)
+    finally:
+        m.__dict__.update(kept)
+    probe.__class__ = native
+    return probe
+
+
+def _build(mlp: torch.nn.Module) -> tuple[tuple, RadialTable]:
+    from e3nn.nn import FullyConnectedNet
+    from mace.modules.blocks import RadialEmbeddingBlock
+
+    embedding = mlp.__dict__[_SOURCE]
+    probe_embedding, probe_mlp = _probe(embedding, RadialEmbeddingBlock), _probe(mlp, FullyConnectedNet)
+    r_max = float(embedding.cutoff_fn.r_max)
+
+    def radial(r: torch.Tensor) -> torch.Tensor:
+        return probe_mlp(probe_embedding(r[:, None], None, None, None)[0])
+
+    dtype = next(mlp.parameters()).dtype
+    return _state(mlp), build(radial, lo=r_max * 2.0**-10, hi=r_max, dtype=dtype)
+
+
+def _why_not(embedding: torch.nn.Module | None, block: torch.nn.Module) -> str | None:
+    """Why ``block``'s radial network cannot be tabulated after ``embedding``, or ``None``."""
+    from e3nn.nn import FullyConnectedNet
+    from mace.modules.blocks import RadialEmbeddingBlock
+
+    if embedding is None or not isinstance(embedding, RadialEmbeddingBlock):
+        return "the model has no mace RadialEmbeddingBlock named radial_embedding"
+    if hasattr(embedding, "distance_transform"):
+        return f"its radial embedding applies a {type(embedding.distance_transform).__name__} (depends on species)"
+    mlp = block.conv_tp_weights
+    if not isinstance(mlp, FullyConnectedNet):
+        return f"its radial network is a {type(mlp).__name__}, not e3nn's FullyConnectedNet"
+    if mlp.hs[0] != embedding.out_dim:
+        return f"its radial network takes {mlp.hs[0]} inputs, not the embedding's {embedding.out_dim}"
+    return None
+
+
+def tabulate_radial(model: torch.nn.Module) -> dict[str, str]:
+    """Tabulate every interaction's radial network of a mace-torch ``model``, in place; for each
+    interaction (``"interactions.0"``, ...) what was done: the table's size and measured errors, or
+    why it keeps the network. Tables are built now (float64 probes, a fraction of a second each)
+    and used in ``eval()`` with frozen parameters on the CPU. Undo: :func:`untabulate_radial`."""
+    from mace.modules.blocks import RadialEmbeddingBlock
+
+    embedding = getattr(model, "radial_embedding", None)
+    blocks = [(f"interactions.{i}", b) for i, b in enumerate(getattr(model, "interactions", ()))]
+    report = {}
+    for name, block in blocks:
+        why = _why_not(embedding, block)
+        if why is None:
+            if type(embedding) is RadialEmbeddingBlock:
+                embedding.__class__ = _tap_class()
+            mlp = block.conv_tp_weights
+            mlp.__class__ = _tabulated_class()
+            mlp.__dict__[_SOURCE] = embedding
+            try:
+                table = mlp.radial_table()
+            except TableRefused as exc:
+                _untabulate_one(mlp)
+                why = str(exc)
+            else:
+                report[name] = (
+                    f"table of {table.num_intervals} intervals x {table.outputs} weights, errors "
+                    f"{table.value_error:.1e} (values) / {table.slope_error:.1e} (slopes)"
+                )
+        if why is not None:
+            report[name] = f"network kept: {why}"
+    return report
+
+
+def _untabulate_one(mlp: torch.nn.Module) -> None:
+    from e3nn.nn import FullyConnectedNet
+
+    mlp.__class__ = FullyConnectedNet
+    for key in (_SOURCE, CACHE):
+        mlp.__dict__.pop(key, None)
+
+
+def untabulate_radial(model: torch.nn.Module) -> None:
+    """Back to mace's and e3nn's classes, in place (same parameters)."""
+    from mace.modules.blocks import RadialEmbeddingBlock
+
+    for m in model.modules():
+        if isinstance(m, _tabulated_class()):
+            _untabulate_one(m)
+        elif isinstance(m, _tap_class()):
+            m.__class__ = RadialEmbeddingBlock
+            m.__dict__.pop(_TAP, None)
