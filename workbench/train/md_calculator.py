@@ -4,6 +4,7 @@ afford them (:mod:`workbench.data.neighbour_frame`)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -25,9 +26,27 @@ def _calculator_class() -> type:
     class CentredMACECalculator(MACECalculator):
         # Only the graph moves: ASE's own atoms (and the trajectory) keep the user's coordinates.
         def _atoms_to_batch(self, atoms):
-            return super()._atoms_to_batch(centred_atoms(atoms))
+            with _skin_neighbours(self):
+                return super()._atoms_to_batch(centred_atoms(atoms))
 
     return CentredMACECalculator
+
+
+@contextlib.contextmanager
+def _skin_neighbours(calc):
+    """mace's graph builder searches neighbours through the calculator's own
+    :class:`~workbench.data.neighbour_skin.SkinNeighbourList` (kept across steps) for the block."""
+    import mace.data.atomic_data as atomic_data
+
+    from workbench.data.neighbour_skin import SkinNeighbourList
+
+    neighbours = calc.__dict__.setdefault("neighbour_list", SkinNeighbourList())
+    search = neighbours.search = atomic_data.get_neighborhood  # mace's, or whatever wraps it
+    atomic_data.get_neighborhood = neighbours
+    try:
+        yield
+    finally:
+        atomic_data.get_neighborhood = search
 
 
 def load_calculator(
@@ -56,7 +75,12 @@ def load_calculator(
     1e-10 of the network's in float64, 0.86x the MD step at 1,536 atoms); ``"mlp"`` runs the
     networks. Default: ``"table"`` with the numba backend on the CPU, ``"mlp"`` otherwise (the
     tables are CPU kernels; the e3nn backend is the reference). The report of what was tabulated
-    is ``calc.radial_report`` (one dict per model). Models run in ``eval()`` mode."""
+    is ``calc.radial_report`` (one dict per model). Models run in ``eval()`` mode.
+
+    Neighbours are searched with a skin and the list is kept across calls while no atom moved
+    more than half of it (``calc.neighbour_list``, a
+    :class:`~workbench.data.neighbour_skin.SkinNeighbourList`: mace's edges, 14 ms against 44 ms
+    per step at 1,536 water atoms)."""
     if radial is not None and radial not in RADIAL_CHOICES:
         raise ValueError(f"radial={radial!r}; the choices are {', '.join(RADIAL_CHOICES)}")
     from workbench.kernels import accelerate
