@@ -37,7 +37,7 @@ def test_the_kept_list_gives_mace_edges_until_an_atom_moves_half_the_skin(period
     if not periodic:
         atoms.pbc = False
         atoms.cell = np.zeros((3, 3))
-        atoms.positions += 40.0  # far from the origin: mace widens the cell with the coordinates
+        atoms.positions += 15.0  # off the origin: mace widens the cell with the coordinates
     neighbours = SkinNeighbourList(skin=0.4)
     start = atoms.positions.copy()
     _same_as_mace(neighbours, atoms)
@@ -86,3 +86,20 @@ def test_md_calculator_keeps_its_list_and_its_numbers(tmp_path):
         assert abs(got[0] - want[0]) <= 1e-10 * abs(want[0])
         assert np.abs(got[1] - want[1]).max() <= 1e-10 * np.abs(want[1]).max()
     assert kept.neighbour_list.builds == 1
+
+
+def test_a_kept_list_left_in_mace_never_searches_through_another(tmp_path, monkeypatch):
+    """A list another thread's calculator left installed is not taken as the search (it would
+    search through itself at ever larger cutoffs), and the search is put back after the call."""
+    import mace.data.atomic_data as atomic_data
+
+    from workbench.train.md_calculator import load_calculator
+
+    stray = SkinNeighbourList(search=get_neighborhood)
+    monkeypatch.setattr(atomic_data, "get_neighborhood", stray)
+    calc = load_calculator(save_md_model(tmp_path / "ho.model", (1, 8)))
+    water = molecule("H2O")
+    water.calc = calc
+    water.get_potential_energy()
+    assert calc.neighbour_list.search is get_neighborhood and calc.neighbour_list.builds == 1
+    assert atomic_data.get_neighborhood is stray and stray.builds == 0

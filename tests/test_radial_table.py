@@ -146,6 +146,7 @@ def test_an_embedding_the_table_cannot_follow_keeps_its_networks(monkeypatch, ke
     report = tabulate_radial(model)
     assert sorted(report) == ["interactions.0", "interactions.1"]
     assert all(v.startswith(reason) for v in report.values()), report
+    assert type(model.radial_embedding).__name__ == "RadialEmbeddingBlock"  # no table reads it: untapped
     calls = _Calls(monkeypatch)
     got = _outputs(model, data)
     assert calls.n == 0 and all(torch.equal(a, b) for a, b in zip(got, want))
@@ -165,13 +166,15 @@ def test_the_network_runs_when_the_table_would_be_wrong(monkeypatch):
     assert calls.n == 0
     _frozen(model)
     mlp = model.interactions[1].conv_tp_weights
-    with torch.no_grad():  # changed in place: the table follows
-        mlp.layer0.weight.mul_(1.5)
-    got = _outputs(model, data)
-    assert calls.n == 2
-    untabulate_radial(model)
-    for a, b in zip(got, _outputs(model, data)):
-        assert rel_err(a, b) <= 1e-10
+    for change in ("in place", "through .data"):  # .data bumps no version counter (EMA helpers write so)
+        with torch.no_grad():
+            (mlp.layer0.weight if change == "in place" else mlp.layer0.weight.data).mul_(1.5)
+        got = _outputs(model, data)
+        assert calls.n == 2 * (1 + (change != "in place")), change
+        untabulate_radial(model)
+        for a, b in zip(got, _outputs(model, data)):
+            assert rel_err(a, b) <= 1e-10, change
+        tabulate_radial(model)
 
 
 def test_forces_from_a_table_are_not_differentiated_again():
@@ -183,7 +186,7 @@ def test_forces_from_a_table_are_not_differentiated_again():
         model(inputs, training=True, compute_force=True)  # forces with create_graph
 
 
-def test_tabulated_model_saves_with_the_same_keys_and_goes_back():
+def test_tabulated_model_saves_with_the_same_keys_and_goes_back(monkeypatch):
     model = _frozen(build_model("ScaleShiftMACE", "8x0e+8x1o", 2, 2, 3))
     keys = list(model.state_dict())
     tabulate_radial(model)
@@ -192,14 +195,16 @@ def test_tabulated_model_saves_with_the_same_keys_and_goes_back():
     torch.save(model, buf)
     loaded = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
     data = periodic_batch(3, dtype=torch.float64)
+    calls = _Calls(monkeypatch)
     assert all(rel_err(a, b) <= 1e-10 for a, b in zip(_outputs(loaded, data), _outputs(model, data)))
+    assert calls.n == 4  # the loaded copy answers from its own (rebuilt) tables too
     untabulate_radial(model)
     assert type(model.radial_embedding).__name__ == "RadialEmbeddingBlock"
     assert type(model.interactions[0].conv_tp_weights).__name__ == "FullyConnectedNet"
     assert list(model.state_dict()) == keys
 
 
-def test_md_calculator_tabulates_by_default_on_the_numba_backend(tmp_path):
+def test_md_calculator_tabulates_by_default_on_the_numba_backend(tmp_path, monkeypatch):
     from ase.build import molecule
 
     from workbench.train.md_calculator import load_calculator
@@ -207,13 +212,14 @@ def test_md_calculator_tabulates_by_default_on_the_numba_backend(tmp_path):
     path = save_md_model(tmp_path / "ho.model", (1, 8))
     water = molecule("H2O")
     water.positions += np.random.default_rng(5).normal(0, 0.05, water.positions.shape)
-    results = {}
+    results, calls = {}, _Calls(monkeypatch)
     for radial_choice in ("table", "mlp"):
         calc = load_calculator(path, radial=radial_choice)
         assert not calc.models[0].training
         atoms = water.copy()
         atoms.calc = calc
         results[radial_choice] = (atoms.get_potential_energy(), atoms.get_forces())
+        assert calls.n == 2, radial_choice  # the table's two interactions, then the networks
     assert abs(results["table"][0] - results["mlp"][0]) <= 1e-10 * abs(results["mlp"][0])
     assert np.abs(results["table"][1] - results["mlp"][1]).max() <= 1e-10 * np.abs(results["mlp"][1]).max()
     report = load_calculator(path).radial_report

@@ -15,6 +15,8 @@ cell)``, the cell of non-periodic directions widened as mace widens it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 __all__ = ["SKIN_A", "SkinNeighbourList"]
@@ -27,7 +29,7 @@ class SkinNeighbourList:
     """``get_neighborhood`` with a list reused while it is valid; ``builds`` counts searches, and
     ``search`` (default: mace's ``get_neighborhood``) is what searches."""
 
-    def __init__(self, skin: float = SKIN_A, search=None) -> None:
+    def __init__(self, skin: float = SKIN_A, search: Callable | None = None) -> None:
         if not skin > 0:
             raise ValueError(f"skin must be positive, got {skin!r}")
         self.skin = float(skin)
@@ -35,7 +37,14 @@ class SkinNeighbourList:
         self.builds = 0
         self._kept: tuple | None = None  # (key, positions, edge_index, unit_shifts)
 
-    def __call__(self, positions, cutoff, pbc=None, cell=None, true_self_interaction=False):
+    def __call__(
+        self,
+        positions: np.ndarray,
+        cutoff: float,
+        pbc: tuple | None = None,
+        cell: np.ndarray | None = None,
+        true_self_interaction: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         positions = np.asarray(positions)
         pbc = tuple(bool(p) for p in (pbc if pbc is not None else (False, False, False)))
         cell = np.array(cell if cell is not None else np.zeros((3, 3)), dtype=float)
@@ -54,7 +63,7 @@ class SkinNeighbourList:
         keep = np.einsum("ij,ij->i", d, d) < cutoff * cutoff
         return edge_index[:, keep], shifts[keep], unit_shifts[keep], used_cell
 
-    def _search(self):
+    def _search(self) -> Callable:
         if self.search is None:
             from mace.data.neighborhood import get_neighborhood
 

@@ -1,4 +1,4 @@
-r"""A smooth function of the edge length, tabulated as piecewise quintics for inference.
+r"""A smooth function of the edge length, tabulated as piecewise polynomials for inference.
 
 A MACE radial network maps one number per edge, its length :math:`r`, to ``J`` weights
 (``J = 1280`` at the paper config): :math:`R(r) = \mathrm{MLP}(B(r))`, ``B`` the Bessel basis
@@ -66,8 +66,8 @@ _HERMITE = _hermite_inverse()
 @dataclass(frozen=True)
 class RadialTable:
     """``coeffs[k, p, j]``: weight ``j`` on interval ``k`` is :math:`\\sum_p c_{kpj} s^p`.
-    ``value_error`` / ``slope_error``: the largest error measured between the knots, relative to
-    the largest value / slope."""
+    ``value_error`` / ``slope_error``: the largest error measured between the nodes, relative to
+    the largest value / slope, of the float64 coefficients (a float32 table adds its rounding)."""
 
     lo: float
     h: float

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 
 __all__ = ["RADIAL_CHOICES", "load_calculator"]
 
@@ -32,6 +33,10 @@ def _calculator_class() -> type:
     return CentredMACECalculator
 
 
+#: one graph build at a time swaps mace's neighbour search (calculators in several threads)
+_SWAP_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def _skin_neighbours(calc):
     """mace's graph builder searches neighbours through the calculator's own
@@ -41,12 +46,14 @@ def _skin_neighbours(calc):
     from workbench.data.neighbour_skin import SkinNeighbourList
 
     neighbours = calc.__dict__.setdefault("neighbour_list", SkinNeighbourList())
-    search = neighbours.search = atomic_data.get_neighborhood  # mace's, or whatever wraps it
-    atomic_data.get_neighborhood = neighbours
-    try:
-        yield
-    finally:
-        atomic_data.get_neighborhood = search
+    with _SWAP_LOCK:
+        search = atomic_data.get_neighborhood  # mace's, or what wraps it (never a kept list)
+        neighbours.search = search.search if isinstance(search, SkinNeighbourList) else search
+        atomic_data.get_neighborhood = neighbours
+        try:
+            yield
+        finally:
+            atomic_data.get_neighborhood = search
 
 
 def load_calculator(

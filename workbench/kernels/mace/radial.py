@@ -5,8 +5,8 @@ Every interaction of a mace-torch model computes its tensor-product weights as
 times the cutoff unless the model applies it later): a function of the edge length alone,
 :math:`R: r \mapsto \mathbb{R}^J`. :func:`tabulate_radial` tabulates it per interaction
 (:mod:`workbench.kernels.radial_table`, error measured against the network in float64), and
-switches two objects by ``__class__`` assignment (same parameters, ``state_dict`` keys and
-pickles):
+switches two objects by ``__class__`` assignment (same parameters and ``state_dict`` keys; a
+pickle or deep copy keeps the link between them and rebuilds the tables on first use):
 
 - ``radial_embedding`` -> :class:`TappedRadialEmbedding`: remembers the lengths it was called on
   and the ``edge_feats`` tensor it returned;
@@ -16,7 +16,9 @@ pickles):
 
 Anything else runs the network: training mode, parameters that take gradients, other input
 (mace's attention block concatenates species to ``edge_feats``), lengths off the table's domain,
-CUDA tensors. The table is rebuilt when a parameter changes (in-place updates included).
+CUDA tensors, an ``edge_feats`` changed in place. The table is rebuilt when a parameter or buffer
+of the network or the embedding changes value (compared with a copy at every call: writes through
+``.data``, as EMA helpers make, bump no version counter).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 
 from workbench.kernels.class_swap import CACHE, KeepsOp, probe_copy
 from workbench.kernels.lazy_class import LazyClass
-from workbench.kernels.radial_table import RadialTable, TableRefused, build
+from workbench.kernels.radial_table import TOLERANCE, RadialTable, TableRefused, build
 
 __all__ = [
     "TabulatedRadialMLP",  # noqa: F822  (built on first access by the module __getattr__)
@@ -34,7 +36,7 @@ __all__ = [
     "untabulate_radial",
 ]
 
-_TAP = "_wb_radial_tap"  # (edge_feats, lengths) of the latest call; never pickled
+_TAP = "_wb_radial_tap"  # (edge_feats, its version, lengths) of the latest call; never pickled
 _SOURCE = "_wb_radial_source"  # the tapped embedding a tabulated network reads
 
 
@@ -71,9 +73,9 @@ def _make_tap():
         """mace's ``RadialEmbeddingBlock`` that keeps ``(edge_feats, lengths)`` of its latest call
         for the tabulated networks (:func:`tabulate_radial`); outputs unchanged."""
 
-        def forward(self, edge_lengths, *args, **kwargs):
+        def forward(self, edge_lengths: torch.Tensor, *args, **kwargs) -> tuple:
             out = super().forward(edge_lengths, *args, **kwargs)
-            self.__dict__[_TAP] = (out[0], edge_lengths)
+            self.__dict__[_TAP] = (out[0], out[0]._version, edge_lengths)
             return out
 
         def __getstate__(self):
@@ -103,21 +105,16 @@ def _make_tabulated():
         def _tabulable(self, x: torch.Tensor) -> torch.Tensor | None:
             source = self.__dict__.get(_SOURCE)
             tap = source.__dict__.get(_TAP) if source is not None else None
-            if tap is None or tap[0] is not x or self.training or x.device.type != "cpu":
+            if tap is None or tap[0] is not x or tap[1] != x._version or self.training or x.device.type != "cpu":
+                return None  # not the embedding's own output of this forward, unchanged
+            if torch.is_grad_enabled() and any(p.requires_grad for m in (self, source) for p in m.parameters()):
                 return None
-            if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
-                return None
-            lengths = tap[1]
+            lengths = tap[2]
             return lengths if lengths.dtype == x.dtype and lengths.dim() <= 2 else None
 
         def radial_table(self) -> RadialTable:
             """The table of this network after its embedding, rebuilt when a parameter changed."""
-            return self.cached_op(lambda: _build(self), lambda kept: kept[0] == _state(self))[1]
-
-        def __getstate__(self):
-            state = dict(super().__getstate__())
-            state.pop(_SOURCE, None)
-            return state
+            return self.cached_op(lambda: _build(self), lambda kept: _same(kept[0], _state(self)))[1]
 
     return TabulatedRadialMLP
 
@@ -133,12 +130,16 @@ def __getattr__(name: str) -> type:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _state(mlp: torch.nn.Module) -> tuple:
-    """What the table depends on: the parameters (storage, in-place version), the embedding's too."""
+def _state(mlp: torch.nn.Module) -> list[torch.Tensor]:
+    """What the table depends on: the network's and the embedding's parameters and buffers."""
     mods = (mlp, mlp.__dict__[_SOURCE])
-    return tuple((p.data_ptr(), p._version, p.dtype) for m in mods for p in m.parameters()) + tuple(
-        (b.data_ptr(), b._version, b.dtype) for m in mods for b in m.buffers()
-    )
+    return [t.detach() for m in mods for t in (*m.parameters(), *m.buffers())]
+
+
+def _same(kept: list[torch.Tensor], now: list[torch.Tensor]) -> bool:
+    """Whether the values the table was built from are still the module's (compared by value:
+    writes through ``.data``, as EMA helpers make, leave no version behind)."""
+    return len(kept) == len(now) and all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(kept, now))
 
 
 def _probe(m: torch.nn.Module, native: type) -> torch.nn.Module:
@@ -164,7 +165,13 @@ def _build(mlp: torch.nn.Module) -> tuple[tuple, RadialTable]:
         return probe_mlp(probe_embedding(r[:, None], None, None, None)[0])
 
     dtype = next(mlp.parameters()).dtype
-    return _state(mlp), build(radial, lo=r_max * 2.0**-10, hi=r_max, dtype=dtype)
+    snapshot = [t.clone() for t in _state(mlp)]
+    if dtype not in TOLERANCE:
+        raise TableRefused(f"no tolerance for {dtype} (tables are float32 or float64)")
+    try:
+        return snapshot, build(radial, lo=r_max * 2.0**-10, hi=r_max, dtype=dtype)
+    except (RuntimeError, NotImplementedError) as exc:  # an op without forward-mode AD
+        raise TableRefused(f"the network has no forward-mode slope ({str(exc).splitlines()[0]})") from exc
 
 
 def _why_not(embedding: torch.nn.Module | None, block: torch.nn.Module) -> str | None:
@@ -214,6 +221,8 @@ def tabulate_radial(model: torch.nn.Module) -> dict[str, str]:
                 )
         if why is not None:
             report[name] = f"network kept: {why}"
+    if isinstance(embedding, _tap_class()) and not any(v.startswith("table of") for v in report.values()):
+        untabulate_radial(model)  # nothing reads the tap: it would only keep the last edges alive
     return report
 
 
