@@ -153,7 +153,7 @@ def _probe(m: torch.nn.Module, native: type) -> torch.nn.Module:
     return probe
 
 
-def _build(mlp: torch.nn.Module) -> tuple[tuple, RadialTable]:
+def _build(mlp: torch.nn.Module) -> tuple[list[torch.Tensor], RadialTable]:
     from e3nn.nn import FullyConnectedNet
     from mace.modules.blocks import RadialEmbeddingBlock
 
