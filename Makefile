@@ -19,13 +19,13 @@ STAMP  := $(VENV)/.installed$(if $(LOCK),-locked,-latest)
 CUEQ_LIB  := $(VENV)/cueq-lib
 CUEQ_PKGS ?= cuequivariance==0.13.0 cuequivariance-torch==0.13.0
 
-.PHONY: demo test test-nequip lint lab venv lock lock-nequip bench-packing bench-cpu clean-venv system-deps
+.PHONY: demo test test-nequip lint docs docs-serve lab venv lock lock-nequip bench-packing bench-cpu clean-venv system-deps
 
 $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip $(if $(LOCK),-c $(LOCK),)
 	$(PIP) install -q --no-compile $(TORCH) $(if $(LOCK),-c $(LOCK),)
-	$(PIP) install -q --no-compile -e '.[dev,lab,mace]' $(INSTALL_FLAGS)
+	$(PIP) install -q --no-compile -e '.[dev,lab,mace,docs]' $(INSTALL_FLAGS)
 	@$(PY) -m compileall -q -j 0 $(VENV)/lib/python*/site-packages >/dev/null || true  # a few packages ship files that do not compile, as with pip
 	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP)
@@ -43,6 +43,14 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+# The documentation site (mkdocs.yml, docs/): strict, so a broken link, a missing page or a
+# docstring griffe cannot parse fails the build. `make docs-serve` rebuilds on every edit.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --clean -q
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --strict
 
 # Tests start a real single-node SLURM (slurm-wlm + munge) and drive JupyterLab in Debian chromium.
 SYSTEM_PKGS := slurm-wlm munge chromium
@@ -100,7 +108,7 @@ lock:
 	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)
 	$(LOCK_VENV)/bin/python -m pip install -q --upgrade pip
 	$(LOCK_VENV)/bin/python -m pip install -q $(TORCH)
-	$(LOCK_VENV)/bin/python -m pip install -q -e '.[dev,lab,mace]'
+	$(LOCK_VENV)/bin/python -m pip install -q -e '.[dev,lab,mace,docs]'
 	$(LOCK_VENV)/bin/python .ci/lock.py $(LOCK_VENV)/bin/python
 	rm -rf $(LOCK_VENV)
 	@echo "now run 'make test' to check the new pins, and commit requirements.lock + environment.yml"

@@ -91,7 +91,7 @@ def write(pins: dict[str, str]) -> None:
         "  - pip:\n",
     ]
     lines += [f"      - {k}=={v}\n" for k, v in pins.items() if k != "pip"]
-    lines.append("      - -e .[dev,lab,mace]\n")
+    lines.append("      - -e .[dev,lab,mace,docs]\n")
     ENVIRONMENT.write_text("".join(lines))
 
 

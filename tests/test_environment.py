@@ -52,7 +52,7 @@ def test_lock_pins_every_dependency_exactly():
 def test_environment_yml_says_the_same_versions():
     assert lock.read_environment_pins() == {k: v for k, v in lock.read_lock().items() if k != "pip"}
     text = (ROOT / "environment.yml").read_text()
-    assert f"pip={lock.read_lock()['pip']}" in text and "-e .[dev,lab,mace]" in text
+    assert f"pip={lock.read_lock()['pip']}" in text and "-e .[dev,lab,mace,docs]" in text
 
 
 def test_lock_script_round_trips(tmp_path, monkeypatch):

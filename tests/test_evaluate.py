@@ -46,7 +46,7 @@ def small():
 
 
 def test_per_family_errors_by_hand(small):
-    from workbench.train.evaluate import evaluate
+    from workbench.train.evaluation import evaluate
 
     model, chosen, data = small
     families = [a.info["config_type"] for a in chosen]
@@ -76,7 +76,7 @@ def test_per_family_errors_by_hand(small):
 
 
 def test_workbench_eval_prints_the_table(small, tmp_path):
-    from workbench.train.evaluate import evaluate_file
+    from workbench.train.evaluation import evaluate_file
 
     model, chosen, _ = small
     torch.save(model, tmp_path / "m.model")
@@ -98,3 +98,11 @@ def test_workbench_eval_prints_the_table(small, tmp_path):
     assert json.loads((tmp_path / "e.json").read_text())["graphs"] == 9
     bad = subprocess.run([str(BIN / "workbench"), "eval", str(path), str(path)], capture_output=True, text=True)
     assert bad.returncode == 2 and "set.extxyz: not a loadable model" in bad.stderr
+
+
+def test_package_evaluate_is_the_function_once_the_trainer_is_imported():
+    # a submodule named like the function used to replace it on the package after `import loop`
+    import workbench.train.loop  # noqa: F401
+    from workbench.train import evaluate
+
+    assert callable(evaluate) and evaluate.__module__ == "workbench.train.evaluation"

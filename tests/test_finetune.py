@@ -28,7 +28,7 @@ def test_a_finetuning_run_pairs_with_mace_run_train_step_for_step(tmp_path, foun
     default) and E0s refitted (average), for all the file's elements with its own E0s, and with
     mace's estimated E0s (the foundation's, corrected on the training split)."""
     from workbench.bench.quality import PRESETS, base_config
-    from workbench.train.evaluate import evaluate_file
+    from workbench.train.evaluation import evaluate_file
 
     for k, (e0s, elements) in enumerate((("average", "data"), ("foundation", "all"), ("estimated", "data"))):
         where = tmp_path / f"{e0s}-{elements}"

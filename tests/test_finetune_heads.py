@@ -46,7 +46,7 @@ def test_two_new_heads_pair_with_mace_run_train_step_for_step(tmp_path, foundati
     float64 e3nn, every step's loss equal, each head's final validation errors equal; the heads
     keep their own E0s (alloys a map, bulk mace's estimated ones, pt_head the foundation's)."""
     from workbench.bench.quality import PRESETS, base_config
-    from workbench.train.evaluate import evaluate_file
+    from workbench.train.evaluation import evaluate_file
     from workbench.train.model_file import load_model
 
     given = {int(z): -1.0 - z / 64 for z in sorted({int(z) for a in hea_atoms(hea) for z in a.numbers})}
@@ -147,7 +147,7 @@ def hea_atoms(path):
 def test_each_head_exports_for_eval_and_md(tmp_path, foundation, hea, bulk, pt_file):  # noqa: F811
     from workbench.cli import main
     from workbench.train import train
-    from workbench.train.evaluate import evaluate_file
+    from workbench.train.evaluation import evaluate_file
     from workbench.train.heads import heads_of
     from workbench.train.model_file import load_model
 

@@ -93,7 +93,7 @@ def test_select_head_reduces_to_the_named_head_and_lists_the_heads_otherwise(fil
 
 
 def test_eval_head_equals_the_single_head_model(files, tmp_path):
-    from workbench.train.evaluate import evaluate_file
+    from workbench.train.evaluation import evaluate_file
 
     water = files / "water.extxyz"
     by_head = {h: evaluate_file(files / "two.model", water, head=h) for h in ("pt_head", "Default")}

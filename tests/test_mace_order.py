@@ -107,7 +107,7 @@ def test_keep_best_exports_the_epoch_with_the_lowest_validation_loss(tmp_path):
 
     from workbench.train import TrainConfig
     from workbench.train.data import prepare_data
-    from workbench.train.evaluate import evaluate
+    from workbench.train.evaluation import evaluate
     from workbench.train.loop import train
 
     with pytest.raises(ValueError, match="TrainConfig.keep: 'best' picks the epoch by validation loss"):
@@ -152,7 +152,7 @@ def test_a_mace_order_run_pairs_with_mace_run_train_step_for_step(tmp_path):
     every step's training loss agrees, and so do the final models' validation errors (mace
     keeps its best epoch; the workbench with keep="best" too)."""
     from workbench.bench.quality import PRESETS, base_config
-    from workbench.train.evaluate import evaluate_file
+    from workbench.train.evaluation import evaluate_file
 
     cfg = replace(
         base_config(PRESETS["small"], tmp_path, seed=5), max_structures=70, families=["water_clusters", "cuni"]

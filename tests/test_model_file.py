@@ -57,7 +57,7 @@ def run(tmp_path_factory):
 
 
 def test_exported_model_loads_safely_and_predicts_the_same(run, capsys):
-    from workbench.train.evaluate import evaluate_file
+    from workbench.train.evaluation import evaluate_file
 
     model_path, _, data = run
     accelerated = model_path.with_name("model_numba.model")  # the kernel form, workbench modules in it
@@ -152,7 +152,7 @@ def test_eval_device_and_nonfinite_weights(run, tmp_path, capsys):
 
 
 def test_family_table_html_escapes_user_strings():
-    from workbench.train.evaluate import family_table_html
+    from workbench.train.evaluation import family_table_html
 
     m = {"e_mae_mev_atom": 1.0, "e_rmse_mev_atom": 2.0, "f_mae_mev_a": 3.0, "f_rmse_mev_a": 4.0, "graphs": 1}
     page = family_table_html({**m, "families": {"<script>alert(1)</script>": m}}, caption="<b>x</b>")

@@ -30,7 +30,7 @@ def test_a_multihead_run_pairs_with_mace_run_train_step_for_step(tmp_path, found
     with the foundation's E0s or mace's estimated ones; the numba kernels take the same steps."""
     from workbench.bench.quality import PRESETS, base_config
     from workbench.train import train
-    from workbench.train.evaluate import evaluate_file
+    from workbench.train.evaluation import evaluate_file
 
     cfg = base_config(PRESETS["small"], tmp_path, seed=3, loss="universal", stress_weight=10.0)
     cfg = replace(cfg, dataset=str(hea), max_structures=None, batch_size=4, **ARCH, clip_grad=0.05)
@@ -127,7 +127,7 @@ def _batches(cfg, data) -> list:
 def test_a_multihead_model_exports_both_heads_for_eval_and_md(tmp_path, foundation, hea, pt_file):  # noqa: F811
     from workbench.cli import main
     from workbench.train import train
-    from workbench.train.evaluate import evaluate_file
+    from workbench.train.evaluation import evaluate_file
     from workbench.train.heads import heads_of
     from workbench.train.model_file import load_model
 

@@ -56,7 +56,7 @@ def test_the_shift_applies_only_away_from_the_origin_and_not_to_full_cells():
 
 @pytest.mark.parametrize("offset", SHIFTS)
 def test_eval_of_a_far_molecule_equals_the_origin(model_file, tmp_path, offset, neighbour_list_extent):
-    from workbench.train.evaluate import evaluate_file
+    from workbench.train.evaluation import evaluate_file
 
     results = {}
     for name, at in (("near", 0.0), ("far", offset)):

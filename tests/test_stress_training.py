@@ -22,7 +22,7 @@ FAMILIES = ["hea", "water_clusters", "mptrj"]
 
 def test_a_stress_run_pairs_with_mace_run_train_step_for_step(tmp_path):
     from workbench.bench.quality import PRESETS, base_config
-    from workbench.train.evaluate import evaluate_file
+    from workbench.train.evaluation import evaluate_file
 
     cfg = base_config(PRESETS["small"], tmp_path, seed=4, loss="stress", stress_weight=10.0)
     cfg = replace(cfg, max_structures=60, valid_fraction=0.2, families=FAMILIES)

@@ -140,7 +140,7 @@ def _run_job(what: str, cfg: TrainConfig, split: dict, workdir: Path, epochs: in
 
 
 def _row(what: str, seed: int | None, model: Path, valid: str, base: TrainConfig, head: str | None = None) -> dict:
-    from workbench.train.evaluate import evaluate_file
+    from workbench.train.evaluation import evaluate_file
 
     keys = {k: getattr(base, k) for k in ("energy_key", "forces_key", "stress_key", "virials_key")}
     result = evaluate_file(model, valid, head=head, **keys)

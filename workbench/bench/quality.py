@@ -16,7 +16,7 @@ number of optimiser steps and with the same recipe as far as both trainers allow
 
 each over several seeds (the workbench's hot ops on ``backend``: e3nn as in mace, or the numba
 kernels, equal to e3nn within 1e-10 in float64), then evaluates every final model with one function
-(:func:`~workbench.train.evaluate.evaluate_file`) on the same validation file. It prints a table,
+(:func:`~workbench.train.evaluation.evaluate_file`) on the same validation file. It prints a table,
 writes JSON, and checks:
 
 * **parity, paired**: ``mace-order`` against ``mace_run_train`` seed by seed: the 95% interval of
@@ -369,7 +369,7 @@ def _one_run(base: TrainConfig, job: tuple[int, str], split: dict, plan: _Plan) 
 
 def _evaluated_run(base: TrainConfig, job: tuple[int, str], split: dict, plan: _Plan) -> dict:
     """One job run and its final model evaluated on the validation file: the job's row."""
-    from workbench.train.evaluate import evaluate_file
+    from workbench.train.evaluation import evaluate_file
 
     trainer, sampler, model, wall = _one_run(base, job, split, plan)
     keys = {k: getattr(base, k) for k in ("energy_key", "forces_key", "stress_key", "virials_key")}

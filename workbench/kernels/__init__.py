@@ -26,7 +26,19 @@ Layers (imports run one way, top to bottom):
 """
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what static readers (the API reference, type checkers) see; __getattr__ imports at run time
+    from workbench.kernels.acceleration import AVAILABLE_OPS, KERNEL_BACKENDS, accelerate
+    from workbench.kernels.descriptor import Operand, SparsePolynomial
+    from workbench.kernels.e3nn_tp import ChannelwiseTPStats, channelwise_tp_op, channelwise_tp_polynomial
+    from workbench.kernels.mace.channelwise_tp import SUPPORTED_INTERACTION_BLOCKS, fuse_conv_tp, unfuse_conv_tp
+    from workbench.kernels.mace.symmetric_contraction import (
+        SymmetricContraction,
+        SymmetricContractionStats,
+        symmetric_contraction_polynomial,
+    )
+    from workbench.kernels.ops import EdgeGraph, EdgePolyOp, PolyOp, apply_edge_poly_op, apply_poly_op
 
 #: public name -> the module that owns it; imported on first access (PEP 562), so that reading
 #: the registries (:mod:`workbench.kernels.registry`) or building the CLI does not import torch

@@ -86,6 +86,19 @@ def _check_sampler_ranks(sampler: str, nodes: int, gpus_per_node: int) -> None:
         mace_order.check_ranks(nodes * gpus_per_node, f" (nodes={nodes}, gpus_per_node={gpus_per_node})")
 
 
+def _checked_request(
+    backend: str, nodes: int, gpus_per_node: int, max_restarts: int, env: dict[str, str] | None
+) -> tuple[int, int, int, dict[str, str]]:
+    if backend not in LAUNCH_BACKENDS:
+        raise ValueError(f"backend={backend!r}: choose 'local' or 'slurm' explicitly")
+    nodes = validate.check_count("nodes", nodes)
+    gpus_per_node = validate.check_count("gpus_per_node", gpus_per_node)
+    max_restarts = validate.check_count("max_restarts", max_restarts, minimum=0)
+    env = {str(k): str(v) for k, v in (env or {}).items()}
+    validate.check_env(env)
+    return nodes, gpus_per_node, max_restarts, env
+
+
 def launch(
     config,
     backend: str,
@@ -127,17 +140,15 @@ def launch(
         sbatch_lines (extra directives), setup (shell lines before srun), signal_delay_s (SIGUSR2
         this long before the time limit: checkpoint and requeue), request_gpus, job_name``.
 
-    Raises ``ValueError`` for an invalid request (naming the argument; :class:`LaunchRefused`, also a
-    :class:`LaunchError`, when the run directory forbids it), :class:`LaunchError` when SLURM is
-    missing or not answering or refuses the job.
+    Raises
+    ------
+    ValueError
+        An invalid request, naming the argument (:class:`LaunchRefused`, also a
+        :class:`LaunchError`, when the run directory forbids it).
+    LaunchError
+        SLURM is missing, is not answering, or refuses the job.
     """
-    if backend not in LAUNCH_BACKENDS:
-        raise ValueError(f"backend={backend!r}: choose 'local' or 'slurm' explicitly")
-    nodes = validate.check_count("nodes", nodes)
-    gpus_per_node = validate.check_count("gpus_per_node", gpus_per_node)
-    max_restarts = validate.check_count("max_restarts", max_restarts, minimum=0)
-    env = {str(k): str(v) for k, v in (env or {}).items()}
-    validate.check_env(env)
+    nodes, gpus_per_node, max_restarts, env = _checked_request(backend, nodes, gpus_per_node, max_restarts, env)
     config = _absolute(_as_config(config))
     _check_sampler_ranks(config.sampler, nodes, gpus_per_node)
     if backend == "local":

@@ -7,9 +7,14 @@ resolved in :mod:`workbench.packing.paper`; ``shuffled-paper`` restores
 randomness across epochs). :class:`BinPackingBatchSampler` is the DDP sampler.
 """
 
+from typing import TYPE_CHECKING
+
 from workbench.packing.api import ALGORITHMS, Algorithm, Packing, pack
 from workbench.packing.cost import CostModel
 from workbench.packing.metrics import lower_bound_bins, packing_metrics, pair_repeat_fraction, step_imbalance
+
+if TYPE_CHECKING:  # static readers (the API reference) see the sampler; at run time __getattr__ imports it
+    from workbench.packing.sampler import BinPackingBatchSampler
 
 
 def __getattr__(name: str):

@@ -58,7 +58,7 @@ def done_line(result) -> str:
 def _eval(args: argparse.Namespace) -> int:
     import json
 
-    from workbench.train.evaluate import evaluate_file, format_table
+    from workbench.train.evaluation import evaluate_file, format_table
 
     keys = ("energy_key", "forces_key", "stress_key", "virials_key", "batch_size", "device", "trust_model", "head")
     result = evaluate_file(args.model, args.file, **option_values(args, *keys))

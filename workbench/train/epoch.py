@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import torch
 
 from workbench.train import preempt
-from workbench.train.evaluate import TENSOR_METRICS, evaluate
+from workbench.train.evaluation import TENSOR_METRICS, evaluate
 from workbench.train.resume import checkpoint
 from workbench.train.rundir import JsonlLog
 from workbench.train.samplers import RecordingSampler

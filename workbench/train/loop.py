@@ -36,7 +36,7 @@ from workbench.train.config import TrainConfig
 from workbench.train.data import TrainData, prepare_data
 from workbench.train.distributed import dist_env, init_process_group, pick_device, preflight, wrap_ddp
 from workbench.train.epoch import log_epoch, progress, train_one_epoch, validate
-from workbench.train.evaluate import evaluate
+from workbench.train.evaluation import evaluate
 from workbench.train.resume import check_resume, checkpoint, restore
 from workbench.train.rundir import EPOCH_FIELDS, STEP_FIELDS, JsonlLog, RunDir, RunLock
 from workbench.train.samplers import make_sampler

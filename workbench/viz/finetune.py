@@ -60,7 +60,7 @@ def errors_by_head_html(
 ) -> str:
     """Force and energy MAE per family of each structure set (``{label: file}``): the foundation
     as it is, then the fine-tuned model through each of ``heads``."""
-    from workbench.train.evaluate import evaluate_file
+    from workbench.train.evaluation import evaluate_file
 
     columns = [("foundation", foundation, None)] + [(f"fine-tuned, {h}", tuned, h) for h in heads]
     rows = []

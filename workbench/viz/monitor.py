@@ -197,7 +197,7 @@ def summary_html(run_dir, status: str | None = None) -> str:
         if status
         else ""
     )
-    from workbench.train.evaluate import family_table_html, last_validation
+    from workbench.train.evaluation import family_table_html, last_validation
 
     valid = last_validation(epochs)
     table = family_table_html(valid, f"Validation errors per config_type (epoch {valid['epoch']})") if valid else ""

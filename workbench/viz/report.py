@@ -131,7 +131,7 @@ def run_summary(run_dir: str | os.PathLike) -> dict:
 
     ``problems`` lists the input files that are broken or in an old format (see
     :mod:`workbench.viz.report_inputs`); what they would have given is left out."""
-    from workbench.train.evaluate import last_validation
+    from workbench.train.evaluation import last_validation
 
     problems: list[Problem] = []
     info = read_info(run_dir, problems)
@@ -409,7 +409,7 @@ def _notes(problems: list[Problem], sid: str | None = None) -> str:
 
 def _sections(run_dir: Path, summary: dict, fig_html) -> list[tuple[str, str, str | None]]:
     """``(id, title, body or None)`` of each section below the summary; None: nothing to show."""
-    from workbench.train.evaluate import family_table_html
+    from workbench.train.evaluation import family_table_html
     from workbench.viz.monitor import step_time_figure
 
     steps, valid, packing = summary["steps"], summary["valid"], summary["packing"]

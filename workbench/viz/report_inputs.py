@@ -81,7 +81,7 @@ def read_info(run_dir: str | os.PathLike, problems: list[Problem]) -> dict:
 
 
 def _epoch_error(rec: Any) -> str | None:
-    from workbench.train.evaluate import METRICS  # here: importing the report must not import torch
+    from workbench.train.evaluation import METRICS  # here: importing the report must not import torch
 
     if not isinstance(rec, dict):
         return f"a {type(rec).__name__}, not a record"
