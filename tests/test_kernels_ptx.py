@@ -384,7 +384,7 @@ CONFIGS = {"paper": ("128x0e+128x1o", 3, 3), "128x2e": ("128x0e+128x1o+128x2e", 
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_training_kernels_leave_the_table_path(config, monkeypatch):
     """Which kernel every training polynomial gets, at the three configurations (ptxas on the
-    kernels these pick: kernels/results/kernel_resources_sm90*.json).
+    kernels these pick: benchmarks/results/kernel_resources_sm90*.json).
 
     float32: every contraction polynomial runs generated code, split by output components into
     parts of about SPLIT_PART_TERMS terms (fewer above SPLIT_FULL_SLOTS operand components) where

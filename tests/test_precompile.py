@@ -3,7 +3,7 @@ worker processes, once per node under a file lock, into a cache folder that can 
 
 Without a GPU the workers compile to PTX and assemble it with the real ``ptxas`` for sm_90 (the
 ``ptx`` target); what a GPU run adds (machine code in numba's cache, loaded by the next process)
-is measured by ``workbench bench cold-start`` on the GPU machine (kernels/results/cold_start.json).
+is measured by ``workbench bench cold-start`` on the GPU machine (benchmarks/results/cold_start.json).
 """
 
 from __future__ import annotations

@@ -164,7 +164,7 @@ STALE = [
 
 def test_no_issue_numbers_or_missing_documents_in_code():
     found = []
-    for path in [*MODULES.values(), *sorted((ROOT / "kernels").glob("*.sh"))]:
+    for path in [*MODULES.values(), *sorted((ROOT / "scripts").glob("*.sh"))]:
         for lineno, line in enumerate(path.read_text().splitlines(), 1):
             for pattern, what in STALE:
                 if pattern.search(line):

@@ -237,7 +237,7 @@ def _gpu_result(bench: str, target: str) -> dict:
 def test_kernel_reader_is_tolerant(tmp_path):
     d = tmp_path / "results"
     d.mkdir()
-    shutil.copy(ROOT / "kernels" / "results" / "symmetric_contraction_cpu_paper_config.json", d)
+    shutil.copy(ROOT / "benchmarks" / "results" / "symmetric_contraction_cpu_paper_config.json", d)
     (d / "symmetric_contraction_gpu_20261201T000000Z.json").write_text(json.dumps(_gpu_result("sc", "contraction")))
     tp = _gpu_result("tp", "channelwise_tp")
     tp["bench"] = "channelwise_tp"
@@ -291,7 +291,7 @@ def test_kernel_app_without_gpu_disables_the_button():
 
 
 # ---------------------------------------------------------------- measured GPU rows: numba / cueq / e3nn
-RESULTS = ROOT / "kernels" / "results"
+RESULTS = ROOT / "benchmarks" / "results"
 H100_FILES = (
     "symmetric_contraction_gpu_h100_paper.json",
     "symmetric_contraction_gpu_h100_128x2e.json",

@@ -34,7 +34,7 @@ import torch
 
 from workbench.bench import harness
 from workbench.bench.harness import backend_model, compare_with_e3nn, kernel_run_header, measure_pass, pass_line
-from workbench.bench.table import Column, render, write_json
+from workbench.bench.table import RESULTS_DIR, Column, render, write_json
 from workbench.kernels.tools.models import random_scaleshift_mace
 
 __all__ = ["ANCHORS_MS", "capture_block_inputs", "descriptor_costs", "format_table", "main", "pass_fn", "water_batch"]
@@ -193,9 +193,7 @@ def main(args: argparse.Namespace) -> int:
     results = _header(args, device, N, E)
     print(f"graph: {N} atoms, {E} edges ({E / max(N, 1):.1f} per atom), device {results['device_name']}", flush=True)
     where = ("gpu" if device.startswith("cuda") else "cpu") + ("_smoke" if args.smoke else "")
-    out = (
-        Path(args.out) if args.out else Path("kernels/results") / f"channelwise_tp_{where}_{results['timestamp']}.json"
-    )
+    out = Path(args.out) if args.out else RESULTS_DIR / f"channelwise_tp_{where}_{results['timestamp']}.json"
     for dtype_name in args.dtypes:
         _run_dtype(args, dtype_name, batch, zs, results, out)
         write_json(out, results)

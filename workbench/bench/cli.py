@@ -297,7 +297,7 @@ _STEP_OPTIONS: Options = {
         "help": "seconds per part after which no new row starts; the rest are recorded as skipped (default: no limit)",
     },
     "--out": {
-        "help": "JSON, rewritten after every row (default: kernels/results/train_step_gpu_<gpu>.json on "
+        "help": "JSON, rewritten after every row (default: benchmarks/results/train_step_gpu_<gpu>.json on "
         "CUDA, runs/bench/train_step_cpu.json on a CPU)"
     },
 }

@@ -13,7 +13,7 @@ A fresh process per measurement, each with the kernel cache it is given:
 * ``serial`` (``--serial``): an empty cache, one worker: what compiling kernel after kernel costs.
 
 Model: the paper configuration (128x0e+128x1o, max_ell 3, correlation 3, two layers) on a
-periodic water box (3072 atoms by default). JSON (``kernels/results/cold_start_<machine>.json``):
+periodic water box (3072 atoms by default). JSON (``benchmarks/results/cold_start_<machine>.json``):
 ``{"machines": {"<name>": {"seconds": <cold>, "runs": {...}}}}``, merged with what is there.
 
     workbench bench cold-start                       # here: PTX + ptxas, 2 cores
@@ -33,13 +33,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench.bench.table import Column, read_json, render, verdict, write_json
+from workbench.bench.table import RESULTS_DIR, Column, read_json, render, verdict, write_json
 
 __all__ = ["DEFAULT_OUT", "TARGET_S", "cold_start", "format_table", "main", "measure"]
 
 #: the target, seconds from accelerate() to the first optimizer step (paper config, float32)
 TARGET_S = 60.0
-DEFAULT_OUT = "kernels/results/cold_start_{machine}.json"
+DEFAULT_OUT = str(RESULTS_DIR / "cold_start_{machine}.json")
 
 
 def _machine_name() -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from workbench.bench.table import RESULTS_DIR
+
 __all__ = ["PASSES", "add_common_arguments", "register_bench", "register_kernels"]
 
 PASSES = ("forward", "forward_backward", "double_backward")
@@ -52,7 +54,7 @@ def register_bench(bench_sub) -> None:
     """``workbench bench symmetric-contraction`` and ``workbench bench channelwise-tp``."""
     p = bench_sub.add_parser(
         "symmetric-contraction",
-        help="time MACE's symmetric contraction and products[0] (numba / e3nn / cueq), JSON to kernels/results/",
+        help="time MACE's symmetric contraction and products[0] (numba / e3nn / cueq), JSON to benchmarks/results/",
         description="Time MACE's symmetric contraction alone and the whole products[0] block, forward, "
         "backward and double backward, on every backend; parity against e3nn in the same run.",
     )
@@ -61,14 +63,14 @@ def register_bench(bench_sub) -> None:
     p.add_argument("--elements", type=int, default=10)
     p.add_argument("--targets", nargs="+", default=["contraction", "products0"], choices=["contraction", "products0"])
     p.add_argument(
-        "--out", default=None, help="JSON path (default kernels/results/symmetric_contraction_<device>_<time>.json)"
+        "--out", default=None, help="JSON path (default benchmarks/results/symmetric_contraction_<device>_<time>.json)"
     )
     p.set_defaults(func=_symmetric_contraction)
 
     p = bench_sub.add_parser(
         "channelwise-tp",
         help="time MACE's interactions[1] message op: fused channelwise TP + scatter (numba / e3nn / cueq), "
-        "JSON to kernels/results/",
+        "JSON to benchmarks/results/",
         description="Time MACE's interactions[1] (channelwise tensor product + scatter) on periodic water "
         "boxes, forward, backward and double backward, on every backend; parity against e3nn in the same run.",
     )
@@ -82,7 +84,7 @@ def register_bench(bench_sub) -> None:
         help="tiny CPU run (1 box of 24 atoms, 4x0e+4x1o, 2 repeats) to check the benchmark end to end",
     )
     p.add_argument(
-        "--out", default=None, help="JSON path (default kernels/results/channelwise_tp_<device>_<time>.json)"
+        "--out", default=None, help="JSON path (default benchmarks/results/channelwise_tp_<device>_<time>.json)"
     )
     p.set_defaults(func=_channelwise_tp)
 
@@ -112,5 +114,7 @@ def register_kernels(ks) -> None:
     )
     r.add_argument("--max-ell", type=int, default=3, help="spherical harmonics degree (default %(default)s)")
     r.add_argument("--correlation", type=int, default=3, help="body order of the contraction (default %(default)s)")
-    r.add_argument("--json", default="kernels/results/kernel_resources_sm{cc}.json", help="output JSON ('' for none)")
+    r.add_argument(
+        "--json", default=str(RESULTS_DIR / "kernel_resources_sm{cc}.json"), help="output JSON ('' for none)"
+    )
     r.set_defaults(func=_resources)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.bench.step_model import base_model, free_memory, make_optimizer, sync, train_step
-from workbench.bench.table import Column, cpu_name, render, run_versions, write_json
+from workbench.bench.table import RESULTS_DIR, Column, cpu_name, render, run_versions, write_json
 from workbench.bench.workloads import MODELS, to_device, workload_batches
 
 __all__ = ["BACKENDS", "PARTS", "PRESETS", "bench_step", "default_out", "format_table", "time_steps"]
@@ -235,12 +235,12 @@ def _row_text(row: dict) -> str:
 
 
 def default_out(device: str) -> Path:
-    """``kernels/results/train_step_gpu_<gpu>.json`` on CUDA, ``runs/bench/train_step_cpu.json`` else."""
+    """``benchmarks/results/train_step_gpu_<gpu>.json`` on CUDA, ``runs/bench/train_step_cpu.json`` else."""
     if device.startswith("cuda"):
         import torch
 
         slug = re.sub(r"[^a-z0-9]+", "_", torch.cuda.get_device_name(torch.device(device)).lower()).strip("_")
-        return Path("kernels/results") / f"train_step_gpu_{slug.removeprefix('nvidia_')}.json"
+        return RESULTS_DIR / f"train_step_gpu_{slug.removeprefix('nvidia_')}.json"
     return Path("runs/bench/train_step_cpu.json")
 
 

@@ -31,7 +31,7 @@ import torch
 
 from workbench.bench import harness
 from workbench.bench.harness import backend_model, compare_with_e3nn, kernel_run_header, measure_pass, pass_line
-from workbench.bench.table import write_json
+from workbench.bench.table import RESULTS_DIR, write_json
 from workbench.kernels.tools.models import random_scaleshift_mace
 
 __all__ = ["descriptor_costs", "main", "pass_fn"]
@@ -111,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
     if device == "cpu":
         results["cpu_threads"] = torch.get_num_threads()
     where = "gpu" if device.startswith("cuda") else "cpu"
-    out = Path(args.out) if args.out else Path("kernels/results") / f"symmetric_contraction_{where}_{stamp}.json"
+    out = Path(args.out) if args.out else RESULTS_DIR / f"symmetric_contraction_{where}_{stamp}.json"
     for dtype_name in args.dtypes:
         snaps = _run_dtype(args, dtype_name, results, out)
         for (backend, target, kind), entry in compare_with_e3nn(snaps):

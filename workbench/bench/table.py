@@ -18,7 +18,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RECORDED_PACKAGES", "Column", "cpu_name", "read_json", "render", "run_versions", "verdict", "write_json"]
+#: where the recorded benchmark results live, relative to the repository root (the benches run there)
+RESULTS_DIR = Path("benchmarks") / "results"
+
+__all__ = [
+    "RECORDED_PACKAGES",
+    "RESULTS_DIR",
+    "Column",
+    "cpu_name",
+    "read_json",
+    "render",
+    "run_versions",
+    "verdict",
+    "write_json",
+]
 
 #: packages whose versions a benchmark result records (besides torch and python)
 RECORDED_PACKAGES = ("mace", "e3nn", "numba", "cuequivariance_torch", "openequivariance")

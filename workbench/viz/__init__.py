@@ -5,7 +5,7 @@
 >>> viz.family_gallery(structures)                  # nglview, one structure per family
 >>> viz.bin_layout_app(sizes, num_replicas=8)       # Figure 12: graphs per GPU, step slider
 >>> viz.capacity_app(synthetic_sizes(2_650_000))    # capacity x GPUs x algorithm, precomputed grid
->>> viz.kernel_app()                                # kernels/results/*.json: bars and roofline
+>>> viz.kernel_app()                                # benchmarks/results/*.json: bars and roofline
 >>> viz.gpu_pass_figure(); viz.gpu_missing_rows()   # numba / cueq / e3nn on a GPU, and what was not measured
 >>> viz.scaling_figure(viz.project_scaling(big))    # Figures 7, 8, 10 kind, a projection
 >>> viz.run_monitor(run)                            # launcher panel + live loss and step times

@@ -1,4 +1,4 @@
-"""Kernel timings: recorded benchmark results (``kernels/results/*.json``) as bars and on the roofline.
+"""Kernel timings: recorded benchmark results (``benchmarks/results/*.json``) as bars and on the roofline.
 
 The reader accepts every result file the kernel lab writes (the symmetric
 contraction bench, the channelwise tensor-product bench, CPU smoke runs and GPU
@@ -14,10 +14,11 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from workbench.bench import table as bench_table
 from workbench.viz.style import BACKEND_COLORS, style
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-RESULTS_DIR = REPO_ROOT / "kernels" / "results"
+RESULTS_DIR = REPO_ROOT / bench_table.RESULTS_DIR
 #: H100 SXM peaks used for the roofline: HBM3 bandwidth and non-tensor-core FP32 / FP64 throughput.
 H100_BANDWIDTH = 3.35e12  # bytes/s
 H100_FP32_FLOPS = 67e12  # FLOP/s

@@ -55,7 +55,7 @@ class KernelSpeedup:
 
 
 def kernel_speedup_from_results(records: list[dict] | None = None, pass_: str = "double_backward") -> KernelSpeedup:
-    """Speed-ups of our numba kernels over e3nn from GPU results in ``kernels/results``, where recorded.
+    """Speed-ups of our numba kernels over e3nn from GPU results in ``benchmarks/results``, where recorded.
 
     The symmetric contraction sets the atom factor and a channelwise-TP bench
     the edge factor; a factor without a GPU measurement keeps the default.

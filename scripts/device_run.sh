@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Every GPU number the kernel notes record (cold start, train step and its profile, per-pass tables
 # of three configurations), in two device calls made back to back on a warm machine
-# (one call carries at most 64 MiB; the wheels are 87 MB: kernels/device_wheels.sh splits them).
+# (one call carries at most 64 MiB; the wheels are 87 MB: scripts/device_wheels.sh splits them).
 #
-#   bash kernels/device_run.sh install   # carry .whl-a: install into runs/device-site (stays on the
+#   bash scripts/device_run.sh install   # carry .whl-a: install into runs/device-site (stays on the
 #                                        # machine), measure the cold start with an empty kernel cache,
 #                                        # then start in the background (setsid) the compile of the other
 #                                        # configurations' kernels and OpenEquivariance's extension
-#   bash kernels/device_run.sh bench     # carry .whl-b: install it too, then the whole train step
+#   bash scripts/device_run.sh bench     # carry .whl-b: install it too, then the whole train step
 #                                        # (numba / cueq / e3nn), its profile, the per-pass tables, and
 #                                        # NequIP and Allegro against their own path and cueq/oeq modifiers
 #
@@ -18,7 +18,7 @@
 # rerun: PARTS (default "cold step passes oeq nequip"), CONFIGS (hidden irreps) and PASS_DTYPES narrow it.
 # SMOKE=1 runs the nequip part with NEQUIP_PY (default .venv-nequip/bin/python) instead of a site.
 # The nequip part comes last, so a full bench call may spend its budget before it: then a third
-# call, `PARTS="nequip oeq" bash kernels/device_run.sh bench` (carrying .whl-b), runs it alone.
+# call, `PARTS="nequip oeq" bash scripts/device_run.sh bench` (carrying .whl-b), runs it alone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGE=${1:?usage: device_run.sh install|bench}
@@ -164,7 +164,7 @@ nequip_rows() {  # NequIP, then Allegro: ours vs their own path and their cueq /
     rm -rf "$NQ_SITE/antlr4" && tar xzf .whl-b/nequip/antlr4-python3-runtime-*.tar.gz -C runs/ \
       && cp -r runs/antlr4-python3-runtime-*/src/antlr4 "$NQ_SITE/"
   else
-    echo "== nequip skipped: no .whl-b/nequip (run kernels/device_wheels.sh and carry .whl-b)" | tee -a "$LOG"
+    echo "== nequip skipped: no .whl-b/nequip (run scripts/device_wheels.sh and carry .whl-b)" | tee -a "$LOG"
     return
   fi
   for family in nequip allegro; do

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Download the wheels kernels/device_run.sh installs on the GPU machine, whose image has torch,
+# Download the wheels scripts/device_run.sh installs on the GPU machine, whose image has torch,
 # numba, numba-cuda and e3nn but not mace-torch or cuEquivariance. One device call carries at most
 # 64 MiB (the tracked tree, ~11 MB, included), and cuEquivariance's two ops wheels are 73 MB, so
 # the wheels travel in two calls made back to back on a warm machine:
