@@ -110,7 +110,7 @@ def test_families_part_names_an_interpreter_without_nequip(tmp_path, monkeypatch
     assert err.startswith(f"{sys.executable}: bench nequip exited 2: workbench: error: nequip and nequip-allegro are ")
     assert json.loads((tmp_path / "x.json").read_text())["families"]["error"] == err
     assert "NequIP / Allegro: failed" in format_table(res)
-    from workbench.viz.families import nequip_python
+    from workbench.viz.nequip_views import nequip_python
 
     monkeypatch.setenv("WORKBENCH_NEQUIP_PYTHON", str(tmp_path / "missing"))
     with pytest.raises(ValueError, match=r"\$WORKBENCH_NEQUIP_PYTHON: .*missing.* is not an executable file"):

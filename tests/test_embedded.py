@@ -18,8 +18,8 @@ from workbench.data.embedded import (
     GEOMETRY_ATOL,
     compare_structures,
 )
-from workbench.data.generators import generate
-from workbench.data.mixture import mixture_tasks
+from workbench.data.synth.generators import generate
+from workbench.data.synth.mixture import mixture_tasks
 
 pytestmark = pytest.mark.skipif(not EMBEDDED_PATH.exists(), reason="embedded dataset missing")
 

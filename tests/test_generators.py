@@ -10,10 +10,10 @@ import pytest
 from ase.io import write
 from ase.neighborlist import neighbor_list
 
-from workbench.data.families import BY_NAME, FAMILY_NAMES, family_counts, sample_natoms
-from workbench.data.generators import generate, structure_rng
-from workbench.data.labels import CALCULATOR, label
-from workbench.data.mixture import make_mixture, mixture_tasks
+from workbench.data.chemical_families import BY_NAME, FAMILY_NAMES, family_counts, sample_natoms
+from workbench.data.synth.generators import generate, structure_rng
+from workbench.data.synth.labels import CALCULATOR, label
+from workbench.data.synth.mixture import make_mixture, mixture_tasks
 
 CHEAP = [f for f in FAMILY_NAMES if CALCULATOR[f] in ("emt", "tip3p", None)]
 XTB = [f for f in FAMILY_NAMES if CALCULATOR[f] not in ("emt", "tip3p", None)]
@@ -73,7 +73,7 @@ def test_geometry_many_indices(name):
 
 
 def test_mptrj_every_size_reachable():
-    from workbench.data.generators import build_mptrj
+    from workbench.data.synth.generators import build_mptrj
 
     rng = np.random.default_rng(0)
     for n in (1, 2, 3, 7, 13, 97, 211, 443, 444):

@@ -145,7 +145,7 @@ def test_notebook_runs(name, runs):
 
 def _check_06(text: str) -> None:
     """Notebook 06 measures through the NequIP environment (``make test`` builds it first)."""
-    from workbench.viz.families import SETUP_HINT, nequip_python
+    from workbench.viz.nequip_views import SETUP_HINT, nequip_python
 
     if nequip_python() is None:
         assert SETUP_HINT in text
@@ -167,7 +167,7 @@ def test_notebook_04_local(runs):
     tables = "".join(o.data.get("text/html", "") for c in nb.cells for o in c.get("outputs", []) if "data" in o)
     assert "fine-tuned, pt_head" in tables and "water_clusters" in tables, "errors before and after, per head"
     run_dir = runs / "nb04-local"
-    from workbench.train.metrics import read_steps
+    from workbench.train.rundir import read_steps
 
     steps = read_steps(run_dir)
     assert {s["rank"] for s in steps} == {0, 1} and len(steps) >= 4, "the local run trained on 2 ranks"

@@ -8,7 +8,7 @@ import pytest
 from ase.build import bulk, molecule
 
 from workbench.data import graph_sizes, to_atomic_data
-from workbench.data.families import FAMILIES, FAMILY_NAMES, PAPER_TOTAL, family_counts, sample_natoms
+from workbench.data.chemical_families import FAMILIES, FAMILY_NAMES, PAPER_TOTAL, family_counts, sample_natoms
 
 
 def _structures():

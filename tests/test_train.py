@@ -53,7 +53,10 @@ def test_errors_before_process_group(tmp_path):
 
     with pytest.raises(ValueError, match="cueq.*CUDA"):
         train(tiny(tmp_path, "e1", backend="cueq", device="cpu"))
-    with pytest.raises(ValueError, match=r"capacity 30 atoms is smaller than training graph \d+ \(\d+ atoms\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"graph\(s\) exceed TrainConfig.capacity 30: graph \d+ \(size \d+\).*Raise TrainConfig.capacity to at least \d+",
+    ):
         train(tiny(tmp_path, "e2", capacity=30))
     with pytest.raises(ValueError, match="no labelled structures"):
         train(tiny(tmp_path, "e3", families=["no_such_family"]))
@@ -147,7 +150,8 @@ def test_md_with_mace_calculator(ddp_run):
 
 
 def test_cost_model_fit_from_logs(ddp_run):
-    from workbench.train.metrics import fit_cost_model, read_steps
+    from workbench.packing.cost import fit_step_times
+    from workbench.train.rundir import read_steps
 
     cfg, _ = ddp_run
     recs = read_steps(cfg.run_dir)
@@ -158,10 +162,11 @@ def test_cost_model_fit_from_logs(ddp_run):
     # Least squares with an intercept is unbiased on its own data. (The default non-negative fit
     # is not once it clamps the intercept to 0, which timing noise does now and then: batches
     # span only 140-200 atoms, so the intercept is an extrapolation.)
-    free = fit_cost_model(cfg.run_dir, nonnegative=False)
+    free, _ = fit_step_times(recs, nonnegative=False)
     assert abs(free.batch_seconds(*sizes).mean() - measured.mean()) < 1e-6 + 1e-9 * measured.mean()
     # The default fit stays close on average (within 5%: CI saw 0.1% when it clamped the intercept).
-    model = fit_cost_model(cfg.run_dir)
+    model, desc = fit_step_times(recs, source="run 'x'")
+    assert desc.startswith(f"cost model: NNLS fit to {len(kept)} measured step compute times of run 'x'")
     assert abs(model.batch_seconds(*sizes).mean() - measured.mean()) < 0.05 * measured.mean()
     assert model.b * 200 + model.c * 4000 > 0
 
@@ -173,7 +178,7 @@ def test_numba_backend_trains_like_e3nn(tmp_path, monkeypatch):
     from fused_spy import spy_fused_runs
 
     from workbench.train import train
-    from workbench.train.metrics import read_steps
+    from workbench.train.rundir import read_steps
 
     monkeypatch.delenv("WORKBENCH_CPU_KERNELS", raising=False)
     fused = spy_fused_runs(monkeypatch)

@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from workbench.limits import DEFAULT_CAPACITY
+
 DEMO_TRAIN = dict(
     name="demo",
     output_dir="runs",
@@ -35,7 +37,7 @@ def run_demo(
     path: str | None = None,
     cutoff: float = 4.5,
     num_replicas: int = 2,
-    capacity: int = 3072,
+    capacity: int = DEFAULT_CAPACITY,
     train: bool = True,
     fresh: bool = False,
     overrides: dict | None = None,
@@ -50,7 +52,7 @@ def run_demo(
         structures = load_embedded(target)
     except FileNotFoundError:
         from workbench.data.io import write_structures
-        from workbench.data.mixture import make_mixture
+        from workbench.data.synth.mixture import make_mixture
 
         print(f"{target} missing: generating make_mixture(n={EMBEDDED_N}, seed={EMBEDDED_SEED}) ...")
         structures = make_mixture(n=EMBEDDED_N, seed=EMBEDDED_SEED, progress=True)
@@ -150,7 +152,7 @@ def register(sub) -> None:
     p = sub.add_parser("demo", help="the main job on the embedded dataset")
     p.add_argument("--path", help="structure file (default: the embedded dataset)")
     p.add_argument("--replicas", type=int, default=2)
-    p.add_argument("--capacity", type=int, default=3072)
+    p.add_argument("--capacity", type=int, default=DEFAULT_CAPACITY)
     p.add_argument("--no-train", action="store_true", help="stop after the packing comparison")
     p.add_argument("--fresh", action="store_true", help="train again even when a finished demo run is there")
     p.set_defaults(func=_main)

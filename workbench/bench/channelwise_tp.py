@@ -61,7 +61,7 @@ def water_batch(n_boxes: int, atoms_per_box: int, cutoff: float, seed: int = 0) 
     from mace.tools import torch_geometric
 
     from workbench.data.atomic_data import to_atomic_data, z_table_for
-    from workbench.data.generators import build_liquid_water
+    from workbench.data.synth.generators import build_liquid_water
 
     rng = np.random.default_rng(seed)
     boxes = [build_liquid_water(atoms_per_box, rng) for _ in range(n_boxes)]

@@ -10,10 +10,11 @@ import argparse
 from collections.abc import Iterable
 from typing import Any
 
-from workbench.bench import cold_start, cpu, data, families, kernel_cli, nequip, quality, step, train
+from workbench.bench import cold_start, cpu, data, kernel_cli, nequip, nequip_env, quality, step, train
 from workbench.bench.quality_summary import PARITY_TOLERANCE
 from workbench.bench.workloads import MODEL_SETTINGS, MODELS
 from workbench.cli_args import Options, add_command, add_options, option_values
+from workbench.limits import DEFAULT_CAPACITY
 from workbench.train.cli import add_config_args, config_from_args
 from workbench.train.losses import LOSSES
 
@@ -59,7 +60,7 @@ def _packing(args: argparse.Namespace) -> int:
 
 _PACKING_OPTIONS: Options = {
     "--n": {"type": int, "default": 2_650_000, "help": "synthetic graphs (default 2,650,000)"},
-    "--capacity": {"type": float, "default": 3072},
+    "--capacity": {"type": float, "default": DEFAULT_CAPACITY},
     "--replicas": {"type": int, "default": 740},
     "--real-replicas": {"type": int, "default": 4},
     "--real": {
@@ -220,7 +221,7 @@ _CPU_OPTIONS: Options = {
     },
     "--out": {"default": "runs/bench/cpu.json", "help": "JSON; the trajectory figure goes beside it as .html"},
     "--nequip-python": {
-        "default": families.named_python(),
+        "default": nequip_env.named_python(),
         "help": "python of the NequIP environment, which runs the families part (e.g. .venv-nequip/bin/python; "
         "default: $WORKBENCH_NEQUIP_PYTHON, else the part runs here if nequip imports, else it is skipped)",
     },

@@ -29,7 +29,7 @@ Parts (``--parts``):
   would install instead (Symmetrix-XL), each with its agreement with e3nn
   (:mod:`workbench.bench.cpu_md`).
 * ``families`` - NequIP and Allegro MD and train steps against their own path
-  (:mod:`workbench.bench.families`: run in the NequIP environment's interpreter,
+  (:mod:`workbench.bench.nequip_env`: run in the NequIP environment's interpreter,
   ``nequip_python``, since the two families cannot share one environment).
 
 The table and JSON go to stdout and ``--out``; the JSON is rewritten after every case.
@@ -362,8 +362,8 @@ def bench_cpu(
 ) -> dict:
     """Run the parts of the benchmark (see the module docstring) and write ``out`` after each case."""
     from workbench.bench.cpu_trajectory import trajectory, trajectory_figure
-    from workbench.bench.families import check_python, run_families
     from workbench.bench.harness import set_threads
+    from workbench.bench.nequip_env import check_python, run_families
 
     s = _resolve(preset, parts, models, systems, dtypes, repeats)
     if nequip_python is not None and "families" in parts:

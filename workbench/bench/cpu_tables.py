@@ -85,7 +85,7 @@ def format_table(res: dict) -> str:
 
         lines += md_lines(res["md"])
     if "families" in res:
-        from workbench.bench.families import family_lines
+        from workbench.bench.nequip_env import family_lines
 
         lines += family_lines(res["families"])
     return "\n".join(lines)

@@ -32,7 +32,7 @@ def _run(
     """The losses of one short training run of the small model (on ``families`` of the mixture, or all)."""
     from workbench.train.config import TrainConfig
     from workbench.train.loop import train
-    from workbench.train.metrics import read_steps
+    from workbench.train.rundir import read_steps
 
     hidden, ell, corr = MODELS["small"]
     cfg = TrainConfig(

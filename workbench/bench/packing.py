@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.bench.table import Column, render, write_json
+from workbench.limits import DEFAULT_CAPACITY
 from workbench.packing.api import ALGORITHMS, pack
 from workbench.packing.cost import CostModel
 
@@ -67,7 +68,7 @@ def synthetic(n: int, seed: int = 0) -> tuple[np.ndarray, str]:
 
         return synthetic_sizes(n, seed=seed), "workbench.data.synthetic_sizes"
     except (ImportError, FileNotFoundError, KeyError) as exc:
-        from workbench.data.families import family_counts, sample_natoms
+        from workbench.data.chemical_families import family_counts, sample_natoms
 
         rng = np.random.default_rng(seed)
         parts = [sample_natoms(k, v, rng) for k, v in family_counts(n).items() if v]
@@ -282,7 +283,7 @@ def _real_table(
 
 def run(
     n: int = 2_650_000,
-    capacity: float = 3072,
+    capacity: float = DEFAULT_CAPACITY,
     replicas: int = 740,
     real_replicas: int = 4,
     seed: int = 0,

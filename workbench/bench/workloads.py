@@ -59,7 +59,7 @@ def model_elements(model: str, present: Sequence[int]) -> list[int]:
 
 #: atoms of the ``mixed`` batch
 MIXED_CAPACITY = 768
-#: atoms of the largest liquid-water box :func:`~workbench.data.generators.build_liquid_water`
+#: atoms of the largest liquid-water box :func:`~workbench.data.synth.generators.build_liquid_water`
 #: fills (343 grid sites); larger boxes repeat a :data:`WATER_TILE`-atom box periodically
 WATER_MAX_ATOMS = 1029
 WATER_TILE = 768
@@ -129,7 +129,7 @@ def water_box(n: int, rng: np.random.Generator):
     """A periodic liquid-water box of ``n`` atoms: generated directly up to
     :data:`WATER_MAX_ATOMS`, else a :data:`WATER_TILE`-atom box repeated (``n / WATER_TILE`` a
     product of the three repeat counts, as cubic as possible)."""
-    from workbench.data.generators import build_liquid_water
+    from workbench.data.synth.generators import build_liquid_water
 
     if n % 3 or n < 3:
         raise ValueError(f"system water-{n}: a water box needs a multiple of 3 atoms")

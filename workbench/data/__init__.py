@@ -7,11 +7,11 @@
 """
 
 from workbench.data.atomic_data import to_atomic_data, z_table_for
+from workbench.data.chemical_families import FAMILIES, FAMILY_NAMES, family_counts, proportions, sample_natoms
 from workbench.data.embedded import EMBEDDED_PATH, load_embedded
-from workbench.data.families import FAMILIES, FAMILY_NAMES, family_counts, proportions, sample_natoms
 from workbench.data.io import StructureError, read_structures, validate_structure, write_structures
-from workbench.data.mixture import make_mixture
 from workbench.data.sizes import SIZES_DTYPE, count_edges, graph_sizes, synthetic_sizes
+from workbench.data.synth.mixture import make_mixture
 
 __all__ = [
     "EMBEDDED_PATH",

@@ -29,9 +29,9 @@ def _families(text: str | None):
 
 def _make(args: argparse.Namespace) -> int:
     from workbench.data.io import write_structures
-    from workbench.data.mixture import make_mixture
     from workbench.data.sizes import graph_sizes
     from workbench.data.summary import format_table, summarize
+    from workbench.data.synth.mixture import make_mixture
 
     families = _families(args.families)
     total = sum(families.values()) if isinstance(families, dict) else args.n

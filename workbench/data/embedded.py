@@ -138,8 +138,8 @@ def check_regeneration(
 
     Returns ``(frames checked, problems)``; an empty problem list means the file regenerates.
     """
-    from workbench.data.families import FAMILY_NAMES
-    from workbench.data.generators import generate
+    from workbench.data.chemical_families import FAMILY_NAMES
+    from workbench.data.synth.generators import generate
 
     path = Path(path) if path is not None else EMBEDDED_PATH
     structures = load_embedded(path, validate=False)

@@ -20,7 +20,7 @@ from importlib import resources
 import ase
 import numpy as np
 
-from workbench.data.families import FAMILY_NAMES, family_counts, sample_natoms
+from workbench.data.chemical_families import FAMILY_NAMES, family_counts, sample_natoms
 
 SIZES_DTYPE = np.dtype([("atoms", np.int64), ("edges", np.int64), ("family", "U14")])
 EDGE_STATS_FILE = "edge_stats.json"
@@ -88,8 +88,8 @@ def synthetic_sizes(
     """Sizes only, at the paper's scale: ``synthetic_sizes(2_650_000)`` takes ~1 s.
 
     Families follow Table-3 proportions (or ``families``, as in
-    :func:`workbench.data.families.family_counts`); atoms come from
-    :func:`~workbench.data.families.sample_natoms`, the same draw the structure
+    :func:`workbench.data.chemical_families.family_counts`); atoms come from
+    :func:`~workbench.data.chemical_families.sample_natoms`, the same draw the structure
     generators use; edges are ``round(atoms * e)`` with ``e`` resampled from the
     edges-per-atom values measured on real generated structures of that family
     (:func:`load_edge_stats`). Rows are in a random order.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.data.families import FAMILY_NAMES
+from workbench.data.chemical_families import FAMILY_NAMES
 
 
 def summarize(sizes: np.ndarray, labelled: np.ndarray | None = None, stress: np.ndarray | None = None) -> list[dict]:

@@ -9,6 +9,7 @@ randomness across epochs). :class:`BinPackingBatchSampler` is the DDP sampler.
 
 from typing import TYPE_CHECKING
 
+from workbench.limits import DEFAULT_CAPACITY
 from workbench.packing.api import ALGORITHMS, Algorithm, Packing, pack
 from workbench.packing.cost import CostModel
 from workbench.packing.metrics import lower_bound_bins, packing_metrics, pair_repeat_fraction, step_imbalance
@@ -28,6 +29,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "ALGORITHMS",
+    "DEFAULT_CAPACITY",
     "Algorithm",
     "BinPackingBatchSampler",
     "CostModel",

@@ -20,7 +20,14 @@ import numpy as np
 from workbench.packing import baselines
 from workbench.packing._kernels import level_steps as level_step_kernel
 from workbench.packing.checks import check_int, check_options
-from workbench.packing.core import PackingData, assign_to_csr, check_inputs, oversize_mask, round_to_replicas
+from workbench.packing.core import (
+    PackingData,
+    assign_to_csr,
+    check_inputs,
+    check_oversize,
+    oversize_mask,
+    round_to_replicas,
+)
 from workbench.packing.cost import CostModel
 from workbench.packing.metrics import packing_metrics
 from workbench.packing.paper import paper_bins
@@ -337,8 +344,7 @@ def batch_settings(algorithm: str, pack_options: dict) -> dict:
     given = {k: v for k, v in pack_options.items() if k not in _METRICS_ONLY}
     own = {k: v for k, v in given.items() if k not in _BATCH_KEYWORDS}
     settings = {**_BATCH_KEYWORDS, **{k: v for k, v in given.items() if k in _BATCH_KEYWORDS}}
-    if settings["oversize"] not in ("error", "alone"):
-        raise ValueError(f"oversize must be 'error' or 'alone', got {settings['oversize']!r}")
+    check_oversize(settings["oversize"])
     if settings["level_steps"] is None:
         settings["level_steps"] = spec.order_steps_by_load
     return {**settings, **spec.options, **check_options(algorithm, own, spec.options)}

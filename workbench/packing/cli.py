@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.cli_args import add_command
+from workbench.limits import DEFAULT_CAPACITY
 
 _NPY_MAGIC = b"\x93NUMPY"
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -173,8 +174,8 @@ def register(subparsers) -> None:
         "sizes": {"help": "dataset (.extxyz[.gz]) or sizes file (.npy/.npz)"},
         "--capacity": {
             "type": float,
-            "default": 3072,
-            "help": "max cost per batch (default 3072; in seconds with --cost model)",
+            "default": DEFAULT_CAPACITY,
+            "help": "max cost per batch (default %(default)s; in seconds with --cost model)",
         },
         "--replicas": {"type": int, "default": 1, "help": "number of DDP ranks (default 1)"},
         "--algorithm": {

@@ -212,10 +212,27 @@ def check_inputs(costs: np.ndarray, capacity: float, num_replicas: int) -> np.nd
     return costs
 
 
-def oversize_mask(costs: np.ndarray, capacity: float, oversize: str) -> np.ndarray:
-    """Graphs larger than ``capacity``: error naming them, or (``oversize="alone"``) a warning."""
-    if oversize not in ("error", "alone"):
+#: what :func:`oversize_mask` does with a graph larger than the capacity
+OVERSIZE_CHOICES = ("error", "alone")
+
+
+def check_oversize(oversize: str) -> str:
+    """``oversize`` when it is one of :data:`OVERSIZE_CHOICES`, else a ``ValueError`` listing them."""
+    if oversize not in OVERSIZE_CHOICES:
         raise ValueError(f"oversize must be 'error' or 'alone', got {oversize!r}")
+    return oversize
+
+
+def oversize_mask(
+    costs: np.ndarray,
+    capacity: float,
+    oversize: str,
+    setting: str = "capacity",
+    remedy: str = "drop them, or pass oversize='alone' to give each its own batch",
+) -> np.ndarray:
+    """Graphs larger than ``capacity`` (the one oversize check): an error naming them, the
+    ``setting`` to raise and by how much, or (``oversize="alone"``) a warning."""
+    check_oversize(oversize)
     big = costs > capacity
     if not big.any():
         return big
@@ -224,8 +241,8 @@ def oversize_mask(costs: np.ndarray, capacity: float, oversize: str) -> np.ndarr
     more = f" and {idx.size - 5} more" if idx.size > 5 else ""
     if oversize == "error":
         raise ValueError(
-            f"{idx.size} graph(s) exceed capacity {capacity:g}: {shown}{more}. Raise the capacity, drop them, "
-            f"or pass oversize='alone' to give each its own batch."
+            f"{idx.size} graph(s) exceed {setting} {capacity:g}: {shown}{more}. "
+            f"Raise {setting} to at least {costs[big].max():g}, {remedy}."
         )
     warnings.warn(
         f"{idx.size} graph(s) exceed capacity {capacity:g} and get a batch of their own: {shown}{more}", stacklevel=3

@@ -19,6 +19,7 @@ When only one cost array is known, edges are estimated as
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -144,3 +145,29 @@ def simulate_epoch(
     compute = cost_model.epoch_seconds(atoms, edges)
     balanced = float(cost_model.batch_seconds(atoms, edges).mean(axis=1).sum()) if steps else 0.0
     return {"steps": steps, "compute_s": compute, "balanced_s": balanced, "allreduce_s": ar, "epoch_s": compute + ar}
+
+
+def fit_step_times(
+    steps: Sequence[Mapping], skip_first: int = 2, nonnegative: bool = True, source: str = "the step log"
+) -> tuple[CostModel, str]:
+    """:meth:`CostModel.fit` on a training run's measured steps, and one line that says what was fitted.
+
+    ``steps``: one record per rank and step with ``global_step``, ``atoms``, ``edges`` and
+    ``compute_s`` (the trainer's step log, :func:`workbench.train.rundir.read_steps`). The first
+    ``skip_first`` steps of each rank are dropped: they carry one-off costs (allocator warm-up,
+    lazy initialisation, kernel compilation). ``nonnegative``: NNLS, else least squares.
+    """
+    recs = [r for r in steps if r["global_step"] > skip_first]
+    if len(recs) < 3:
+        raise ValueError(f"{source}: need at least 3 logged steps after warm-up to fit a cost model, found {len(recs)}")
+    atoms = np.array([r["atoms"] for r in recs], dtype=float)
+    edges = np.array([r["edges"] for r in recs], dtype=float)
+    seconds = np.array([r["compute_s"] for r in recs], dtype=float)
+    model = CostModel.fit(atoms, edges, seconds, nonnegative=nonnegative)
+    rms = float(np.sqrt(np.mean((seconds - model.batch_seconds(atoms, edges)) ** 2)))
+    kind = "NNLS" if nonnegative else "least-squares"
+    desc = (
+        f"cost model: {kind} fit to {len(recs)} measured step compute times of {source} "
+        f"(batches of {atoms.min():.0f}–{atoms.max():.0f} atoms): {model.describe()}, rms residual {rms * 1e3:.3g} ms"
+    )
+    return model, desc

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from workbench.kernels.registry import backend_names
-from workbench.limits import MAX_CUTOFF, MAX_ELL_RANGE
+from workbench.limits import DEFAULT_CAPACITY, MAX_CUTOFF, MAX_ELL_RANGE
 from workbench.packing.api import ALGORITHMS
 from workbench.train.e0s import check_e0s
 from workbench.train.losses import check_weights, loss_names
@@ -185,7 +185,7 @@ class TrainConfig:
     clip_grad: float | None = 10.0
     # batching
     sampler: str = "paper"
-    capacity: int = 3072  # atoms per batch, for the samplers that respect a capacity (paper, ffd, ...)
+    capacity: int = DEFAULT_CAPACITY  # atoms per batch, for the samplers that respect a capacity (paper, ffd, ...)
     batch_size: int = (
         8  # graphs per batch for the samplers that batch by count (fixed-count, mace-order; lpt: per rank on average)
     )

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from workbench.packing.api import ALGORITHMS
+from workbench.packing.core import oversize_mask
 from workbench.packing.sampler import BinPackingBatchSampler
 from workbench.train import mace_order
 from workbench.train.config import TrainConfig
@@ -41,13 +42,8 @@ def make_sampler(
         )
     spec = ALGORITHMS[config.sampler]
     options = {}
-    if spec.respects_capacity:
-        big = int(np.argmax(atoms))
-        if atoms[big] > config.capacity:
-            raise ValueError(
-                f"capacity {config.capacity} atoms is smaller than training graph {big} "
-                f"({int(atoms[big])} atoms); raise TrainConfig.capacity to at least {int(atoms.max())}"
-            )
+    if spec.respects_capacity:  # before the sampler, so that the error names the config's field
+        oversize_mask(np.asarray(atoms), config.capacity, "error", "TrainConfig.capacity", "or train without them")
     if spec.takes_graphs_per_batch:
         options["graphs_per_batch"] = config.batch_size
     return BinPackingBatchSampler(

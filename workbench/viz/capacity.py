@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from workbench.limits import DEFAULT_CAPACITY
 from workbench.packing.grid import (  # noqa: F401 (re-exported: the grid's computation lives in packing)
     BASELINE,
     GRID_ALGORITHMS,
@@ -319,7 +320,7 @@ def _step_panels(base: dict, point: dict, algorithm: str, step: str, sizes: np.n
 def capacity_app(
     sizes: np.ndarray,
     grid: str | Path | None = "auto",
-    capacity: int = 3072,
+    capacity: int = DEFAULT_CAPACITY,
     num_gpus: int = 64,
     algorithm: str = "paper",
     seed: int = 0,

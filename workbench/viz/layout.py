@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from workbench.limits import DEFAULT_CAPACITY
 from workbench.packing.api import ALGORITHMS, algorithm_named, pack
 from workbench.viz.style import family_color, family_html, family_order, style
 
@@ -240,7 +241,7 @@ def _baseline_options(algorithm: str, baseline: str, graphs_per_batch: int) -> d
 
 def bin_layout_app(
     sizes: np.ndarray,
-    capacity: int = 3072,
+    capacity: int = DEFAULT_CAPACITY,
     num_replicas: int = 8,
     algorithm: str = "paper",
     baseline: str = "fixed-count",

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from workbench.limits import DEFAULT_CAPACITY
 from workbench.packing.cost import PAPER_MODEL_PARAMS, AllReduceModel, simulate_epoch  # noqa: F401 (re-exported)
 from workbench.viz.style import panel_row, style
 
@@ -90,10 +91,11 @@ def kernel_speedup_from_results(records: list[dict] | None = None, pass_: str = 
 
 
 def fit_step_cost_model(run_dir: str | Path, skip_first: int = 2):
-    """``(CostModel, description)`` fitted (NNLS) to a run's step log: :func:`workbench.train.metrics.fit_cost_model`."""
-    from workbench.train.metrics import fit_cost_model
+    """``(CostModel, description)`` fitted (NNLS) to a run's step log: :func:`workbench.packing.cost.fit_step_times`."""
+    from workbench.packing.cost import fit_step_times
+    from workbench.train.rundir import read_steps
 
-    return fit_cost_model(run_dir, skip_first=skip_first, with_description=True)
+    return fit_step_times(read_steps(run_dir), skip_first=skip_first, source=f"run '{Path(run_dir).name}'")
 
 
 def find_run_dir(root: str | Path = "runs", min_steps: int = 6) -> Path | None:
@@ -122,7 +124,7 @@ def project_scaling(
     sizes: np.ndarray,
     gpus: Sequence[int] = DEFAULT_GPUS,
     mode: str = "strong",
-    capacity: int = 3072,
+    capacity: int = DEFAULT_CAPACITY,
     cost_model=None,
     speedup: KernelSpeedup | None = None,
     allreduce: AllReduceModel | None = None,

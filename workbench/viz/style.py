@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import html
 
-from workbench.data.families import FAMILY_NAMES
+from workbench.data.chemical_families import FAMILY_NAMES
 from workbench.packing.api import ALGORITHMS
 
 #: Colour of each Table-3 family (colour-blind-safe, Tableau-like; water families in blues).

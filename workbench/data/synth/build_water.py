@@ -1,7 +1,7 @@
 """Builders of the water families: gas-phase clusters, liquid boxes and the Al3+/HCl solution.
 
 Waters are rigid TIP3P molecules; :func:`place_waters` orients them so that no H comes too close
-to what is already placed (also used for the pore water of :mod:`workbench.data.build_zeolite`).
+to what is already placed (also used for the pore water of :mod:`workbench.data.synth.build_zeolite`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from ase import Atoms
 
-from workbench.data.build_common import random_rotation, snap
+from workbench.data.synth.build_common import random_rotation, snap
 
 # Rigid TIP3P water: O–H 0.9572 Å, H–O–H 104.52 degrees, in the molecule frame.
 _R_OH, _THETA = 0.9572, np.deg2rad(104.52)

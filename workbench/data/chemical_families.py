@@ -1,7 +1,7 @@
 """The eight chemical families of the paper's Table 3, and how many atoms each graph has.
 
 This table is the single source of truth shared by the structure generators
-(:mod:`workbench.data.generators`) and the size-only sampler
+(:mod:`workbench.data.synth.generators`) and the size-only sampler
 (:func:`workbench.data.synthetic_sizes`): both draw atom counts through
 :func:`sample_natoms`, so the synthetic 2.65M-graph study and the embedded
 dataset have the same size distribution per family.

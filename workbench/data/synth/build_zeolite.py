@@ -7,8 +7,8 @@ from ase import Atoms
 from ase.neighborlist import neighbor_list
 from ase.spacegroup import crystal
 
-from workbench.data.build_common import snap, strain
-from workbench.data.build_water import place_waters
+from workbench.data.synth.build_common import snap, strain
+from workbench.data.synth.build_water import place_waters
 
 
 def _sod_framework(rep: tuple[int, int, int], rng: np.random.Generator) -> Atoms:

@@ -14,8 +14,8 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 from ase import Atoms
 
-from workbench.data.families import BY_NAME, family_counts
-from workbench.data.generators import generate
+from workbench.data.chemical_families import BY_NAME, family_counts
+from workbench.data.synth.generators import generate
 
 # Rough relative cost per structure, used only to start expensive jobs first (load balance).
 _COST = {"al_hcl": 1000.0, "tmd": 30.0, "zeolite": 20.0, "liquid_water": 15.0, "cuni": 5.0}

@@ -5,7 +5,7 @@ nequip 0.19 needs e3nn 0.6 and mace-torch pins e3nn 0.4, so the notebook's kerne
 cannot import nequip. The measurements run in the NequIP environment's interpreter
 (:func:`nequip_python`) as subprocesses that print or write JSON:
 ``python -m workbench.bench.nequip_parity`` and ``workbench bench nequip``
-(:func:`workbench.bench.families.run_families`).
+(:func:`workbench.bench.nequip_env.run_families`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from workbench.bench.families import NEQUIP_PYTHON_ENV, check_python, failure, named_python, run_families, run_python
+from workbench.bench.nequip_env import NEQUIP_PYTHON_ENV, check_python, failure, named_python, run_families, run_python
 from workbench.bench.table import Column, render
 
 __all__ = [
@@ -130,6 +130,6 @@ def timings_figure(res: dict) -> Any:
 
 def timings_table(res: dict) -> str:
     """The timings as ``bench cpu`` prints them (or why there are none)."""
-    from workbench.bench.families import family_lines
+    from workbench.bench.nequip_env import family_lines
 
     return "\n".join(family_lines(res)).strip()

@@ -1,7 +1,7 @@
 """Shared pieces of the structure builders: lattice constants, the decision grid, strain, vacancies, tilings.
 
 Every geometric decision of a builder is taken on values snapped to a 1e-9 grid (:func:`snap`),
-so that the same seed builds the same structure on every CPU (see :mod:`workbench.data.generators`).
+so that the same seed builds the same structure on every CPU (see :mod:`workbench.data.synth.generators`).
 """
 
 from __future__ import annotations

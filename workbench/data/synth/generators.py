@@ -2,19 +2,19 @@
 
 ``generate(family, index, seed)`` seeds its RNG from
 ``np.random.SeedSequence([seed, family_id, index])``, draws the atom count with
-:func:`workbench.data.families.sample_natoms` (so it matches ``synthetic_sizes``),
+:func:`workbench.data.chemical_families.sample_natoms` (so it matches ``synthetic_sizes``),
 builds a physically sensible, lightly strained/rattled structure with exactly that
-many atoms, and labels it with :func:`workbench.data.labels.label`.
+many atoms, and labels it with :func:`workbench.data.synth.labels.label`.
 Lengths are in Å, energies in eV. The water and zeolite builders live in
-:mod:`workbench.data.build_water` and :mod:`workbench.data.build_zeolite`, the pieces they share
-in :mod:`workbench.data.build_common`.
+:mod:`workbench.data.synth.build_water` and :mod:`workbench.data.synth.build_zeolite`, the pieces they share
+in :mod:`workbench.data.synth.build_common`.
 
 **The same structure on every CPU.** Sums, matrix products and numpy's SIMD
 transcendentals differ in their last bits between CPUs (and between numpy's SIMD paths
 on one CPU). A random draw never lands within those bits of a threshold, but exact
 ties do: equal cell lengths, symmetric lattice sites, equally compact supercells. So
 every geometric decision here is taken on values snapped to a 1e-9 grid
-(:func:`workbench.data.build_common.snap`), ties are broken by integer keys, and neighbour
+(:func:`workbench.data.synth.build_common.snap`), ties are broken by integer keys, and neighbour
 pairs are put in a canonical order before they drive the random stream. Species, cell and
 positions then agree between CPUs to rounding (~1e-12 Å); labels go through floating-point
 codes and are compared with the tolerances of ``workbench.data.embedded``.
@@ -26,11 +26,11 @@ import numpy as np
 from ase import Atoms
 from ase.build import bulk, make_supercell, mx2
 
-from workbench.data.build_common import FCC_A, METALS, remove_random, snap, strain, tilings, vegard
-from workbench.data.build_water import build_al_hcl, build_liquid_water, build_water_cluster
-from workbench.data.build_zeolite import build_zeolite
-from workbench.data.families import FAMILY_NAMES, family, sample_natoms
-from workbench.data.labels import label
+from workbench.data.chemical_families import FAMILY_NAMES, family, sample_natoms
+from workbench.data.synth.build_common import FCC_A, METALS, remove_random, snap, strain, tilings, vegard
+from workbench.data.synth.build_water import build_al_hcl, build_liquid_water, build_water_cluster
+from workbench.data.synth.build_zeolite import build_zeolite
+from workbench.data.synth.labels import label
 
 
 # ----------------------------------------------------------------------------- mptrj
