@@ -14,7 +14,7 @@ import torch
 from kernel_fixtures import build_model, energy_force_grads, rel_err
 
 from workbench.kernels import AVAILABLE_OPS, SymmetricContraction, accelerate
-from workbench.kernels.e3nn_tp import channelwise_tp_op, channelwise_tp_polynomial
+from workbench.kernels.e3nn.tp import channelwise_tp_op, channelwise_tp_polynomial
 from workbench.kernels.mace.channelwise_tp import SUPPORTED_INTERACTION_BLOCKS, FusedChannelwiseTensorProduct
 from workbench.kernels.ops import EdgeGraph, apply_edge_poly_op
 

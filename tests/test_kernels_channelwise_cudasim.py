@@ -18,7 +18,7 @@ from test_kernels_channelwise import (MODEL_CFGS, build, e3nn_message, make_conv
                                       random_graph, away_from_zero)
 from workbench.kernels import accelerate
 from workbench.kernels.backends import cuda as kc
-from workbench.kernels.e3nn_tp import channelwise_tp_op
+from workbench.kernels.e3nn.tp import channelwise_tp_op
 from workbench.kernels.ops import EdgeGraph, apply_edge_poly_op
 import workbench.kernels.ops as kops
 assert kc.cudasim_enabled() and kc.cuda_available()

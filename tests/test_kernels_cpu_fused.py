@@ -19,7 +19,7 @@ import workbench  # noqa: F401
 from workbench.kernels import Operand, SparsePolynomial
 from workbench.kernels.backends import cpu_fused
 from workbench.kernels.backends.cpu_loops import csr_by_counting
-from workbench.kernels.e3nn_tp import channelwise_tp_op
+from workbench.kernels.e3nn.tp import channelwise_tp_op
 from workbench.kernels.ops import EdgeGraph, PolyOp
 
 
@@ -105,7 +105,7 @@ _THREADS = textwrap.dedent("""
     sys.path.insert(0, "tests")
     from test_kernels_cpu_fused import _inputs, _orders
     from test_kernels_channelwise import make_conv_tp
-    from workbench.kernels.e3nn_tp import channelwise_tp_op
+    from workbench.kernels.e3nn.tp import channelwise_tp_op
     from workbench.kernels.ops import EdgeGraph
     numba.set_num_threads(int(sys.argv[1]))
     h = hashlib.sha1()

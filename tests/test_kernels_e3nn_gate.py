@@ -1,4 +1,4 @@
-"""e3nn's ``nn.Gate`` as column gathers and one product (:mod:`workbench.kernels.e3nn_gate`):
+"""e3nn's ``nn.Gate`` as column gathers and one product (:mod:`workbench.kernels.e3nn.gate`):
 e3nn's values and three derivative orders (float64 to rounding, float32 against float64),
 gradcheck and gradgradcheck, gated irreps out of e3nn's sorted order, odd scalars, a gate with
 nothing gated, the plan read off e3nn's modules, a product it refuses, pickling and the swap in
@@ -14,8 +14,8 @@ from kernel_fixtures import rel_max
 from torch.autograd import gradcheck, gradgradcheck
 
 import workbench  # noqa: F401
-from workbench.kernels import e3nn_gate
-from workbench.kernels.e3nn_gate import SWAP
+from workbench.kernels.e3nn import gate as e3nn_gate
+from workbench.kernels.e3nn.gate import SWAP
 
 silu, tanh = torch.nn.functional.silu, torch.tanh
 CASES = {  # (irreps_scalars, act_scalars, irreps_gates, act_gates, irreps_gated)

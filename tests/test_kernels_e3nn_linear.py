@@ -1,5 +1,5 @@
 """e3nn's ``o3.Linear`` as one product per irrep dimension or one dense product
-(:mod:`workbench.kernels.e3nn_linear`), each form: e3nn's values and gradients (float64 to
+(:mod:`workbench.kernels.e3nn.linear`), each form: e3nn's values and gradients (float64 to
 rounding, float32 against float64), gradcheck and gradgradcheck, irreps out of order, outputs no
 input reaches; which form runs at how many rows; the linears it refuses, and the swap in place
 and back with the state dict kept."""
@@ -14,8 +14,8 @@ from kernel_fixtures import rel_max, weight_as_input
 from torch.autograd import gradcheck, gradgradcheck
 
 import workbench  # noqa: F401
-from workbench.kernels import e3nn_linear
-from workbench.kernels.e3nn_linear import SWAP
+from workbench.kernels.e3nn import linear as e3nn_linear
+from workbench.kernels.e3nn.linear import SWAP
 
 CASES = {
     "nequip-tutorial": ("32x0e+32x1o+16x1e", "48x0e+16x1o+16x1e"),

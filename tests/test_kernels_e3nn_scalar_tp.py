@@ -1,5 +1,5 @@
 """e3nn's ``FullyConnectedTensorProduct`` with a scalar second input, one product per path
-(:mod:`workbench.kernels.e3nn_scalar_tp`): e3nn's values and gradients to every input and the
+(:mod:`workbench.kernels.e3nn.scalar_tp`): e3nn's values and gradients to every input and the
 weights (float64 to rounding, float32 against float64), gradcheck and gradgradcheck, irreps out
 of order and outputs no path reaches, the products it refuses, pickling and the swap in place
 and back with the state dict kept."""
@@ -14,8 +14,8 @@ from kernel_fixtures import rel_max, weight_as_input
 from torch.autograd import gradcheck, gradgradcheck
 
 import workbench  # noqa: F401
-from workbench.kernels import e3nn_scalar_tp
-from workbench.kernels.e3nn_scalar_tp import SWAP
+from workbench.kernels.e3nn import scalar_tp as e3nn_scalar_tp
+from workbench.kernels.e3nn.scalar_tp import SWAP
 
 CASES = {  # (irreps_in1, irreps_in2, irreps_out)
     "nequip-layer1": ("16x0e+16x1o", "16x0e", "48x0e+16x1o+16x1e"),  # 1e: no path reaches it

@@ -1,4 +1,4 @@
-"""The self-connection by groups of equal scalar rows (:mod:`workbench.kernels.e3nn_scalar_tp_groups`),
+"""The self-connection by groups of equal scalar rows (:mod:`workbench.kernels.e3nn.scalar_tp_groups`),
 what an ``eval()`` model runs when its scalars are a species embedding: e3nn's values and the
 gradients of x, the scalars (per row, not per group) and the weights without a graph, every
 order with one, gradcheck and gradgradcheck, float32 against float64, one group and several,
@@ -13,8 +13,8 @@ from kernel_fixtures import rel_max, weight_as_input
 from torch.autograd import gradcheck, gradgradcheck
 
 import workbench  # noqa: F401
-from workbench.kernels import e3nn_scalar_tp_groups as groups_mod
-from workbench.kernels.e3nn_scalar_tp import SWAP
+from workbench.kernels.e3nn import scalar_tp_groups as groups_mod
+from workbench.kernels.e3nn.scalar_tp import SWAP
 
 CASES = {  # (irreps_in1, irreps_in2, irreps_out)
     "nequip-layer1": ("16x0e+16x1o", "16x0e", "48x0e+16x1o+16x1e"),

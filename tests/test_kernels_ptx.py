@@ -28,7 +28,7 @@ from workbench.bench.resources import (
 )
 from workbench.kernels import accelerate
 from workbench.kernels.backends import unrolled
-from workbench.kernels.e3nn_tp import channelwise_tp_op
+from workbench.kernels.e3nn.tp import channelwise_tp_op
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""SiLU with one-pass derivatives (:mod:`workbench.kernels.silu`): torch's values and
+"""SiLU with one-pass derivatives (:mod:`workbench.kernels.e3nn.silu`): torch's values and
 derivatives at every order (float64 to rounding, float32 against float64), the numba pass for
 the second derivative on the CPU and torch ops otherwise, and the in-place module swap."""
 
@@ -7,8 +7,8 @@ import torch
 from torch.autograd import gradcheck, gradgradcheck
 
 import workbench  # noqa: F401
-from workbench.kernels import silu as silu_module
-from workbench.kernels.silu import SWAP, silu
+from workbench.kernels.e3nn import silu as silu_module
+from workbench.kernels.e3nn.silu import SWAP, silu
 
 
 def _z(seed: int, shape=(37, 9), dtype=torch.float64) -> torch.Tensor:

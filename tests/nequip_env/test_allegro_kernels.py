@@ -10,8 +10,9 @@ import pytest
 import torch
 from nequip_fixtures import batch, build_allegro, default_cpu_kernels, mixed_frames, outputs, rel
 
-from workbench.kernels import accelerate, silu
+from workbench.kernels import accelerate
 from workbench.kernels.allegro import contracter
+from workbench.kernels.e3nn import silu
 from workbench.kernels.nequip import radial
 
 CONFIGS = {

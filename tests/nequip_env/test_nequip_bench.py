@@ -89,7 +89,10 @@ def test_hot_backend_is_the_hot_op_without_its_companions(tmp_path):
     """``--backends hot``: ours with the hot op swapped and every companion left as the family's,
     timed beside ours, its time over ours in the table."""
     from workbench.bench.nequip import bench_nequip, build, format_table, hot_op_only
-    from workbench.kernels import e3nn_gate, e3nn_linear, e3nn_scalar_tp, silu
+    from workbench.kernels.e3nn import gate as e3nn_gate
+    from workbench.kernels.e3nn import linear as e3nn_linear
+    from workbench.kernels.e3nn import scalar_tp as e3nn_scalar_tp
+    from workbench.kernels.e3nn import silu
     from workbench.kernels.nequip import radial, tp_scatter
 
     model = hot_op_only(build("nequip", "tutorial", "float64"), "nequip")

@@ -17,7 +17,11 @@ import pytest
 import torch
 from nequip_fixtures import batch, build_model, default_cpu_kernels, mixed_frames, outputs, rel
 
-from workbench.kernels import accelerate, e3nn_gate, e3nn_linear, e3nn_scalar_tp, silu
+from workbench.kernels import accelerate
+from workbench.kernels.e3nn import gate as e3nn_gate
+from workbench.kernels.e3nn import linear as e3nn_linear
+from workbench.kernels.e3nn import scalar_tp as e3nn_scalar_tp
+from workbench.kernels.e3nn import silu
 from workbench.kernels.nequip import radial, tp_scatter
 
 CONFIGS = {
@@ -73,7 +77,7 @@ def test_float64_parity_with_nequips_e3nn_path(name, monkeypatch):
 def test_eval_mode_parity_runs_the_self_connection_by_species(name, monkeypatch):
     """An MD model (``eval()``: forces without a graph) takes the self-connections by species
     groups; energy, forces and stress stay nequip's."""
-    from workbench.kernels import e3nn_scalar_tp_groups
+    from workbench.kernels.e3nn import scalar_tp_groups as e3nn_scalar_tp_groups
 
     groups: list[int] = []
     real = e3nn_scalar_tp_groups.GroupedScalarTP.forward

@@ -1,4 +1,4 @@
-"""The swaps that go with the hot op (:mod:`workbench.kernels.nequip.radial`, :mod:`workbench.kernels.silu`,
+"""The swaps that go with the hot op (:mod:`workbench.kernels.nequip.radial`, :mod:`workbench.kernels.e3nn.silu`,
 :mod:`workbench.kernels.nequip.edge_vectors`): nequip's Bessel edge encoding, the MLPs' SiLU and
 a batch's edge vectors give nequip's values and derivatives, go onto the workbench with
 ``accelerate`` and come back with ``backend="e3nn"``."""
@@ -12,7 +12,11 @@ import torch
 from nequip_fixtures import build_allegro, build_model
 from torch.autograd import gradcheck, gradgradcheck
 
-from workbench.kernels import accelerate, e3nn_gate, e3nn_linear, e3nn_scalar_tp, silu
+from workbench.kernels import accelerate
+from workbench.kernels.e3nn import gate as e3nn_gate
+from workbench.kernels.e3nn import linear as e3nn_linear
+from workbench.kernels.e3nn import scalar_tp as e3nn_scalar_tp
+from workbench.kernels.e3nn import silu
 from workbench.kernels.nequip import edge_vectors, radial
 
 

@@ -129,7 +129,7 @@ def pass_fn(kind: str, block, kwargs: dict, params: list):
 def descriptor_costs(block, num_nodes: int, num_edges: int, itemsize: int) -> dict:
     """Exact FLOPs (multiplies + adds of the sparse term lists) and minimum bytes of the fused
     message op per pass, plus the radial MLP (which produces the per-edge weights) for scale."""
-    from workbench.kernels.e3nn_tp import channelwise_tp_op
+    from workbench.kernels.e3nn.tp import channelwise_tp_op
 
     tp = block.conv_tp
     op, st = channelwise_tp_op(tp)

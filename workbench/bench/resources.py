@@ -254,7 +254,7 @@ def paper_ops(
     import torch
 
     from workbench.kernels.acceleration import accelerate
-    from workbench.kernels.e3nn_tp import channelwise_tp_op
+    from workbench.kernels.e3nn.tp import channelwise_tp_op
     from workbench.kernels.tools.models import random_scaleshift_mace
 
     z = [1, 6, 7, 8, 9, 16, 17, 15][:num_elements]

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what static readers (the API reference, type checkers) see; __getattr__ imports at run time
     from workbench.kernels.acceleration import AVAILABLE_OPS, KERNEL_BACKENDS, accelerate
     from workbench.kernels.descriptor import Operand, SparsePolynomial
-    from workbench.kernels.e3nn_tp import ChannelwiseTPStats, channelwise_tp_op, channelwise_tp_polynomial
+    from workbench.kernels.e3nn.tp import ChannelwiseTPStats, channelwise_tp_op, channelwise_tp_polynomial
     from workbench.kernels.mace.channelwise_tp import SUPPORTED_INTERACTION_BLOCKS, fuse_conv_tp, unfuse_conv_tp
     from workbench.kernels.mace.symmetric_contraction import (
         SymmetricContraction,
@@ -49,9 +49,9 @@ _OWNERS = {
     "Operand": "workbench.kernels.descriptor",
     "SparsePolynomial": "workbench.kernels.descriptor",
     "SUPPORTED_INTERACTION_BLOCKS": "workbench.kernels.mace.channelwise_tp",
-    "ChannelwiseTPStats": "workbench.kernels.e3nn_tp",
-    "channelwise_tp_op": "workbench.kernels.e3nn_tp",
-    "channelwise_tp_polynomial": "workbench.kernels.e3nn_tp",
+    "ChannelwiseTPStats": "workbench.kernels.e3nn.tp",
+    "channelwise_tp_op": "workbench.kernels.e3nn.tp",
+    "channelwise_tp_polynomial": "workbench.kernels.e3nn.tp",
     "fuse_conv_tp": "workbench.kernels.mace.channelwise_tp",
     "unfuse_conv_tp": "workbench.kernels.mace.channelwise_tp",
     "SymmetricContraction": "workbench.kernels.mace.symmetric_contraction",

@@ -5,7 +5,7 @@ In every mace-torch interaction block the message is ``scatter_sum(conv_tp(h[sen
 receiver)``: an e3nn ``TensorProduct`` of weighted ``"uvu"`` instructions (node features
 ``h``, spherical harmonics ``Y``, radial weights ``R``). Gather, product and scatter are one
 :class:`~workbench.kernels.ops.EdgePolyOp` of only the non-zero Clebsch-Gordan terms, built by
-:func:`workbench.kernels.e3nn_tp.channelwise_tp_op` (the math is there).
+:func:`workbench.kernels.e3nn.tp.channelwise_tp_op` (the math is there).
 
 Drop-in: :func:`fuse_conv_tp` uses mace's own fused-convolution hook. Every interaction block
 of mace-torch 0.3.16 runs ``message = self.conv_tp(node_feats, edge_attrs, tp_weights,
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from workbench.kernels.class_swap import CACHE
-from workbench.kernels.e3nn_tp import ChannelwiseOpCache, channelwise_tp_op
+from workbench.kernels.e3nn.tp import ChannelwiseOpCache, channelwise_tp_op
 from workbench.kernels.lazy_class import LazyClass
 from workbench.kernels.ops import EdgeGraph, apply_edge_poly_op
 

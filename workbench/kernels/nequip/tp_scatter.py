@@ -10,7 +10,7 @@ with ``x`` ``[num_nodes, irreps_in1.dim]``, ``edge_attr`` (:math:`Y`) ``[num_edg
 irreps_in2.dim]`` and ``edge_weight`` (:math:`W`) ``[num_edges, weight_numel]``; the output is
 ``[num_nodes, irreps_out.dim]``. :class:`WorkbenchTensorProductScatter` is nequip's class
 with that forward as one :class:`~workbench.kernels.ops.EdgePolyOp`
-(:func:`~workbench.kernels.e3nn_tp.channelwise_tp_op`), differentiable to any order. Modules
+(:func:`~workbench.kernels.e3nn.tp.channelwise_tp_op`), differentiable to any order. Modules
 get it by ``__class__`` assignment (:data:`SWAP`, a :class:`~workbench.kernels.class_swap.ClassSwap`):
 the same object, so parameters, buffers (persistent or not), ``state_dict`` keys and the
 module's ``model_dtype`` stay nequip's.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from workbench.kernels.class_swap import ClassSwap
-from workbench.kernels.e3nn_tp import ChannelwiseOpCache, channelwise_tp_op
+from workbench.kernels.e3nn.tp import ChannelwiseOpCache, channelwise_tp_op
 from workbench.kernels.lazy_class import LazyClass
 from workbench.kernels.nequip.companions import COMPANIONS
 from workbench.kernels.ops import EdgeGraph, EdgePolyOp, apply_edge_poly_op

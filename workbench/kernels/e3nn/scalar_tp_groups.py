@@ -1,6 +1,6 @@
 r"""The self-connection when its scalars take few distinct rows: one matrix per group of rows.
 
-The self-connection of :mod:`~workbench.kernels.e3nn_scalar_tp` is bilinear,
+The self-connection of :mod:`~workbench.kernels.e3nn.scalar_tp` is bilinear,
 
 .. math::
 
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from workbench.kernels.e3nn_linear import WeightMap, column_index, take_columns
+from workbench.kernels.e3nn.linear import WeightMap, column_index, take_columns
 from workbench.kernels.rows import same_tensor, tensor_key
 
 __all__ = ["GroupedPlan", "GroupedScalarTP", "RowGroups", "grouped_plan", "row_groups", "shared_row_groups"]

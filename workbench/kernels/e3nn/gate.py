@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from workbench.kernels.class_swap import ClassSwap, KeepsOp, probe_copy
-from workbench.kernels.e3nn_linear import column_index, take_columns
+from workbench.kernels.e3nn.linear import column_index, take_columns
 from workbench.kernels.lazy_class import LazyClass
 
 __all__ = ["SWAP", "GatePlan", "WorkbenchGate", "apply_gate", "gate_plan"]  # noqa: F822 (module __getattr__)

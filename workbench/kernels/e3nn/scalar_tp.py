@@ -18,7 +18,7 @@ outer product's ``[256, 256] x [256, 48]`` took 0.05 ms.) The path factors are r
 module by probing it (float64), and the check compares the whole map with e3nn's on random
 input, so a product of another form is refused and stays e3nn's. In ``eval()``, when the scalars
 take few distinct rows (a species embedding: one per species), the map runs as one matrix per
-group of rows instead (:mod:`~workbench.kernels.e3nn_scalar_tp_groups`).
+group of rows instead (:mod:`~workbench.kernels.e3nn.scalar_tp_groups`).
 
 :data:`SWAP` turns ``e3nn.o3.FullyConnectedTensorProduct`` modules with internal shared weights
 and scalar second inputs into :class:`WorkbenchScalarTP` (a companion of a family's hot-op swap).
@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from workbench.kernels.class_swap import ClassSwap, KeepsOp, probe_copy
-from workbench.kernels.e3nn_linear import irreps_offsets
-from workbench.kernels.e3nn_scalar_tp_groups import GroupedScalarTP, grouped_plan, shared_row_groups
+from workbench.kernels.e3nn.linear import irreps_offsets
+from workbench.kernels.e3nn.scalar_tp_groups import GroupedScalarTP, grouped_plan, shared_row_groups
 from workbench.kernels.lazy_class import LazyClass
 
 __all__ = ["SWAP", "ScalarPath", "WorkbenchScalarTP", "apply_scalar_tp", "scalar_tp_plan"]  # noqa: F822
