@@ -78,7 +78,7 @@ for p in ("torch", "numba", "numba-cuda", "mace-torch", "e3nn", "cuequivariance"
         print(p, md.version(p))
     except md.PackageNotFoundError:
         print(p, "missing")
-from workbench.kernels.backends import device
+from workbench.kernels.numba.gpu import device
 print("numba-cuda target:", device.cuda_status())
 PY
 }

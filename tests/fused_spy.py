@@ -6,7 +6,7 @@ from __future__ import annotations
 
 def spy_fused_runs(monkeypatch) -> list:
     """Patch :meth:`FusedPass.run` to append every fused pass it runs to the returned list."""
-    from workbench.kernels.backends import cpu_fused
+    from workbench.kernels.numba.cpu import fused as cpu_fused
 
     runs: list = []
     original = cpu_fused.FusedPass.run

@@ -207,7 +207,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 #: appended to every simulator script: which kernel kinds were compiled, then the errors
 SIMULATOR_REPORT = """
-from workbench.kernels.backends import cuda as _kc, edge_cuda as _ec, unrolled as _un
+from workbench.kernels.numba.gpu import atom as _kc, edge as _ec, unrolled as _un
 print("KERNELS", json.dumps({"unrolled": _un._compile.cache_info().currsize,
                              "table": _kc.get_kernel.cache_info().currsize + _ec.get_node_kernel.cache_info().currsize
                              + _ec.get_edge_kernel.cache_info().currsize}))

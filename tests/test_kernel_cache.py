@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import workbench  # noqa: F401
-from workbench.kernels.backends import generated
+from workbench.kernels.numba import generated
 from workbench.kernels.tools.cache import DAY, prune, scan
 
 DIGESTS = ("0" * 20, "1" * 20, "2" * 20)

@@ -94,7 +94,7 @@ def test_kernels_cache_refuses_a_file_and_a_read_only_prune(tmp_path, read_only_
 
 _COMPILE = r"""
 import sys
-from workbench.kernels.backends import generated
+from workbench.kernels.numba import generated
 module = generated.load_module("from numba import njit\n\n\n@njit(cache=True)\ndef run(x):\n    return x + 1\n", "workbench_test")
 assert module.run(1) == 2
 """

@@ -16,8 +16,8 @@ import pytest
 from mount_fixtures import full_dir, read_only_dir, tmpfs  # noqa: F401
 
 import workbench  # noqa: F401
-from workbench.kernels.backends import generated
-from workbench.kernels.backends.cache_folder import KernelCacheWarning
+from workbench.kernels.numba import generated
+from workbench.kernels.numba.cache_folder import KernelCacheWarning
 
 #: a generated module as the kernels write them: a numba function with the disk cache on
 SOURCE = "from numba import njit\n\n\n@njit(cache=True)\ndef run(x):\n    return x * {k} + 1\n"
@@ -49,7 +49,7 @@ def test_a_cached_module_that_is_not_utf8_is_written_again(tmp_path, monkeypatch
 
 _RUN = r"""
 import json, sys
-from workbench.kernels.backends import generated
+from workbench.kernels.numba import generated
 module = generated.load_module(sys.argv[1], "workbench_test")
 print(json.dumps({"value": module.run(3), "hits": sum(module.run.stats.cache_hits.values())}))
 """
@@ -96,7 +96,7 @@ def _assert_in_memory(folder: Path, text: str, caught: list) -> None:
 
 def _watch(monkeypatch, folder: Path) -> None:
     monkeypatch.setenv("WORKBENCH_KERNEL_CACHE", str(folder))
-    monkeypatch.setattr("workbench.kernels.backends.cache_folder._WARNED", set())
+    monkeypatch.setattr("workbench.kernels.numba.cache_folder._WARNED", set())
 
 
 def test_a_read_only_cache_compiles_in_memory_with_one_warning(read_only_dir, monkeypatch, tmp_path):  # noqa: F811
@@ -133,7 +133,7 @@ def test_a_cache_path_that_is_a_regular_file_compiles_in_memory(tmp_path, monkey
     path.write_text("not a folder")
     monkeypatch.delenv("WORKBENCH_KERNEL_CACHE", raising=False)
     monkeypatch.setenv(variable, str(path))
-    monkeypatch.setattr("workbench.kernels.backends.cache_folder._WARNED", set())
+    monkeypatch.setattr("workbench.kernels.numba.cache_folder._WARNED", set())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _assert_in_memory(generated.source_dir(), _text(tmp_path), caught)

@@ -96,8 +96,8 @@ def test_atoms_of_no_species_get_zeros_like_e3nn_and_soft_attributes_are_refused
 def test_a_cuda_tensor_without_a_numba_cuda_target_is_an_error_naming_why(monkeypatch):
     from numba import cuda
 
-    from workbench.kernels import ops
-    from workbench.kernels.backends import device
+    from workbench.kernels.numba import dispatch
+    from workbench.kernels.numba.gpu import device
 
     def broken():
         raise OSError("libcuda.so: cannot open shared object file")
@@ -109,12 +109,12 @@ def test_a_cuda_tensor_without_a_numba_cuda_target_is_an_error_naming_why(monkey
             False,
             "numba.cuda.is_available() failed (OSError: libcuda.so: cannot open shared object file)",
         )
-        monkeypatch.delenv(ops.HOST_FALLBACK_ENV, raising=False)
+        monkeypatch.delenv(dispatch.HOST_FALLBACK_ENV, raising=False)
         with pytest.raises(RuntimeError, match=r"cuda:0 tensors, but numba\.cuda\.is_available\(\) failed .*libcuda"):
-            ops._no_cuda_target(torch.device("cuda:0"))
-        monkeypatch.setenv(ops.HOST_FALLBACK_ENV, "1")
+            dispatch._no_cuda_target(torch.device("cuda:0"))
+        monkeypatch.setenv(dispatch.HOST_FALLBACK_ENV, "1")
         with pytest.warns(RuntimeWarning, match="host copies"):
-            ops._no_cuda_target(torch.device("cuda:1"))
+            dispatch._no_cuda_target(torch.device("cuda:1"))
     finally:
         device.cuda_status.cache_clear()
 

@@ -17,10 +17,10 @@ from kernel_fixtures import count_fused, energy_force_grads, rel_err
 from test_kernels_channelwise import (MODEL_CFGS, build, e3nn_message, make_conv_tp, mixed_graphs,
                                       random_graph, away_from_zero)
 from workbench.kernels import accelerate
-from workbench.kernels.backends import cuda as kc
+from workbench.kernels.numba.gpu import atom as kc
 from workbench.kernels.e3nn.tp import channelwise_tp_op
 from workbench.kernels.ops import EdgeGraph, apply_edge_poly_op
-import workbench.kernels.ops as kops
+import workbench.kernels.numba.dispatch as kops
 assert kc.cudasim_enabled() and kc.cuda_available()
 errs = {{}}
 fused = count_fused(kops._epass)  # outputs computed by each fused pass launch (0: the pass launched them one by one)

@@ -14,8 +14,9 @@ from kernel_fixtures import build_model
 
 import workbench  # noqa: F401
 from workbench.kernels import Operand, SparsePolynomial
-from workbench.kernels.backends import cpu
 from workbench.kernels.descriptor.program import INSTRUCTIONS, vector_program
+from workbench.kernels.numba.cpu import passes as cpu
+from workbench.kernels.numba.dispatch import cpu_plan
 from workbench.kernels.ops import EdgeGraph, PolyOp
 
 
@@ -238,7 +239,8 @@ def test_generated_and_fused_code_equal_the_interpreter(monkeypatch, kind):
     """``WORKBENCH_CPU_KERNELS=generated`` compiles a program to one vectorised loop body and
     ``fused`` each row pass to its own kernel; both compute what the interpreter computes
     (float64, to rounding)."""
-    from workbench.kernels.backends import cpu_fused, cpu_unrolled
+    from workbench.kernels.numba.cpu import fused as cpu_fused
+    from workbench.kernels.numba.cpu import unrolled as cpu_unrolled
 
     op = mace_ops()["channelwise_tp"][0]
     graph = EdgeGraph(torch.randint(0, 12, (2, 90), generator=torch.Generator().manual_seed(4)), 12)
@@ -247,7 +249,7 @@ def test_generated_and_fused_code_equal_the_interpreter(monkeypatch, kind):
     (ref,) = op.evaluate(ts, graph=graph)
     monkeypatch.setenv("WORKBENCH_CPU_KERNELS", kind)
     chosen = cpu_unrolled.use_generated if kind == "generated" else cpu_fused.use_fused
-    assert all(chosen(rp.program) for _, rp in op.cpu_plan(8).passes)
+    assert all(chosen(rp.program) for _, rp in cpu_plan(op, 8).passes)
     (got,) = op.evaluate(ts, graph=graph)
     torch.testing.assert_close(got, ref, rtol=1e-13, atol=1e-13 * float(ref.abs().max()))
     monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "fastest")

@@ -1,4 +1,4 @@
-"""Fused CPU row passes (:mod:`workbench.kernels.backends.cpu_fused`): each pass compiled to its
+"""Fused CPU row passes (:mod:`workbench.kernels.numba.cpu.fused`): each pass compiled to its
 own kernel computes what the interpreter computes, at channel counts below, at and between
 multiples of the lane count, in every derivative order; which passes ``auto`` fuses; the
 counting-sort CSR the edge passes walk."""
@@ -17,9 +17,10 @@ from test_kernels_channelwise import make_conv_tp, random_graph
 
 import workbench  # noqa: F401
 from workbench.kernels import Operand, SparsePolynomial
-from workbench.kernels.backends import cpu_fused
-from workbench.kernels.backends.cpu_loops import csr_by_counting
 from workbench.kernels.e3nn.tp import channelwise_tp_op
+from workbench.kernels.numba.cpu import fused as cpu_fused
+from workbench.kernels.numba.cpu.loops import csr_by_counting
+from workbench.kernels.numba.dispatch import cpu_plan
 from workbench.kernels.ops import EdgeGraph, PolyOp
 
 
@@ -60,7 +61,7 @@ def test_fused_edge_passes_equal_the_interpreter(monkeypatch, fused_runs, channe
         monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "fused")
         fused_runs.clear()
         got = d.evaluate(ts, graph=graph)
-        assert len(fused_runs) == len(d.cpu_plan(channels).passes)
+        assert len(fused_runs) == len(cpu_plan(d, channels).passes)
         got32 = d.evaluate([t.float() for t in ts], graph=graph) if channels == 13 else got
         for comp, r, a, a32, r32 in zip(d.compiled, ref, got, got32, ref32):
             scale = float(r.abs().max())
@@ -142,11 +143,11 @@ def test_auto_fuses_short_programs_at_every_channel_count(monkeypatch):
     leaves longer ones on the interpreter; ``WORKBENCH_CPU_UNROLL_MAX`` moves the limit,
     ``interpreter`` and ``fused`` force."""
     paper = channelwise_tp_op(make_conv_tp("4x0e+4x1o", 3))[0]
-    weights = paper.derivative((True,) * len(paper.operands)).cpu_plan(16).passes
+    weights = cpu_plan(paper.derivative((True,) * len(paper.operands)), 16).passes
     short = max((rp.program for _, rp in weights), key=lambda p: p.num_instructions)
     assert short.num_instructions == 239
     wide = channelwise_tp_op(make_conv_tp("4x0e+4x1o+4x2e+4x3o", 3))[0]
-    long = wide.cpu_plan(16).passes[0][1].program
+    long = cpu_plan(wide, 16).passes[0][1].program
     assert long.num_instructions > cpu_fused.FUSED_MAX_INSTRUCTIONS == 256
     monkeypatch.delenv("WORKBENCH_CPU_KERNELS", raising=False)
     assert cpu_fused.use_fused(short) and not cpu_fused.use_fused(long)

@@ -1,11 +1,11 @@
-"""The shared parallel driver of the CPU row-pass kernels (workbench.kernels.backends.cpu_segments)."""
+"""The shared parallel driver of the CPU row-pass kernels (workbench.kernels.numba.cpu.segments)."""
 
 import numba
 import numpy as np
 from numba import njit
 
-from workbench.kernels.backends import cpu_segments
-from workbench.kernels.backends.cpu_segments import Segments
+from workbench.kernels.numba.cpu import segments as cpu_segments
+from workbench.kernels.numba.cpu.segments import Segments
 
 
 @njit(nogil=True)

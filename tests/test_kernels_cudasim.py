@@ -16,8 +16,8 @@ import copy, json, sys, torch
 sys.path.insert(0, {tests!r})
 from kernel_fixtures import build_model, count_fused, energy_force_grads, random_batch, rel_err
 from workbench.kernels import accelerate
-from workbench.kernels.backends import cuda as kc
-from workbench.kernels import ops as kops
+from workbench.kernels.numba.gpu import atom as kc
+from workbench.kernels.numba import dispatch as kops
 assert kc.cudasim_enabled() and kc.cuda_available()
 errs = {{}}
 fused = count_fused(kops._apass)  # outputs computed by each fused atom pass (launched only where fusing applies)
@@ -83,7 +83,7 @@ def test_contraction_at_correlation_4_and_5_under_simulator(variant):
 
 SEGMENT_SCRIPT = r"""
 import json, numpy as np
-from workbench.kernels.backends import segment
+from workbench.kernels.numba.gpu import segment
 rng = np.random.default_rng(3)
 errs = {}
 for dtype, tol in (("float64", 1e-12), ("float32", 1e-5)):

@@ -27,8 +27,8 @@ from workbench.bench.resources import (
     training_ops,
 )
 from workbench.kernels import accelerate
-from workbench.kernels.backends import unrolled
 from workbench.kernels.e3nn.tp import channelwise_tp_op
+from workbench.kernels.numba.gpu import unrolled
 
 
 @pytest.fixture(scope="module")
@@ -251,7 +251,7 @@ def test_generated_source_is_straight_line(small_ops):
     the term table evaluated directly (float64, random operands and accumulators); a message
     kernel's are source lines, each distinct coefficient a typed float32 global used once per
     term, the terms fused multiply-adds."""
-    from workbench.kernels.backends.poly_ir import CONST, Program
+    from workbench.kernels.numba.gpu.poly_ir import CONST, Program
 
     rng = np.random.default_rng(7)
     for op in (small_ops["channelwise_tp"][0][1], small_ops["symmetric_contraction"][1][1]):
@@ -300,7 +300,7 @@ def test_fused_pass_source_loads_each_component_once(small_ops, monkeypatch):
     (d(x) carried, d(W) stored per edge, d(Y) summed over the node's channel threads after a
     barrier), role 2 the receiver segments (d(d(out))); each distinct operand component is loaded
     once per edge and role."""
-    from workbench.kernels.backends import edge_pass
+    from workbench.kernels.numba.gpu import edge_pass
 
     monkeypatch.delenv("WORKBENCH_CUDA_TPB", raising=False)
     ops = dict(small_ops["channelwise_tp"])
@@ -398,7 +398,7 @@ def test_training_kernels_leave_the_table_path(config, monkeypatch):
     from e3nn import o3
 
     from workbench.bench.resources import paper_ops
-    from workbench.kernels.backends import edge_pass
+    from workbench.kernels.numba.gpu import edge_pass
 
     for var in ("WORKBENCH_CUDA_KERNELS", "WORKBENCH_UNROLL_PARTS", "WORKBENCH_UNROLL_MAX_TERMS", "WORKBENCH_CUDA_TPB"):
         monkeypatch.delenv(var, raising=False)

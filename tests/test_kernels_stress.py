@@ -52,7 +52,7 @@ import copy, json, sys, torch
 sys.path.insert(0, {tests!r})
 from kernel_fixtures import build_model, periodic_batch, rel_err, stress_grads
 from workbench.kernels import accelerate
-from workbench.kernels.backends import cuda as kc
+from workbench.kernels.numba.gpu import atom as kc
 assert kc.cudasim_enabled() and kc.cuda_available()
 errs = {{}}
 cfg = ("ScaleShiftMACE", "2x0e+2x1o", 2, 2, 2)

@@ -4,7 +4,7 @@ its LLVM lowering (the same codegen the CUDA intrinsic runs, here for the CPU ta
 import numpy as np
 import pytest
 
-from workbench.kernels.backends.poly_ir import CHUNK, Program, _intrinsic, call_source
+from workbench.kernels.numba.gpu.poly_ir import CHUNK, Program, _intrinsic, call_source
 
 
 def _random_program(rng, inputs: int, acc: int, ops: int) -> Program:

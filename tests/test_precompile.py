@@ -21,9 +21,9 @@ from kernel_fixtures import build_model
 
 from workbench.kernels import accelerate
 from workbench.kernels.acceleration import model_ops, precompile_model
-from workbench.kernels.backends import generated
-from workbench.kernels.backends.toolkit import find_ptxas
 from workbench.kernels.launches import launches, training_ops
+from workbench.kernels.numba import generated
+from workbench.kernels.numba.gpu.toolkit import find_ptxas
 from workbench.kernels.precompile import decode_types, encode_types, kernel_jobs, precompile, target_id
 
 pytestmark = pytest.mark.skipif(find_ptxas() is None, reason="ptxas (nvidia-cuda-nvcc wheel) not installed")
@@ -71,7 +71,7 @@ import hashlib, json, os, sys
 os.environ["NUMBA_ENABLE_CUDASIM"] = "1"; os.environ["WORKBENCH_KERNELS_CUDASIM"] = "1"
 import torch
 sys.path.insert(0, "tests")
-from workbench.kernels.backends import unrolled
+from workbench.kernels.numba.gpu import unrolled
 seen, digest, compile_one = [], {}, unrolled._compile.__wrapped__
 def recorded(source):
     kernel = compile_one(source)

@@ -13,9 +13,9 @@ import pytest
 import torch
 from kernel_fixtures import build_model, periodic_batch, rel_err, save_md_model
 
-from workbench.kernels.backends.cpu_radial import table_slope_dot, table_values
 from workbench.kernels.mace import radial
 from workbench.kernels.mace.radial import tabulate_radial, untabulate_radial
+from workbench.kernels.numba.cpu.radial import table_slope_dot, table_values
 from workbench.kernels.radial_table import TOLERANCE, TableRefused, build
 
 WAVES = torch.tensor([0.7, 1.9, 3.1, 5.3], dtype=torch.float64)

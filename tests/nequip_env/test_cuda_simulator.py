@@ -24,7 +24,8 @@ import numpy as np
 sys.path.insert(0, {here!r})
 from nequip_fixtures import batch, build_allegro, build_model, cell, molecule, outputs, rel
 from workbench.kernels import accelerate
-from workbench.kernels.backends import cpu, cuda as kc, edge_cuda as ec, unrolled as un
+from workbench.kernels.numba.cpu import passes as cpu
+from workbench.kernels.numba.gpu import atom as kc, edge as ec, unrolled as un
 assert kc.cudasim_enabled() and kc.cuda_available()
 
 def no_cpu_loops(*args, **kwargs):

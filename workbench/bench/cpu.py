@@ -159,6 +159,7 @@ def hot_op_timer() -> Iterator[dict]:
     "program_flops", "calls"}}`` with op ``"symmetric_contraction"`` or ``"channelwise_tp"``;
     flops count every pass (forward, backward, double backward) on its rows."""
     from workbench.kernels import ops as kops
+    from workbench.kernels.numba.dispatch import cpu_plan
 
     stats: dict[str, dict[str, float]] = {}
     original = kops.PolyOp.evaluate_rows
@@ -176,7 +177,7 @@ def hot_op_timer() -> Iterator[dict]:
         rec["flops"] += rows * channels * sum(c.poly.flops_per_channel() for c in self.compiled)
         if tensors[0].device.type == "cpu":
             rec["program_flops"] += (
-                rows * channels * sum(rp.program.flops_per_channel() for _, rp in self.cpu_plan(channels).passes)
+                rows * channels * sum(rp.program.flops_per_channel() for _, rp in cpu_plan(self, channels).passes)
             )
         return out
 

@@ -81,7 +81,7 @@ def precompile_for_bench(model: torch.nn.Module, backend: str, modules: Sequence
     (name prefixes; all when None) launches, in parallel, before the benchmark's warm-up, so
     that no timed pass (nor the warm-up) compiles one after another. The report as a dict."""
     from workbench.kernels.acceleration import precompile_model
-    from workbench.kernels.backends.device import cuda_available
+    from workbench.kernels.numba.gpu.device import cuda_available
 
     p = next(model.parameters())
     if not backend.startswith("numba") or p.device.type != "cuda" or not cuda_available():

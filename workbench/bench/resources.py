@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from workbench.bench.table import Column, render, write_json
-from workbench.kernels.backends.toolkit import assembled, find_nvdisasm, find_ptxas
 from workbench.kernels.launches import launches, training_ops
+from workbench.kernels.numba.gpu.toolkit import assembled, find_nvdisasm, find_ptxas
 from workbench.kernels.options import overridden
 
 __all__ = [
@@ -194,7 +194,7 @@ def kernel_resources(
     and, with ``ptxas``, assemble it and read off its resources.
 
     ``variant``: ``"auto"`` (the kernel the dispatcher launches, see
-    :func:`workbench.kernels.backends.unrolled.use_unrolled`), ``"table"`` or ``"unrolled"`` (forced)."""
+    :func:`workbench.kernels.numba.gpu.unrolled.use_unrolled`), ``"table"`` or ``"unrolled"`` (forced)."""
     import numba
     from numba import cuda
 

@@ -16,7 +16,7 @@ autograd to any order, and :func:`accelerate` to swap them into mace-torch model
 Layers (imports run one way, top to bottom):
 
 * :mod:`~workbench.kernels.descriptor` - polynomials, term tables, kernel layout;
-* :mod:`~workbench.kernels.backends` - numba CPU, table-driven and unrolled CUDA kernels;
+* :mod:`~workbench.kernels.numba` - numba CPU, table-driven and unrolled CUDA kernels;
 * :mod:`~workbench.kernels.ops` - :class:`PolyOp`, its autograd function and the dispatch;
   :mod:`~workbench.kernels.launches` (the kernels a force-training step launches, planned without
   running) and :mod:`~workbench.kernels.precompile` (those kernels compiled ahead, in parallel,

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 import torch
 
 from workbench.kernels.options import kernel_options
-from workbench.kernels.registry import BACKENDS, adapter_for, get_backend
+from workbench.kernels.registry import BACKENDS, DEFAULT_BACKEND, adapter_for, get_backend
 
 __all__ = ["AVAILABLE_OPS", "KERNEL_BACKENDS", "accelerate", "model_ops", "precompile_model"]
 
@@ -35,7 +35,7 @@ def _check_ops(ops: Iterable[str] | str | None, known: tuple[str, ...], family: 
 
 def accelerate(
     model: torch.nn.Module,
-    backend: str = "numba",
+    backend: str = DEFAULT_BACKEND,
     ops: Iterable[str] | str | None = None,
     precompile: bool | None = None,
 ) -> torch.nn.Module:
@@ -87,7 +87,7 @@ def accelerate(
             f"none of the {family.name} modules with e3nn's tensor product (a model converted to cuEquivariance "
             "must go back to e3nn first, e.g. with mace's mace_cueq_to_e3nn)"
         )
-    if b.name == "numba" and (precompile or (precompile is None and _precompile_by_default(model))):
+    if b.compiled and (precompile or (precompile is None and _precompile_by_default(model))):
         precompile_model(model)
     return model
 
@@ -109,7 +109,7 @@ def precompile_model(model: torch.nn.Module, progress: bool = True, modules: Ite
     :class:`~workbench.kernels.precompile.PrecompileReport`. ``modules``: only the modules whose
     name starts with one of these (``"products.0."``; names as :func:`model_ops` gives them).
     ``kwargs`` go to :func:`~workbench.kernels.precompile.precompile` (``target="ptx"`` needs no GPU)."""
-    from workbench.kernels.backends.device import cuda_available
+    from workbench.kernels.numba.gpu.device import cuda_available
     from workbench.kernels.precompile import precompile
 
     p = next(model.parameters())

@@ -69,8 +69,8 @@ class Launch:
 
 def _output_launches(comp, dtype: str, shape: str, plans: list[tuple]) -> Iterator[Launch]:
     """One output's launches, as its backend planned them: the table kernel, or one generated
-    kernel per part (:func:`~workbench.kernels.backends.unrolled.unrolled_parts`), named ``k/n``."""
-    from workbench.kernels.backends.unrolled import unrolled_parts
+    kernel per part (:func:`~workbench.kernels.numba.gpu.unrolled.unrolled_parts`), named ``k/n``."""
+    from workbench.kernels.numba.gpu.unrolled import unrolled_parts
 
     parts = unrolled_parts(comp, dtype)
     for k, plan in enumerate(plans):
@@ -86,7 +86,8 @@ def _host(shape: tuple, dtype: str) -> np.ndarray:
 
 
 def _edge_launches(op, dtype: str, channels: int, alloc: Callable, host: bool) -> Iterator[Launch]:
-    from workbench.kernels.backends import edge_cuda, edge_pass
+    from workbench.kernels.numba.gpu import edge as edge_cuda
+    from workbench.kernels.numba.gpu import edge_pass
 
     rows = 4
     dummy = alloc((1, 1), dtype)
@@ -122,8 +123,8 @@ def _edge_launches(op, dtype: str, channels: int, alloc: Callable, host: bool) -
 
 
 def _atom_launches(op, dtype: str, channels: int, alloc: Callable, host: bool) -> Iterator[Launch]:
-    from workbench.kernels.backends import atom_pass, segment
-    from workbench.kernels.backends import cuda as _cuda
+    from workbench.kernels.numba.gpu import atom as _cuda
+    from workbench.kernels.numba.gpu import atom_pass, segment
 
     rows = 4
     idx = alloc((rows,), "int64")

@@ -42,8 +42,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.kernels.backends.unrolled import GENERATED_PREFIX
 from workbench.kernels.launches import OpSite
+from workbench.kernels.numba.gpu.unrolled import GENERATED_PREFIX
 from workbench.kernels.options import ENV, kernel_options
 
 __all__ = [
@@ -335,7 +335,7 @@ def precompile(
     numba's cache; ``"ptx"``: PTX then ``ptxas`` for ``cc`` (default 9.0), no GPU needed,
     markers only. Kernels whose marker exists are skipped. A kernel that fails to compile is
     listed in ``errors`` (it compiles again at its launch, where the error is raised)."""
-    from workbench.kernels.backends.cache_folder import KernelCacheWarning, source_dir, unwritable
+    from workbench.kernels.numba.cache_folder import KernelCacheWarning, source_dir, unwritable
 
     if target not in ("device", "ptx"):
         raise ValueError(f"precompile: unknown target {target!r}; choose 'device' or 'ptx'")
@@ -373,7 +373,7 @@ def precompile(
 
 # ----------------------------------------------------------------------------- worker side
 def _compile_job(path: str, signature: Sequence, target: str, cc: tuple[int, int] | None, ptxas: str | None) -> float:
-    from workbench.kernels.backends.generated import load_module
+    from workbench.kernels.numba.generated import load_module
 
     text = Path(path).read_text()
     kernel = load_module(text, GENERATED_PREFIX).kernel
@@ -386,7 +386,7 @@ def _compile_job(path: str, signature: Sequence, target: str, cc: tuple[int, int
 
     ptx, _ = cuda.compile_ptx(kernel.py_func, types, cc=cc)
     if ptxas:
-        from workbench.kernels.backends.toolkit import assembled
+        from workbench.kernels.numba.gpu.toolkit import assembled
 
         with assembled(ptx, cc, ptxas, timeout=900):
             pass
@@ -401,7 +401,7 @@ def _worker(target: str, cc: tuple[int, int] | None) -> int:
     os.dup2(2, 1)  # numba's and the compiler's chatter must not reach the reply channel
     ptxas = None
     if target == "ptx":
-        from workbench.kernels.backends.toolkit import find_ptxas
+        from workbench.kernels.numba.gpu.toolkit import find_ptxas
 
         ptxas = find_ptxas()
     for line in sys.stdin:

@@ -22,7 +22,7 @@ itself in float64, is under the dtype's tolerance (:data:`TOLERANCE`). At the pa
 (``J = 1280``) that is 512 intervals in float64 (a 42 MB table) and 64 in float32.
 
 Shapes: ``coeffs`` ``[N, 8, J]``; the kernels are in
-:mod:`workbench.kernels.backends.cpu_radial`.
+:mod:`workbench.kernels.numba.cpu.radial`.
 """
 
 from __future__ import annotations

@@ -92,8 +92,9 @@ def _store(acc: torch.Tensor, output: Operand, target: torch.Tensor | None, out:
         out.zero_().index_add_(0, target, flat)
 
 
-def evaluate(polys: Sequence[SparsePolynomial], tensors: Sequence[torch.Tensor], index: Any, channels: int) -> list:
-    """Every output of ``polys`` (over the same ``tensors``), with ``index`` a
+def evaluate(op: Any, tensors: Sequence[torch.Tensor], index: Any, channels: int) -> list:
+    """Every output of ``op`` (a :class:`~workbench.kernels.ops.PolyOp`: its polynomials
+    ``op.outputs`` over the same ``tensors``), with ``index`` a
     :class:`~workbench.kernels.ops.SpeciesIndex` or :class:`~workbench.kernels.ops.EdgeGraph`.
 
     Returns one ``[output rows, output width]`` tensor per polynomial, in the operands' dtype and
@@ -102,7 +103,7 @@ def evaluate(polys: Sequence[SparsePolynomial], tensors: Sequence[torch.Tensor],
     num_rows, gathers = _loop_rows(index)
     outs = []
     with torch.no_grad():
-        for poly in polys:
+        for poly in op.outputs:
             rows = index.num_rows(poly.output.rows)
             out = tensors[0].new_zeros(rows, poly.output.width)
             if poly.terms and num_rows:

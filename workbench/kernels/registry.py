@@ -24,6 +24,7 @@ from typing import Any
 
 __all__ = [
     "BACKENDS",
+    "DEFAULT_BACKEND",
     "MODELS",
     "Backend",
     "ModelAdapter",
@@ -35,6 +36,9 @@ __all__ = [
 ]
 
 KINDS = ("descriptor", "native", "convert")
+
+#: the backend the workbench's modules run when none is named: its own fused kernels
+DEFAULT_BACKEND = "numba"
 
 
 def _resolve(target: str | Callable | None) -> Any:
@@ -50,22 +54,21 @@ def _resolve(target: str | Callable | None) -> Any:
 class Backend:
     """One way to run the hot ops.
 
-    ``ops``: the op names it runs (``"symmetric_contraction"``, ``"channelwise_tp"``); ``dtypes``
-    and ``devices`` (``"cpu"``, ``"cuda"``) it runs on; ``max_derivative``: the highest derivative
-    order it computes (2: the double backward of force training; ``None``: any). ``evaluate``
-    (descriptor backends): ``(polynomials, tensors, row index, channels) -> outputs``, or a
-    ``"module:function"`` path to it; ``None`` for numba, whose dispatch lives in
-    :class:`~workbench.kernels.ops.PolyOp`. ``probe``: ``() -> None`` when usable here, else the
-    reason it is not.
+    ``kind``: one of :data:`KINDS`. ``devices``: where it runs (``"cpu"``, ``"cuda"``).
+    ``evaluate`` (descriptor backends): ``(op, tensors, row index, channels) -> outputs``, every
+    output of the :class:`~workbench.kernels.ops.PolyOp` ``op`` on checked, contiguous tensors of
+    one dtype, without autograd (the op differentiates itself); or a ``"module:function"`` path to
+    it. ``compiled``: it runs the workbench's compiled kernels, so the modules around the hot ops
+    take their fused forms too (SiLU's derivatives, the MD calculator's radial tables) and its
+    CUDA kernels can be compiled before the first step (``accelerate(precompile=...)``).
+    ``probe``: ``() -> None`` when usable here, else the reason it is not.
     """
 
     name: str
     kind: str
     description: str
-    ops: tuple[str, ...] = ("symmetric_contraction", "channelwise_tp")
-    dtypes: tuple[str, ...] = ("float32", "float64")
     devices: tuple[str, ...] = ("cpu", "cuda")
-    max_derivative: int | None = 2
+    compiled: bool = False
     evaluate: str | Callable | None = None
     probe: str | Callable[[], str | None] | None = None
 
@@ -84,14 +87,6 @@ class Backend:
 
     def evaluator(self) -> Callable | None:
         return _resolve(self.evaluate)
-
-    def supports(self, op: str, dtype: str, device: str, order: int = 2) -> bool:
-        return (
-            op in self.ops
-            and dtype in self.dtypes
-            and device in self.devices
-            and (self.max_derivative is None or order <= self.max_derivative)
-        )
 
 
 @dataclass(frozen=True)
@@ -153,10 +148,12 @@ def adapter_for(model: Any) -> ModelAdapter:
 # ------------------------------------------------------------------ the built-in registrations
 register_backend(
     Backend(
-        "numba",
+        DEFAULT_BACKEND,
         "descriptor",
         "the workbench's fused numba kernels: CUDA on GPU tensors, vectorised CPU loops otherwise",
-        probe="workbench.kernels.backends.device:numba_unavailable",
+        compiled=True,
+        evaluate="workbench.kernels.numba.dispatch:evaluate",
+        probe="workbench.kernels.numba.gpu.device:numba_unavailable",
     )
 )
 register_backend(
@@ -164,11 +161,10 @@ register_backend(
         "torch",
         "descriptor",
         "plain torch gathers and index_add over the descriptor's terms: the reference the others are tested against",
-        max_derivative=None,
         evaluate="workbench.kernels.reference:evaluate",
     )
 )
-register_backend(Backend("e3nn", "native", "the model family's own e3nn modules", max_derivative=None))
+register_backend(Backend("e3nn", "native", "the model family's own e3nn modules"))
 register_backend(
     Backend(
         "cueq",

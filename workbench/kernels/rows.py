@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from workbench.kernels.backends.compiled import CompiledPolynomial
 from workbench.kernels.descriptor.layout import MAX_ATOM_ARRAYS, MAX_EDGE_ARRAYS, MAX_SPECIES_ARRAYS
 from workbench.kernels.descriptor.polynomial import Operand
+from workbench.kernels.numba.compiled import CompiledPolynomial
 
 __all__ = ["EdgeGraph", "RowIndex", "SpeciesIndex", "same_tensor", "tensor_key"]
 
@@ -144,7 +144,7 @@ def _csr(idx: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     read the maximum back); values outside ``[0, num_rows)`` fall in no group. On the CPU a
     counting sort (a tenth of the sort's time at 11,050 edges)."""
     if idx.device.type == "cpu":
-        from workbench.kernels.backends.cpu_loops import csr_by_counting
+        from workbench.kernels.numba.cpu.loops import csr_by_counting
 
         ptr, perm = csr_by_counting(idx.numpy(), num_rows)
         return torch.from_numpy(ptr), torch.from_numpy(perm)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from workbench.kernels.registry import get_backend
 from workbench.train import mace_order
 from workbench.train.session import Session
 
@@ -40,11 +41,11 @@ def build_training(s: Session, ckpt: dict | None) -> None:
     # before (data loaders do): the same as mace_run_train's for the same seed and recipe
     torch.manual_seed(config.seed)
     s.model = _model(config, s.stats).to(s.device)
-    if config.backend != "e3nn":
+    if get_backend(config.backend).kind != "native":
         from workbench.kernels import accelerate
 
         if config.kernel_cache:  # the precompile workers and numba's cache read it from the environment
-            from workbench.kernels.backends.generated import KERNEL_CACHE_ENV
+            from workbench.kernels.numba.generated import KERNEL_CACHE_ENV
 
             os.environ[KERNEL_CACHE_ENV] = str(Path(config.kernel_cache).expanduser().resolve())
         # on a GPU, numba's kernels compile here, in parallel, once per node (rank 0 of a node

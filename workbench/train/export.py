@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from workbench.kernels.registry import get_backend
 from workbench.train.checkpoint import torch_save_atomic
 from workbench.train.config import TrainConfig
 from workbench.train.rundir import RunDir
@@ -28,7 +29,7 @@ def export_models(model: torch.nn.Module, ema, config: TrainConfig, run_dir: Pat
     final = copy.deepcopy(model).cpu()
     if ema is not None:
         ema.copy_to(final.parameters())  # same parameter order: final is a deep copy of model
-    if config.backend != "e3nn":
+    if get_backend(config.backend).kind != "native":
         _write(final, RunDir(run_dir).accelerated_model(config.backend))
         from workbench.kernels import accelerate
 

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from workbench.cli_args import Options, add_command, option_values
-from workbench.kernels.registry import BACKENDS
+from workbench.kernels.registry import BACKENDS, DEFAULT_BACKEND
 from workbench.train.md_calculator import RADIAL_CHOICES, load_calculator
 
 __all__ = ["ENSEMBLES", "MDResult", "MDRunaway", "energy_drift", "load_calculator", "run_md", "temperature_limit"]
@@ -282,7 +282,7 @@ def run_md(
     ensemble: str = "nve",
     temperature: float = 300.0,
     timestep_fs: float = 0.5,
-    backend: str = "numba",
+    backend: str = DEFAULT_BACKEND,
     index: int = 0,
     trajectory: str | os.PathLike | None = None,
     write_every: int = 10,
@@ -383,7 +383,7 @@ _OPTIONS: Options = {
     "--temperature": {"type": float, "default": 300.0, "help": "K, initial velocities and NVT (default: %(default)s)"},
     "--timestep": {"type": float, "default": 0.5, "help": "fs (default: %(default)s)"},
     "--backend": {
-        "default": "numba",
+        "default": DEFAULT_BACKEND,
         "choices": [n for n, b in BACKENDS.items() if b.kind != "convert"],  # swapped in place, in the calculator
         "help": "kernels for the model's hot ops (default: %(default)s)",
     },

@@ -9,6 +9,8 @@ import functools
 import os
 import threading
 
+from workbench.kernels.registry import DEFAULT_BACKEND, get_backend
+
 __all__ = ["RADIAL_CHOICES", "load_calculator"]
 
 #: how the calculator evaluates a model's radial networks: ``"table"``
@@ -58,7 +60,7 @@ def _skin_neighbours(calc):
 
 def load_calculator(
     model: str | os.PathLike,
-    backend: str = "numba",
+    backend: str = DEFAULT_BACKEND,
     device: str = "cpu",
     dtype: str | None = None,
     trust_model: bool = False,
@@ -113,7 +115,7 @@ def load_calculator(
 def _radial(models: list, radial: str | None, backend: str, device: str) -> list[dict[str, str]]:
     """Tabulate the models' radial networks where ``radial`` (or its default) says so."""
     if radial is None:
-        radial = "table" if backend == "numba" and str(device) == "cpu" else "mlp"
+        radial = "table" if get_backend(backend).compiled and str(device) == "cpu" else "mlp"
     if radial == "mlp":
         return [{} for _ in models]
     if str(device) != "cpu":

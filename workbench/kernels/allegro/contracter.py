@@ -29,6 +29,7 @@ from workbench.kernels.descriptor import Operand, SparsePolynomial
 from workbench.kernels.lazy_class import LazyClass
 from workbench.kernels.nequip.companions import COMPANIONS
 from workbench.kernels.ops import PolyOp, apply_poly_op
+from workbench.kernels.registry import DEFAULT_BACKEND
 
 __all__ = ["SWAP", "WorkbenchContracter", "contracter_polynomial", "is_native", "is_workbench"]  # noqa: F822
 
@@ -72,7 +73,7 @@ def _make_class() -> type:
             x2 = torch.index_select(x2, 0, idxs)
             n = x1.shape[0]
             rows = torch.zeros(n, dtype=torch.long, device=x1.device)
-            backend = self.__dict__.get("kernel_backend", "numba")
+            backend = self.__dict__.get("kernel_backend", DEFAULT_BACKEND)
             tensors = (x1.reshape(n, -1), x2.reshape(n, -1), self.weights.reshape(1, -1))
             (out,) = apply_poly_op(self.contraction_op(), rows, 1, *tensors, backend=backend)
             return out.view(n, self.mul, self.base_dim_out)

@@ -14,7 +14,7 @@ turns into SIMD:
     r106 += K13 * W41
     acc0 += r105 * r106              # ... times the monomial, into output component 0
 
-The factoring is a multivariate Horner form (as in :mod:`workbench.kernels.backends.unrolled`
+The factoring is a multivariate Horner form (as in :mod:`workbench.kernels.numba.gpu.unrolled`
 on the GPU): operands are ranked by how often their components occur as factors, terms are
 grouped by their monomial in the first operand (built once from a shared two-factor prefix and
 reused by every output), and inside a group by the next operand, and so on.

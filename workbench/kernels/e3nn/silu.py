@@ -33,6 +33,7 @@ from numba import njit, prange
 
 from workbench.kernels.class_swap import ClassSwap
 from workbench.kernels.lazy_class import LazyClass
+from workbench.kernels.registry import DEFAULT_BACKEND, get_backend
 
 __all__ = ["SWAP", "WorkbenchSiLU", "silu"]  # noqa: F822 (module __getattr__)
 
@@ -126,12 +127,12 @@ def _make_class() -> type:
         and in training, torch's own below and in ``eval()`` (an MD step differentiates once,
         where the Python Functions cost and the fused pass gives nothing; torch's SiLU is right to
         every order, so a later second derivative is right too, only slower); the fused second
-        derivative on the ``numba`` backend, torch ops on the others."""
+        derivative on a ``compiled`` backend (the registry's), torch ops on the others."""
 
         def forward(self, input: torch.Tensor) -> torch.Tensor:
             if not self.training or input.numel() < MIN_ELEMENTS.get(input.dtype, 0):
                 return torch.nn.functional.silu(input)
-            return silu(input, fused=self.__dict__.get("kernel_backend", "numba") == "numba")
+            return silu(input, fused=get_backend(self.__dict__.get("kernel_backend", DEFAULT_BACKEND)).compiled)
 
     return WorkbenchSiLU
 

@@ -26,6 +26,7 @@ from workbench.kernels.class_swap import CACHE
 from workbench.kernels.e3nn.tp import ChannelwiseOpCache, channelwise_tp_op
 from workbench.kernels.lazy_class import LazyClass
 from workbench.kernels.ops import EdgeGraph, apply_edge_poly_op
+from workbench.kernels.registry import DEFAULT_BACKEND
 
 __all__ = [
     "SUPPORTED_INTERACTION_BLOCKS",
@@ -75,7 +76,9 @@ def _make_fused_class():
                 return super().forward(x, y, weight)
             op, _ = self.channelwise_op()
             graph = EdgeGraph.of(edge_index[0], edge_index[1], x.shape[0])
-            (out,) = apply_edge_poly_op(op, graph, x, y, weight, backend=self.__dict__.get("kernel_backend", "numba"))
+            (out,) = apply_edge_poly_op(
+                op, graph, x, y, weight, backend=self.__dict__.get("kernel_backend", DEFAULT_BACKEND)
+            )
             return out
 
     return FusedChannelwiseTensorProduct

@@ -45,7 +45,7 @@ class _TableFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, lengths: torch.Tensor, table: RadialTable) -> torch.Tensor:
-        from workbench.kernels.backends.cpu_radial import table_values
+        from workbench.kernels.numba.cpu.radial import table_values
 
         r = lengths.detach().contiguous().numpy()
         values, plan = table_values(r, table.lo, table.h, table.coeffs)
@@ -54,7 +54,7 @@ class _TableFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        from workbench.kernels.backends.cpu_radial import table_slope_dot
+        from workbench.kernels.numba.cpu.radial import table_slope_dot
 
         if torch.is_grad_enabled():  # create_graph: a second derivative would miss the table's
             raise RuntimeError(

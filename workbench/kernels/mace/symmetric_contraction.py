@@ -34,6 +34,7 @@ import torch
 from workbench.dtypes import default_dtype
 from workbench.kernels.descriptor import Operand, SparsePolynomial
 from workbench.kernels.ops import PolyOp, apply_poly_op
+from workbench.kernels.registry import DEFAULT_BACKEND
 
 _OP_CACHE: dict = {}
 _OP_CACHE_LOCK = threading.Lock()
@@ -219,7 +220,7 @@ class SymmetricContraction(torch.nn.Module):
 
     #: the descriptor backend evaluating the polynomial (:mod:`workbench.kernels.registry`); a
     #: class default, so models pickled before it existed load as numba
-    kernel_backend: str = "numba"
+    kernel_backend: str = DEFAULT_BACKEND
 
     def __init__(self, src: torch.nn.Module):
         super().__init__()

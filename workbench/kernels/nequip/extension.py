@@ -20,10 +20,12 @@ From Python, ``workbench.kernels.accelerate(model, backend="numba")`` does the s
 
 from __future__ import annotations
 
+from workbench.kernels.registry import DEFAULT_BACKEND
+
 MODIFIER = "enable_WorkbenchKernels"
 
 
-def _enable(cls, model, backend: str = "numba"):
+def _enable(cls, model, backend: str = DEFAULT_BACKEND):
     """Run the model's hot ops (NequIP's message tensor product and scatter, Allegro's
     contraction) on the workbench's fused kernels (numba CUDA on GPU tensors, CPU loops
     otherwise), with the radial basis and the MLPs' SiLU in fewer passes; in place, the state

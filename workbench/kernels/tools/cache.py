@@ -2,17 +2,17 @@
 for a while.
 
 Each generated kernel module is ``workbench_<kind>_<digest>.py`` in the cache folder
-(:func:`~workbench.kernels.backends.generated.source_dir`), with numba's machine code for it
+(:func:`~workbench.kernels.numba.generated.source_dir`), with numba's machine code for it
 (``<module>.<function>-<line>.py311.nbi`` and ``.nbc``) wherever numba keeps it: ``__pycache__``
 beside the module, or the folder numba derives from the cache folder under ``$NUMBA_CACHE_DIR`` or
-its user-wide cache (:func:`~workbench.kernels.backends.numba_cache.numba_folders`); all of them
+its user-wide cache (:func:`~workbench.kernels.numba.numba_cache.numba_folders`); all of them
 count towards a module's size and go with it.
 A new model configuration, dtype or workbench version writes new modules and never deletes the
 old ones, so a shared cache only grows. Loading a module refreshes its source's modification
 time, which is therefore its last use; :func:`prune` removes the modules (all their files) whose
 last use is older than a number of days, numba's files whose module is gone, and temporary files a
 crashed writer left. It holds the folder's lock
-(:func:`~workbench.kernels.backends.cache_folder.folder_lock`), so a process that is writing and
+(:func:`~workbench.kernels.numba.cache_folder.folder_lock`), so a process that is writing and
 importing a module finishes first; a job that needs a pruned module writes and compiles it
 again. Pruning is therefore safe while jobs run.
 """
@@ -25,8 +25,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.kernels.backends.cache_folder import folder_lock
-from workbench.kernels.backends.numba_cache import numba_folders
+from workbench.kernels.numba.cache_folder import folder_lock
+from workbench.kernels.numba.numba_cache import numba_folders
 
 __all__ = ["CachedModule", "PruneReport", "prune", "scan"]
 

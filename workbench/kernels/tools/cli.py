@@ -20,6 +20,8 @@ import json
 import os
 import sys
 
+from workbench.kernels.registry import DEFAULT_BACKEND
+
 __all__ = ["register_kernels"]
 
 
@@ -31,12 +33,12 @@ def _model(hidden: str, max_ell: int, correlation: int, elements: int, dtype: st
 
     z = list(range(1, elements + 1))
     model = random_scaleshift_mace(hidden, max_ell, correlation, z, 16.0, getattr(torch, dtype), device, perturb=0.0)
-    return accelerate(model, backend="numba", precompile=False)
+    return accelerate(model, backend=DEFAULT_BACKEND, precompile=False)
 
 
 def _use_cache(folder: str | None) -> None:
     """``--cache``: the kernel cache folder for this process and the ones it starts."""
-    from workbench.kernels.backends.generated import KERNEL_CACHE_ENV
+    from workbench.kernels.numba.generated import KERNEL_CACHE_ENV
 
     if folder:
         os.environ[KERNEL_CACHE_ENV] = os.path.abspath(os.path.expanduser(folder))
@@ -44,7 +46,7 @@ def _use_cache(folder: str | None) -> None:
 
 def _checked_cache(args, what: str) -> None:
     """``--cache`` in effect, and the folder refused in one line when it cannot be written."""
-    from workbench.kernels.backends.cache_folder import require_cache_on, require_writable, source_dir
+    from workbench.kernels.numba.cache_folder import require_cache_on, require_writable, source_dir
 
     _use_cache(args.cache)
     require_cache_on(what)
@@ -66,7 +68,7 @@ def _main(args) -> int:
     import torch
 
     from workbench.kernels.acceleration import precompile_model
-    from workbench.kernels.backends.generated import source_dir
+    from workbench.kernels.numba.generated import source_dir
     from workbench.kernels.tools.precompile_args import check_precompile_args, parse_cc
 
     check_precompile_args(args)  # every option, before anything is built or compiled
@@ -110,7 +112,7 @@ def _megabytes(size: int) -> str:
 def _cache_main(args) -> int:
     from datetime import datetime
 
-    from workbench.kernels.backends.cache_folder import require_writable, source_dir
+    from workbench.kernels.numba.cache_folder import require_writable, source_dir
     from workbench.kernels.tools.cache import prune, scan
 
     _use_cache(args.cache)

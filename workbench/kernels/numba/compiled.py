@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from workbench.kernels.backends.device import cudasim_enabled
 from workbench.kernels.descriptor.layout import EDGE_ROWS, row_codes
 from workbench.kernels.descriptor.polynomial import SparsePolynomial
 from workbench.kernels.descriptor.tables import term_table
+from workbench.kernels.numba.gpu.device import cudasim_enabled
 
 __all__ = ["CompiledPolynomial", "TransientCache"]
 

@@ -4,9 +4,9 @@ once per machine, not once per process or rank.
 
 A cached source is trusted only byte for byte: one that differs (damaged, truncated, another
 encoding) is written again, atomically. The machine code numba cached for it recovers the same
-way (:func:`~workbench.kernels.backends.numba_cache.guard`). Where the folder cannot be written,
+way (:func:`~workbench.kernels.numba.numba_cache.guard`). Where the folder cannot be written,
 or with ``WORKBENCH_CACHE=0``, the module is compiled in memory and nothing is written
-(:mod:`~workbench.kernels.backends.cache_folder` has the rule).
+(:mod:`~workbench.kernels.numba.cache_folder` has the rule).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
-from workbench.kernels.backends.cache_folder import KERNEL_CACHE_ENV, folder_lock, reason, source_dir, warn_in_memory
-from workbench.kernels.backends.numba_cache import guard
+from workbench.kernels.numba.cache_folder import KERNEL_CACHE_ENV, folder_lock, reason, source_dir, warn_in_memory
+from workbench.kernels.numba.numba_cache import guard
 from workbench.kernels.options import kernel_options
 
 __all__ = ["KERNEL_CACHE_ENV", "load_module", "source_dir"]

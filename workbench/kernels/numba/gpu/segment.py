@@ -41,7 +41,7 @@ cuda = None  # numba.cuda, bound on first use (after NUMBA_ENABLE_CUDASIM is rea
 def lanes() -> int:
     """Row lanes per column: :data:`LANES`; 1 under the simulator (it runs every thread in Python,
     and the other tests launch many sums), unless ``WORKBENCH_SEGMENT_LANES`` says otherwise."""
-    from workbench.kernels.backends.device import cudasim_enabled
+    from workbench.kernels.numba.gpu.device import cudasim_enabled
 
     return kernel_options().segment_lanes or (1 if cudasim_enabled() else LANES)
 

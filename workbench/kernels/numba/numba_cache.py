@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from workbench.kernels.backends.cache_folder import reason, warn_in_memory
+from workbench.kernels.numba.cache_folder import reason, warn_in_memory
 
 __all__ = ["guard", "numba_folders"]
 

@@ -2,7 +2,7 @@ r"""One launch per pass of an atom op: every output of the symmetric contraction
 backward or double backward, in all its parts, from one generated kernel.
 
 A polynomial too large for one thread's registers is split into parts
-(:func:`~workbench.kernels.backends.unrolled.unrolled_parts`: groups of output components, or
+(:func:`~workbench.kernels.numba.gpu.unrolled.unrolled_parts`: groups of output components, or
 runs of terms). Launched one kernel per part, the paper configuration's double backward took
 9 launches (d(x) in 5, d(W) in 3, d(d(out))). Here thread (atom :math:`b`, channel :math:`c`)
 runs the parts one after another in one kernel:
@@ -22,7 +22,7 @@ NVVM nor ptxas moves a load above them: a part's registers are dead before the n
 and the kernel needs the registers of its largest part, not of their sum. Runs of terms of
 one component (``+=``) follow each other in one thread, so the sum keeps its order. A species
 output (weight gradient) is written as per-atom partials and summed per species by
-:mod:`~workbench.kernels.backends.segment`, one more launch each: two launches for the
+:mod:`~workbench.kernels.numba.gpu.segment`, one more launch each: two launches for the
 contraction's backward and double backward, one for its forward.
 
 float64 passes are not fused: their parts take up to 255 registers alone (two a value), and
@@ -32,7 +32,7 @@ unrolled (the others are launched apart by the caller). Its parts go into as few
 keep each within ``WORKBENCH_PASS_MAX_TERMS`` terms (default :data:`MAX_KERNEL_TERMS`), which
 bounds compile time: one kernel for each pass at the three benchmark configurations (the paper's,
 128x0e+128x1o+128x2e and 256x0e+256x1o).
-``WORKBENCH_FUSE_PASSES=0`` turns fusion off (:data:`workbench.kernels.ops.FUSE_ENV`).
+``WORKBENCH_FUSE_PASSES=0`` turns fusion off (:data:`workbench.kernels.numba.dispatch.FUSE_ENV`).
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ from typing import Any
 
 import numpy as np
 
-from workbench.kernels.backends import segment, unrolled
-from workbench.kernels.backends.unrolled_source import Index
-from workbench.kernels.backends.unrolled_sums import Definitions
 from workbench.kernels.descriptor.tables import TermTable
+from workbench.kernels.numba.gpu import segment, unrolled
+from workbench.kernels.numba.gpu.unrolled_source import Index
+from workbench.kernels.numba.gpu.unrolled_sums import Definitions
 from workbench.kernels.options import kernel_options
 
 __all__ = ["FUSED_SCALE", "MAX_KERNEL_TERMS", "kernel_source", "launch", "pass_kernels", "plan"]

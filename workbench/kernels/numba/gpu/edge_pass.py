@@ -17,10 +17,10 @@ to the incoming cotangent :math:`\bar M`), which a second *role* of the same lau
   (the block loops to its longest segment), so that after each edge a barrier lets the first
   ``K`` threads of the node sum the ``C`` partials of the channel-summed output, ascending;
 * **role 2** (blocks ``[B1, B1 + B2)``): thread per (node, channel) over the other rows' CSR,
-  as the node kernel of :mod:`~workbench.kernels.backends.unrolled`.
+  as the node kernel of :mod:`~workbench.kernels.numba.gpu.unrolled`.
 
 Operand components are read with unsigned indices (no wraparound, offsets folded into the
-loads) and shared by every output of a role (:func:`~workbench.kernels.backends.unrolled_sums.sums`
+loads) and shared by every output of a role (:func:`~workbench.kernels.numba.gpu.unrolled_sums.sums`
 with one slot namespace). A pass is fused when every output runs unrolled on its own, the
 role-1 union fits (:func:`fused_layout`), there is at most one channel-summed output with
 contiguous components, and ``C <= 256`` when it has one (a node's threads share a block, and
@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from workbench.kernels.backends import unrolled
-from workbench.kernels.backends.unrolled_source import EDGE_ROW_VARS, Index, edge_rows
-from workbench.kernels.backends.unrolled_sums import Definitions, dtype_name, sums
 from workbench.kernels.descriptor.tables import TermTable
+from workbench.kernels.numba.gpu import unrolled
+from workbench.kernels.numba.gpu.unrolled_source import EDGE_ROW_VARS, Index, edge_rows
+from workbench.kernels.numba.gpu.unrolled_sums import Definitions, dtype_name, sums
 
 __all__ = ["PassLayout", "block_shape", "fused_layout", "kernel_source", "launch", "layout", "plan"]
 
@@ -113,8 +113,8 @@ def fused_layout(compiled: Sequence[Any], dtype: str, channels: int) -> PassLayo
 
     Role 1 is fused when each of its outputs runs unrolled on its own and their union fits:
     float32, the union's terms, accumulators and distinct operand components pass
-    :func:`~workbench.kernels.backends.unrolled.use_unrolled`; float64 (two registers a value),
-    it reads at most :data:`~workbench.kernels.backends.unrolled.MAX_PART_SLOTS_F64` components.
+    :func:`~workbench.kernels.numba.gpu.unrolled.use_unrolled`; float64 (two registers a value),
+    it reads at most :data:`~workbench.kernels.numba.gpu.unrolled.MAX_PART_SLOTS_F64` components.
     Role 2 joins it in float32 when its outputs run unrolled; float64 launches them apart, since
     one kernel holding both roles spills more (paper config, double backward: 268 B against 192 B
     for role 1 alone, and none for role 2 alone)."""

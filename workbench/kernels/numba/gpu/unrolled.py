@@ -1,11 +1,11 @@
 r"""Unrolled numba-CUDA kernels generated per term table (paper §4.2: CG-sparse, unrolled, fused).
 
-The table-driven kernels (:mod:`~workbench.kernels.backends.cuda`, :mod:`~workbench.kernels.backends.edge_cuda`)
+The table-driven kernels (:mod:`~workbench.kernels.numba.gpu.atom`, :mod:`~workbench.kernels.numba.gpu.edge`)
 walk the term table at run time and keep operand components in shared memory, so every term
 costs ~3 dependent shared loads and its index arithmetic. Here the table is turned into
 straight-line code instead, with common factors taken out. An atom kernel (the contraction,
 thousands of terms) calls its sums as one generated numba intrinsic
-(:func:`~workbench.kernels.backends.unrolled_sums.sums`, :mod:`~workbench.kernels.backends.poly_ir`):
+(:func:`~workbench.kernels.numba.gpu.unrolled_sums.sums`, :mod:`~workbench.kernels.numba.gpu.poly_ir`):
 
 .. code-block:: python
 
@@ -19,10 +19,10 @@ thousands of terms) calls its sums as one generated numba intrinsic
         out_bu[cu1 + U0] = acc[0]             # written once per output component
 
 The program builds monomial prefixes :math:`x_i x_j` once and a multivariate Horner form per
-output (:func:`~workbench.kernels.backends.unrolled_sums.program`); the intrinsic lowers it straight to LLVM ``fmul``/``fma`` with the
+output (:func:`~workbench.kernels.numba.gpu.unrolled_sums.program`); the intrinsic lowers it straight to LLVM ``fmul``/``fma`` with the
 coefficients as immediates. Compile time is about 0.5 ms per term on one core (5 ms while
 numba typed every term). A message kernel (at most ~2,000 terms) writes the same sums out as
-numba source (:func:`~workbench.kernels.backends.unrolled_sums.sums` with ``source=True``: ``acc[0] = cuda.fma(m0, cuda.fma(v40, K3, ...), acc[0])``
+numba source (:func:`~workbench.kernels.numba.gpu.unrolled_sums.sums` with ``source=True``: ``acc[0] = cuda.fma(m0, cuda.fma(v40, K3, ...), acc[0])``
 in ``if go:`` blocks), whose blocks keep NVVM from sharing products across them and so keep
 registers lower. Either way a term costs about one fused multiply-add (the paper contraction's
 forward: about 1 SASS instruction per term, against 3.0 for the term-by-term code of the first
@@ -30,7 +30,7 @@ version). Three kernel shapes mirror the table-driven ones:
 
 * ``atom``: thread per (atom, channel); species operands are read at the atom's species row;
   a species output (weight gradient) is written as one partial row per atom, summed per
-  species by :mod:`~workbench.kernels.backends.segment` (deterministic, no atomics);
+  species by :mod:`~workbench.kernels.numba.gpu.segment` (deterministic, no atomics);
 * ``node``: thread per (node, channel) walking the node's CSR segment of edges, accumulators
   kept in registers over the whole segment; one store per component, no atomics;
 * ``edge``: thread per (edge, channel), or for a channel-summed output (the gradient of the
@@ -40,7 +40,7 @@ version). Three kernel shapes mirror the table-driven ones:
 A thread's registers bound how many terms one kernel can hold, so :func:`use_unrolled` keeps
 the table-driven kernel above ``WORKBENCH_UNROLL_MAX_TERMS`` (default :data:`DEFAULT_MAX_TERMS`)
 or when ``WORKBENCH_CUDA_KERNELS=table``, and :func:`unrolled_parts` splits larger polynomials
-(:mod:`~workbench.kernels.backends.atom_pass` runs the parts of a pass in one launch). Each
+(:mod:`~workbench.kernels.numba.gpu.atom_pass` runs the parts of a pass in one launch). Each
 generated source (which encodes the whole table) is written to a module under
 :func:`source_dir` and compiled with numba's on-disk cache, so it compiles once per machine.
 """
@@ -52,9 +52,10 @@ import os
 from functools import cache
 from typing import Any
 
-from workbench.kernels.backends.device import cudasim_enabled
-from workbench.kernels.backends.generated import load_module
-from workbench.kernels.backends.unrolled_source import (
+from workbench.kernels.descriptor.tables import TermTable
+from workbench.kernels.numba.generated import load_module
+from workbench.kernels.numba.gpu.device import cudasim_enabled
+from workbench.kernels.numba.gpu.unrolled_source import (
     ATOM_ROW_VARS,
     EDGE_ROW_VARS,
     THREADS_PER_BLOCK,
@@ -64,8 +65,7 @@ from workbench.kernels.backends.unrolled_source import (
     edge_rows,
     kernel_source,
 )
-from workbench.kernels.backends.unrolled_sums import Definitions, dtype_name, program, sums
-from workbench.kernels.descriptor.tables import TermTable
+from workbench.kernels.numba.gpu.unrolled_sums import Definitions, dtype_name, program, sums
 from workbench.kernels.options import kernel_options
 
 __all__ = [
@@ -168,7 +168,7 @@ def use_unrolled(num_terms: int, accumulators: int = 0, slots: int = 0, itemsize
     (default :data:`DEFAULT_MAX_TERMS`) and the values a thread keeps live (slots and
     accumulators, in 32-bit registers) stay within :data:`MAX_LIVE_REGISTERS`. ``scale``
     shrinks the budget (a part of a fused pass,
-    :data:`~workbench.kernels.backends.atom_pass.FUSED_SCALE`)."""
+    :data:`~workbench.kernels.numba.gpu.atom_pass.FUSED_SCALE`)."""
     options = kernel_options()
     if options.cuda_kernels != "auto":
         return options.cuda_kernels == "unrolled"
@@ -297,7 +297,7 @@ import numba
 import numpy as np
 from numba import cuda
 
-from workbench.kernels.backends.poly_ir import polynomial
+from workbench.kernels.numba.gpu.poly_ir import polynomial
 
 f32 = numba.float32
 u64 = numba.uint64

@@ -1,6 +1,6 @@
 r"""A polynomial's arithmetic as one numba intrinsic: LLVM IR built directly, not typed term by term.
 
-A generated kernel (:mod:`~workbench.kernels.backends.unrolled`) loads its operand components
+A generated kernel (:mod:`~workbench.kernels.numba.gpu.unrolled`) loads its operand components
 into registers, evaluates the sums of its term table, and stores them. Written as Python source,
 every term is a handful of numba IR instructions that numba types, analyses and lowers one by
 one: ~95% of the compile time (4 ms per term on one core, against ~0.5 ms in NVVM). Here the
@@ -157,7 +157,7 @@ def _python_function(program: Program, scalar: type) -> Any:
 def polynomial(code: str, dtype: str) -> Any:
     """The callable ``P(acc, v) -> acc`` for an encoded :class:`Program`, in ``dtype``: a numba
     CUDA intrinsic, or a Python function under the simulator."""
-    from workbench.kernels.backends.device import cudasim_enabled
+    from workbench.kernels.numba.gpu.device import cudasim_enabled
 
     program = Program.decode(code)
     scalar = np.float64 if dtype == "float64" else np.float32

@@ -1,7 +1,7 @@
 r"""numba-CUDA kernels for edge (message-passing) sparse polynomials: gather, CG-sparse
 product and scatter-sum fused in one launch per output, no per-edge intermediate in global memory.
 (A backward pass whose outputs all run unrolled is one launch for all of them instead:
-:mod:`~workbench.kernels.backends.edge_pass`.)
+:mod:`~workbench.kernels.numba.gpu.edge_pass`.)
 
 Two kernels, chosen by the rows of the output polynomial:
 
@@ -22,7 +22,7 @@ Two kernels, chosen by the rows of the output polynomial:
   fixed order: no atomics, the same bits on every run.
 
 Term tables are read by every thread of a warp at the same address (broadcast) exactly as in
-:mod:`workbench.kernels.backends.cuda`; shared rows are padded to an odd length so that a warp reading
+:mod:`workbench.kernels.numba.gpu.atom`; shared rows are padded to an odd length so that a warp reading
 the same slot hits 32 different banks. Kernels are compiled once per (buffer sizes, threads per
 block, dtype) and cached; under ``NUMBA_ENABLE_CUDASIM=1`` the same kernels run on numpy
 arrays.
@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from workbench.kernels.backends import unrolled
-from workbench.kernels.backends.device import threads_per_block
-from workbench.kernels.backends.gather import _device, cuda_edge_loader, cuda_split, cuda_term
+from workbench.kernels.numba.gather import _device, cuda_edge_loader, cuda_split, cuda_term
+from workbench.kernels.numba.gpu import unrolled
+from workbench.kernels.numba.gpu.device import threads_per_block
 
 __all__ = ["get_edge_kernel", "get_node_kernel", "launch", "plans", "reduce_group", "writes_every_element"]
 
@@ -209,9 +209,9 @@ def plans(
     host: bool = False,
 ) -> list[tuple]:
     """``[(kernel, blocks, threads_per_block, args)]`` for one compiled edge polynomial
-    (:class:`~workbench.kernels.backends.compiled.CompiledPolynomial`), empty when there is
+    (:class:`~workbench.kernels.numba.compiled.CompiledPolynomial`), empty when there is
     nothing to do: the unrolled kernel, or one per group of output components where the
-    polynomial is too large for one (:func:`~workbench.kernels.backends.unrolled.unrolled_parts`;
+    polynomial is too large for one (:func:`~workbench.kernels.numba.gpu.unrolled.unrolled_parts`;
     each part walks the edges again and stores its own components), or the table-driven kernel.
 
     ``arrays``: the 8 operand arrays (dummies where unused) as numba device arrays (numpy under

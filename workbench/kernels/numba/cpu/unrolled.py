@@ -1,7 +1,7 @@
 r"""Generated CPU code: a :class:`~workbench.kernels.descriptor.program.VectorProgram` as straight-line
 numba source, one channel loop that LLVM vectorises.
 
-The interpreter of :mod:`~workbench.kernels.backends.cpu_loops` runs each instruction as its own loop
+The interpreter of :mod:`~workbench.kernels.numba.cpu.loops` runs each instruction as its own loop
 over the channels, so every temporary goes through memory (three loads and a store per
 instruction and SIMD lane group). Here the whole program is one loop body over a channel
 ``c``:
@@ -24,7 +24,7 @@ reassociated) without run-time alias checks. Coefficients that do not vary by ro
 
 Opt-in (:func:`use_generated`): the row loads and the radial weights' memory traffic, not
 the instructions, bound most passes, so the interpreter is the default. The body is inlined
-into the row-pass drivers of :func:`workbench.kernels.backends.cpu_loops.driver_source`, written under ``$WORKBENCH_CACHE_DIR/kernels`` and
+into the row-pass drivers of :func:`workbench.kernels.numba.cpu.loops.driver_source`, written under ``$WORKBENCH_CACHE_DIR/kernels`` and
 compiled with numba's on-disk cache, so a configuration compiles once per machine.
 """
 
@@ -72,7 +72,7 @@ def use_generated(program: VectorProgram) -> bool:
 
 
 def body_source(program: VectorProgram, channels: int, dtype: str, per_segment: np.ndarray) -> list[str]:
-    """Lines running ``program`` on one row, for :func:`~workbench.kernels.backends.cpu_loops.driver_source`:
+    """Lines running ``program`` on one row, for :func:`~workbench.kernels.numba.cpu.loops.driver_source`:
     registers in the flat ``F`` (register ``j``, channel ``c`` at ``j * channels + c``), row
     coefficients ``K_rows[krow, k]``. Accumulator ``j`` is added to (``per_segment[j]``) or
     overwritten."""

@@ -1,6 +1,6 @@
-"""Python source of the unrolled kernels of :mod:`~workbench.kernels.backends.unrolled`: the
+"""Python source of the unrolled kernels of :mod:`~workbench.kernels.numba.gpu.unrolled`: the
 signature, thread indexing, operand loads and stores of the three kernel shapes (atom, node,
-edge) around the sums of :mod:`~workbench.kernels.backends.unrolled_sums`.
+edge) around the sums of :mod:`~workbench.kernels.numba.gpu.unrolled_sums`.
 
 Element indices are unsigned (:class:`Index`), so numba emits no negative-index wraparound and
 each offset folds into its load. The source is a module body without imports; the module
@@ -9,8 +9,8 @@ header (numba, ``cuda``, ``polynomial``, ``f32``, ``u64``) is added where it is 
 
 from __future__ import annotations
 
-from workbench.kernels.backends.unrolled_sums import Definitions, dtype_name, sums
 from workbench.kernels.descriptor.tables import TermTable
+from workbench.kernels.numba.gpu.unrolled_sums import Definitions, dtype_name, sums
 
 __all__ = [
     "ATOM_ROW_VARS",
@@ -229,7 +229,7 @@ def kernel_source(
 
     ``shape``: ``"atom"`` (arrays ``x0..x9``: 0-5 per atom, 6-9 per species; the output has one
     row per atom: a species output is written as per-atom partials that
-    :mod:`~workbench.kernels.backends.segment` sums), ``"node"`` or ``"edge"`` (arrays ``x0..x7``
+    :mod:`~workbench.kernels.numba.gpu.segment` sums), ``"node"`` or ``"edge"`` (arrays ``x0..x7``
     with rows edge / sender / receiver; ``reduce_channels``: a channel-summed output, reduced in
     shared memory by the ``G`` threads of an edge in a fixed order, so ``tpb``, the block size
     the kernel is launched with, sizes that buffer; ``group``, when given, fixes ``G`` at compile

@@ -20,7 +20,7 @@ row before the pass (:func:`row_coefficients`, vectorised over rows).
 
 All the outputs of one pass with the same row shape share one program, so their common
 monomials are built once and every operand row is read once. Segments run in parallel
-(``prange``, :mod:`~workbench.kernels.backends.cpu_segments`); no two segments write the same element, so there are no atomics, and sums run
+(``prange``, :mod:`~workbench.kernels.numba.cpu.segments`); no two segments write the same element, so there are no atomics, and sums run
 in a fixed order: the same inputs give the same bits on every run and thread count.
 
 Layout: a vector register is a contiguous run of ``C`` channels. Channelwise operands whose
@@ -46,9 +46,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.kernels.backends.cpu_fused import fused_pass, use_fused
-from workbench.kernels.backends.cpu_loops import NUM_ARRAYS, coefficients_by_row, drivers, sum_pieces
 from workbench.kernels.descriptor.program import VectorProgram, vector_program
+from workbench.kernels.numba.cpu.fused import fused_pass, use_fused
+from workbench.kernels.numba.cpu.loops import NUM_ARRAYS, coefficients_by_row, drivers, sum_pieces
 from workbench.kernels.options import kernel_options
 
 __all__ = [
@@ -113,9 +113,9 @@ class RowPass:
 
     def drivers(self, dtype: str, channels: int) -> tuple[Any, Any]:
         """``(parallel, serial)`` row-pass drivers whose body runs the program on one row:
-        generated straight-line code (:mod:`~workbench.kernels.backends.cpu_unrolled`) or the
+        generated straight-line code (:mod:`~workbench.kernels.numba.cpu.unrolled`) or the
         interpreter."""
-        from workbench.kernels.backends import cpu_unrolled
+        from workbench.kernels.numba.cpu import unrolled as cpu_unrolled
 
         if cpu_unrolled.use_generated(self.program):
             return drivers(cpu_unrolled.body_source(self.program, channels, dtype, self.acc_seg))

@@ -1,16 +1,16 @@
 r"""The sums of a term table as generated code, for the unrolled kernels of
-:mod:`~workbench.kernels.backends.unrolled`.
+:mod:`~workbench.kernels.numba.gpu.unrolled`.
 
 Both forms group the terms the same way (:class:`Grouped`: a multivariate Horner form with
 common factors taken out) and differ in what they emit:
 
 * :func:`sums`: one call of a generated polynomial intrinsic
-  (:func:`~workbench.kernels.backends.poly_ir.polynomial`, the program built by :func:`program`),
+  (:func:`~workbench.kernels.numba.gpu.poly_ir.polynomial`, the program built by :func:`program`),
   which numba types once however many terms it holds: the atom kernels;
 * ``sums(..., source=True)`` (:func:`_source_sums`): the terms written out as nested
   ``cuda.fma`` calls in ``if go:`` blocks, which keep NVVM from sharing products across blocks
   and so keep registers lower: the message kernels (node, edge and the fused passes of
-  :mod:`~workbench.kernels.backends.edge_pass`).
+  :mod:`~workbench.kernels.numba.gpu.edge_pass`).
 
 Coefficients and polynomials become module-level definitions of the generated module
 (:class:`Definitions`), typed globals that numba freezes as constants.
@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from workbench.kernels.backends.poly_ir import Program, call_source
 from workbench.kernels.descriptor.tables import TermTable
+from workbench.kernels.numba.gpu.poly_ir import Program, call_source
 
 __all__ = ["CHUNK", "LINES_PER_BLOCK", "TERMS_PER_BLOCK", "Definitions", "Grouped", "dtype_name", "program", "sums"]
 
@@ -47,7 +47,7 @@ def dtype_name(dtype: str) -> str:
 
 class Definitions:
     """The module-level definitions of one generated kernel: each table's polynomial
-    (``P = polynomial(...)``, :mod:`~workbench.kernels.backends.poly_ir`) and its zeroed
+    (``P = polynomial(...)``, :mod:`~workbench.kernels.numba.gpu.poly_ir`) and its zeroed
     accumulators, or the coefficients ``K0, K1, ...`` of source sums (:func:`_source_sums`):
     typed globals that numba freezes as constants."""
 
@@ -137,7 +137,7 @@ class _SourceEmit:
 
 
 class _ProgramEmit:
-    """:meth:`Grouped.chain` as :class:`~workbench.kernels.backends.poly_ir.Program` operations."""
+    """:meth:`Grouped.chain` as :class:`~workbench.kernels.numba.gpu.poly_ir.Program` operations."""
 
     def __init__(self, prog: Program):
         self.prog = prog
@@ -154,7 +154,7 @@ class _ProgramEmit:
 
 
 def program(table: TermTable) -> tuple[Program, list[int]]:
-    r"""The sums of ``table`` as a :class:`~workbench.kernels.backends.poly_ir.Program` (inputs:
+    r"""The sums of ``table`` as a :class:`~workbench.kernels.numba.gpu.poly_ir.Program` (inputs:
     the slots, then one accumulator per output component), and the output components in
     accumulator order.
 
@@ -214,7 +214,7 @@ def sums(
     kernel body.
 
     The sums (:func:`program`) are one call of a generated intrinsic
-    (:func:`~workbench.kernels.backends.poly_ir.polynomial`) on tuples of the accumulators and
+    (:func:`~workbench.kernels.numba.gpu.poly_ir.polynomial`) on tuples of the accumulators and
     the operand components, so numba types one call instead of every term; with ``source``,
     the terms written out as numba source instead (:func:`_source_sums`: the message kernels)."""
     v = list(names) if names is not None else [f"v{q}" for q in range(table.num_slots)]
@@ -294,7 +294,7 @@ def _source_sums(
     table: TermTable, dtype: str, ind: str, di: str, consts: Definitions, v: list[str], tag: str
 ) -> tuple[list[str], list[str], dict[int, str]]:
     r""":func:`sums` written out as numba source, for the message kernels (node, edge,
-    :mod:`~workbench.kernels.backends.edge_pass`).
+    :mod:`~workbench.kernels.numba.gpu.edge_pass`).
 
     The terms are grouped as in :func:`program` (a multivariate Horner form: a term costs about
     one fused multiply-add), each monomial of the first operand built from its two-factor prefix

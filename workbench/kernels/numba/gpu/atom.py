@@ -8,7 +8,7 @@ address (a broadcast), accumulating one output component at a time in a register
 intermediate goes to global memory: all correlation orders of the contraction (and all
 terms of a derivative) are one pass. Species outputs (weight gradients) are written as
 per-atom partial rows and summed per species in a fixed order by
-:mod:`~workbench.kernels.backends.segment`: no atomics, bit-reproducible.
+:mod:`~workbench.kernels.numba.gpu.segment`: no atomics, bit-reproducible.
 
 Torch tensors are handed over without copies through ``__cuda_array_interface__``
 (``numba.cuda.as_cuda_array``) and launched on torch's current stream. Kernels are compiled
@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from workbench.kernels.backends import segment, unrolled
-from workbench.kernels.backends.device import cuda_available, cudasim_enabled, threads_per_block
-from workbench.kernels.backends.gather import cuda_pick
 from workbench.kernels.descriptor.layout import MAX_ATOM_ARRAYS
+from workbench.kernels.numba.gather import cuda_pick
+from workbench.kernels.numba.gpu import segment, unrolled
+from workbench.kernels.numba.gpu.device import cuda_available, cudasim_enabled, threads_per_block
 
 __all__ = ["cuda_available", "cudasim_enabled", "get_kernel", "launch", "plans", "writes_every_element"]
 
@@ -98,7 +98,7 @@ def _table_kernel(nb_dtype: Any, SP: int, TPB: int, pick: Any, u64: Any, D: np.u
 
 def plans(compiled: Any, arrays: list, species: Any, channels: int, out: Any, host: bool = False) -> list[tuple]:
     """``[(kernel, blocks, threads_per_block, args)]`` for one compiled polynomial: the generated
-    kernel of each part (:func:`workbench.kernels.backends.unrolled.unrolled_parts`), or the one
+    kernel of each part (:func:`workbench.kernels.numba.gpu.unrolled.unrolled_parts`), or the one
     table-driven kernel; empty when there is nothing to do.
 
     ``arrays``: the 10 operand arrays (6 atom + 4 species slots, dummies where unused) as numba

@@ -1,0 +1,1 @@
+"""numba CPU kernels: vector programs over channel vectors, fused row passes, radial tables."""
