@@ -44,12 +44,12 @@ os.environ.setdefault("WORKBENCH_CPU_KERNELS", "interpreter")
 def slurm_cluster():
     """A real SLURM (munged + slurmctld + slurmd on 127.0.0.1) shared by the session.
 
-    Yields a started :class:`workbench.launch.testing.LocalSlurm`; point clients at it with
+    Yields a started :class:`local_slurm.LocalSlurm`; point clients at it with
     ``monkeypatch.setenv("SLURM_CONF", slurm_cluster.env["SLURM_CONF"])`` (or ``cluster.env``
     for a subprocess). Skips only when the daemons are not installed; a cluster that is
     installed but does not start is an error.
     """
-    from workbench.launch.testing import LocalSlurm, missing_daemons
+    from local_slurm import LocalSlurm, missing_daemons
 
     missing = missing_daemons()
     if missing:

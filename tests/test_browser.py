@@ -23,8 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from workbench.launch.testing import WaitError, free_port, http_ok, stop_process, wait_for
+from local_slurm import WaitError, free_port, http_ok, stop_process, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -64,7 +63,7 @@ def _settings(d: Path) -> None:
 @pytest.fixture(scope="module")
 def two_nodes():
     """A two-node SLURM for notebook 04's launch cell; None where SLURM is not installed."""
-    from workbench.launch.testing import LocalSlurm, missing_daemons
+    from local_slurm import LocalSlurm, missing_daemons
 
     if missing_daemons():
         yield None

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from local_slurm import LocalSlurm, missing_daemons
 
 from workbench.data.embedded import EMBEDDED_PATH
 from workbench.launch import LaunchError, RunFailed, attach, launch
 from workbench.launch.slurm import parse_time
-from workbench.launch.testing import LocalSlurm, missing_daemons
 from workbench.train import TrainConfig
 from workbench.train.presets import small_dataset
 from workbench.train.presets import tiny_config as preset

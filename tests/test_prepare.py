@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fault_injection import fault_env
 from train_fixtures import run_cli
 
 from workbench.data.embedded import EMBEDDED_PATH
@@ -273,7 +274,7 @@ def test_prepare_train_resume_under_torchrun(embedded_store, tmp_path):
     assert out.returncode == 0, out.stderr[-4000:]
     # Rank 1 dies after step 5; torchrun restarts the group, which resumes from the step-3 checkpoint.
     cut = tiny_config(tmp_path, "cut", **base)
-    resumed = run_cli(cut, tmp_path, 2, {"WORKBENCH_FAIL_AT_STEP": "5", "WORKBENCH_FAIL_RANK": "1"}, restarts=1)
+    resumed = run_cli(cut, tmp_path, 2, fault_env(5, rank=1), restarts=1)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert "resume: from step 3" in resumed.stderr
     for rank in (0, 1):

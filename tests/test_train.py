@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fault_injection import fault_env
 from train_fixtures import run_cli, tiny
 
 from workbench.data.embedded import EMBEDDED_PATH
@@ -96,9 +97,7 @@ def test_torchrun_two_ranks_gloo_loss_decreases(ddp_run):
 def test_rank_failure_restarts_group_from_checkpoint(ddp_run, tmp_path):
     ref_cfg, _ = ddp_run
     cfg = tiny(tmp_path, "ddp")  # same run, other directory
-    out = run_cli(
-        cfg, tmp_path, nproc=2, restarts=3, env_extra={"WORKBENCH_FAIL_AT_STEP": "10", "WORKBENCH_FAIL_RANK": "1"}
-    )
+    out = run_cli(cfg, tmp_path, nproc=2, restarts=3, env_extra=fault_env(10, rank=1))
     assert out.returncode == 0, out.stderr[-4000:]
     raw = [json.loads(x) for x in RunDir(cfg.run_dir).step_log(1).read_text().splitlines()]
     # Steps 9-10 ran twice (the group restarted from the step-8 checkpoint) but are logged once.
@@ -116,7 +115,7 @@ def test_kill_and_resume_is_exact(tmp_path):
     ref = tiny(tmp_path, "ref", max_steps=14, checkpoint_every=3)
     assert run_cli(ref, tmp_path).returncode == 0
     cut = tiny(tmp_path, "cut", max_steps=14, checkpoint_every=3)
-    killed = run_cli(cut, tmp_path, env_extra={"WORKBENCH_FAIL_AT_STEP": "8"})
+    killed = run_cli(cut, tmp_path, env_extra=fault_env(8))
     assert killed.returncode != 0  # died mid-epoch after step 8; last checkpoint at step 6
     assert len(steps(cut.run_dir)) == 8
     resumed = run_cli(cut, tmp_path)

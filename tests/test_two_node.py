@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from local_slurm import LocalSlurm, WaitError, missing_daemons, wait_for
 
 from workbench.data.embedded import EMBEDDED_PATH
 from workbench.launch import attach, launch
 from workbench.launch.failover import FAILOVER, STRAY, STRAY_SIGTERM_LIMIT, decide, peer_lost
-from workbench.launch.testing import LocalSlurm, WaitError, missing_daemons, wait_for
 from workbench.train.presets import small_dataset, tiny_config
 from workbench.train.rundir import RunDir, read_jsonl, read_steps
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from collections.abc import Iterator
 
@@ -13,23 +12,12 @@ import torch
 
 from workbench.train import preempt
 from workbench.train.evaluation import TENSOR_METRICS, evaluate
+from workbench.train.hooks import step_hook
 from workbench.train.resume import checkpoint
 from workbench.train.rundir import JsonlLog
 from workbench.train.samplers import RecordingSampler
 from workbench.train.session import Session
 from workbench.train.step import StepTotals, accumulate, check_skipped_share, step_record, take_step
-
-
-def _maybe_fail(global_step: int, rank: int) -> None:
-    # Fault injection for the resume and rank-failure tests: die at a given step, first attempt only.
-    at = os.environ.get("WORKBENCH_FAIL_AT_STEP")
-    if at is None or int(at) != global_step:
-        return
-    if int(os.environ.get("WORKBENCH_FAIL_RANK", str(rank))) != rank:
-        return
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > int(os.environ.get("WORKBENCH_FAIL_ATTEMPTS", "1")) - 1:
-        return
-    os._exit(int(os.environ.get("WORKBENCH_FAIL_CODE", "17")))
 
 
 def _epoch_batches(s: Session, epoch: int) -> tuple[Iterator, RecordingSampler, int]:
@@ -90,7 +78,8 @@ def train_one_epoch(s: Session, epoch: int, step_log: JsonlLog, bar) -> tuple[St
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{s.last_loss:.4g}", epoch=epoch)
-        _maybe_fail(s.global_step, s.rank)
+        if (hook := step_hook()) is not None:
+            hook(s.global_step, s.rank)
         if config.checkpoint_every and s.global_step % config.checkpoint_every == 0:
             checkpoint(s, epoch, consumed)
         if config.max_steps is not None and s.global_step >= config.max_steps:

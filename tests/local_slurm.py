@@ -1,11 +1,11 @@
-"""A real SLURM cluster on this machine (one node, or several), for tests, CI and notebook demos.
+"""A real SLURM cluster on this machine (one node, or several), for the tests (kept out of the library).
 
 ``LocalSlurm`` starts ``munged``, ``slurmctld`` and one ``slurmd`` per node by hand (no
 systemd) from Debian's ``slurm-wlm`` and ``munge`` packages, each in the foreground under its
 own PID, with everything (munge key, sockets, state, spool, logs, ``slurm.conf``) in a fresh
 private temporary directory. Clients find the cluster through ``SLURM_CONF``::
 
-    from workbench.launch.testing import LocalSlurm
+    from local_slurm import LocalSlurm
 
     with LocalSlurm() as cluster:            # idle and accepting jobs when this returns
         os.environ.update(cluster.env)       # SLURM_CONF for sbatch/squeue/scontrol (and submitit)
@@ -352,7 +352,7 @@ class LocalSlurm:
         spool = f"{root}/spool" + ("" if self.nodes == 1 else "/%n")
         expire = "" if self.requeue_delay_s is None else f",cred_expire={int(self.requeue_delay_s) - 1}"
         return f"""\
-# Written by workbench.launch.testing.LocalSlurm
+# Written by local_slurm.LocalSlurm
 ClusterName=workbench
 FirstJobId={first_job_id}
 SlurmctldHost={self.hostname}(127.0.0.1)
