@@ -349,9 +349,11 @@ def test_slurm_requeue_and_time_limit_signal_resume_exactly(slurm_env, slurm_ref
 def test_slurm_failed_job_raises_with_traceback(slurm_env, dataset, tmp_path):
     config = cfg(tmp_path, "bad", dataset, capacity=30)  # smaller than the graphs: the trainer raises
     run = launch(config, backend="slurm", gpus_per_node=1, time="00:10:00")
-    with pytest.raises(RunFailed, match=r"(?s)rank 0 failed: ValueError: capacity 30 atoms.*Traceback") as err:
+    with pytest.raises(
+        RunFailed, match=r"(?s)rank 0 failed: ValueError: \d+ graph\(s\) exceed TrainConfig.capacity 30:.*Traceback"
+    ) as err:
         run.wait(timeout=START_TIMEOUT)
-    assert "raise TrainConfig.capacity" in err.value.traceback
+    assert "Raise TrainConfig.capacity to at least" in err.value.traceback
     assert run.status == "failed" and "capacity 30" in run.reason
     assert "Traceback" in run.logs(tail=200)
 
@@ -432,7 +434,9 @@ def test_local_cancel_then_relaunch_resumes_exactly(dataset, tmp_path, request):
 
 def test_local_failed_run_raises_with_traceback(dataset, tmp_path):
     run = launch(cfg(tmp_path, "localbad", dataset, capacity=30), backend="local", gpus_per_node=1)
-    with pytest.raises(RunFailed, match=r"(?s)rank 0 failed: ValueError: capacity 30 atoms.*Traceback"):
+    with pytest.raises(
+        RunFailed, match=r"(?s)rank 0 failed: ValueError: \d+ graph\(s\) exceed TrainConfig.capacity 30:.*Traceback"
+    ):
         run.wait(timeout=START_TIMEOUT)
     assert run.status == "failed" and "Traceback" in run.logs(tail=200)
 
