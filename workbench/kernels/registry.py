@@ -17,6 +17,7 @@ this file. Nothing here imports torch: the CLI reads the names while building it
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,8 +44,12 @@ DEFAULT_BACKEND = "numba"
 
 def _resolve(target: str | Callable | None) -> Any:
     """A ``"package.module:attribute"`` string imported on first use, or the object itself."""
-    if not isinstance(target, str):
-        return target
+    return _imported(target) if isinstance(target, str) else target
+
+
+@functools.cache
+def _imported(target: str) -> Any:
+    # cached: every op evaluation looks its backend's evaluate up through here
     module, _, attr = target.partition(":")
     obj = importlib.import_module(module)
     return getattr(obj, attr) if attr else obj
