@@ -31,6 +31,18 @@ collect_ignore = [] if _installed("nequip") else ["nequip_env"]
 # of their tutorial-sized configurations (nequip_fixtures.default_cpu_kernels).
 os.environ.setdefault("WORKBENCH_CPU_KERNELS", "interpreter")
 
+
+@pytest.fixture(autouse=True)
+def _kernel_options_set_in_code():
+    """Kernel options a test sets in code (``configure``: the ``--cache`` of a CLI test, a
+    benchmark's variant) end with the test, as ``monkeypatch`` ends the variables it sets."""
+    from workbench.kernels import options
+
+    saved = options._SET
+    yield
+    options._SET = saved
+
+
 # Under pytest-xdist ``make test`` runs ``-n 2 --dist loadfile``: a module runs whole on one
 # worker, so its module fixtures (a JupyterLab, compiled kernels, a prepared store) start once.
 # Session fixtures start once per worker that needs them (LocalSlurm picks free ports, so two

@@ -7,17 +7,26 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BIN = Path(sys.executable).parent
-ARCH = dict(
-    hidden_irreps="8x0e+8x1o",
-    max_ell=1,
-    correlation=2,
-    num_interactions=2,
-    cutoff=4.0,
-    radial_mlp=[16, 16],
-    num_bessel=8,
-)
+#: the foundation's architecture as TrainConfig fields (a fine-tuning run must match it)
+ARCH = dict(hidden_irreps="8x0e+8x1o", max_ell=1, correlation=2, num_interactions=2, cutoff=4.0)
+ARCH.update(radial_mlp=[16, 16], num_bessel=8)
+
+
+def residual_mace(**fields):
+    """A random-weight mace-torch ``ScaleShiftMACE`` with residual interactions, max_ell 1,
+    correlation 2 and 2 interactions (``fields`` set the rest), built in float64."""
+    from mace import modules
+
+    from workbench.dtypes import default_dtype
+
+    block = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
+    common = dict(num_polynomial_cutoff=5, max_ell=1, num_interactions=2, correlation=2)
+    common.update(interaction_cls=block, interaction_cls_first=block, gate=torch.nn.functional.silu)
+    with default_dtype(torch.float64):
+        return modules.ScaleShiftMACE(**common, **fields)
 
 
 def write_family(path: Path, families: list[str], n: int, max_atoms: int) -> Path:

@@ -199,6 +199,23 @@ def weight_as_input(module: torch.nn.Module):
     return f, weight
 
 
+def swapped_copy(module: torch.nn.Module, swap) -> torch.nn.Module:
+    """A copy of an e3nn ``module`` with its companion ``swap`` applied (checked first)."""
+    import copy
+
+    ours = copy.deepcopy(module)
+    swap.check(ours)
+    swap.swap(ours, "numba")
+    return ours
+
+
+def random_features(module: torch.nn.Module, shape=(5, 2), dtype=torch.float64, seed: int = 0) -> torch.Tensor:
+    """Fresh random inputs of ``module.irreps_in`` (drawn in float64, then cast), with grad."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, module.irreps_in.dim, generator=g, dtype=torch.float64)
+    return x.to(dtype).requires_grad_()
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| / max |b| (b the reference)."""
     a, b = a.double(), b.double()

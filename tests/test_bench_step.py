@@ -15,15 +15,6 @@ from workbench.bench.step_profile import GAPS, OPTIMIZER, WORKBENCH, category, g
 RTOL = {"float64": 1e-10, "float32": 1e-4}
 
 
-def _cueq_missing() -> bool:
-    try:
-        import cuequivariance  # noqa: F401
-        import cuequivariance_torch  # noqa: F401
-    except ImportError:
-        return True
-    return False
-
-
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("step") / "step.json"
@@ -43,7 +34,7 @@ def test_smoke_layout_agreement_and_timings(smoke):
         for name, rec in wls.items():
             assert {"atoms", "edges", "graphs", "edges_per_atom", "backends", "ratios"} <= set(rec)
             assert rec["edges_per_atom"] == pytest.approx(rec["edges"] / rec["atoms"])
-            assert list(rec["backends"]) == list(bs.BACKENDS)
+            assert list(rec["backends"]) == list(bs.default_backends()) == ["numba", "e3nn", "cueq", "oeq"]
             numba, e3nn = rec["backends"]["numba"], rec["backends"]["e3nn"]
             for row in (numba, e3nn):
                 assert (
@@ -73,13 +64,12 @@ def test_smoke_mixture_batches_hold_at_most_capacity(smoke):
     assert len(mix["families"]) >= 2
 
 
-@pytest.mark.skipif(not _cueq_missing(), reason="cuequivariance is installed here")
-def test_cueq_row_is_skipped_with_the_reason(smoke):
+def test_gpu_only_rows_are_skipped_with_the_reason(smoke):
     for wls in smoke[0]["steps"].values():
         for rec in wls.values():
-            row = rec["backends"]["cueq"]
-            assert set(row) == {"skipped"}
-            assert row["skipped"].startswith("ImportError: ") and "cuequivariance" in row["skipped"]
+            for name in ("cueq", "oeq"):  # the registry's CUDA-only converters
+                assert rec["backends"][name] == {"skipped": f"{name} runs on cuda only, not cpu"}
+                assert f"numba/{name}" not in rec["ratios"]
 
 
 def test_smoke_profile_shares(smoke):
@@ -108,7 +98,7 @@ def test_budget_zero_skips_every_row_through_the_cli(tmp_path):
     for name in ("water-24", "water-48", "mixture-96"):
         rec = res["steps"]["float32"][name]
         assert rec["skipped"] == "time budget" and rec["backends"] == {
-            b: {"skipped": "time budget"} for b in bs.BACKENDS
+            b: {"skipped": "time budget"} for b in bs.default_backends()
         }
     assert res["profile"] == {"skipped": "time budget"}
     assert "water-24" in r.stdout and f"wrote {out}" in r.stdout

@@ -92,3 +92,30 @@ def test_math_and_literal_blocks_become_markdown():
     block = to_markdown("Text.\n\n.. math::\n\n    E = \\sum_i e_i\n\nAfter.")
     assert "$$\nE = \\sum_i e_i\n$$" in block and ".. math::" not in block and block.endswith("After.")
     assert to_markdown("Example::\n\n    code") == "Example:\n\n    code"
+
+
+def test_math_is_mathml_in_the_built_site(site):
+    """The docstrings' LaTeX reaches the pages as MathML (docs/mathml_hook.py): no script, no CDN."""
+    pages = [p.read_text() for p in site.rglob("*.html")]
+    assert sum(p.count("<math ") for p in pages) >= 10
+    assert not any('class="arithmatex"' in p for p in pages)
+    assert not any("mathjax" in p.lower() or "katex" in p.lower() for p in pages)
+    assert not list(site.rglob("*.py"))  # the build's own Python is not published
+
+
+def test_the_math_hook_names_the_page_of_a_formula_it_cannot_read():
+    spec = importlib.util.spec_from_file_location("mathml_hook", ROOT / "docs" / "mathml_hook.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = type("Page", (), {"file": type("File", (), {"src_uri": "guides/x.md"})()})()
+    out = hook.on_page_content('a <span class="arithmatex">\\(x_i &lt; 2\\)</span> b', page=page)
+    # the escaped "<" reaches latex2mathml as "<" and leaves as a character reference
+    assert (
+        out.startswith("a <math") and "<mi>x</mi>" in out and "<mo>&#x0003C;</mo>" in out and out.endswith("</math> b")
+    )
+    block = hook.on_page_content('<div class="arithmatex">\\[\nE = \\sum_i e_i\n\\]</div>', page=page)
+    assert (
+        block.startswith('<math xmlns="http://www.w3.org/1998/Math/MathML" display="block">') and "<mi>E</mi>" in block
+    )
+    with pytest.raises(ValueError, match=r"guides/x.md: latex2mathml cannot read 'x\^' \(MissingSuperScript"):
+        hook.on_page_content('<span class="arithmatex">\\(x^\\)</span>', page=page)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from finetune_fixtures import write_family
+from finetune_fixtures import residual_mace, write_family
 
 from workbench.train.config import TrainConfig
 
@@ -18,32 +18,21 @@ MP0_ELEMENTS = list(range(1, 90))
 @pytest.fixture(scope="module")
 def mp0_like(tmp_path_factory) -> Path:
     from e3nn import o3
-    from mace import modules
-
-    from workbench.dtypes import default_dtype
 
     torch.manual_seed(5)
-    with default_dtype(torch.float64):
-        model = modules.ScaleShiftMACE(
-            r_max=6.0,
-            num_bessel=10,
-            num_polynomial_cutoff=5,
-            max_ell=1,
-            interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
-            interaction_cls_first=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
-            num_interactions=2,
-            num_elements=len(MP0_ELEMENTS),
-            hidden_irreps=o3.Irreps("8x0e+8x1o"),
-            MLP_irreps=o3.Irreps("16x0e"),
-            atomic_energies=np.random.default_rng(5).uniform(-9.0, -0.5, len(MP0_ELEMENTS)),
-            avg_num_neighbors=61.96,
-            atomic_numbers=MP0_ELEMENTS,
-            correlation=2,
-            gate=torch.nn.functional.silu,
-            atomic_inter_scale=0.8,
-            atomic_inter_shift=0.1,
-            radial_MLP=[64, 64, 64],
-        )
+    model = residual_mace(
+        r_max=6.0,
+        num_bessel=10,
+        num_elements=len(MP0_ELEMENTS),
+        hidden_irreps=o3.Irreps("8x0e+8x1o"),
+        MLP_irreps=o3.Irreps("16x0e"),
+        atomic_energies=np.random.default_rng(5).uniform(-9.0, -0.5, len(MP0_ELEMENTS)),
+        avg_num_neighbors=61.96,
+        atomic_numbers=MP0_ELEMENTS,
+        atomic_inter_scale=0.8,
+        atomic_inter_shift=0.1,
+        radial_MLP=[64, 64, 64],
+    )
     path = tmp_path_factory.mktemp("mp0") / "mp0-like.model"
     torch.save(model, path)
     return path

@@ -222,7 +222,7 @@ def _worker(kind: str, start: int, stop: int) -> None:
 
 
 def _chunk(kind: str, start: int, stop: int) -> list[str]:
-    env = dict(os.environ, WORKBENCH_CACHE="0", OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="")
+    env = dict(os.environ, WORKBENCH_DATA_CACHE="0", OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="")
     cmd = [sys.executable, __file__, kind, str(start), str(stop)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     lines = out.stdout.splitlines()

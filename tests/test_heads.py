@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from finetune_fixtures import residual_mace
 
 from workbench.train.heads import HeadError, heads_of, select_head
 
@@ -15,36 +16,24 @@ from workbench.train.heads import HeadError, heads_of, select_head
 def _multihead(heads: list[str], seed: int = 0) -> torch.nn.Module:
     """A small ScaleShiftMACE over H and O with several heads, in float64."""
     from e3nn import o3
-    from mace import modules
 
     torch.manual_seed(seed)
     n = len(heads)
     with torch.random.fork_rng():
-        torch.set_default_dtype(torch.float64)
-        try:
-            return modules.ScaleShiftMACE(
-                r_max=4.0,
-                num_bessel=4,
-                num_polynomial_cutoff=5,
-                max_ell=1,
-                interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
-                interaction_cls_first=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
-                num_interactions=2,
-                num_elements=2,
-                hidden_irreps=o3.Irreps("4x0e+4x1o"),
-                MLP_irreps=o3.Irreps("4x0e"),
-                atomic_energies=np.array([[-1.0 - k, -2.0 - k] for k in range(n)]),
-                avg_num_neighbors=3.0,
-                atomic_numbers=[1, 8],
-                correlation=2,
-                gate=torch.nn.functional.silu,
-                radial_MLP=[8, 8],
-                heads=heads,
-                atomic_inter_scale=[1.0 + 0.5 * k for k in range(n)],
-                atomic_inter_shift=[0.1 * k for k in range(n)],
-            )
-        finally:
-            torch.set_default_dtype(torch.float32)
+        return residual_mace(
+            r_max=4.0,
+            num_bessel=4,
+            num_elements=2,
+            hidden_irreps=o3.Irreps("4x0e+4x1o"),
+            MLP_irreps=o3.Irreps("4x0e"),
+            atomic_energies=np.array([[-1.0 - k, -2.0 - k] for k in range(n)]),
+            avg_num_neighbors=3.0,
+            atomic_numbers=[1, 8],
+            radial_MLP=[8, 8],
+            heads=heads,
+            atomic_inter_scale=[1.0 + 0.5 * k for k in range(n)],
+            atomic_inter_shift=[0.1 * k for k in range(n)],
+        )
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,7 @@ def test_md_on_a_read_only_cache_warns_once(tiny_model, read_only_dir):  # noqa:
 
 def test_md_with_the_cache_off_writes_nothing_under_the_cache_folder(tiny_model, tmp_path):  # noqa: F811
     model, structure = tiny_model
-    res = _md(model, structure, {"WORKBENCH_CACHE": "0", "WORKBENCH_CACHE_DIR": str(tmp_path / "c")})
+    res = _md(model, structure, {"WORKBENCH_KERNEL_DISK_CACHE": "0", "WORKBENCH_CACHE_DIR": str(tmp_path / "c")})
     assert res.returncode == 0 and "KernelCacheWarning" not in res.stderr, res.stderr[-3000:]
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").rglob("*"))
 
@@ -78,8 +78,10 @@ def test_precompile_refuses_an_unusable_cache_in_one_line(tmp_path, read_only_di
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
     _one_line_error(main([*options, "--cache", str(a_file)]), capsys.readouterr().err, "regular file", "--cache")
-    monkeypatch.setenv("WORKBENCH_CACHE", "0")
-    _one_line_error(main([*options, "--cache", str(tmp_path / "k")]), capsys.readouterr().err, "WORKBENCH_CACHE=0")
+    monkeypatch.setenv("WORKBENCH_KERNEL_DISK_CACHE", "0")
+    _one_line_error(
+        main([*options, "--cache", str(tmp_path / "k")]), capsys.readouterr().err, "WORKBENCH_KERNEL_DISK_CACHE=0"
+    )
     assert not (tmp_path / "k").exists()
 
 

@@ -142,7 +142,7 @@ def test_a_cache_path_that_is_a_regular_file_compiles_in_memory(tmp_path, monkey
 
 def test_cache_off_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_KERNEL_CACHE", str(tmp_path / "k"))
-    monkeypatch.setenv("WORKBENCH_CACHE", "0")
+    monkeypatch.setenv("WORKBENCH_KERNEL_DISK_CACHE", "0")
     with warnings.catch_warnings():
         warnings.simplefilter("error", KernelCacheWarning)  # off on purpose: no warning
         module = _load_fresh(_text(tmp_path))

@@ -4,13 +4,12 @@ gradcheck and gradgradcheck, gated irreps out of e3nn's sorted order, odd scalar
 nothing gated, the plan read off e3nn's modules, a product it refuses, pickling and the swap in
 place and back."""
 
-import copy
 import pickle
 
 import pytest
 import torch
 from e3nn import nn, o3
-from kernel_fixtures import rel_max
+from kernel_fixtures import random_features, rel_max, swapped_copy
 from torch.autograd import gradcheck, gradgradcheck
 
 import workbench  # noqa: F401
@@ -29,15 +28,11 @@ CASES = {  # (irreps_scalars, act_scalars, irreps_gates, act_gates, irreps_gated
 def _gates(case: str, dtype=torch.float64) -> tuple[torch.nn.Module, torch.nn.Module]:
     scalars, act_s, gates, act_g, gated = CASES[case]
     gate = nn.Gate(scalars, act_s, gates, act_g, gated).to(dtype)
-    ours = copy.deepcopy(gate)
-    SWAP.check(ours)
-    SWAP.swap(ours, "numba")
-    return gate, ours
+    return gate, swapped_copy(gate, SWAP)
 
 
 def _x(gate, shape=(5, 2), dtype=torch.float64, seed=0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, gate.irreps_in.dim, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
+    return random_features(gate, shape, dtype, seed)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -10,7 +10,7 @@ import pickle
 import pytest
 import torch
 from e3nn import o3
-from kernel_fixtures import rel_max, weight_as_input
+from kernel_fixtures import random_features, rel_max, swapped_copy, weight_as_input
 from torch.autograd import gradcheck, gradgradcheck
 
 import workbench  # noqa: F401
@@ -35,15 +35,11 @@ def form(request, monkeypatch):
 def _swapped(irreps_in: str, irreps_out: str, dtype=torch.float64) -> tuple[torch.nn.Module, torch.nn.Module]:
     torch.manual_seed(len(irreps_in) + len(irreps_out))
     lin = o3.Linear(irreps_in, irreps_out).to(dtype)
-    ours = copy.deepcopy(lin)
-    SWAP.check(ours)
-    SWAP.swap(ours, "numba")
-    return lin, ours
+    return lin, swapped_copy(lin, SWAP)
 
 
 def _x(lin, shape=(6, 2), dtype=torch.float64, seed=0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, lin.irreps_in.dim, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
+    return random_features(lin, shape, dtype, seed)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -448,18 +448,24 @@ def test_preempt_guard_records_signals_and_restores_handlers(monkeypatch):
 
     before = signal.getsignal(signal.SIGUSR2)
     monkeypatch.delenv(preempt.ENV_VAR, raising=False)
-    with preempt.guard_from_env():
+    with preempt.guard():
         assert preempt.requested(1, "cpu") is None  # opt-in only: no env, no guard
     monkeypatch.setenv(preempt.ENV_VAR, "TERM,USR2")
-    with preempt.guard_from_env():
+    with preempt.guard():
         assert preempt.requested(1, "cpu") is None
         os.kill(os.getpid(), signal.SIGUSR2)
         os.kill(os.getpid(), signal.SIGTERM)  # recorded, not fatal; the highest number wins
         assert preempt.requested(1, "cpu") == "TERM"
     assert signal.getsignal(signal.SIGUSR2) is before and preempt.requested(1, "cpu") is None
     monkeypatch.setenv(preempt.ENV_VAR, "TERM,NOPE")
-    with pytest.raises(ValueError, match="'NOPE' is not a signal name"), preempt.guard_from_env():
+    with pytest.raises(ValueError, match="'NOPE' is not a signal name"), preempt.guard():
         pass
+    monkeypatch.delenv(preempt.ENV_VAR)
+    with preempt.guard("USR2"):  # the value train(preempt_signals=...) passes; no variable needed
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert preempt.requested(1, "cpu") == "USR2"
+    with preempt.guard(""):  # named, but none: no guard
+        assert preempt.requested(1, "cpu") is None
 
 
 def test_a_failed_rank_decides_only_once_the_job_has_ended(tmp_path, monkeypatch):

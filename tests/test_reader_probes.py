@@ -19,7 +19,7 @@ HEAD = 'Properties=species:S:1:pos:R:3 pbc="F F F"\n'
 
 @pytest.fixture(autouse=True)
 def _no_cache(monkeypatch):
-    monkeypatch.setenv("WORKBENCH_CACHE", "0")  # a cached read would hide the parser's answer
+    monkeypatch.setenv("WORKBENCH_DATA_CACHE", "0")  # a cached read would hide the parser's answer
 
 
 def test_zero_atom_frame_is_an_error_not_a_segfault(tmp_path):

@@ -26,6 +26,7 @@ FLOORS = {
     "limits": 0,
     "cli_args": 0,
     "cache_dir": 0,
+    "switches": 0,
     "data": 1,
     "kernels": 1,
     "packing": 2,

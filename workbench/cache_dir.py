@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from workbench.switches import switch
 
 __all__ = ["CACHE_DIR_ENV", "cache_dir"]
 
@@ -13,4 +14,4 @@ CACHE_DIR_ENV = "WORKBENCH_CACHE_DIR"
 
 def cache_dir(kind: str) -> Path:
     """The folder for ``kind`` (``"structures"``, ``"kernels"``); not created here."""
-    return Path(os.environ.get(CACHE_DIR_ENV) or Path.home() / ".cache" / "cfm-workbench") / kind
+    return Path(switch(CACHE_DIR_ENV) or Path.home() / ".cache" / "cfm-workbench") / kind

@@ -14,8 +14,9 @@ from __future__ import annotations
 import contextlib
 import importlib.abc
 import io
-import os
 import sys
+
+from workbench.switches import switch
 
 __all__ = ["NOTICE", "quiet_mace"]
 
@@ -59,7 +60,7 @@ class _QuietFinder(importlib.abc.MetaPathFinder):
 def quiet_mace() -> None:
     """Hide mace-torch's cuequivariance notice from now on (idempotent; a no-op once
     ``mace.tools.cg`` is imported, or with ``WORKBENCH_SHOW_MACE_NOTICES=1``)."""
-    if os.environ.get("WORKBENCH_SHOW_MACE_NOTICES", "") not in ("", "0"):
+    if switch("WORKBENCH_SHOW_MACE_NOTICES") not in ("", "0"):
         return
     if _MODULE in sys.modules or any(isinstance(f, _QuietFinder) for f in sys.meta_path):
         return

@@ -129,6 +129,16 @@ def mixed_frames(seed: int, types: int):
     return [cell(rng, 9, types), molecule(rng, 6, types), cell(rng, 4, types, size=2.6)]
 
 
+def parity_kernels(monkeypatch, on_default: bool) -> list | None:
+    """The kernels of a parity test: the default CPU kernels when ``on_default`` (the list of
+    fused passes that ran, :func:`default_cpu_kernels`), else the interpreter (None); the fused
+    SiLU at every size either way (the test models are small)."""
+    from workbench.kernels.e3nn import silu
+
+    monkeypatch.setattr(silu, "MIN_ELEMENTS", {})
+    return default_cpu_kernels(monkeypatch) if on_default else None
+
+
 def default_cpu_kernels(monkeypatch) -> list:
     """Run the rest of the test on the package's default CPU kernels (the suites default to the
     interpreter, tests/conftest.py); the returned list records every fused pass that runs."""

@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from nequip_fixtures import batch, build_allegro, default_cpu_kernels, mixed_frames, outputs, rel
+from nequip_fixtures import batch, build_allegro, mixed_frames, outputs, parity_kernels, rel
 
 from workbench.kernels import accelerate
 from workbench.kernels.allegro import contracter
@@ -37,8 +37,7 @@ ON_DEFAULT_KERNELS = ("lmax2-coupled",)
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_float64_parity_with_allegros_own_path(name, monkeypatch):
-    fused = default_cpu_kernels(monkeypatch) if name in ON_DEFAULT_KERNELS else None
-    monkeypatch.setattr(silu, "MIN_ELEMENTS", {})  # the fused SiLU at these small sizes too
+    fused = parity_kernels(monkeypatch, name in ON_DEFAULT_KERNELS)
     kw = dict(CONFIGS[name])
     model = build_allegro(**kw)
     data = batch(mixed_frames(5, kw.get("num_types", 2)), model, shuffle_edges=1)

@@ -60,12 +60,12 @@ def test_gpu_backends_are_skipped_with_their_reason_where_they_cannot_run(tmp_pa
     required rows still run; an unknown backend or device is refused with the choices."""
     import pytest
 
-    from workbench.bench.nequip import BACKENDS, bench_nequip, format_table
+    from workbench.bench.nequip import backends, bench_nequip, format_table
 
     res = bench_nequip(
         configs=["tutorial"], dtypes=["float64"], repeat=1, repeats=1, backends=["cueq", "oeq"], out=tmp_path / "n.json"
     )
-    assert res["backends"] == [b for b in BACKENDS if b != "hot"] and res["machine"]["device"] == "cpu"
+    assert res["backends"] == [b for b in backends() if b != "hot"] and res["machine"]["device"] == "cpu"
     nequip, allegro = res["cases"]
     assert nequip["skipped"] == {
         "cueq_md": "LookupError: enable_CuEquivariance needs a CUDA device",

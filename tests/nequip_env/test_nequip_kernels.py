@@ -15,7 +15,7 @@ import sys
 
 import pytest
 import torch
-from nequip_fixtures import batch, build_model, default_cpu_kernels, mixed_frames, outputs, rel
+from nequip_fixtures import batch, build_model, mixed_frames, outputs, parity_kernels, rel
 
 from workbench.kernels import accelerate
 from workbench.kernels.e3nn import gate as e3nn_gate
@@ -50,8 +50,7 @@ ON_DEFAULT_KERNELS = ("toy-emt-config",)
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_float64_parity_with_nequips_e3nn_path(name, monkeypatch):
-    fused = default_cpu_kernels(monkeypatch) if name in ON_DEFAULT_KERNELS else None
-    monkeypatch.setattr(silu, "MIN_ELEMENTS", {})  # the fused SiLU at these small sizes too
+    fused = parity_kernels(monkeypatch, name in ON_DEFAULT_KERNELS)
     kw = dict(CONFIGS[name])
     types = kw.get("num_types", 2)
     model = build_model(**kw)

@@ -35,6 +35,7 @@ import torch
 from workbench.bench import harness
 from workbench.bench.harness import backend_model, compare_with_e3nn, kernel_run_header, measure_pass, pass_line
 from workbench.bench.table import RESULTS_DIR, Column, render, write_json
+from workbench.kernels.registry import DEFAULT_BACKEND, contenders
 from workbench.kernels.tools.models import random_scaleshift_mace
 
 __all__ = ["ANCHORS_MS", "capture_block_inputs", "descriptor_costs", "format_table", "main", "pass_fn", "water_batch"]
@@ -266,32 +267,31 @@ def _time_passes(
 
 
 def format_table(results: dict) -> str:
-    """Median ms per (dtype, pass) and backend; numba's ratio to measured e3nn / cueq and to the anchors."""
+    """Median ms per (dtype, pass) and backend; ours over each other measured backend and over the anchors."""
     runs = [r for r in results["runs"] if "median_ms" in r]
-    order = ("numba", "e3nn", "cueq")
+    order = contenders()
     backends = sorted({r["backend"] for r in runs}, key=lambda b: order.index(b) if b in order else len(order))
     rows = []
     for dt in sorted({r["dtype"] for r in runs}):
         for kind in PASSES:
             by = {r["backend"]: r for r in runs if r["dtype"] == dt and r["pass"] == kind}
             if by:
-                rows.append({"dtype": dt, "pass": kind, "by": by, "numba": by.get("numba")})
+                rows.append({"dtype": dt, "pass": kind, "by": by, "ours": by.get(DEFAULT_BACKEND)})
 
     def ms(b):
         return lambda r: r["by"][b]["median_ms"] if b in r["by"] else None
 
     def ratio(b):
-        return lambda r: r["numba"]["median_ms"] / r["by"][b]["median_ms"] if r["numba"] and b in r["by"] else None
+        return lambda r: r["ours"]["median_ms"] / r["by"][b]["median_ms"] if r["ours"] and b in r["by"] else None
 
     def anchor(b):
-        return lambda r: r["numba"][f"ratio_to_anchor_{b}"] if r["numba"] and r["dtype"] == "float32" else ""
+        return lambda r: r["ours"][f"ratio_to_anchor_{b}"] if r["ours"] and r["dtype"] == "float32" else ""
 
     columns = [
         Column("dtype", "dtype", width=8, align="<"),
         Column("pass", "pass", width=17, align="<"),
         *(Column(f"{b} ms", ms(b), ".3f", 11) for b in backends),
-        Column("numba/e3nn", ratio("e3nn"), ".3f", 11),
-        Column("numba/cueq", ratio("cueq"), ".3f", 11),
+        *(Column(f"{DEFAULT_BACKEND}/{b}", ratio(b), ".3f", 11) for b in backends if b != DEFAULT_BACKEND),
         Column("/anchor e3nn", anchor("e3nn"), ".3f", 13),
         Column("/anchor cueq", anchor("cueq"), ".3f", 13),
     ]

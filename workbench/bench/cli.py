@@ -258,7 +258,7 @@ _NEQUIP_OPTIONS: Options = {
     },
     "--device": {"default": "cpu", "help": "cpu, cuda or cuda:N (default: %(default)s)"},
     "--backends": {
-        "help": f"comma list of {','.join(nequip.BACKENDS)} ({','.join(nequip.REQUIRED)} always run; "
+        "help": f"comma list of {','.join(nequip.backends())} ({','.join(nequip.REQUIRED)} always run; "
         "default: all on a GPU, those three on a CPU)"
     },
     "--out": {"default": "runs/bench/nequip.json", "help": "JSON (default: %(default)s)"},
@@ -288,7 +288,11 @@ _STEP_OPTIONS: Options = {
     "--model": {"choices": [m for m in MODELS if m not in MODEL_SETTINGS], "help": "default: the preset's"},
     "--dtypes": {"nargs": "+", "choices": ["float32", "float64"], "help": "default: the preset's"},
     "--workloads": {"nargs": "+", "help": "water-<atoms> and mixture-<capacity> (default: the preset's)"},
-    "--backends": {"nargs": "+", "default": list(step.BACKENDS), "choices": list(step.BACKENDS)},
+    "--backends": {
+        "nargs": "+",
+        "help": f"backend labels, any of {' '.join(step.backend_choices())} "
+        f"(default: the registry's contenders, {' '.join(step.default_backends())})",
+    },
     "--warmup": {"type": int, "help": "untimed steps per backend first (default: the preset's)"},
     "--repeats": {"type": int, "help": "timed steps per backend (default: the preset's)"},
     "--device": {"help": "cuda, cuda:1, cpu (default: cuda when available)"},

@@ -23,7 +23,6 @@ periodic water box (3072 atoms by default). JSON (``benchmarks/results/cold_star
 from __future__ import annotations
 
 import json
-import os
 import platform
 import re
 import subprocess
@@ -34,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.bench.table import RESULTS_DIR, Column, read_json, render, verdict, write_json
+from workbench.kernels.options import child_environment, overridden
+from workbench.kernels.registry import DEFAULT_BACKEND
 
 __all__ = ["DEFAULT_OUT", "TARGET_S", "cold_start", "format_table", "main", "measure"]
 
@@ -94,7 +95,7 @@ def measure(
         "target": target,
     }
     t0 = time.perf_counter()
-    model = accelerate(model, backend="numba", precompile=False)
+    model = accelerate(model, backend=DEFAULT_BACKEND, precompile=False)
     report = precompile_model(model, target=target, workers=workers)
     res["precompile"] = report.as_dict()
     res["precompile_s"] = round(time.perf_counter() - t0, 2)
@@ -117,7 +118,8 @@ def measure(
 
 def _run_child(args: dict, cache: Path) -> dict:
     """:func:`measure` in a fresh interpreter with ``cache`` as its kernel cache."""
-    env = {**os.environ, "WORKBENCH_KERNEL_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
+    with overridden(kernel_cache=str(cache)):
+        env = {**child_environment(), "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "workbench.bench.cold_start", "--child", json.dumps(args)],
@@ -154,15 +156,8 @@ def cold_start(
 
     if target == "auto":
         target = "device" if torch.cuda.is_available() else "ptx"
-    args = dict(
-        hidden=hidden,
-        max_ell=max_ell,
-        correlation=correlation,
-        atoms=atoms,
-        dtype=dtype,
-        target=target,
-        workers=workers,
-    )
+    args = dict(hidden=hidden, max_ell=max_ell, correlation=correlation, atoms=atoms, dtype=dtype)
+    args.update(target=target, workers=workers)
     runs: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="wb-kernel-cache-") as tmp:
         folder = Path(cache) if cache else Path(tmp) / "cold"

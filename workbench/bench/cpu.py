@@ -18,7 +18,7 @@ Parts (``--parts``):
 * ``profile`` - where a step's time goes (torch profiler, self CPU time by category) for both
   backends.
 * ``trajectory`` - the paper's Figure 9 check on a CPU: ``steps`` training steps of the same
-  run with ``backend="e3nn"`` and ``"numba"`` (same seed, data and batches), compared step by
+  run with ``backend="e3nn"`` and ours (``numba``) (same seed, data and batches), compared step by
   step: float64 must agree to :data:`FLOAT64_RTOL` relative, float32 to :data:`FLOAT32_RTOL`
   (float32 noise: the two backends sum in different orders, and training amplifies a rounding
   difference step by step; for scale, e3nn's own float32 run drifts from its float64 run by tens
@@ -49,6 +49,7 @@ from typing import Any
 from workbench.bench.cpu_tables import format_table
 from workbench.bench.table import cpu_name, run_versions, write_json
 from workbench.bench.workloads import MODELS, model_cutoff, system_batch
+from workbench.kernels.registry import DEFAULT_BACKEND
 
 __all__ = ["PARTS", "PRESETS", "bench_cpu", "format_table", "hot_op_timer", "peak_gflops", "step_profile"]
 
@@ -99,7 +100,7 @@ def _models(model: str, zs: list[int], info: dict, dtype: str) -> dict[str, Any]
         hidden, ell, corr, zs, neighbours, getattr(torch, dtype), "cpu", r_max=model_cutoff(model)
     )
     out = {}
-    for backend in ("e3nn", "numba"):
+    for backend in ("e3nn", DEFAULT_BACKEND):
         m = with_backend(base, backend)
         frozen = copy.deepcopy(m)
         for p in frozen.parameters():
@@ -258,27 +259,27 @@ def step_profile(model, batch: dict, step: str) -> dict[str, float]:
 def _time_case(models: dict, batch: dict, repeats: int) -> dict:
     times: dict[str, list[float]] = {}
     for step in STEPS:
-        for backend in ("e3nn", "numba"):
+        for backend in ("e3nn", DEFAULT_BACKEND):
             STEPS[step](models[(backend, STEP_MODEL[step])], batch)  # warm-up: numba compiles, caches fill
     for _ in range(repeats):
         for step in STEPS:
-            for backend in ("e3nn", "numba"):
+            for backend in ("e3nn", DEFAULT_BACKEND):
                 t = time.perf_counter()
                 STEPS[step](models[(backend, STEP_MODEL[step])], batch)
                 times.setdefault(f"{backend}_{step}", []).append(time.perf_counter() - t)
     res = {k: {"median_ms": 1e3 * statistics.median(v), "runs_ms": [1e3 * x for x in v]} for k, v in times.items()}
     for step in STEPS:
-        res[f"speedup_{step}"] = res[f"e3nn_{step}"]["median_ms"] / res[f"numba_{step}"]["median_ms"]
+        res[f"speedup_{step}"] = res[f"e3nn_{step}"]["median_ms"] / res[f"{DEFAULT_BACKEND}_{step}"]["median_ms"]
     return res
 
 
 def _ops_case(models: dict, batch: dict, peak: float) -> dict:
     out = {}
     for step in STEPS:
-        STEPS[step](models[("numba", STEP_MODEL[step])], batch)
+        STEPS[step](models[(DEFAULT_BACKEND, STEP_MODEL[step])], batch)
         t = time.perf_counter()
         with hot_op_timer() as stats:
-            STEPS[step](models[("numba", STEP_MODEL[step])], batch)
+            STEPS[step](models[(DEFAULT_BACKEND, STEP_MODEL[step])], batch)
         total = time.perf_counter() - t
         out[step] = {"step_ms": 1e3 * total}
         for name, rec in stats.items():
@@ -343,7 +344,7 @@ def _profile(s: dict) -> dict:
         "model": model,
         "system": system,
         "dtype": dtype,
-        **{f"{b}_{k}": step_profile(ms[(b, k)], batch, k) for b in ("e3nn", "numba") for k in ("md", "train")},
+        **{f"{b}_{k}": step_profile(ms[(b, k)], batch, k) for b in ("e3nn", DEFAULT_BACKEND) for k in ("md", "train")},
     }
 
 

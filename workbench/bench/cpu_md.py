@@ -27,10 +27,11 @@ import numpy as np
 
 from workbench.bench.peers import PEERS, PeerRefused
 from workbench.bench.table import Column, render
+from workbench.kernels.registry import DEFAULT_BACKEND
 
 __all__ = ["CALCULATORS", "md_case", "md_lines"]
 
-CALCULATORS = ("e3nn", "numba", *PEERS)
+CALCULATORS = ("e3nn", DEFAULT_BACKEND, *PEERS)
 DISPLACEMENT = 1e-3  # Å per repeat: every call computes anew
 
 
@@ -58,7 +59,7 @@ def _calculator(name: str, path: Path, dtype: str, folder: Path):
     """``(calculator, None)`` or ``(None, why not)``."""
     from workbench.bench import peers
 
-    if name in ("e3nn", "numba"):
+    if name in ("e3nn", DEFAULT_BACKEND):
         from workbench.train.md_calculator import load_calculator
 
         return load_calculator(path, backend=name, dtype=dtype), None
@@ -136,7 +137,7 @@ def md_case(
         row["median_ms"] = 1e3 * statistics.median(times[name])
         if "e3nn" in first:
             row.update(_agreement(first["e3nn"], first[name]))
-    base = case["rows"].get("numba", {}).get("median_ms")
+    base = case["rows"].get(DEFAULT_BACKEND, {}).get("median_ms")
     for row in case["rows"].values():
         if base and "median_ms" in row:
             row["vs_numba"] = row["median_ms"] / base

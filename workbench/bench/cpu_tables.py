@@ -4,6 +4,7 @@ the hot ops' GFLOP/s, the profile, and the other parts' lines."""
 from __future__ import annotations
 
 from workbench.bench.table import Column, render
+from workbench.kernels.registry import DEFAULT_BACKEND
 
 __all__ = ["format_table"]
 
@@ -21,15 +22,20 @@ def _steps_table(cases: list[dict]) -> str:
         Column("edges", "edges", "d", 6),
         bar,
         Column("MD e3nn", ms("e3nn_md"), ".1f", 8),
-        Column("numba", ms("numba_md"), ".1f", 7),
+        Column(DEFAULT_BACKEND, ms(f"{DEFAULT_BACKEND}_md"), ".1f", 7),
         Column("x", "speedup_md", ".2f", 5),
         bar,
         Column("train e3nn", ms("e3nn_train"), ".1f", 10),
-        Column("numba", ms("numba_train"), ".1f", 7),
+        Column(DEFAULT_BACKEND, ms(f"{DEFAULT_BACKEND}_train"), ".1f", 7),
         Column("x", "speedup_train", ".2f", 5),
         bar,
         Column("+stress e3nn", lambda c: c["e3nn_stress"]["median_ms"] if "e3nn_stress" in c else None, ".1f", 12),
-        Column("numba", lambda c: c["numba_stress"]["median_ms"] if "numba_stress" in c else None, ".1f", 7),
+        Column(
+            DEFAULT_BACKEND,
+            lambda c: c[f"{DEFAULT_BACKEND}_stress"]["median_ms"] if f"{DEFAULT_BACKEND}_stress" in c else None,
+            ".1f",
+            7,
+        ),
         Column("x", lambda c: c.get("speedup_stress"), ".2f", 5),
     ]
     return render(cases, columns, rule=False)

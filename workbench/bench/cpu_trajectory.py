@@ -1,6 +1,6 @@
 """The trajectory part of ``workbench bench cpu``: the paper's Figure 9 check on a CPU.
 
-``steps`` training steps of the same run with ``backend="e3nn"`` and ``"numba"`` (same seed,
+``steps`` training steps of the same run with ``backend="e3nn"`` and ours (``numba``) (same seed,
 data and batches), compared step by step: float64 must agree to :data:`FLOAT64_RTOL` relative,
 float32 to :data:`FLOAT32_RTOL` (float32 noise: the two backends sum in different orders, and
 training amplifies a rounding difference step by step; for scale, e3nn's own float32 run drifts
@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from workbench.bench.workloads import MODELS
+from workbench.kernels.registry import DEFAULT_BACKEND
 
 __all__ = ["FLOAT32_RTOL", "FLOAT64_RTOL", "trajectory", "trajectory_figure", "trajectory_lines"]
 
@@ -66,7 +67,7 @@ def trajectory(
     losses: dict[str, list[float]] = {}
     wanted = list(dtypes) + (["float64"] if "float32" in dtypes and "float64" not in dtypes else [])
     for dtype in wanted:
-        for backend in ("e3nn", "numba"):
+        for backend in ("e3nn", DEFAULT_BACKEND):
             if dtype in dtypes or backend == "e3nn":
                 losses[f"{backend}-{dtype}"] = _run(dtype, backend, steps, workdir, families)
     res: dict[str, Any] = {"steps": steps, "families": list(families) if families else None, "losses": losses}
@@ -76,10 +77,10 @@ def trajectory(
         return float(np.max(np.abs(x - y) / np.abs(y)))
 
     if "float64" in dtypes:
-        d = rel("numba-float64", "e3nn-float64")
+        d = rel(f"{DEFAULT_BACKEND}-float64", "e3nn-float64")
         res["float64"] = {"max_rel_diff": d, "bound": FLOAT64_RTOL, "ok": d <= FLOAT64_RTOL}
     if "float32" in dtypes:
-        d = rel("numba-float32", "e3nn-float32")
+        d = rel(f"{DEFAULT_BACKEND}-float32", "e3nn-float32")
         noise = rel("e3nn-float32", "e3nn-float64")
         res["float32"] = {
             "max_rel_diff": d,
@@ -99,13 +100,15 @@ def trajectory_figure(res: dict, path: str | os.PathLike) -> None:
     fig = make_subplots(rows=1, cols=2, subplot_titles=("training loss per step", "|numba - e3nn| / e3nn"))
     for name, ys in losses.items():
         fig.add_trace(
-            go.Scatter(y=ys, name=name, mode="lines", line={"dash": "dot" if name.startswith("numba") else "solid"}),
+            go.Scatter(
+                y=ys, name=name, mode="lines", line={"dash": "dot" if name.startswith(DEFAULT_BACKEND) else "solid"}
+            ),
             1,
             1,
         )
     for dtype in ("float32", "float64"):
-        if f"numba-{dtype}" in losses and f"e3nn-{dtype}" in losses:
-            x, y = np.asarray(losses[f"numba-{dtype}"]), np.asarray(losses[f"e3nn-{dtype}"])
+        if f"{DEFAULT_BACKEND}-{dtype}" in losses and f"e3nn-{dtype}" in losses:
+            x, y = np.asarray(losses[f"{DEFAULT_BACKEND}-{dtype}"]), np.asarray(losses[f"e3nn-{dtype}"])
             fig.add_trace(
                 go.Scatter(y=(np.abs(x - y) / np.abs(y)).tolist(), name=f"{dtype} difference", mode="lines"), 1, 2
             )

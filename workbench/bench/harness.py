@@ -1,17 +1,18 @@
 """What the kernel and step benchmarks share: a model on a backend, timing, peak memory, and the
 parity check of every backend against e3nn in the same run.
 
-A backend name is ``e3nn`` (mace-torch's own modules), ``numba`` (the workbench kernels, the
-CUDA kernel kind the dispatcher picks), ``numba-table`` / ``numba-unrolled`` (one CUDA kernel kind
-forced), ``numba-unfused`` (an edge op's outputs one kernel each), ``cueq`` (cuEquivariance through
-mace-torch's converter) or ``oeq`` (OpenEquivariance's fused message op).
+A backend label is a registered backend or one of its variants
+(:func:`workbench.kernels.registry.labels`): ``e3nn`` (mace-torch's own modules), ``numba`` (the
+workbench kernels, the CUDA kernel kind the dispatcher picks), ``numba-table`` /
+``numba-unrolled`` (one CUDA kernel kind forced), ``numba-unfused`` (an edge op's outputs one
+kernel each), ``cueq`` (cuEquivariance through mace-torch's converter), ``oeq``
+(OpenEquivariance's fused message op), and any backend registered since.
 """
 
 from __future__ import annotations
 
 import copy
 import datetime as _dt
-import os
 import platform
 import statistics
 import time
@@ -20,6 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
+
+from workbench.kernels.registry import BACKENDS, resolve
 
 __all__ = [
     "backend_model",
@@ -42,49 +45,40 @@ __all__ = [
 
 
 def kernel_variant(backend: str) -> str:
-    """The CUDA kernel kind a backend name asks for: ``"numba-table"`` and ``"numba-unrolled"``
-    force one, every other name leaves the choice to the dispatcher (``"auto"``)."""
-    base, _, variant = backend.partition("-")
-    return variant if base == "numba" and variant in ("table", "unrolled") else "auto"
+    """The CUDA kernel kind a backend label asks for (``"numba-table"``: ``"table"``); ``"auto"``,
+    the dispatcher's choice, for every label whose variant does not force one."""
+    return resolve(backend)[1].get("cuda_kernels", "auto")
 
 
 def use_backend_kernels(backend: str) -> None:
-    """Set the kernel options a backend name asks for (read at every launch, and inherited by the
-    compile workers): :func:`kernel_variant`, and ``"numba-unfused"`` launches an edge op's
-    outputs one kernel each instead of one fused kernel per pass."""
-    from workbench.kernels.options import ENV
+    """Set, for the rest of the process, the kernel options a backend label asks for
+    (:func:`~workbench.kernels.registry.resolve`: ``"numba-unfused"`` launches an edge op's outputs
+    one kernel each); the options another label set are unset first. The compile workers get
+    them through :func:`~workbench.kernels.options.child_environment`."""
+    from workbench.kernels.options import configure
 
-    os.environ[ENV["cuda_kernels"][0]] = kernel_variant(backend)
-    os.environ[ENV["fuse_passes"][0]] = "0" if backend == "numba-unfused" else "1"
+    _, options = resolve(backend)
+    variant_fields = {k for b in BACKENDS.values() for v in b.variants.values() for k in v}
+    configure(**{**dict.fromkeys(variant_fields), **options})
 
 
 def with_backend(model: torch.nn.Module, backend: str) -> torch.nn.Module:
-    """A copy of ``model`` on ``backend`` (kernels not compiled ahead: see :func:`precompile_for_bench`)."""
+    """A copy of ``model`` on the backend of the label ``backend`` (kernels not compiled ahead:
+    see :func:`precompile_for_bench`; the label's options: :func:`use_backend_kernels`)."""
     from workbench.kernels.acceleration import accelerate
 
-    m = copy.deepcopy(model)
-    if backend.startswith("numba-"):
-        backend = "numba"
-    if backend == "oeq":
-        try:
-            import openequivariance  # noqa: F401
-        except Exception as exc:  # ImportError, or its extension failing to build
-            raise ImportError(f"backend 'oeq' needs openequivariance ({type(exc).__name__}: {exc})") from exc
-        from mace.cli.convert_e3nn_oeq import run as run_e3nn_to_oeq
-
-        return run_e3nn_to_oeq(m, device=next(m.parameters()).device.type, return_model=True)
-    return m if backend == "e3nn" else accelerate(m, backend=backend, precompile=False)
+    return accelerate(copy.deepcopy(model), backend=resolve(backend)[0].name, precompile=False)
 
 
 def precompile_for_bench(model: torch.nn.Module, backend: str, modules: Sequence[str] | None = None) -> dict | None:
-    """For a numba backend on a CUDA device: compile the kernels force training of ``modules``
+    """For a compiled backend on a CUDA device: compile the kernels force training of ``modules``
     (name prefixes; all when None) launches, in parallel, before the benchmark's warm-up, so
     that no timed pass (nor the warm-up) compiles one after another. The report as a dict."""
     from workbench.kernels.acceleration import precompile_model
     from workbench.kernels.numba.gpu.device import cuda_available
 
     p = next(model.parameters())
-    if not backend.startswith("numba") or p.device.type != "cuda" or not cuda_available():
+    if not resolve(backend)[0].compiled or p.device.type != "cuda" or not cuda_available():
         return None
     return precompile_model(model, modules=modules).as_dict()
 

@@ -11,6 +11,7 @@ import argparse
 from collections.abc import Sequence
 
 from workbench.bench.table import RESULTS_DIR
+from workbench.kernels.registry import DEFAULT_BACKEND, contenders, labels
 
 __all__ = ["PASSES", "add_common_arguments", "register_bench", "register_kernels"]
 
@@ -28,10 +29,12 @@ def add_common_arguments(ap: argparse.ArgumentParser, passes: Sequence[str] = PA
     ap.add_argument(
         "--backends",
         nargs="+",
-        default=["numba", "numba-table", "e3nn", "cueq"],
-        help="numba: the kernels the dispatcher picks (unrolled up to WORKBENCH_UNROLL_MAX_TERMS terms); "
-        "numba-table / numba-unrolled: one kind forced; numba-unfused: an edge op's outputs one kernel each; "
-        "e3nn, cueq, oeq",
+        default=list(contenders("mace")),
+        choices=labels(family="mace"),
+        metavar="BACKEND",
+        help=f"any of {' '.join(labels(family='mace'))} (the registry's backends and their variants: "
+        f"{DEFAULT_BACKEND}-table / -unrolled force one CUDA kernel kind, -unfused launches an edge op's outputs "
+        "one kernel each; default: %(default)s)",
     )
     ap.add_argument("--passes", nargs="+", default=list(passes), choices=list(passes))
     ap.add_argument("--warmup", type=int, default=5)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.bench.table import Column, cpu_name, render, run_versions, verdict, write_json
+from workbench.kernels.registry import BACKENDS, DEFAULT_BACKEND, backend_names, contenders
 
 FAMILIES = ("nequip", "allegro")
 CONFIGS = ("tutorial", "large")
@@ -42,19 +43,32 @@ MODELS: dict[tuple[str, str], dict[str, Any]] = {
     ("allegro", "tutorial"): {"l_max": 2, "num_layers": 2, "num_scalar_features": 64, "num_tensor_features": 16},
     ("allegro", "large"): {"l_max": 3, "num_layers": 2, "num_scalar_features": 64, "num_tensor_features": 32},
 }
-#: the family's own modules, ours, theirs with the replaced ops costing nothing (:func:`free_ops`),
-#: and their GPU kernel modifiers
-BACKENDS = ("native", "numba", "free", "hot", "cueq", "oeq")
-#: backends the table shows as their time over ours (above 1: ours is faster)
-OVER_OURS = ("hot", "cueq", "oeq")
+#: rows that are no registered backend: the family's own modules, theirs with the replaced ops
+#: costing nothing (:func:`free_ops`), ours with the hot op alone (:func:`hot_op_only`)
+NATIVE, FREE, HOT = "native", "free", "hot"
 #: the family's own modifier per GPU backend (a pair not here: the family has none)
 MODIFIERS = {
     ("nequip", "cueq"): "enable_CuEquivariance",
     ("nequip", "oeq"): "enable_OpenEquivariance",
     ("allegro", "cueq"): "enable_CuEquivarianceContracter",
 }
-#: the backends every case needs: the reference, ours and the bound
-REQUIRED = ("native", "numba", "free")
+#: the rows every case needs: the reference, ours and the bound
+REQUIRED = (NATIVE, DEFAULT_BACKEND, FREE)
+
+
+def backends() -> tuple[str, ...]:
+    """Every row, in table order: the family's own modules, each descriptor backend the registry
+    counts as a contender (ours first), the bound, our hot op alone, and every converter backend
+    (a family's own GPU modifier for it: :data:`MODIFIERS`)."""
+    ours = [n for n in contenders() if BACKENDS[n].kind == "descriptor"]
+    return (NATIVE, *ours, FREE, HOT, *backend_names("convert"))
+
+
+def over_ours() -> tuple[str, ...]:
+    """The rows the table shows as their time over ours (above 1: ours is faster)."""
+    return tuple(b for b in backends() if b not in (NATIVE, DEFAULT_BACKEND, FREE))
+
+
 TARGETS = {"nequip": 3.0, "allegro": 2.0}  # tutorial config, float32, MD and train
 R_MAX = 5.0
 
@@ -132,7 +146,7 @@ def free_ops(model: Any, family: str) -> Any:
     hot-op kernel can remove: ``native / free`` bounds the speedup such kernels can give."""
     name, fn = ("forward", _zero_message) if family == "nequip" else ("_contract_conv", _zero_contraction)
     swap = _family_swap(family)
-    swap.swap_companions(model, "numba")
+    swap.swap_companions(model, DEFAULT_BACKEND)
     for m in model.modules():
         if swap.is_native(m):
             setattr(m, name, fn.__get__(m))
@@ -143,7 +157,7 @@ def hot_op_only(model: Any, family: str) -> Any:
     """``model`` (in place) accelerated without the companion swaps: the hot op alone."""
     from workbench.kernels import accelerate
 
-    accelerate(model, backend="numba")
+    accelerate(model, backend=DEFAULT_BACKEND)
     _family_swap(family).unswap_companions(model)
     return model
 
@@ -157,16 +171,17 @@ def _family_swap(family: str):
 
 
 def default_backends(device: str) -> tuple[str, ...]:
-    """Every backend but ``hot`` on a GPU; the three required ones on a CPU."""
-    return tuple(b for b in BACKENDS if b != "hot") if device.startswith("cuda") else REQUIRED
+    """Every row but ``hot`` on a GPU; the three required ones on a CPU."""
+    return tuple(b for b in backends() if b != HOT) if device.startswith("cuda") else REQUIRED
 
 
-def check_backends(backends: Sequence[str]) -> tuple[str, ...]:
-    """``backends`` in table order, or a ValueError naming the unknown ones and the choices."""
-    unknown = sorted(set(backends) - set(BACKENDS))
+def check_backends(names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` in table order, or a ValueError naming the unknown ones and the choices."""
+    known = backends()
+    unknown = sorted(set(names) - set(known))
     if unknown:
-        raise ValueError(f"--backends: unknown {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
-    return tuple(b for b in BACKENDS if b in backends or b in REQUIRED)
+        raise ValueError(f"--backends: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    return tuple(b for b in known if b in names or b in REQUIRED)
 
 
 def variant(native: Any, family: str, backend: str, device: str = "cpu") -> Any:
@@ -174,15 +189,15 @@ def variant(native: Any, family: str, backend: str, device: str = "cpu") -> Any:
     the family has no such modifier, when a GPU modifier is asked for off a GPU, or when the
     modifier leaves the model as it was (Allegro's keeps a single-path contraction); the
     modifier's own error when it cannot run here."""
-    if backend == "native":
+    if backend == NATIVE:
         return native
-    if backend == "numba":
+    if backend in BACKENDS and BACKENDS[backend].kind == "descriptor":
         from workbench.kernels import accelerate
 
-        return accelerate(copy.deepcopy(native), backend="numba")
-    if backend == "free":
+        return accelerate(copy.deepcopy(native), backend=backend)
+    if backend == FREE:
         return free_ops(copy.deepcopy(native), family)
-    if backend == "hot":
+    if backend == HOT:
         return hot_op_only(copy.deepcopy(native), family)
     name = MODIFIERS.get((family, backend))
     if name is None:
@@ -253,11 +268,13 @@ def _time(
                     times.setdefault(f"{backend}_{step}", []).append(_timed(fn, models[(backend, step)], data, device))
     res: dict[str, Any] = {k: 1e3 * statistics.median(v[1:]) for k, v in times.items()}
     for step in STEPS:
-        res[f"speedup_{step}"] = res[f"native_{step}"] / res[f"numba_{step}"]
+        res[f"speedup_{step}"] = res[f"native_{step}"] / res[f"{DEFAULT_BACKEND}_{step}"]
         res[f"bound_{step}"] = res[f"native_{step}"] / res[f"free_{step}"]
-        for other in OVER_OURS:
+        for other in over_ours():
             if f"{other}_{step}" in res:  # theirs over ours: above 1, ours is faster
-                res[f"{other}_over_numba_{step}"] = res[f"{other}_{step}"] / res[f"numba_{step}"]
+                res[f"{other}_over_{DEFAULT_BACKEND}_{step}"] = (
+                    res[f"{other}_{step}"] / res[f"{DEFAULT_BACKEND}_{step}"]
+                )
     if skipped:
         res["skipped"] = skipped
     return res
@@ -341,7 +358,7 @@ def _theirs(backend: str, step: str):
 
     def value(case: dict):
         skipped = case.get("skipped", {}).get(f"{backend}_{step}")
-        return "skipped" if skipped else case.get(f"{backend}_over_numba_{step}")
+        return "skipped" if skipped else case.get(f"{backend}_over_{DEFAULT_BACKEND}_{step}")
 
     return value
 
@@ -351,13 +368,16 @@ def format_table(res: dict) -> str:
     faster) and, below it, why a backend was skipped."""
     ms = ".1f"
     on_gpu = res["machine"].get("device", "cpu").startswith("cuda")
-    theirs = [b for b in OVER_OURS if b in res.get("backends", ())]
+    theirs = [b for b in over_ours() if b in res.get("backends", ())]
     columns = [Column("family", "family", align="<"), Column("config", "config", align="<")]
     columns.append(Column("dtype", "dtype", align="<"))
     for step, name in (("md", "MD"), ("train", "train")):
-        columns += [Column(f"{name} own ms", f"native_{step}", ms), Column(f"{name} numba ms", f"numba_{step}", ms)]
+        columns += [
+            Column(f"{name} own ms", f"native_{step}", ms),
+            Column(f"{name} {DEFAULT_BACKEND} ms", f"{DEFAULT_BACKEND}_{step}", ms),
+        ]
         columns += [Column(f"{name} x", f"speedup_{step}", ".2f"), Column(f"{name} bound x", f"bound_{step}", ".2f")]
-        columns += [Column(f"{name} {b}/numba", _theirs(b, step), ".2f") for b in theirs]
+        columns += [Column(f"{name} {b}/{DEFAULT_BACKEND}", _theirs(b, step), ".2f") for b in theirs]
     if not on_gpu:  # the targets are the CPU's
         columns.append(Column("target", _met, align="<"))
     where = f"{res['machine']['gpu']} ({res['machine']['device']})" if on_gpu else res["machine"]["cpu"]

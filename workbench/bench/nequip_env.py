@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from workbench.bench.table import read_json
+from workbench.switches import switch
 
 __all__ = ["NEQUIP_PYTHON_ENV", "check_python", "failure", "family_lines", "named_python", "run_families", "run_python"]
 
@@ -33,7 +34,7 @@ TIMEOUT_S = 3600
 
 def named_python() -> str | None:
     """``$WORKBENCH_NEQUIP_PYTHON``, or None when it is unset or empty."""
-    return os.environ.get(NEQUIP_PYTHON_ENV) or None
+    return switch(NEQUIP_PYTHON_ENV) or None
 
 
 def check_python(python: str | os.PathLike, source: str = "--nequip-python") -> Path:

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 
 import torch
 
+from workbench.kernels.registry import DEFAULT_BACKEND
+
 __all__ = ["FLOAT32_TOL", "FLOAT64_TOL", "outputs", "parity", "parity_report", "rel"]
 
 FLOAT64_TOL = 1e-10
@@ -68,10 +70,10 @@ def parity(family: str, config: str, frames: Sequence) -> dict:
     ref64 = build(family, config, "float64")
     data = atomic_data(frames, ref64.type_names, R_MAX)
     want = outputs(ref64, data)
-    got64 = outputs(accelerate(copy.deepcopy(ref64), backend="numba"), data)
+    got64 = outputs(accelerate(copy.deepcopy(ref64), backend=DEFAULT_BACKEND), data)
     f32 = build(family, config, "float32")
     f32.load_state_dict(ref64.state_dict())  # the builder's seed gives other weights in another dtype
-    got32 = outputs(accelerate(f32, backend="numba"), data)
+    got32 = outputs(accelerate(f32, backend=DEFAULT_BACKEND), data)
     row = {"family": family, "config": config, "atoms": int(data["pos"].shape[0]), "frames": len(frames)}
     row["float64"] = _worst(got64, want)
     row["float32_vs_float64"] = _worst(got32, want)

@@ -33,6 +33,7 @@ from workbench.bench.table import Column, render, write_json
 from workbench.kernels.launches import launches, training_ops
 from workbench.kernels.numba.gpu.toolkit import assembled, find_nvdisasm, find_ptxas
 from workbench.kernels.options import overridden
+from workbench.kernels.registry import DEFAULT_BACKEND
 
 __all__ = [
     "KernelResources",
@@ -259,7 +260,7 @@ def paper_ops(
 
     z = [1, 6, 7, 8, 9, 16, 17, 15][:num_elements]
     model = random_scaleshift_mace(hidden, max_ell, correlation, z, 16.0, torch.float64, "cpu", perturb=0.0)
-    model = accelerate(model, backend="numba")
+    model = accelerate(model, backend=DEFAULT_BACKEND)
     unknown = set(families) - {"symmetric_contraction", "channelwise_tp"}
     if unknown:
         raise ValueError(f"unknown op(s) {sorted(unknown)}; choose from symmetric_contraction, channelwise_tp")

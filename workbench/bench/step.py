@@ -34,11 +34,34 @@ from typing import Any
 from workbench.bench.step_model import base_model, free_memory, make_optimizer, sync, train_step
 from workbench.bench.table import RESULTS_DIR, Column, cpu_name, render, run_versions, write_json
 from workbench.bench.workloads import MODELS, to_device, workload_batches
+from workbench.kernels.registry import DEFAULT_BACKEND, contenders, labels, resolve
 
-__all__ = ["BACKENDS", "PARTS", "PRESETS", "bench_step", "default_out", "format_table", "time_steps"]
+__all__ = [
+    "PARTS",
+    "PRESETS",
+    "backend_choices",
+    "bench_step",
+    "default_backends",
+    "default_out",
+    "format_table",
+    "time_steps",
+]
 
-BACKENDS = ("numba", "cueq", "e3nn")
 PARTS = ("steps", "profile")
+#: the ratios are ours over every other backend of the row
+OURS = DEFAULT_BACKEND
+
+
+def backend_choices() -> tuple[str, ...]:
+    """Every backend label a MACE step can run on (the registry's, with variants)."""
+    return labels(family="mace")
+
+
+def default_backends() -> tuple[str, ...]:
+    """The registry's contenders for MACE, ours first."""
+    return contenders("mace")
+
+
 PRESETS: dict[str, dict[str, Any]] = {
     # most wanted first: a spent budget drops the tail
     # 5 warm-up steps: TorchScript optimises mace's graphs at their 3rd and 4th call (H100: ~1 s steps)
@@ -116,13 +139,22 @@ def _error(exc: BaseException) -> dict:
 
 def backend_row(base, backend: str, batches: Sequence[dict], warmup: int, repeats: int, device: str) -> dict:
     """One backend's timings on its own copy of ``base``; an unavailable backend is ``skipped``
-    (cueq: not importable or conversion failed), any other failure an ``error``."""
-    from workbench.bench.harness import precompile_for_bench, with_backend
+    (its probe says why, or another library's converter failed), any other failure an ``error``."""
+    from workbench.bench.harness import precompile_for_bench, use_backend_kernels, with_backend
 
+    b = resolve(backend)[0]
+    why = (
+        b.unavailable()
+        if device.split(":")[0] in b.devices
+        else f"{b.name} runs on {', '.join(b.devices)} only, not {device}"
+    )
+    if why:
+        return {"skipped": why}
     try:
+        use_backend_kernels(backend)
         model = with_backend(base, backend)
     except Exception as exc:
-        if backend == "cueq":
+        if b.kind == "convert":
             return {"skipped": f"{type(exc).__name__}: {exc}"}
         return _error(exc)
     try:
@@ -145,20 +177,20 @@ def _ratio(a: dict, b: dict, key: str) -> float | None:
 
 def compare(backends: dict) -> dict:
     """Sets ``loss_rel_diff_vs_e3nn`` on each timed non-e3nn row; returns the ratios (times and
-    peak memory, numba over the other: below 1 numba is faster / smaller)."""
+    peak memory, ours over each other backend: below 1 ours is faster / smaller)."""
     ref = backends.get("e3nn", {}).get("loss_first")
     for name, row in backends.items():
         if name != "e3nn" and row.get("loss_first") is not None and ref is not None:
             row["loss_rel_diff_vs_e3nn"] = abs(row["loss_first"] - ref) / max(abs(ref), 1e-300)
-    numba = backends.get("numba", {})
+    ours = backends.get(OURS, {})
     ratios = {}
-    for other in ("cueq", "e3nn"):
-        r = _ratio(numba, backends.get(other, {}), "step_ms_median")
+    for other in backends:
+        r = _ratio(ours, backends[other], "step_ms_median") if other != OURS else None
         if r is not None:
-            ratios[f"numba/{other}"] = r
-    peak = _ratio(numba, backends.get("cueq", {}), "peak_mem_gb")
-    if peak is not None:
-        ratios["peak numba/cueq"] = peak
+            ratios[f"{OURS}/{other}"] = r
+        peak = _ratio(ours, backends[other], "peak_mem_gb") if other != OURS else None
+        if peak is not None:
+            ratios[f"peak {OURS}/{other}"] = peak
     return ratios
 
 
@@ -270,7 +302,7 @@ def bench_step(
     model: str | None = None,
     dtypes: Sequence[str] | None = None,
     workloads: Sequence[str] | None = None,
-    backends: Sequence[str] = BACKENDS,
+    backends: Sequence[str] | None = None,
     warmup: int | None = None,
     repeats: int | None = None,
     device: str | None = None,
@@ -285,6 +317,7 @@ def bench_step(
     from workbench.bench.step_profile import profile_part
     from workbench.dtypes import default_dtype
 
+    backends = tuple(backends or default_backends())
     _check(preset, parts, model, dtypes, backends)
     p = PRESETS[preset]
     model, dtypes = model or p["model"], tuple(dtypes or p["dtypes"])
@@ -334,7 +367,7 @@ def _check(preset, parts, model, dtypes, backends) -> None:
         ("part", parts, PARTS),
         ("model", [model] if model else [], MODELS),
         ("dtype", dtypes or [], ("float32", "float64")),
-        ("backend", backends, BACKENDS),
+        ("backend", backends, backend_choices()),
     ):
         bad = [x for x in given if x not in known]
         if bad:
@@ -359,14 +392,20 @@ def format_table(res: dict) -> str:
     from workbench.bench.step_profile import format_profile
 
     bar = Column("|", lambda r: "|")
+    ran = list(
+        dict.fromkeys(b for wls in res.get("steps", {}).values() for rec in wls.values() for b in rec["backends"])
+    )
     columns = [
         Column("dtype", "dtype", width=8, align="<"),
         Column("workload", "name", width=13, align="<"),
         Column("atoms", lambda r: r.get("atoms", 0), ".0f", 6),
         Column("e/atom", lambda r: r.get("edges_per_atom", 0), ".1f", 6),
-        *(c for b in BACKENDS for c in (bar, Column(b, lambda r, b=b: _cell(r["backends"].get(b, {})), width=18))),
+        *(c for b in ran for c in (bar, Column(b, lambda r, b=b: _cell(r["backends"].get(b, {})), width=18))),
         bar,
-        *(Column(k, lambda r, k=k: r.get("ratios", {}).get(k), ".2f", 10) for k in ("numba/cueq", "numba/e3nn")),
+        *(
+            Column(k, lambda r, k=k: r.get("ratios", {}).get(k), ".2f", 10)
+            for k in (f"{OURS}/{b}" for b in ran if b != OURS)
+        ),
         Column("max loss diff", _max_diff, width=13),
     ]
     rows, notes = [], {}

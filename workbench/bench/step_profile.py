@@ -19,6 +19,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from workbench.kernels.registry import DEFAULT_BACKEND
+
 __all__ = ["CATEGORIES", "category", "cpu_breakdown", "format_profile", "gpu_breakdown", "profile_part", "union_length"]
 
 #: profiled steps after the warm-up
@@ -271,7 +273,7 @@ def profile_part(
     warmup = max(warmup, 1)
     batches, zs, info = workload_batches(workload, dtype, warmup + 1 + steps)
     batches = to_device(batches, device)
-    model = with_backend(base_model(model_name, zs, info, dtype, device), "numba")
+    model = with_backend(base_model(model_name, zs, info, dtype, device), DEFAULT_BACKEND)
     optimizer = make_optimizer(model)
     for b in batches[:warmup]:
         train_step(model, optimizer, b)
@@ -292,7 +294,7 @@ def profile_part(
     free_memory(device)
     return {
         "workload": workload,
-        "backend": "numba",
+        "backend": DEFAULT_BACKEND,
         "dtype": dtype,
         "device": "cuda" if cuda else "cpu",
         "atoms": info["atoms"],

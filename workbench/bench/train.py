@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from workbench.bench.table import Column, render, verdict, write_json
+from workbench.kernels.registry import DEFAULT_BACKEND
 
 if TYPE_CHECKING:
     from workbench.train.config import TrainConfig
@@ -36,7 +37,7 @@ __all__ = ["VARIANTS", "bench_structures", "bench_train", "format_table"]
 VARIANTS: dict[str, tuple[str, str]] = {
     "baseline": ("fixed-count", "e3nn"),
     "packer-e3nn": ("paper", "e3nn"),
-    "packer-numba": ("paper", "numba"),
+    f"packer-{DEFAULT_BACKEND}": ("paper", DEFAULT_BACKEND),
     "packer-cueq": ("paper", "cueq"),
 }
 #: per-step reference timings the project was set against: one H100, paper config (128x0e+128x1o,

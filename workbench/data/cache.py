@@ -6,7 +6,7 @@ suffix and the read options, so a renamed copy hits and a ``.gz``-named text fil
 Entries hold only numbers, strings and JSON (loaded with ``allow_pickle=False``): a file planted
 in a shared cache directory can at worst give wrong coordinates, which the cheap checks on load
 (finite, sane extent, labels) and the content key guard against, never run code.
-``WORKBENCH_CACHE=0`` turns it off; ``WORKBENCH_CACHE_DIR`` moves it.
+``WORKBENCH_DATA_CACHE=0`` turns it off; ``WORKBENCH_CACHE_DIR`` moves it.
 """
 
 from __future__ import annotations
@@ -20,13 +20,15 @@ import ase
 import numpy as np
 
 from workbench.cache_dir import cache_dir
+from workbench.switches import switch
 
+DATA_CACHE_ENV = "WORKBENCH_DATA_CACHE"
 CACHE_VERSION = 4  # bump when the stored form or what the readers accept changes
 
 
 def cache_path(raw: bytes, path: Path, options: tuple) -> Path | None:
     """Where the frames of this content, read with ``options``, are cached; None when disabled."""
-    if os.environ.get("WORKBENCH_CACHE", "1") == "0":
+    if switch(DATA_CACHE_ENV) == "0":
         return None
     root = cache_dir("structures")
     digest = hashlib.sha256(raw)

@@ -24,13 +24,15 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from workbench.switches import switch
+
 EMBEDDED_N = 2000
 EMBEDDED_SEED = 0
 EMBEDDED_NAME = "mixture.extxyz.gz"
 
 
 def _default_path() -> Path:
-    env = os.environ.get("WORKBENCH_DATA")
+    env = switch("WORKBENCH_DATA")
     if env:
         return Path(env)
     # Editable installs and checkouts: <repo>/data next to the package.

@@ -72,15 +72,8 @@ def validate_structure(
         if nb.closest is not None:
             raise close_pair_error(*nb.closest, nb.close_pairs, min_distance, path=path, frame=frame)
     if require_labels and _is_labelled(atoms):
-        check_labels(
-            atoms,
-            path=path,
-            frame=frame,
-            energy_key=energy_key,
-            forces_key=forces_key,
-            stress_key=stress_key,
-            virials_key=virials_key,
-        )
+        keys = dict(energy_key=energy_key, forces_key=forces_key, stress_key=stress_key, virials_key=virials_key)
+        check_labels(atoms, path=path, frame=frame, **keys)
 
 
 def close_pair_error(

@@ -11,7 +11,8 @@ autograd to any order, and :func:`accelerate` to swap them into mace-torch model
 * :func:`channelwise_tp_polynomial` / :func:`channelwise_tp_op` - an e3nn channelwise ("uvu")
   tensor product + scatter (the message op of MACE and NequIP) as one edge polynomial;
   :func:`fuse_conv_tp` swaps it into a MACE interaction block through mace's ``conv_fusion`` hook.
-* :func:`accelerate` - ``accelerate(model, backend="numba" | "e3nn" | "cueq", ops=None)``.
+* :func:`accelerate` - ``accelerate(model, backend=DEFAULT_BACKEND, ops=None)``; the backends and model
+  families are listed in :mod:`~workbench.kernels.registry`.
 
 Layers (imports run one way, top to bottom):
 

@@ -17,7 +17,8 @@ __all__ = ["AVAILABLE_OPS", "KERNEL_BACKENDS", "accelerate", "model_ops", "preco
 
 #: ops :func:`accelerate` can swap (over every registered model family)
 AVAILABLE_OPS: tuple[str, ...] = ("symmetric_contraction", "channelwise_tp", "strided_contraction")
-#: how :func:`accelerate` runs them: the registered backends (not the training launch backends)
+#: the backends registered when the package was imported (not the training launch backends); one
+#: registered later is in :func:`~workbench.kernels.registry.backend_names`, which code should read
 KERNEL_BACKENDS: tuple[str, ...] = tuple(BACKENDS)
 
 
@@ -39,7 +40,7 @@ def accelerate(
     ops: Iterable[str] | str | None = None,
     precompile: bool | None = None,
 ) -> torch.nn.Module:
-    """Run the hot ops of ``model`` on ``backend`` (a name in :data:`KERNEL_BACKENDS`).
+    """Run the hot ops of ``model`` on ``backend`` (a registered backend's name).
 
     Parameters
     ----------
@@ -47,17 +48,20 @@ def accelerate(
         a model of a registered family (mace-torch's ``MACE``, ``ScaleShiftMACE``, ..., or any
         module holding mace's ``SymmetricContraction`` or interaction blocks)
     backend : str
-        ``"numba"``: the workbench's fused kernels (CUDA on GPU tensors, numba CPU otherwise);
+        a name of :func:`~workbench.kernels.registry.backend_names`. The built-in ones:
+        ``numba`` (the default, :data:`~workbench.kernels.registry.DEFAULT_BACKEND`): the
+        workbench's fused kernels (CUDA on GPU tensors, numba CPU otherwise);
         ``"torch"``: the same modules evaluated by the plain-torch reference (slow, exact);
         both in place, sharing the trained parameters (optimizers keep working).
         ``"e3nn"``: back to the family's own modules, in place, same parameters.
-        ``"cueq"``: cuEquivariance through the family's converter; builds and returns a *new* model.
+        ``"cueq"`` and ``"oeq"``: cuEquivariance or OpenEquivariance through the family's
+        converter; builds and returns a *new* model.
     ops : str or tuple of str, optional
         op names to swap, among the family's (mace: ``"symmetric_contraction"``,
         ``"channelwise_tp"``); one name alone is that op; ``None`` swaps every one. A block the kernels do not support
         raises ``TypeError`` naming its class. With ``backend="e3nn"`` the listed ops are restored.
     precompile : bool, optional
-        ``backend="numba"`` on a model whose parameters are on a CUDA device: compile every
+        a compiled backend (the default) on a model whose parameters are on a CUDA device: compile every
         kernel a force-training step launches now, in parallel processes, once per node, into
         the kernel cache (:func:`precompile_model`). ``None`` (default): when the model is on a
         CUDA device and ``$WORKBENCH_PRECOMPILE`` is not ``0``.

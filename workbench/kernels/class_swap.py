@@ -95,12 +95,17 @@ class ClassSwap:
         cls,
         name: str,
         native_path: str,
-        ours: LazyClass,
-        what: str,
+        namespace: dict,
+        make: Callable[[], type],
         check: Callable[[torch.nn.Module], object] | None = None,
+        class_name: str | None = None,
     ) -> ClassSwap:
         """A companion swap: no op of its own, no kernel site; a module ``check`` refuses
-        (``ValueError``) stays the library's."""
+        (``ValueError``) stays the library's. Ours is built by ``make`` on first use, as the global
+        ``class_name`` (default ``Workbench<the library's class name>``) of ``namespace``."""
+        package, native_name = native_path.partition(".")[0], native_path.rpartition(".")[2]
+        ours = LazyClass(namespace, class_name or f"Workbench{native_name}", make)
+        what = f"{package}'s {native_name}"
         return cls(name, native_path, ours, what, "", check or (lambda m: None), lambda m: (None, 0))
 
     @property

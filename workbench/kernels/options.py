@@ -4,10 +4,12 @@ them are read here and nowhere else.
 Every choice a user or a benchmark may want to steer (table-driven or unrolled CUDA kernels,
 split sizes, block size, fusion of a pass's outputs, the CPU code generator, ...) is a field of
 :class:`KernelOptions`. ``None`` means "the kernel module's own default" (each module owns its
-default and documents it). :func:`kernel_options` reads the environment at call time, so a
-variable set by a test or a benchmark takes effect at the next kernel plan; :func:`overridden`
-sets fields for a block of code through the same variables (child processes, such as the
-precompile workers, inherit them), with :func:`environment`, which sets and restores any variables.
+default and documents it). The options in effect are, in order of precedence: the values set in
+code (:func:`overridden` for a block, :func:`configure` for the rest of the process), the
+environment variables (read at call time, so a variable a user or a test sets counts at the next
+kernel plan), and the defaults. Code below the entry points (CLI, ``TrainConfig``,
+:func:`~workbench.kernels.accelerate`) passes values, never environment variables; a child
+process gets the options in effect through :func:`child_environment`.
 
 ==============================  ==============================  =====================================
 field                           environment variable            meaning
@@ -22,7 +24,17 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["ENV", "KernelOptions", "environment", "kernel_options", "overridden"]
+__all__ = [
+    "ENV",
+    "KernelOptions",
+    "child_environment",
+    "configure",
+    "environment",
+    "kernel_options",
+    "numba_simulator",
+    "overridden",
+    "variable",
+]
 
 
 def _flag(name: str, text: str) -> bool:
@@ -103,7 +115,7 @@ ENV: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
     "precompile": ("WORKBENCH_PRECOMPILE", _flag, "0: accelerate() on a CUDA model does not compile ahead"),
     "precompile_workers": ("WORKBENCH_PRECOMPILE_WORKERS", _positive(int), "processes that compile ahead"),
     "kernel_cache": ("WORKBENCH_KERNEL_CACHE", str, "folder of compiled kernels (may be shared by a job's nodes)"),
-    "cache": ("WORKBENCH_CACHE", _flag, "0: compile generated kernels in memory only"),
+    "cache": ("WORKBENCH_KERNEL_DISK_CACHE", _flag, "0: compile generated kernels in memory only"),
 }
 
 
@@ -133,25 +145,29 @@ class KernelOptions:
 
 
 def kernel_options() -> KernelOptions:
-    """The defaults with every ``WORKBENCH_*`` override that is set (an empty value counts as unset).
-    Re-read on every call, so a variable set at any time counts; parsed again only when one changed
-    (a kernel call asks several times)."""
-    texts = _environment_texts()
-    cached = _PARSED.get(texts)
+    """The options in effect: the defaults, then every ``WORKBENCH_*`` variable that is set (an
+    empty value counts as unset), then the values set in code (:func:`configure`,
+    :func:`overridden`). Re-read on every call, so a variable set at any time counts; parsed again
+    only when something changed (a kernel call asks several times)."""
+    key = (_environment_texts(), _SET)
+    cached = _PARSED.get(key)
     if cached is None:
         values = {}
-        for (name, (env, parse, _)), raw in zip(ENV.items(), texts):
+        for (name, (env, parse, _)), raw in zip(ENV.items(), key[0]):
             text = os.fsdecode(raw)
             if text:
                 values[name] = parse(env, text) if parse is not str else text
+        values.update(_SET)
         cached = KernelOptions(**values)
         if len(_PARSED) > 64:
             _PARSED.clear()
-        _PARSED[texts] = cached
+        _PARSED[key] = cached
     return cached
 
 
 _PARSED: dict[tuple, KernelOptions] = {}
+#: the values set in code, as a hashable tuple of (field, value) pairs; replaced, never mutated
+_SET: tuple = ()
 
 
 def _environment_texts() -> tuple:
@@ -171,20 +187,78 @@ def _render(value: Any) -> str:
     return ("1" if value else "0") if isinstance(value, bool) else str(value)
 
 
-@contextlib.contextmanager
-def overridden(**changes: Any) -> Iterator[KernelOptions]:
-    """Set fields of :class:`KernelOptions` for the block (through their variables, so processes
-    started inside inherit them); ``None`` unsets a field. The previous environment comes back."""
+def _checked(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``changes`` validated by the same parsers as the variables; ``None`` values are kept (unset)."""
     unknown = sorted(set(changes) - set(ENV))
     if unknown:
         raise ValueError(f"unknown kernel option(s) {unknown}; the options are {', '.join(ENV)}")
-    with environment({ENV[k][0]: None if v is None else _render(v) for k, v in changes.items()}):
+    out = {}
+    for name, value in changes.items():
+        parse = ENV[name][1]
+        if value is None or parse is str:
+            out[name] = None if value is None else str(value)
+        else:
+            out[name] = parse(f"kernel option {name!r}", _render(value))
+    return out
+
+
+def _merged(changes: Mapping[str, Any]) -> tuple:
+    values = dict(_SET)
+    for name, value in changes.items():
+        if value is None:
+            values.pop(name, None)
+        else:
+            values[name] = value
+    return tuple(sorted(values.items()))
+
+
+def configure(**changes: Any) -> KernelOptions:
+    """Set fields of :class:`KernelOptions` for the rest of this process (an entry point's choice:
+    ``TrainConfig.kernel_cache``, ``workbench kernels --cache``); ``None`` unsets one. Values win
+    over the environment. The options now in effect are returned."""
+    global _SET
+    _SET = _merged(_checked(changes))
+    return kernel_options()
+
+
+@contextlib.contextmanager
+def overridden(**changes: Any) -> Iterator[KernelOptions]:
+    """Set fields of :class:`KernelOptions` for the block (``None`` unsets one, so the variable or
+    the default counts again); the previous values come back. Processes started inside get them
+    through :func:`child_environment`."""
+    global _SET
+    saved, _SET = _SET, _merged(_checked(changes))
+    try:
         yield kernel_options()
+    finally:
+        _SET = saved
+
+
+def child_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) with the variables of the options set in
+    code, so that a child process (a compile worker, a benchmark's subprocess) runs the kernels
+    this one would."""
+    env = dict(os.environ if base is None else base)
+    env.update({ENV[name][0]: _render(value) for name, value in _SET})
+    return env
+
+
+def variable(name: str) -> str:
+    """The environment variable of the option ``name`` (``"kernel_cache"``: ``WORKBENCH_KERNEL_CACHE``),
+    for messages that tell a user what to set."""
+    return ENV[name][0]
+
+
+def numba_simulator() -> bool:
+    """numba's own switch ``NUMBA_ENABLE_CUDASIM=1``: its CUDA target is the simulator."""
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
 
 
 @contextlib.contextmanager
 def environment(changes: Mapping[str, str | None]) -> Iterator[None]:
-    """Set environment variables for the block, ``None`` unsetting one; the previous values come back."""
+    """Set environment variables for the block, ``None`` unsetting one; the previous values come
+    back. For tests and for processes started inside the block; kernel options are set with
+    :func:`overridden`."""
     saved = {env: os.environ.get(env) for env in changes}
     try:
         for env, value in changes.items():

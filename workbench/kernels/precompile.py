@@ -44,24 +44,9 @@ from typing import Any
 
 from workbench.kernels.launches import OpSite
 from workbench.kernels.numba.gpu.unrolled import GENERATED_PREFIX
-from workbench.kernels.options import ENV, kernel_options
+from workbench.kernels.options import child_environment, kernel_options
 
-__all__ = [
-    "PRECOMPILE_ENV",
-    "WORKERS_ENV",
-    "KernelJob",
-    "PrecompileReport",
-    "kernel_jobs",
-    "node_lock",
-    "precompile",
-    "target_id",
-    "usable_cores",
-]
-
-#: ``0`` turns ahead-of-time compilation off (kernels then compile at their first launch)
-PRECOMPILE_ENV = ENV["precompile"][0]
-#: worker processes (default: the cores this process may use)
-WORKERS_ENV = ENV["precompile_workers"][0]
+__all__ = ["KernelJob", "PrecompileReport", "kernel_jobs", "node_lock", "precompile", "target_id", "usable_cores"]
 
 
 @dataclass(frozen=True)
@@ -243,7 +228,8 @@ def _start_worker(target: str, cc: tuple[int, int] | None, device_index: int | N
     cmd = [sys.executable, "-m", "workbench.kernels.precompile", "--worker", "--target", target]
     if cc is not None:
         cmd += ["--cc", f"{cc[0]}.{cc[1]}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    # the options set in code here (a cache folder, a kernel kind) hold in the worker too
+    env = {**child_environment(), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
     visible = _visible_device(device_index) if target == "device" else None
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible

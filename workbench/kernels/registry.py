@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,9 +31,12 @@ __all__ = [
     "ModelAdapter",
     "adapter_for",
     "backend_names",
+    "contenders",
     "get_backend",
+    "labels",
     "register_backend",
     "register_model",
+    "resolve",
 ]
 
 KINDS = ("descriptor", "native", "convert")
@@ -66,7 +69,10 @@ class Backend:
     it. ``compiled``: it runs the workbench's compiled kernels, so the modules around the hot ops
     take their fused forms too (SiLU's derivatives, the MD calculator's radial tables) and its
     CUDA kernels can be compiled before the first step (``accelerate(precompile=...)``).
-    ``probe``: ``() -> None`` when usable here, else the reason it is not.
+    ``probe``: ``() -> None`` when usable here, else the reason it is not. ``variants``: named
+    :class:`~workbench.kernels.options.KernelOptions` settings a benchmark may compare, each a row
+    called ``"<name>-<variant>"`` (:func:`labels`, :func:`resolve`). ``contender``: the benchmarks
+    time it by default (:func:`contenders`; the plain-torch reference is exact, not fast).
     """
 
     name: str
@@ -76,6 +82,8 @@ class Backend:
     compiled: bool = False
     evaluate: str | Callable | None = None
     probe: str | Callable[[], str | None] | None = None
+    variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    contender: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -113,23 +121,60 @@ BACKENDS: dict[str, Backend] = {}
 MODELS: dict[str, ModelAdapter] = {}
 
 
+def _add(table: dict, entry: Any, what: str) -> Any:
+    if entry.name in table:
+        raise ValueError(f"{what} {entry.name!r} is registered already")
+    table[entry.name] = entry
+    return entry
+
+
 def register_backend(backend: Backend) -> Backend:
-    if backend.name in BACKENDS:
-        raise ValueError(f"backend {backend.name!r} is registered already")
-    BACKENDS[backend.name] = backend
-    return backend
+    """Add ``backend`` to :data:`BACKENDS` (a second one of the same name is refused)."""
+    return _add(BACKENDS, backend, "backend")
 
 
 def register_model(adapter: ModelAdapter) -> ModelAdapter:
-    if adapter.name in MODELS:
-        raise ValueError(f"model family {adapter.name!r} is registered already")
-    MODELS[adapter.name] = adapter
-    return adapter
+    """Add ``adapter`` to :data:`MODELS` (a second one of the same name is refused)."""
+    return _add(MODELS, adapter, "model family")
 
 
 def backend_names(kind: str | None = None) -> tuple[str, ...]:
     """Registered backend names (of one ``kind``), in registration order."""
     return tuple(n for n, b in BACKENDS.items() if kind is None or b.kind == kind)
+
+
+def labels(kinds: Iterable[str] | None = None, family: str | None = None, device: str | None = None) -> tuple[str, ...]:
+    """Every name a benchmark row may carry, in registration order: each backend (of ``kinds``,
+    that the model ``family`` can take, that runs on ``device``) followed by its variants."""
+    out = []
+    for name, b in BACKENDS.items():
+        if kinds is not None and b.kind not in kinds:
+            continue
+        if family is not None and b.kind == "convert" and name not in MODELS[family].converts:
+            continue
+        if device is not None and device.split(":")[0] not in b.devices:
+            continue
+        out += [name, *(f"{name}-{v}" for v in b.variants)]
+    return tuple(out)
+
+
+def contenders(family: str | None = None, device: str | None = None) -> tuple[str, ...]:
+    """The backends a benchmark compares unless told otherwise: every contender the model
+    ``family`` can take on ``device``, the default backend first, no variants."""
+    names = [n for n in labels(family=family, device=device) if n in BACKENDS and BACKENDS[n].contender]
+    return tuple(sorted(names, key=lambda n: n != DEFAULT_BACKEND))
+
+
+def resolve(label: str) -> tuple[Backend, dict[str, Any]]:
+    """The backend a benchmark row ``label`` runs and the kernel options it sets: ``"numba"`` is
+    the backend with no options, ``"numba-table"`` its variant ``table``. An unknown label gets an
+    error listing the choices."""
+    if label in BACKENDS:
+        return BACKENDS[label], {}
+    name, _, variant = label.partition("-")
+    if name in BACKENDS and variant in BACKENDS[name].variants:
+        return BACKENDS[name], dict(BACKENDS[name].variants[variant])
+    raise ValueError(f"unknown backend {label!r}; choose one of {', '.join(labels())}")
 
 
 def get_backend(name: str) -> Backend:
@@ -159,6 +204,11 @@ register_backend(
         compiled=True,
         evaluate="workbench.kernels.numba.dispatch:evaluate",
         probe="workbench.kernels.numba.gpu.device:numba_unavailable",
+        variants={
+            "table": {"cuda_kernels": "table"},
+            "unrolled": {"cuda_kernels": "unrolled"},
+            "unfused": {"fuse_passes": False},
+        },
     )
 )
 register_backend(
@@ -167,6 +217,7 @@ register_backend(
         "descriptor",
         "plain torch gathers and index_add over the descriptor's terms: the reference the others are tested against",
         evaluate="workbench.kernels.reference:evaluate",
+        contender=False,
     )
 )
 register_backend(Backend("e3nn", "native", "the model family's own e3nn modules"))
@@ -179,8 +230,19 @@ register_backend(
         probe="workbench.kernels.mace.adapter:cueq_unavailable",
     )
 )
+register_backend(
+    Backend(
+        "oeq",
+        "convert",
+        "OpenEquivariance's fused message op, through the family's converter (a new model; CUDA only)",
+        devices=("cuda",),
+        probe="workbench.kernels.mace.adapter:oeq_unavailable",
+    )
+)
 register_model(
-    ModelAdapter("mace", "mace-torch models (MACE, ScaleShiftMACE, ...)", "workbench.kernels.mace.adapter", ("cueq",))
+    ModelAdapter(
+        "mace", "mace-torch models (MACE, ScaleShiftMACE, ...)", "workbench.kernels.mace.adapter", ("cueq", "oeq")
+    )
 )
 register_model(ModelAdapter("nequip", "NequIP models (nequip 0.19)", "workbench.kernels.nequip.adapter"))
 register_model(ModelAdapter("allegro", "Allegro models (nequip-allegro 0.8)", "workbench.kernels.allegro.adapter"))

@@ -32,6 +32,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from workbench.switches import switch
 from workbench.train.rundir import JsonlLog, RunDir
 
 ATTEMPT_ENV = "WORKBENCH_ATTEMPT"
@@ -45,7 +46,7 @@ def attempt_id() -> str:
     """Identifies one start of the run: ``<jobid>.<restart count>`` on SLURM, a launcher token locally."""
     if os.environ.get("SLURM_JOB_ID") and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
         return f"{os.environ['SLURM_JOB_ID']}.{int(os.environ.get('SLURM_RESTART_COUNT') or 0)}"
-    return os.environ.get(ATTEMPT_ENV, f"pid{os.getpid()}")
+    return switch(ATTEMPT_ENV, f"pid{os.getpid()}")
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -86,7 +87,7 @@ def run_rank(config_dict: dict[str, Any]) -> dict[str, Any]:
     config = TrainConfig.from_dict(config_dict)
     rank = int(os.environ.get("RANK", "0"))
     # The trainer records these signals and stops all ranks at one step boundary (see module docstring).
-    os.environ.setdefault(preempt.ENV_VAR, "TERM,USR2")
+    signals = switch(preempt.ENV_VAR, "TERM,USR2")
     markers = _Markers(config.run_dir, rank)
     if rank == 0:
         with JsonlLog(markers.paths.attempts) as attempts:
@@ -105,7 +106,7 @@ def run_rank(config_dict: dict[str, Any]) -> dict[str, Any]:
     try:
         from workbench.train.loop import train
 
-        result = train(config, resume=True)
+        result = train(config, resume=True, preempt_signals=signals)
     except preempt.Preempted as exc:
         markers.write("preempted", signal=exc.signal_name, global_step=exc.global_step)
         print(f"workbench: rank {rank}: {exc}", file=sys.stderr, flush=True)

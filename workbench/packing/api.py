@@ -75,23 +75,20 @@ def _defaults(function: Callable, *internal: str) -> dict[str, Any]:
 
 
 # The two kinds of algorithm: what a kind implies is said once, here.
-def _to_capacity(name: str, run: Runner, description: str, takes: Callable, **properties: Any) -> Algorithm:
-    """An algorithm that fills batches up to the capacity, never past it; options those of ``takes``."""
-    options = _defaults(takes, "graph_order")
+def _to_capacity(
+    name: str, run: Runner, description: str, takes: Callable | None = None, **properties: Any
+) -> Algorithm:
+    """An algorithm that fills batches up to the capacity, never past it; options those of ``takes``
+    (default: of ``run``); not randomized unless ``properties`` say so."""
+    options = _defaults(takes or run, "graph_order")
+    properties.setdefault("randomized", False)
     return Algorithm(name=name, run=run, description=description, respects_capacity=True, options=options, **properties)
 
 
 def _by_count(name: str, run: Runner, description: str, bound: Literal["batch", "step"], takes: Callable) -> Algorithm:
     """A batcher that cuts shuffled graphs by count (per batch or per ``bound="step"``), blind to the capacity."""
-    return Algorithm(
-        name=name,
-        run=run,
-        description=description,
-        respects_capacity=False,
-        count_bound=bound,
-        randomized=True,
-        options=_defaults(takes),
-    )
+    properties = dict(respects_capacity=False, count_bound=bound, randomized=True, options=_defaults(takes))
+    return Algorithm(name=name, run=run, description=description, **properties)
 
 
 #: The packing algorithms, in the order tables and figures show them: the packers, then the baselines.
@@ -110,22 +107,17 @@ ALGORITHMS: dict[str, Algorithm] = {
             "shuffled-paper",
             shuffled_paper_bins,
             "Algorithm 1 on a per-epoch window-shuffled size order (ours)",
-            shuffled_paper_bins,
             randomized=True,
             order_steps_by_load=True,
         ),
         _to_capacity(
-            "ffd",
-            lambda c, cap, r, rng, **o: baselines.ffd(c, cap, **o),
-            "first-fit decreasing",
-            baselines.ffd,
-            randomized=False,
+            "ffd", lambda c, cap, r, rng, **o: baselines.ffd(c, cap, **o), "first-fit decreasing", baselines.ffd
         ),
         _to_capacity(
             "dynamic",
             lambda c, cap, r, rng, **o: baselines.dynamic(c, cap, rng, **o),
             "PyG DynamicBatchSampler: greedy next-fit up to max_num on shuffled graphs",
-            baselines.dynamic,
+            takes=baselines.dynamic,
             randomized=True,
         ),
         _by_count(

@@ -3,7 +3,6 @@ mace-torch's parameter groups, the plateau scheduler, the EMA of the weights and
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -44,10 +43,10 @@ def build_training(s: Session, ckpt: dict | None) -> None:
     if get_backend(config.backend).kind != "native":
         from workbench.kernels import accelerate
 
-        if config.kernel_cache:  # the precompile workers and numba's cache read it from the environment
-            from workbench.kernels.numba.generated import KERNEL_CACHE_ENV
+        if config.kernel_cache:  # for the rest of the rank's life; the precompile workers inherit it
+            from workbench.kernels.options import configure
 
-            os.environ[KERNEL_CACHE_ENV] = str(Path(config.kernel_cache).expanduser().resolve())
+            configure(kernel_cache=str(Path(config.kernel_cache).expanduser().resolve()))
         # on a GPU, numba's kernels compile here, in parallel, once per node (rank 0 of a node
         # compiles under a file lock, the others wait and load the cache)
         s.model = accelerate(s.model, backend=config.backend).to(s.device)

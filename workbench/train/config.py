@@ -32,8 +32,6 @@ from workbench.train.values import MAX_CONFIG_BYTES, ConfigError, Interval, brie
 #: The trainer's samplers: the packing algorithms of the registry, and mace_run_train's own batch
 #: order (workbench.train.mace_order). workbench.train.samplers.make_sampler builds them.
 SAMPLERS: tuple[str, ...] = (*ALGORITHMS, MACE_ORDER)
-#: how the model's hot ops run: the kernel backends of workbench.kernels.registry (no torch import)
-MODEL_BACKENDS: tuple[str, ...] = backend_names()
 DTYPES = ("float32", "float64")
 #: the losses of workbench.train.losses (mace-torch's definitions)
 LOSSES: tuple[str, ...] = loss_names()
@@ -74,14 +72,23 @@ RANGES: dict[str, Interval] = {
 #: bounds that keep a typo from allocating gigabytes (mace's foundation models: [64, 64, 64])
 MAX_RADIAL_LAYERS, MAX_WIDTH = 16, 16384
 NULLABLE = ("max_structures", "ema_decay", "clip_grad", "max_steps", "num_samples_pt")
-PATH_FIELDS = (
-    "dataset",
-    "valid_dataset",
-    "foundation_model",
-    "pt_dataset",
-)  # null means a default; an empty string is a mistake
+# null means a default; an empty string is a mistake
+PATH_FIELDS = ("dataset", "valid_dataset", "foundation_model", "pt_dataset")
 ON_NONFINITE = ("stop", "skip")
 KEEP = ("last", "best")  # which weights the run exports
+#: The fine-tuning fields that shape a run's data: the foundation model (its elements, heads and
+#: descriptors) and the replay set drawn from its training data.
+FINETUNE_DATA_FIELDS = (
+    "foundation_model",
+    "foundation_elements",
+    "foundation_head",
+    "multihead_finetuning",
+    "pt_dataset",
+    "num_samples_pt",
+    "subselect_pt",
+    "weight_pt_head",
+    "heads",
+)
 #: The fields that define a run: a checkpoint resumes only under the same values (model, data,
 #: split, packing, precision, seed). Others (lr, epochs, max_steps, workers, ...) may change.
 RUN_IDENTITY = (
@@ -108,16 +115,8 @@ RUN_IDENTITY = (
     "sampler",
     "capacity",
     "batch_size",
-    "foundation_model",
-    "foundation_head",
-    "foundation_elements",
     "e0s",
-    "multihead_finetuning",
-    "pt_dataset",
-    "num_samples_pt",
-    "subselect_pt",
-    "weight_pt_head",
-    "heads",
+    *FINETUNE_DATA_FIELDS,
 )
 #: which elements a fine-tuned model keeps: the data's (mace_run_train's default) or all of the
 #: foundation model's (its --foundation_model_elements True)
@@ -228,7 +227,7 @@ class TrainConfig:
 
         for name, choices in (
             ("sampler", SAMPLERS),
-            ("backend", MODEL_BACKENDS),
+            ("backend", backend_names()),  # read now: a backend registered since counts
             ("dtype", DTYPES),
             ("on_nonfinite", ON_NONFINITE),
             ("keep", KEEP),

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.train.config import TrainConfig
+from workbench.train.config import FINETUNE_DATA_FIELDS, TrainConfig
 from workbench.train.replay_options import FT_HEAD
 from workbench.train.split import configs_fingerprint, hasher, split_order
 
@@ -42,15 +42,9 @@ PREPARE_FIELDS = (
     "valid_fraction",
     "cutoff",
     "dtype",
-    "foundation_model",  # fine-tuning: the file's elements may define the one-hot table
-    "foundation_elements",
-    "foundation_head",  # fps replay selection reads the foundation's descriptors
-    "multihead_finetuning",
-    "pt_dataset",
-    "num_samples_pt",
-    "subselect_pt",
-    "weight_pt_head",
-    "heads",
+    # fine-tuning: the foundation's elements may define the one-hot table, and the fps replay
+    # selection reads its descriptors
+    *FINETUNE_DATA_FIELDS,
 )
 #: A structure file above this size is read whole by every rank: point the user at ``data prepare``.
 LARGE_FILE_BYTES = 200 * 2**20

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 from collections.abc import Callable
+
+from workbench.switches import switch
 
 __all__ = ["STEP_HOOK_ENV", "step_hook"]
 
@@ -23,7 +24,7 @@ STEP_HOOK_ENV = "WORKBENCH_STEP_HOOK"
 @functools.cache
 def step_hook() -> Callable[[int, int], None] | None:
     """The function ``WORKBENCH_STEP_HOOK`` names, imported once per process; None when unset."""
-    target = os.environ.get(STEP_HOOK_ENV, "")
+    target = switch(STEP_HOOK_ENV)
     if not target:
         return None
     module, sep, name = target.partition(":")

@@ -78,19 +78,25 @@ class TrainResult:
 
 
 def train(
-    config: TrainConfig, structures: list | None = None, resume: bool = True, data: TrainData | None = None
+    config: TrainConfig,
+    structures: list | None = None,
+    resume: bool = True,
+    data: TrainData | None = None,
+    preempt_signals: str | None = None,
 ) -> TrainResult:
     """Train ``config``; resume from ``<run_dir>/checkpoint.pt`` when present and ``resume``.
 
     ``data``: already prepared by ``prepare_data`` for a config equal to ``config`` on
     ``PREPARE_FIELDS`` (``structures`` is then unused); several runs can share it.
     The torch default dtype is ``config.dtype`` while it runs (mace builds its data and
-    buffers in the default dtype) and is restored afterwards.
+    buffers in the default dtype) and is restored afterwards. ``preempt_signals``: the signals
+    (``"TERM,USR2"``) that stop every rank at one step boundary with a checkpoint
+    (:mod:`~workbench.train.preempt`); None: ``$WORKBENCH_PREEMPT_SIGNALS``, else none.
     """
     from workbench.train.foundation import resolve
 
     config = resolve(config)  # fine-tuning: the foundation model's architecture
-    with default_dtype(config.dtype), preempt.guard_from_env():  # preemption handling: opt-in via env
+    with default_dtype(config.dtype), preempt.guard(preempt_signals):
         return _train(config, structures, resume, data)
 
 

@@ -5,7 +5,7 @@ with rough or non-conservative forces heats up), and how fast does it run? The m
 mace-torch model, such as the ``model.model`` that ``workbench train`` exports) is loaded without
 running code from it (:mod:`workbench.train.model_file`; ``--trust-model`` for others), wrapped
 in mace-torch's own ``MACECalculator``, its hot ops are swapped for the workbench kernels
-(``backend="numba"``, the default) and ASE integrates:
+(the default backend, :data:`~workbench.kernels.registry.DEFAULT_BACKEND`) and ASE integrates:
 
 * ``nve``: velocity Verlet;
 * ``nvt``: Langevin at ``temperature`` (friction ``0.01 / fs``).

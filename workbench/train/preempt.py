@@ -12,8 +12,9 @@ mid-epoch checkpoint (all ranks' sampler positions and RNG states, written by ra
 raises :class:`Preempted`. The step that was running when the signal came completes and is
 logged before the checkpoint, so a resumed run neither loses nor repeats a step.
 
-The guard is opt-in: it is active only while ``WORKBENCH_PREEMPT_SIGNALS`` names signals
-(``workbench.launch`` sets ``TERM,USR2`` for its workers) and only in the main thread
+The guard is opt-in: it is active only while ``train(preempt_signals=...)`` or, when that is
+None, ``WORKBENCH_PREEMPT_SIGNALS`` names signals (``workbench.launch`` asks its workers for
+``TERM,USR2``) and only in the main thread
 (Python can install signal handlers nowhere else). ``train()`` run directly, or under a
 bare ``torchrun``, keeps the default behaviour of dying on SIGTERM.
 """
@@ -21,10 +22,11 @@ bare ``torchrun``, keeps the default behaviour of dying on SIGTERM.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
 from collections.abc import Iterator
+
+from workbench.switches import switch
 
 ENV_VAR = "WORKBENCH_PREEMPT_SIGNALS"
 #: ``workbench train`` exits with this after a preemption checkpoint (sysexits' EX_TEMPFAIL: retry).
@@ -79,20 +81,21 @@ def _parse(names: str) -> list[int]:
         name = raw.upper()
         name = name if name.startswith("SIG") else "SIG" + name
         if not hasattr(signal, name):
-            raise ValueError(f"{ENV_VAR}={names!r}: {raw!r} is not a signal name (use e.g. TERM,USR2)")
+            raise ValueError(f"preempt signals {names!r}: {raw!r} is not a signal name (use e.g. TERM,USR2)")
         out.append(int(getattr(signal, name)))
     return out
 
 
 @contextlib.contextmanager
-def guard_from_env() -> Iterator[None]:
-    """While active, record the signals named in ``$WORKBENCH_PREEMPT_SIGNALS`` instead of dying.
+def guard(names: str | None = None) -> Iterator[None]:
+    """While active, record the signals ``names`` (``"TERM,USR2"``; None: ``$WORKBENCH_PREEMPT_SIGNALS``)
+    instead of dying.
 
-    Restores the previous handlers on exit. A no-op when the variable is unset or empty, or
-    outside the main thread.
+    Restores the previous handlers on exit. A no-op when no signal is named, or outside the
+    main thread.
     """
     global _active
-    signums = _parse(os.environ.get(ENV_VAR, ""))
+    signums = _parse(switch(ENV_VAR) if names is None else names)
     if not signums or threading.current_thread() is not threading.main_thread() or _active is not None:
         yield
         return

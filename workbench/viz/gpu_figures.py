@@ -14,21 +14,22 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from workbench.kernels.registry import DEFAULT_BACKEND
 from workbench.viz.gpu_results import (
     DTYPES,
     FROM_LOG,
-    GPU_BACKENDS,
     NO_FILE,
     NOT_MEASURED,
     OPS,
     _grouped,
     config_name,
+    gpu_backends,
     gpu_pass_rows,
     gpu_step_profile,
     gpu_step_rows,
 )
 from workbench.viz.kernels import PASS_LABELS, PASS_ORDER
-from workbench.viz.style import BACKEND_COLORS, style
+from workbench.viz.style import BACKEND_COLORS, backend_color, style
 
 if TYPE_CHECKING:  # plotly is imported only when a view is built
     import plotly.graph_objects as go
@@ -36,7 +37,7 @@ if TYPE_CHECKING:  # plotly is imported only when a view is built
 STUB_LABEL_MAX = 24  # longer reasons stay in the hover: a vertical label has no room for them
 LEGEND_NOTE = (
     "hatched: recovered from the run's log · empty hatched stub: not measured (hover for why) · "
-    "numba/cueq above a group: below 1, numba is faster"
+    f"{DEFAULT_BACKEND}/cueq above a group: below 1, {DEFAULT_BACKEND} is faster"
 )
 
 
@@ -114,7 +115,7 @@ def _measured_bar(backend: str, have: list[dict], shown: set) -> go.Bar:
         name=backend,
         showlegend=backend not in shown,
         marker=dict(
-            color=BACKEND_COLORS.get(backend, "#777"),
+            color=backend_color(backend),
             pattern=dict(shape=["/" if s["status"] == FROM_LOG else "" for s in have], fgcolor="white"),
         ),
         text=[_label(s["y"]) for s in have],
@@ -127,7 +128,7 @@ def _stub_bar(backend: str, miss: list[dict], stub: float) -> go.Bar:
     """The missing slots of ``backend``: empty hatched stubs of height ``stub``, labelled with the reason."""
     import plotly.graph_objects as go
 
-    color = BACKEND_COLORS.get(backend, "#777")
+    color = backend_color(backend)
     return go.Bar(
         x=[s["x"] for s in miss],
         y=[stub] * len(miss),
@@ -152,7 +153,7 @@ def _bars(fig, slots: list[dict], row: int, col: int, shown: set) -> tuple[float
     groups = {x: [s for s in slots if s["x"] == x] for x in dict.fromkeys(s["x"] for s in slots)}
     gone = [g for g in groups.values() if all(s["y"] is None for s in g)]
     gone_x = {g[0]["x"] for g in gone}
-    for b in GPU_BACKENDS:
+    for b in gpu_backends():
         have = [s for s in slots if s["backend"] == b and s["y"] is not None]
         miss = [s for s in slots if s["backend"] == b and s["y"] is None and s["x"] not in gone_x]
         if have:
@@ -166,11 +167,11 @@ def _bars(fig, slots: list[dict], row: int, col: int, shown: set) -> tuple[float
 
 
 def _ratio_notes(fig, slots: list[dict], row: int, col: int) -> None:
-    """``numba/cueq`` above each group where both were measured."""
+    """Ours over cuEquivariance above each group where both were measured."""
     xref, yref = _refs(fig, row, col)
     for x in dict.fromkeys(s["x"] for s in slots):
         ms = {s["backend"]: s["y"] for s in slots if s["x"] == x and s["y"]}
-        if "numba" in ms and "cueq" in ms:
+        if DEFAULT_BACKEND in ms and "cueq" in ms:
             fig.add_annotation(
                 x=x,
                 y=0.99,
@@ -178,7 +179,7 @@ def _ratio_notes(fig, slots: list[dict], row: int, col: int) -> None:
                 yref=f"{yref} domain",
                 yanchor="top",
                 showarrow=False,
-                text=f"numba/cueq<br>{ms['numba'] / ms['cueq']:.2f}",
+                text=f"{DEFAULT_BACKEND}/cueq<br>{ms[DEFAULT_BACKEND] / ms['cueq']:.2f}",
                 font=dict(size=10, color=BACKEND_COLORS["cueq"]),
             )
 
@@ -384,7 +385,7 @@ def gpu_profile_figure(
             orientation="h",
             showlegend=False,
             cliponaxis=False,
-            marker_color=[BACKEND_COLORS["numba"] if k in top else "#bbb" for k, _ in cats],
+            marker_color=[BACKEND_COLORS[DEFAULT_BACKEND] if k in top else "#bbb" for k, _ in cats],
             text=[f"{s:.1f}% · {float(v.get('ms') or 0):.1f} ms" for s, (_, v) in zip(share, cats)],
             textposition="outside",
             hovertemplate="%{y}: %{x:.1f}% of the step<extra></extra>",

@@ -16,6 +16,7 @@ import re
 import time
 from pathlib import Path
 
+from workbench.kernels.registry import DEFAULT_BACKEND, contenders
 from workbench.viz.kernels import PASS_ORDER, RESULTS_DIR, _lookup, read_kernel_results
 
 #: The two hot ops of MACE, by bench name.
@@ -24,8 +25,16 @@ OPS = {"symmetric_contraction": "symmetric contraction", "channelwise_tp": "chan
 OP_TARGETS = {"symmetric_contraction": "contraction", "channelwise_tp": None}
 #: Hidden irreps we expect a GPU row for, by short name.
 CONFIGS = {"paper": "128x0e+128x1o", "128x2e": "128x0e+128x1o+128x2e", "256": "256x0e+256x1o"}
-GPU_BACKENDS = ("numba", "cueq", "e3nn")
 DTYPES = ("float32", "float64")
+#: the ratios are ours over each other backend
+OURS = DEFAULT_BACKEND
+
+
+def gpu_backends() -> tuple[str, ...]:
+    """The backends a GPU table has a cell for: the registry's contenders for MACE on CUDA, ours first."""
+    return contenders("mace", "cuda")
+
+
 NOT_MEASURED = "not measured"
 NO_FILE = "no result file"
 FROM_LOG = "from log"
@@ -114,7 +123,7 @@ def _file_cells(op: str, hidden: str, path: Path) -> list[dict]:
     common = dict(file=path.name, device_name=str(data.get("device_name") or data.get("device") or "?"))
     cells = []
     for dtype in DTYPES:
-        for backend in GPU_BACKENDS:
+        for backend in gpu_backends():
             for kind in PASS_ORDER:
                 got = [
                     r
@@ -161,7 +170,7 @@ def gpu_pass_rows(directory: str | Path | None = None, gpu: str | None = None) -
             if (op, hidden) in files:
                 rows += _file_cells(op, hidden, files[(op, hidden)])
             elif hidden in CONFIGS.values():
-                rows += [_cell(op, hidden, d, b, k) for d in DTYPES for b in GPU_BACKENDS for k in PASS_ORDER]
+                rows += [_cell(op, hidden, d, b, k) for d in DTYPES for b in gpu_backends() for k in PASS_ORDER]
     return rows
 
 
@@ -215,7 +224,7 @@ def gpu_step_rows(directory: str | Path | None = None, gpu: str | None = None) -
         _step_cell(w, dtype, b, steps.get(dtype, {}).get(w), common)
         for dtype in list(DTYPES) + sorted(set(steps) - set(DTYPES))
         for w in workloads
-        for b in GPU_BACKENDS
+        for b in gpu_backends()
     ]
 
 
@@ -300,9 +309,8 @@ def _table_row(what: str, dtype: str, kind: str, ms: dict, note: str) -> dict:
         "what": what,
         "dtype": dtype,
         "pass": kind,
-        **{f"{b} ms": ms.get(b) for b in GPU_BACKENDS},
-        "numba/cueq": _ratio(ms.get("numba"), ms.get("cueq")),
-        "numba/e3nn": _ratio(ms.get("numba"), ms.get("e3nn")),
+        **{f"{b} ms": ms.get(b) for b in gpu_backends()},
+        **{f"{OURS}/{b}": _ratio(ms.get(OURS), ms.get(b)) for b in gpu_backends() if b != OURS},
         "note": note,
     }
 

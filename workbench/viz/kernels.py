@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from workbench.bench import table as bench_table
-from workbench.viz.style import BACKEND_COLORS, style
+from workbench.viz.style import backend_color, style
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / bench_table.RESULTS_DIR
@@ -191,7 +191,7 @@ def kernel_timings_figure(records: list[dict], title: str = "Kernel timings (med
                     name=backend,
                     legendgroup=backend,
                     showlegend=backend not in shown,
-                    marker_color=BACKEND_COLORS.get(backend, "#777"),
+                    marker_color=backend_color(backend),
                     text=[f"{rs[p]['median_ms']:.3g}" for p in passes],
                     textposition="outside",
                     cliponaxis=False,
@@ -232,7 +232,7 @@ def _roofline_point(r: dict, bandwidth: float, fp32_flops: float, fp64_flops: fl
     """One record as a marker: colour by backend, shape by pass, hollow for CPU runs; hover gives % of roof."""
     import plotly.graph_objects as go
 
-    mark = dict(size=11, color=BACKEND_COLORS.get(r["backend"], "#777"), symbol=PASS_SYMBOLS.get(r["pass"], "x"))
+    mark = dict(size=11, color=backend_color(r["backend"]), symbol=PASS_SYMBOLS.get(r["pass"], "x"))
     if not r["gpu"]:
         mark.update(symbol=mark["symbol"] + "-open", line=dict(width=2, color=mark["color"]))
     roof = min(fp32_flops if r["dtype"] != "float64" else fp64_flops, r["intensity"] * bandwidth)
@@ -303,9 +303,7 @@ def roofline_figure(
         fig.add_trace(_roofline_point(r, bandwidth, fp32_flops, fp64_flops))
     for b in sorted({r["backend"] for r in pts}):
         fig.add_trace(
-            go.Scatter(
-                x=[None], y=[None], mode="markers", name=b, marker=dict(size=10, color=BACKEND_COLORS.get(b, "#777"))
-            )
+            go.Scatter(x=[None], y=[None], mode="markers", name=b, marker=dict(size=10, color=backend_color(b)))
         )
     _roofline_notes(fig, empty=not pts)
     return style(fig, title or "Symmetric contraction against the H100 roofline", height=460)

@@ -18,6 +18,7 @@ from typing import Any
 
 from workbench.bench.nequip_env import NEQUIP_PYTHON_ENV, check_python, failure, named_python, run_families, run_python
 from workbench.bench.table import Column, render
+from workbench.switches import switch
 
 __all__ = [
     "NEQUIP_PYTHON_ENV",
@@ -49,7 +50,7 @@ def nequip_python() -> Path | None:
 
 
 def _tiny(tiny: bool | None) -> bool:
-    return os.environ.get("WORKBENCH_NOTEBOOK_TINY") == "1" if tiny is None else tiny
+    return switch("WORKBENCH_NOTEBOOK_TINY") == "1" if tiny is None else tiny
 
 
 def family_parity(python: str | os.PathLike | None = None, tiny: bool | None = None) -> dict:

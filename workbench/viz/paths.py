@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from workbench.switches import switch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def runs_dir() -> Path:
     """``$WORKBENCH_RUNS`` if set, else ``<repo>/runs`` (``make lab`` starts in ``notebooks/``)."""
-    env = os.environ.get("WORKBENCH_RUNS")
+    env = switch("WORKBENCH_RUNS")
     return Path(env).resolve() if env else REPO_ROOT / "runs"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from workbench.kernels.registry import DEFAULT_BACKEND
 from workbench.limits import DEFAULT_CAPACITY
 from workbench.packing.cost import PAPER_MODEL_PARAMS, AllReduceModel, simulate_epoch  # noqa: F401 (re-exported)
 from workbench.viz.style import panel_row, style
@@ -74,11 +75,14 @@ def kernel_speedup_from_results(records: list[dict] | None = None, pass_: str = 
         gpu = [r for r in records if r["gpu"] and r["pass"] == pass_ and r["dtype"] in (None, "float32") and match(r)]
         t = {
             b: min(r["median_ms"] for r in gpu if r["backend"] == b)
-            for b in ("e3nn", "numba")
+            for b in ("e3nn", DEFAULT_BACKEND)
             if any(r["backend"] == b for r in gpu)
         }
-        if len(t) == 2 and t["numba"] > 0:
-            found[kind] = (t["e3nn"] / t["numba"], next(r["file"] for r in gpu if r["backend"] == "numba"))
+        if len(t) == 2 and t[DEFAULT_BACKEND] > 0:
+            found[kind] = (
+                t["e3nn"] / t[DEFAULT_BACKEND],
+                next(r["file"] for r in gpu if r["backend"] == DEFAULT_BACKEND),
+            )
     if not found:
         return default
     src = "; ".join(f"{k}: numba vs e3nn {pass_} in {f}" for k, (_, f) in found.items())

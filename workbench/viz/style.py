@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 
 from workbench.data.chemical_families import FAMILY_NAMES
+from workbench.kernels.registry import DEFAULT_BACKEND, labels
 from workbench.packing.api import ALGORITHMS
 
 #: Colour of each Table-3 family (colour-blind-safe, Tableau-like; water families in blues).
@@ -49,11 +50,22 @@ ALGORITHM_COLORS: dict[str, str] = {
 }
 UNKNOWN_ALGORITHM_COLOR = "#333333"
 
-#: Colour of each kernel backend.
-BACKEND_COLORS: dict[str, str] = {"e3nn": "#D95F02", "numba": "#1B9E77", "cueq": "#7570B3"}
+#: Colour of the kernel backends the figures have always shown; any other: :func:`backend_color`.
+BACKEND_COLORS: dict[str, str] = {"e3nn": "#D95F02", DEFAULT_BACKEND: "#1B9E77", "cueq": "#7570B3"}
+#: Colours for the other registered backends and variants, in registration order.
+OTHER_BACKEND_COLORS = ("#E7298A", "#66A61E", "#E6AB02", "#A6761D", "#1F78B4", "#B15928", "#6A3D9A")
 
 TEMPLATE = "plotly_white"
 FONT = dict(family="Inter, Helvetica, Arial, sans-serif", size=13)
+
+
+def backend_color(name: str) -> str:
+    """Colour of the backend label ``name``: the fixed ones, else one per registered label in
+    registration order (a backend registered at run time gets one too), else grey."""
+    if name in BACKEND_COLORS:
+        return BACKEND_COLORS[name]
+    others = [n for n in labels() if n not in BACKEND_COLORS]
+    return OTHER_BACKEND_COLORS[others.index(name) % len(OTHER_BACKEND_COLORS)] if name in others else "#777"
 
 
 def family_color(name: str) -> str:

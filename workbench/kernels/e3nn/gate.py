@@ -28,7 +28,6 @@ import torch
 
 from workbench.kernels.class_swap import ClassSwap, KeepsOp, probe_copy
 from workbench.kernels.e3nn.linear import column_index, take_columns
-from workbench.kernels.lazy_class import LazyClass
 
 __all__ = ["SWAP", "GatePlan", "WorkbenchGate", "apply_gate", "gate_plan"]  # noqa: F822 (module __getattr__)
 
@@ -123,7 +122,5 @@ def _make_class() -> type:
     return WorkbenchGate
 
 
-SWAP = ClassSwap.companion(
-    "e3nn_gate", "e3nn.nn.Gate", LazyClass(globals(), "WorkbenchGate", _make_class), "e3nn's Gate", _check
-)
+SWAP = ClassSwap.companion("e3nn_gate", "e3nn.nn.Gate", globals(), _make_class, _check)
 __getattr__ = SWAP.ours.module_getattr

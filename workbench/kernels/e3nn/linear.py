@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 import torch
 
 from workbench.kernels.class_swap import ClassSwap, KeepsOp
-from workbench.kernels.lazy_class import LazyClass
 
 __all__ = [  # noqa: F822 (module __getattr__)
     "DENSE_MAX_MACS",
@@ -280,7 +279,5 @@ def _make_class() -> type:
     return WorkbenchLinear
 
 
-SWAP = ClassSwap.companion(
-    "e3nn_linear", "e3nn.o3.Linear", LazyClass(globals(), "WorkbenchLinear", _make_class), "e3nn's Linear", _check
-)
+SWAP = ClassSwap.companion("e3nn_linear", "e3nn.o3.Linear", globals(), _make_class, _check)
 __getattr__ = SWAP.ours.module_getattr

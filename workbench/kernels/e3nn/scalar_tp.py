@@ -36,7 +36,6 @@ import torch
 from workbench.kernels.class_swap import ClassSwap, KeepsOp, probe_copy
 from workbench.kernels.e3nn.linear import irreps_offsets
 from workbench.kernels.e3nn.scalar_tp_groups import GroupedScalarTP, grouped_plan, shared_row_groups
-from workbench.kernels.lazy_class import LazyClass
 
 __all__ = ["SWAP", "ScalarPath", "WorkbenchScalarTP", "apply_scalar_tp", "scalar_tp_plan"]  # noqa: F822
 
@@ -165,10 +164,6 @@ def _make_class() -> type:
 
 
 SWAP = ClassSwap.companion(
-    "e3nn_scalar_tp",
-    "e3nn.o3.FullyConnectedTensorProduct",
-    LazyClass(globals(), "WorkbenchScalarTP", _make_class),
-    "e3nn's FullyConnectedTensorProduct",
-    _check,
+    "e3nn_scalar_tp", "e3nn.o3.FullyConnectedTensorProduct", globals(), _make_class, _check, "WorkbenchScalarTP"
 )
 __getattr__ = SWAP.ours.module_getattr

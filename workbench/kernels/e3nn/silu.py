@@ -32,7 +32,6 @@ import torch
 from numba import njit, prange
 
 from workbench.kernels.class_swap import ClassSwap
-from workbench.kernels.lazy_class import LazyClass
 from workbench.kernels.registry import DEFAULT_BACKEND, get_backend
 
 __all__ = ["SWAP", "WorkbenchSiLU", "silu"]  # noqa: F822 (module __getattr__)
@@ -137,5 +136,5 @@ def _make_class() -> type:
     return WorkbenchSiLU
 
 
-SWAP = ClassSwap.companion("silu", "torch.nn.SiLU", LazyClass(globals(), "WorkbenchSiLU", _make_class), "torch's SiLU")
+SWAP = ClassSwap.companion("silu", "torch.nn.SiLU", globals(), _make_class)
 __getattr__ = SWAP.ours.module_getattr

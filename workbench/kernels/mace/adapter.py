@@ -1,5 +1,6 @@
 """The MACE model family for :func:`~workbench.kernels.accelerate`: which modules are the hot ops,
-how they go to the workbench's modules and back, and the cuEquivariance converter.
+how they go to the workbench's modules and back, and the converters to cuEquivariance and
+OpenEquivariance.
 
 Registered in :mod:`workbench.kernels.registry` as ``"mace"``; the functions below are the
 adapter protocol (:class:`~workbench.kernels.registry.ModelAdapter`).
@@ -7,11 +8,23 @@ adapter protocol (:class:`~workbench.kernels.registry.ModelAdapter`).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 
 import torch
 
-__all__ = ["OPS", "accelerated", "convert", "cueq_unavailable", "matches", "model_ops", "to_native", "to_workbench"]
+__all__ = [
+    "CONVERTERS",
+    "OPS",
+    "accelerated",
+    "convert",
+    "cueq_unavailable",
+    "matches",
+    "model_ops",
+    "oeq_unavailable",
+    "to_native",
+    "to_workbench",
+]
 
 #: the ops this family can swap
 OPS: tuple[str, ...] = ("symmetric_contraction", "channelwise_tp")
@@ -100,35 +113,55 @@ def accelerated(model: torch.nn.Module) -> dict[str, bool]:
     }
 
 
-def cueq_unavailable() -> str | None:
-    """Why cuEquivariance cannot run here, or ``None``."""
+#: converter backend -> (the modules it needs, how to install them, mace-torch's converter module)
+CONVERTERS: dict[str, tuple[tuple[str, ...], str, str]] = {
+    "cueq": (
+        ("cuequivariance", "cuequivariance_torch"),
+        "the [cuda] extra: pip install 'cfm-workbench[cuda]'",
+        "mace.cli.convert_e3nn_cueq",
+    ),
+    "oeq": (("openequivariance",), "pip install openequivariance", "mace.cli.convert_e3nn_oeq"),
+}
+
+
+def _library_missing(backend: str) -> str | None:
+    modules, install, _ = CONVERTERS[backend]
     try:
-        import cuequivariance  # noqa: F401
-        import cuequivariance_torch  # noqa: F401
-    except ImportError as exc:
-        return f"cuequivariance and cuequivariance-torch do not import ({exc}); install the [cuda] extra"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU is visible (cuEquivariance has no CPU kernels)"
+        for name in modules:
+            importlib.import_module(name)
+    except Exception as exc:  # ImportError, or an extension failing to build
+        return f"{' and '.join(modules)} do not import ({type(exc).__name__}: {exc}); {install}"
     return None
 
 
-def convert(model: torch.nn.Module, backend: str) -> torch.nn.Module:
-    """A new model on another library's modules; ``backend``: ``"cueq"`` (mace-torch's converter)."""
-    if backend != "cueq":
-        raise ValueError(f"the mace adapter converts to 'cueq' only, not {backend!r}")
-    try:
-        import cuequivariance  # noqa: F401
-        import cuequivariance_torch  # noqa: F401
-    except ImportError as exc:
-        raise ImportError(
-            "backend='cueq' needs cuequivariance and cuequivariance-torch (the [cuda] extra: "
-            "pip install 'cfm-workbench[cuda]') and, to run fast, an NVIDIA GPU"
-        ) from exc
-    from mace.cli.convert_e3nn_cueq import run as run_e3nn_to_cueq
+def cueq_unavailable() -> str | None:
+    """Why cuEquivariance cannot run here, or ``None``."""
+    missing = _library_missing("cueq")
+    if missing:
+        return missing
+    return None if torch.cuda.is_available() else "no CUDA GPU is visible (cuEquivariance has no CPU kernels)"
 
+
+def oeq_unavailable() -> str | None:
+    """Why OpenEquivariance cannot run here, or ``None``."""
+    missing = _library_missing("oeq")
+    if missing:
+        return missing
+    return None if torch.cuda.is_available() else "no CUDA GPU is visible (OpenEquivariance has no CPU kernels)"
+
+
+def convert(model: torch.nn.Module, backend: str) -> torch.nn.Module:
+    """A new model on another library's modules, by mace-torch's converter for ``backend``
+    (one of :data:`CONVERTERS`: ``"cueq"``, ``"oeq"``)."""
+    if backend not in CONVERTERS:
+        raise ValueError(f"the mace adapter converts to {', '.join(CONVERTERS)}, not {backend!r}")
+    missing = _library_missing(backend)
+    if missing:
+        raise ImportError(f"backend={backend!r}: {missing}")
+    run = importlib.import_module(CONVERTERS[backend][2]).run
     to_native(model, OPS)  # the converter reads mace's own module layout
     device = next(model.parameters()).device.type
-    return run_e3nn_to_cueq(model, device=device, return_model=True)
+    return run(model, device=device, return_model=True)
 
 
 def model_ops(model: torch.nn.Module) -> list:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import torch
 
 from workbench.kernels.class_swap import ClassSwap
-from workbench.kernels.lazy_class import LazyClass
 
 __all__ = ["SWAP", "WorkbenchSphericalHarmonicEdgeAttrs", "edge_vectors"]  # noqa: F822 (module __getattr__)
 
@@ -74,9 +73,6 @@ def _make_class() -> type:
 
 # built on first use: importing the workbench does not import nequip
 SWAP = ClassSwap.companion(
-    "edge_vectors",
-    "nequip.nn.embedding._edge.SphericalHarmonicEdgeAttrs",
-    LazyClass(globals(), "WorkbenchSphericalHarmonicEdgeAttrs", _make_class),
-    "nequip's SphericalHarmonicEdgeAttrs",
+    "edge_vectors", "nequip.nn.embedding._edge.SphericalHarmonicEdgeAttrs", globals(), _make_class
 )
 __getattr__ = SWAP.ours.module_getattr

@@ -15,7 +15,7 @@ outer module of every NequIP and Allegro model) the way nequip and Allegro decla
         _target_: nequip.model.NequIPGNNModel     # or allegro.model.AllegroModel
         ...
 
-From Python, ``workbench.kernels.accelerate(model, backend="numba")`` does the same.
+From Python, ``workbench.kernels.accelerate(model)`` does the same.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ def _enable(cls, model, backend: str = DEFAULT_BACKEND):
     contraction) on the workbench's fused kernels (numba CUDA on GPU tensors, CPU loops
     otherwise), with the radial basis and the MLPs' SiLU in fewer passes; in place, the state
     dict unchanged. ``backend``:
-    ``"numba"``, ``"torch"`` (the plain-torch reference) or ``"e3nn"`` (nequip's own modules)."""
+    a registered backend: the default (the fused kernels), ``"torch"`` (the plain-torch
+    reference) or ``"e3nn"`` (nequip's own modules)."""
     from workbench.kernels.acceleration import accelerate
 
     return accelerate(model, backend=backend)

@@ -26,7 +26,6 @@ import math
 import torch
 
 from workbench.kernels.class_swap import ClassSwap
-from workbench.kernels.lazy_class import LazyClass
 
 __all__ = ["SWAP", "WorkbenchBesselEdgeLengthEncoding", "polynomial_cutoff"]  # noqa: F822 (module __getattr__)
 
@@ -72,10 +71,5 @@ def _make_class() -> type:
 
 
 # built on first use: importing the workbench does not import nequip
-SWAP = ClassSwap.companion(
-    "bessel_encoding",
-    "nequip.nn.embedding.BesselEdgeLengthEncoding",
-    LazyClass(globals(), "WorkbenchBesselEdgeLengthEncoding", _make_class),
-    "nequip's BesselEdgeLengthEncoding",
-)
+SWAP = ClassSwap.companion("bessel_encoding", "nequip.nn.embedding.BesselEdgeLengthEncoding", globals(), _make_class)
 __getattr__ = SWAP.ours.module_getattr

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from workbench.cache_dir import CACHE_DIR_ENV, cache_dir
-from workbench.kernels.options import ENV, kernel_options
+from workbench.kernels.options import kernel_options, variable
 
 __all__ = [
     "CACHE_SWITCH_ENV",
@@ -39,9 +39,9 @@ __all__ = [
 
 #: the kernel cache folder; a cluster may point it at a shared filesystem, so that a kernel one
 #: job compiled is loaded by the next
-KERNEL_CACHE_ENV = ENV["kernel_cache"][0]
+KERNEL_CACHE_ENV = variable("kernel_cache")
 #: ``0``: generated kernels compile in memory only, nothing is written
-CACHE_SWITCH_ENV = ENV["cache"][0]
+CACHE_SWITCH_ENV = variable("cache")
 #: the lock file in the folder (loading holds it shared, pruning exclusive)
 LOCK_NAME = "prune.lock"
 
@@ -113,7 +113,7 @@ def _probe(folder: Path) -> None:
 
 
 def require_cache_on(what: str) -> None:
-    """For the command that fills the cache: a ``ValueError`` when ``WORKBENCH_CACHE=0``."""
+    """For the command that fills the cache: a ``ValueError`` when ``WORKBENCH_KERNEL_DISK_CACHE=0``."""
     if not kernel_options().cache:
         raise ValueError(f"{what}: {CACHE_SWITCH_ENV}=0 keeps kernels in memory only; unset it to fill the cache")
 

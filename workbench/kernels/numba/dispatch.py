@@ -26,7 +26,7 @@ from workbench.kernels.numba.gpu import atom_pass as _apass
 from workbench.kernels.numba.gpu import edge as _ecuda
 from workbench.kernels.numba.gpu import edge_pass as _epass
 from workbench.kernels.numba.gpu.device import cuda_available, cudasim_enabled
-from workbench.kernels.options import ENV, kernel_options
+from workbench.kernels.options import kernel_options, variable
 from workbench.kernels.rows import RowIndex
 
 __all__ = ["cpu_plan", "evaluate"]
@@ -40,10 +40,8 @@ def _warn_once(msg: str) -> None:
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
-#: set to 0 to launch an op's outputs (and their parts) one kernel each instead of one fused kernel per pass
-FUSE_ENV = ENV["fuse_passes"][0]
 #: set to 1 to let CUDA tensors run the CPU kernels on host copies when numba has no CUDA target
-HOST_FALLBACK_ENV = ENV["host_fallback"][0]
+HOST_FALLBACK_ENV = variable("host_fallback")
 
 
 def _no_cuda_target(device: torch.device) -> None:
@@ -62,10 +60,6 @@ def _no_cuda_target(device: torch.device) -> None:
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return "float64" if dtype == torch.float64 else "float32"
-
-
-#: set to 1 to fill the CPU kernels' uninitialised outputs with NaN (the tests do)
-POISON_ENV = ENV["poison"][0]
 
 
 def _cpu_output(shape: tuple, dtype) -> torch.Tensor:

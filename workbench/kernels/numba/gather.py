@@ -8,11 +8,12 @@ array number ``src``. Atom kernels pass their 6 atom and 4 species arrays, edge 
 
 from __future__ import annotations
 
-import os
 from functools import cache
 from typing import Any
 
 from numba import njit
+
+from workbench.kernels.options import numba_simulator
 
 __all__ = ["cuda_edge_loader", "cuda_pick", "cuda_split", "cuda_term", "pick", "pick_py"]
 
@@ -48,7 +49,7 @@ def _device(fn):
     """``fn`` as an inlined CUDA device function. Under numba's simulator, the plain Python
     function: the simulator calls it ~2.5x faster than an emulated device function, and the
     simulator tests run every kernel thread in Python."""
-    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1":
+    if numba_simulator():
         return fn
     from numba import cuda
 

@@ -5,7 +5,7 @@ once per machine, not once per process or rank.
 A cached source is trusted only byte for byte: one that differs (damaged, truncated, another
 encoding) is written again, atomically. The machine code numba cached for it recovers the same
 way (:func:`~workbench.kernels.numba.numba_cache.guard`). Where the folder cannot be written,
-or with ``WORKBENCH_CACHE=0``, the module is compiled in memory and nothing is written
+or with ``WORKBENCH_KERNEL_DISK_CACHE=0``, the module is compiled in memory and nothing is written
 (:mod:`~workbench.kernels.numba.cache_folder` has the rule).
 """
 

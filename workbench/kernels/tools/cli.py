@@ -38,10 +38,10 @@ def _model(hidden: str, max_ell: int, correlation: int, elements: int, dtype: st
 
 def _use_cache(folder: str | None) -> None:
     """``--cache``: the kernel cache folder for this process and the ones it starts."""
-    from workbench.kernels.numba.generated import KERNEL_CACHE_ENV
+    from workbench.kernels.options import configure
 
     if folder:
-        os.environ[KERNEL_CACHE_ENV] = os.path.abspath(os.path.expanduser(folder))
+        configure(kernel_cache=os.path.abspath(os.path.expanduser(folder)))
 
 
 def _checked_cache(args, what: str) -> None:

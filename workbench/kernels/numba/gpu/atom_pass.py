@@ -32,7 +32,7 @@ unrolled (the others are launched apart by the caller). Its parts go into as few
 keep each within ``WORKBENCH_PASS_MAX_TERMS`` terms (default :data:`MAX_KERNEL_TERMS`), which
 bounds compile time: one kernel for each pass at the three benchmark configurations (the paper's,
 128x0e+128x1o+128x2e and 256x0e+256x1o).
-``WORKBENCH_FUSE_PASSES=0`` turns fusion off (:data:`workbench.kernels.numba.dispatch.FUSE_ENV`).
+``WORKBENCH_FUSE_PASSES=0`` (:attr:`~workbench.kernels.options.KernelOptions.fuse_passes`) turns fusion off.
 """
 
 from __future__ import annotations

@@ -6,10 +6,9 @@ first. Under the simulator the CUDA kernels run on numpy arrays (``WORKBENCH_KER
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 
-from workbench.kernels.options import kernel_options
+from workbench.kernels.options import kernel_options, numba_simulator
 
 __all__ = ["cuda_available", "cuda_status", "cudasim_enabled", "numba_unavailable", "threads_per_block"]
 
@@ -19,7 +18,7 @@ _SHARED_BYTES = 48 * 1024
 def cudasim_enabled() -> bool:
     """True when numba's CUDA simulator is on and the workbench is asked to route CPU
     tensors through the CUDA kernels (``WORKBENCH_KERNELS_CUDASIM=1``), for CI."""
-    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1" and kernel_options().cudasim
+    return numba_simulator() and kernel_options().cudasim
 
 
 @lru_cache(maxsize=1)

@@ -48,13 +48,11 @@ generated source (which encodes the whole table) is written to a module under
 from __future__ import annotations
 
 import hashlib
-import os
 from functools import cache
 from typing import Any
 
 from workbench.kernels.descriptor.tables import TermTable
 from workbench.kernels.numba.generated import load_module
-from workbench.kernels.numba.gpu.device import cudasim_enabled
 from workbench.kernels.numba.gpu.unrolled_source import (
     ATOM_ROW_VARS,
     EDGE_ROW_VARS,
@@ -66,7 +64,7 @@ from workbench.kernels.numba.gpu.unrolled_source import (
     kernel_source,
 )
 from workbench.kernels.numba.gpu.unrolled_sums import Definitions, dtype_name, program, sums
-from workbench.kernels.options import kernel_options
+from workbench.kernels.options import kernel_options, numba_simulator
 
 __all__ = [
     "ATOM_ROW_VARS",
@@ -314,13 +312,13 @@ GENERATED_PREFIX = "workbench_unrolled"
 def _compile(source: str) -> Any:
     """The kernel of ``source``, written once to a module file so that numba can cache its
     machine code on disk (``cache=True``): a configuration compiles once per machine, not once
-    per process. Under the simulator (or ``WORKBENCH_CACHE=0``) it is built in memory."""
+    per process. Under the simulator (or ``WORKBENCH_KERNEL_DISK_CACHE=0``) it is built in memory."""
     global cuda  # a module global: the simulator swaps the kernel's global ``cuda`` for its fake
     from numba import cuda
 
     digest = hashlib.sha1(source.encode()).hexdigest()[:20]
     name = f"{GENERATED_PREFIX}_{digest}"
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or cudasim_enabled() or not kernel_options().cache:
+    if numba_simulator() or not kernel_options().cache:
         namespace: dict = {}
         exec(compile(_HEADER + source, f"<{name}>", "exec"), namespace)
         return cuda.jit(namespace["kernel"])
