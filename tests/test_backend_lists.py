@@ -10,7 +10,7 @@ from kernel_fixtures import build_model
 
 from workbench.bench import nequip as nequip_bench
 from workbench.bench import step as step_bench
-from workbench.bench.harness import kernel_variant, use_backend_kernels
+from workbench.bench.harness import backend_kernels, kernel_variant, use_backend_kernels
 from workbench.bench.kernel_cli import add_common_arguments
 from workbench.kernels import accelerate, reference, registry
 from workbench.kernels.options import kernel_options
@@ -103,6 +103,9 @@ def test_variants_are_kernel_options_of_their_backend():
     finally:
         use_backend_kernels(DEFAULT_BACKEND)
     assert (kernel_options().cuda_kernels, kernel_options().fuse_passes) == ("auto", True)
+    with backend_kernels("numba-unrolled"):  # a benchmark row's options end with the row
+        assert kernel_options().cuda_kernels == "unrolled"
+    assert kernel_options().cuda_kernels == "auto"
     assert registry.labels(family="mace", device="cpu") == (
         "numba",
         "numba-table",

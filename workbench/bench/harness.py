@@ -25,6 +25,7 @@ import torch
 from workbench.kernels.registry import BACKENDS, resolve
 
 __all__ = [
+    "backend_kernels",
     "backend_model",
     "compare_with_e3nn",
     "kernel_run_header",
@@ -50,6 +51,12 @@ def kernel_variant(backend: str) -> str:
     return resolve(backend)[1].get("cuda_kernels", "auto")
 
 
+def _label_options(backend: str) -> dict:
+    """The kernel options of a backend label, with every field another label's variant sets unset."""
+    variant_fields = {k for b in BACKENDS.values() for v in b.variants.values() for k in v}
+    return {**dict.fromkeys(variant_fields), **resolve(backend)[1]}
+
+
 def use_backend_kernels(backend: str) -> None:
     """Set, for the rest of the process, the kernel options a backend label asks for
     (:func:`~workbench.kernels.registry.resolve`: ``"numba-unfused"`` launches an edge op's outputs
@@ -57,9 +64,16 @@ def use_backend_kernels(backend: str) -> None:
     them through :func:`~workbench.kernels.options.child_environment`."""
     from workbench.kernels.options import configure
 
-    _, options = resolve(backend)
-    variant_fields = {k for b in BACKENDS.values() for v in b.variants.values() for k in v}
-    configure(**{**dict.fromkeys(variant_fields), **options})
+    configure(**_label_options(backend))
+
+
+@contextmanager
+def backend_kernels(backend: str) -> Iterator[None]:
+    """:func:`use_backend_kernels` for a block only: the options in effect before come back."""
+    from workbench.kernels.options import overridden
+
+    with overridden(**_label_options(backend)):
+        yield
 
 
 def with_backend(model: torch.nn.Module, backend: str) -> torch.nn.Module:

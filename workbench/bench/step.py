@@ -140,7 +140,7 @@ def _error(exc: BaseException) -> dict:
 def backend_row(base, backend: str, batches: Sequence[dict], warmup: int, repeats: int, device: str) -> dict:
     """One backend's timings on its own copy of ``base``; an unavailable backend is ``skipped``
     (its probe says why, or another library's converter failed), any other failure an ``error``."""
-    from workbench.bench.harness import precompile_for_bench, use_backend_kernels, with_backend
+    from workbench.bench.harness import backend_kernels
 
     b = resolve(backend)[0]
     why = (
@@ -150,8 +150,14 @@ def backend_row(base, backend: str, batches: Sequence[dict], warmup: int, repeat
     )
     if why:
         return {"skipped": why}
+    with backend_kernels(backend):  # a variant's options hold for its row only
+        return _timed_row(base, b, backend, batches, warmup, repeats, device)
+
+
+def _timed_row(base, b, backend: str, batches: Sequence[dict], warmup: int, repeats: int, device: str) -> dict:
+    from workbench.bench.harness import precompile_for_bench, with_backend
+
     try:
-        use_backend_kernels(backend)
         model = with_backend(base, backend)
     except Exception as exc:
         if b.kind == "convert":
