@@ -322,7 +322,7 @@ def _meta(args: argparse.Namespace, cc: tuple[int, int], ptxas: str | None, chan
     meta = {
         "cc": list(cc),
         "ptxas": ptxas,
-        "numba": numba.__version__,
+        numba.__name__: numba.__version__,
         "machine": platform.node(),
         "config": f"{'paper: ' if paper else ''}{args.hidden}, max_ell {args.max_ell}, "
         f"correlation {args.correlation}, 4 elements, {channels} channels",

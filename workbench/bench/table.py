@@ -22,19 +22,24 @@ from typing import Any
 RESULTS_DIR = Path("benchmarks") / "results"
 
 __all__ = [
-    "RECORDED_PACKAGES",
     "RESULTS_DIR",
     "Column",
     "cpu_name",
     "read_json",
+    "recorded_packages",
     "render",
     "run_versions",
     "verdict",
     "write_json",
 ]
 
-#: packages whose versions a benchmark result records (besides torch and python)
-RECORDED_PACKAGES = ("mace", "e3nn", "numba", "cuequivariance_torch", "openequivariance")
+
+def recorded_packages() -> tuple[str, ...]:
+    """The packages whose versions a benchmark result records, besides torch and python: mace-torch
+    (the models) and the packages of every registered backend (``Backend.packages``)."""
+    from workbench.kernels.registry import BACKENDS
+
+    return tuple(dict.fromkeys(("mace", *(p for b in BACKENDS.values() for p in b.packages))))
 
 
 @dataclass(frozen=True)
@@ -126,12 +131,12 @@ def read_json(path: str | os.PathLike, default: Any = None) -> Any:
 
 
 def run_versions() -> dict[str, str]:
-    """``{package: version}`` of torch, python and :data:`RECORDED_PACKAGES`; a package that
+    """``{package: version}`` of torch, python and :func:`recorded_packages`; a package that
     does not import is ``"unavailable: <exception class>"``."""
     import torch
 
     versions = {"torch": torch.__version__, "python": platform.python_version()}
-    for mod in RECORDED_PACKAGES:
+    for mod in recorded_packages():
         try:
             versions[mod] = __import__(mod).__version__
         except Exception as exc:

@@ -73,6 +73,7 @@ class Backend:
     :class:`~workbench.kernels.options.KernelOptions` settings a benchmark may compare, each a row
     called ``"<name>-<variant>"`` (:func:`labels`, :func:`resolve`). ``contender``: the benchmarks
     time it by default (:func:`contenders`; the plain-torch reference is exact, not fast).
+    ``packages``: the Python packages it runs on, whose versions a benchmark result records.
     """
 
     name: str
@@ -84,6 +85,7 @@ class Backend:
     probe: str | Callable[[], str | None] | None = None
     variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     contender: bool = True
+    packages: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -204,6 +206,7 @@ register_backend(
         compiled=True,
         evaluate="workbench.kernels.numba.dispatch:evaluate",
         probe="workbench.kernels.numba.gpu.device:numba_unavailable",
+        packages=("numba",),
         variants={
             "table": {"cuda_kernels": "table"},
             "unrolled": {"cuda_kernels": "unrolled"},
@@ -220,7 +223,7 @@ register_backend(
         contender=False,
     )
 )
-register_backend(Backend("e3nn", "native", "the model family's own e3nn modules"))
+register_backend(Backend("e3nn", "native", "the model family's own e3nn modules", packages=("e3nn",)))
 register_backend(
     Backend(
         "cueq",
@@ -228,6 +231,7 @@ register_backend(
         "NVIDIA cuEquivariance, through mace-torch's converter (a new model; CUDA only)",
         devices=("cuda",),
         probe="workbench.kernels.mace.adapter:cueq_unavailable",
+        packages=("cuequivariance_torch",),
     )
 )
 register_backend(
@@ -237,6 +241,7 @@ register_backend(
         "OpenEquivariance's fused message op, through the family's converter (a new model; CUDA only)",
         devices=("cuda",),
         probe="workbench.kernels.mace.adapter:oeq_unavailable",
+        packages=("openequivariance",),
     )
 )
 register_model(

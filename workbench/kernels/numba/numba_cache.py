@@ -25,13 +25,14 @@ def numba_folders(directory: Path) -> list[Path]:
     """Every folder where numba may keep the cache of modules in ``directory``: its
     ``__pycache__``, and the folders numba derives from the directory under ``$NUMBA_CACHE_DIR``
     and its user-wide cache (numba's own naming, so the two cannot drift apart)."""
+    import numba
     from numba.core import config
     from numba.core.caching import _CacheLocator
     from numba.misc.appdirs import AppDirs
 
     directory = Path(directory)
     sub = _CacheLocator.get_suitable_cache_subpath(str(directory.absolute() / "module.py"))
-    roots = [config.CACHE_DIR, AppDirs(appname="numba", appauthor=False).user_cache_dir]
+    roots = [config.CACHE_DIR, AppDirs(appname=numba.__name__, appauthor=False).user_cache_dir]
     return [directory / "__pycache__", *(Path(root) / sub for root in roots if root)]
 
 
