@@ -22,6 +22,8 @@ CASES = {
     "scalars-only": ("16x0e", "8x0e"),
     "mixed-order": ("4x1o+3x0e+2x1o+5x2e", "3x1o+2x0e+4x2e+2x0o"),  # 2x0o: no input reaches it
     "parity-twins": ("5x0e+3x1o+2x1e+2x2o", "4x1e+2x0e+3x1o+1x2o"),
+    # MACE's message -> node features: each irrep repeated, the repeats apart
+    "mace-message": ("4x0e+3x1o+4x2e+2x3o+3x0e+4x1o+2x2e+4x3o+2x1o+3x2e", "5x0e+4x1o+3x2e+2x3o"),
 }
 
 

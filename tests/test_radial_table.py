@@ -224,6 +224,13 @@ def test_md_calculator_tabulates_by_default_on_the_numba_backend(tmp_path, monke
     assert np.abs(results["table"][1] - results["mlp"][1]).max() <= 1e-10 * np.abs(results["mlp"][1]).max()
     report = load_calculator(path).radial_report
     assert len(report) == 1 and all(v.startswith("table of ") for v in report[0].values())
-    assert load_calculator(path, backend="e3nn").radial_report == [{}]
+    e3nn_calc = load_calculator(path, backend="e3nn")
+    assert e3nn_calc.radial_report == [{}]
+    # the MD path's linears (mace.adapter.use_companions): ours with numba, e3nn's with e3nn
+    linears = {
+        type(m).__name__ for c in (calc, e3nn_calc) for m in c.models[0].modules() if "Linear" in type(m).__name__
+    }
+    assert "WorkbenchLinear" in {type(m).__name__ for m in calc.models[0].modules()}
+    assert "WorkbenchLinear" not in {type(m).__name__ for m in e3nn_calc.models[0].modules()} and "Linear" in linears
     with pytest.raises(ValueError, match="radial='spline'; the choices are table, mlp"):
         load_calculator(path, radial="spline")

@@ -170,23 +170,32 @@ class ClassSwap:
         if sites:
             self.swap_companions(model, backend)
 
+    def swap_all(self, model: torch.nn.Module, backend: str) -> None:
+        """As a companion: every module of ``model`` of exactly the library's class (or ours) that
+        the check accepts onto ``backend``; the others stay the library's."""
+        for _, m in self._sites(model):
+            if self.is_native(m) or self.is_ours(m):
+                try:
+                    self.check(m)
+                except Exception:  # a form it cannot prove equal stays the library's
+                    continue
+                self.swap(m, backend)
+
+    def unswap_all(self, model: torch.nn.Module) -> None:
+        """As a companion: every module of ours in ``model`` back to the library's class."""
+        for _, m in self._sites(model):
+            if self.is_ours(m):
+                self.unswap(m)
+
     def swap_companions(self, model: torch.nn.Module, backend: str) -> None:
         """The companions' modules of ``model`` onto ``backend`` (exact-class ones only)."""
         for companion in self.companions:
-            for _, m in companion._sites(model):
-                if companion.is_native(m) or companion.is_ours(m):
-                    try:
-                        companion.check(m)
-                    except Exception:  # a form it cannot prove equal stays the library's
-                        continue
-                    companion.swap(m, backend)
+            companion.swap_all(model, backend)
 
     def unswap_companions(self, model: torch.nn.Module) -> None:
         """The companions' modules of ``model`` back to the library's classes."""
         for companion in self.companions:
-            for _, m in companion._sites(model):
-                if companion.is_ours(m):
-                    companion.unswap(m)
+            companion.unswap_all(model)
 
     def to_native(self, model: torch.nn.Module, ops: Sequence[str]) -> None:
         if self.op in ops:

@@ -84,7 +84,9 @@ def load_calculator(
     1e-10 of the network's in float64, 0.86x the MD step at 1,536 atoms); ``"mlp"`` runs the
     networks. Default: ``"table"`` with the numba backend on the CPU, ``"mlp"`` otherwise (the
     tables are CPU kernels; the e3nn backend is the reference). The report of what was tabulated
-    is ``calc.radial_report`` (one dict per model). Models run in ``eval()`` mode.
+    is ``calc.radial_report`` (one dict per model). Models run in ``eval()`` mode, and with a
+    compiled backend on the CPU, e3nn's linears as one product per irrep dimension
+    (:func:`~workbench.kernels.mace.adapter.use_companions`).
 
     Neighbours are searched with a skin and the list is kept across calls while no atom moved
     more than half of it (``calc.neighbour_list``, a
@@ -108,6 +110,11 @@ def load_calculator(
         dtype = str(next(loaded.parameters()).dtype).replace("torch.", "")
     calc = _calculator_class()(models=loaded, device=str(device), default_dtype=dtype)
     calc.models = [accelerate(m, backend=backend).eval() for m in calc.models]
+    if get_backend(backend).compiled and str(device) == "cpu":
+        from workbench.kernels.mace.adapter import use_companions
+
+        for m in calc.models:
+            use_companions(m, backend)
     calc.radial_report = _radial(calc.models, radial, backend, device)
     return calc
 
