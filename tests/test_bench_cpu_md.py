@@ -87,3 +87,27 @@ def test_model_settings_and_systems_reject_what_they_cannot_build():
         system_structures("perovskite-7")
     with pytest.raises(ValueError, match="model 'mp0' runs in `bench cpu` only; choose from paper, small"):
         base_model("mp0", [1, 8], {"edges_per_atom": 10.0}, "float64", "cpu")
+
+
+def test_the_md_part_runs_the_rows_asked_for(tmp_path):
+    """``--md-calculators``: the rows named, in that order; an unknown name is refused before
+    any work, with the choices listed."""
+    from workbench.bench.cpu import bench_cpu
+
+    with pytest.raises(ValueError, match="md calculators ghost: the choices are e3nn, numba, symmetrix"):
+        bench_cpu(preset="smoke", parts=["md"], md_calculators=["numba", "ghost"], out=tmp_path / "x.json")
+    res = bench_cpu(
+        preset="smoke",
+        parts=["md"],
+        models=["small"],
+        systems=["water-24"],
+        dtypes=["float64"],
+        repeats=1,
+        md_calculators=["numba"],
+        out=tmp_path / "md.json",
+        workdir=tmp_path,
+    )
+    (case,) = res["md"]
+    assert res["md_calculators"] == ["numba"] and list(case["rows"]) == ["numba"]
+    assert case["rows"]["numba"]["median_ms"] > 0 and "force_rel" not in case["rows"]["numba"]  # no e3nn anchor
+    assert "numba" in "\n".join(md_lines([case]))

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from workbench.bench import cold_start, cpu, data, kernel_cli, nequip, nequip_env, quality, step, train
+from workbench.bench.cpu_md import CALCULATORS
 from workbench.bench.quality_summary import PARITY_TOLERANCE
 from workbench.bench.workloads import MODEL_SETTINGS, MODELS
 from workbench.cli_args import Options, add_command, add_options, option_values
@@ -191,6 +192,7 @@ def _cpu(args: argparse.Namespace) -> int:
         **option_values(
             args, "preset", "repeats", "trajectory_steps", "threads", "out", "workdir", "nequip_python", "keep_memory"
         ),
+        md_calculators=_items(args.md_calculators),
     )
     return _done(cpu.format_table(res), args.out)
 
@@ -218,6 +220,11 @@ _CPU_OPTIONS: Options = {
         "action": "store_true",
         "help": "md part: keep freed memory in the process, as `workbench md` does (workbench.train.heap; "
         "process-wide, so every row gets it)",
+    },
+    "--md-calculators": {
+        "default": ",".join(CALCULATORS),
+        "help": "md part: comma list of the rows, of %(default)s (e3nn's minutes-long calls at 1,536 atoms "
+        "slow the rows timed between them: leave it out to compare the others alone)",
     },
     "--out": {"default": "runs/bench/cpu.json", "help": "JSON; the trajectory figure goes beside it as .html"},
     "--nequip-python": {

@@ -361,12 +361,15 @@ def bench_cpu(
     workdir: str | os.PathLike = "runs/bench/cpu",
     nequip_python: str | os.PathLike | None = None,
     keep_memory: bool = False,
+    md_calculators: Sequence[str] | None = None,
 ) -> dict:
-    """Run the parts of the benchmark (see the module docstring) and write ``out`` after each case."""
+    """Run the parts of the benchmark (see the module docstring) and write ``out`` after each case.
+    ``md_calculators``: the md part's rows (:data:`~workbench.bench.cpu_md.CALCULATORS`, all by default)."""
     from workbench.bench.cpu_trajectory import trajectory, trajectory_figure
     from workbench.bench.harness import set_threads
     from workbench.bench.nequip_env import check_python, run_families
 
+    md_rows = _md_rows(md_calculators)  # refused before hours of other parts
     s = _resolve(preset, parts, models, systems, dtypes, repeats)
     if nequip_python is not None and "families" in parts:
         check_python(nequip_python)  # before hours of other parts
@@ -397,11 +400,22 @@ def bench_cpu(
     if "md" in parts:
         md = dict(PRESETS[preset]["md"], **({"repeats": repeats} if repeats else {}))
         res["keep_memory"] = keep_memory
+        res["md_calculators"] = md_rows
         _md(res, md, models, systems, s["dtypes"], Path(workdir), out)
     if "families" in parts:  # last: nequip sets global torch state in this process
         res["families"] = run_families(PRESETS[preset]["families"], threads, nequip_python)
         write_json(out, res)
     return res
+
+
+def _md_rows(names: Sequence[str] | None) -> list[str]:
+    """The md part's rows: ``names``, checked, or every calculator."""
+    from workbench.bench.cpu_md import CALCULATORS
+
+    unknown = sorted(set(names or ()) - set(CALCULATORS))
+    if unknown:
+        raise ValueError(f"md calculators {', '.join(unknown)}: the choices are {', '.join(CALCULATORS)}")
+    return list(names or CALCULATORS)
 
 
 def _md(res: dict, p: dict, models, systems, dtypes, workdir: Path, out: Path) -> None:
@@ -416,8 +430,8 @@ def _md(res: dict, p: dict, models, systems, dtypes, workdir: Path, out: Path) -
         for model, system, dtype in [
             (m, y, d) for m in models or p["models"] for y in systems or p["systems"] for d in dtypes
         ]:
-            keep = res["keep_memory"]
-            res["md"].append(md_case(model, system, dtype, p["repeats"], workdir / "md", keep_memory=keep))
+            keep, rows = res["keep_memory"], res["md_calculators"]
+            res["md"].append(md_case(model, system, dtype, p["repeats"], workdir / "md", rows, keep_memory=keep))
             write_json(out, res)
     finally:  # the setting stays with this part
         if before is None:
