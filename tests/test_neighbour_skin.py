@@ -103,3 +103,40 @@ def test_a_kept_list_left_in_mace_never_searches_through_another(tmp_path, monke
     water.get_potential_energy()
     assert calc.neighbour_list.search is get_neighborhood and calc.neighbour_list.builds == 1
     assert atomic_data.get_neighborhood is stray and stray.builds == 0
+
+
+def test_a_forces_only_call_skips_the_stress_and_a_later_stress_call_computes_it(tmp_path, monkeypatch):
+    """mace computes the stress at every call; the calculator does only when ASE asks for it
+    (an MD integrator asks for forces), and a stress asked later is the full call's."""
+    from workbench.train.md_calculator import load_calculator
+
+    path = save_md_model(tmp_path / "ho.model", (1, 8))
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True) * (2, 1, 1)
+    atoms.numbers[::2] = 1  # H and O: the model's elements
+    atoms.numbers[1::2] = 8
+    atoms.positions += np.random.default_rng(3).normal(0, 0.05, atoms.positions.shape)
+    full = load_calculator(path)
+    lazy = load_calculator(path)
+    asked = []
+    for calc in (full, lazy):
+        model = calc.models[0]
+        monkeypatch.setattr(model, "forward", _recording(model.forward, asked))
+    a, b = atoms.copy(), atoms.copy()
+    a.calc, b.calc = full, lazy
+    full.calculate(a)  # every property, as mace's own calculator computes them
+    forces = b.get_forces()
+    assert asked == [True, False] and "stress" not in lazy.results
+    assert np.abs(forces - full.results["forces"]).max() <= 1e-12 * np.abs(forces).max()
+    assert abs(b.get_potential_energy() - full.results["energy"]) <= 1e-12 * abs(full.results["energy"])
+    assert asked == [True, False]  # the energy came with the forces
+    stress = b.get_stress()  # Voigt, as mace stores it
+    assert asked == [True, False, True]
+    assert np.abs(stress - full.results["stress"]).max() <= 1e-10 * np.abs(full.results["stress"]).max()
+
+
+def _recording(forward, asked: list):
+    def call(*args, **kwargs):
+        asked.append(bool(kwargs.get("compute_stress")))
+        return forward(*args, **kwargs)
+
+    return call
