@@ -120,7 +120,6 @@ def load_calculator(
     per step at 1,536 water atoms)."""
     if radial is not None and radial not in RADIAL_CHOICES:
         raise ValueError(f"radial={radial!r}; the choices are {', '.join(RADIAL_CHOICES)}")
-    from workbench.kernels import accelerate
     from workbench.train.model_file import check_device, load_model
 
     check_device(device)
@@ -135,14 +134,22 @@ def load_calculator(
     if dtype is None:
         dtype = str(next(loaded.parameters()).dtype).replace("torch.", "")
     calc = _calculator_class()(models=loaded, device=str(device), default_dtype=dtype)
-    calc.models = [accelerate(m, backend=backend).eval() for m in calc.models]
+    calc.models = [_for_md(m, backend, device) for m in calc.models]
+    calc.radial_report = _radial(calc.models, radial, backend, device)
+    return calc
+
+
+def _for_md(model, backend: str, device: str):
+    """``model`` on ``backend`` in ``eval()``, with the companions' linears where they were measured
+    faster (a compiled backend on the CPU)."""
+    from workbench.kernels import accelerate
+
+    model = accelerate(model, backend=backend).eval()
     if get_backend(backend).compiled and str(device) == "cpu":
         from workbench.kernels.mace.adapter import use_companions
 
-        for m in calc.models:
-            use_companions(m, backend)
-    calc.radial_report = _radial(calc.models, radial, backend, device)
-    return calc
+        use_companions(model, backend)
+    return model
 
 
 def _radial(models: list, radial: str | None, backend: str, device: str) -> list[dict[str, str]]:
