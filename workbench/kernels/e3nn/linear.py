@@ -163,8 +163,9 @@ def _group_muls(irreps, d: int) -> dict[int, int]:
     return rows
 
 
-def _entries(lin, d: int, in_rows: dict[int, int], out_rows: dict[int, int], m_out: int) -> tuple[np.ndarray, ...]:
-    """``(position within the group's block matrix, weight index, path weight)`` of every weight."""
+def _entries(lin, d: int, in_rows: dict[int, int], out_rows: dict[int, int], m_out: int) -> list[tuple]:
+    """Per instruction of dimension ``d``: ``(positions within the group's block matrix, weight
+    indices, path weight)`` of its weights (for :func:`_joined`)."""
     parts, start = [], 0
     for ins in lin.instructions:
         mul_in, mul_out = lin.irreps_in[ins.i_in].mul, lin.irreps_out[ins.i_out].mul
@@ -173,7 +174,7 @@ def _entries(lin, d: int, in_rows: dict[int, int], out_rows: dict[int, int], m_o
             position = (in_rows[ins.i_in] + u) * m_out + out_rows[ins.i_out] + w
             parts.append((position.ravel(), (start + u * mul_out + w).ravel(), ins.path_weight))
         start += mul_in * mul_out
-    return _joined(parts)
+    return parts
 
 
 def _joined(parts: list[tuple[np.ndarray, np.ndarray, float]]) -> tuple[np.ndarray, ...]:
@@ -208,14 +209,12 @@ def linear_plan(lin: torch.nn.Module, device: torch.device) -> LinearPlan:
         m_in = sum(lin.irreps_in[i].mul for i in in_rows)
         m_out = sum(lin.irreps_out[i].mul for i in out_rows)
         groups.append(DimensionGroup(d, m_in, m_out, tuple(in_rows), offset))
-        position, source, coef = _entries(lin, d, in_rows, out_rows, m_out)
-        parts.append((offset + position, source, coef))
+        parts += [(offset + p, k, c) for p, k, c in _entries(lin, d, in_rows, out_rows, m_out)]
         order += [c for i in out_rows for c in range(out_offsets[i], out_offsets[i + 1])]
         offset += m_in * m_out
     permute = None if order == sorted(order) else torch.tensor(order, device=device).argsort()
     sizes = tuple(mul * ir.dim for mul, ir in lin.irreps_in)
-    entries = (np.concatenate([p[i] for p in parts]) for i in range(3))
-    blocks = WeightMap.of_arrays(offset, lin.weight.numel(), *entries, device=device)
+    blocks = WeightMap.of_arrays(offset, lin.weight.numel(), *_joined(parts), device=device)
     return LinearPlan(blocks, tuple(groups), permute, sizes)
 
 
