@@ -8,7 +8,10 @@ Measured on one core (our kernels are serial numba/numpy). Rows:
 * ``n_bins / lower bound`` (L1 bound rounded up to a multiple of R),
 * padding fraction, step imbalance (max and mean of per-step max/mean load),
 * estimated epoch time (straggler cost model) relative to ``fixed-count``,
-* pair repeat fraction between epochs 0 and 1 (randomness; 1.0 = identical).
+* pair repeat fraction between epochs 0 and 1 (randomness; 1.0 = identical),
+* for the algorithms that respect the capacity, what fixed-shape batches add in an epoch
+  (``TrainConfig.fixed_shapes``): ghost atoms and edges as a share of the real ones, padded to
+  one shape and to the ladder of ``TrainConfig.edge_bucket_step``, and the ladder's shapes in use.
 
 Plus: the real ``torch_geometric.loader.DynamicBatchSampler`` on a subset (it
 slices its index list once per batch, so it is quadratic in practice), checked
@@ -30,6 +33,7 @@ from workbench.bench.table import Column, render, write_json
 from workbench.limits import DEFAULT_CAPACITY
 from workbench.packing.api import ALGORITHMS, pack
 from workbench.packing.cost import CostModel
+from workbench.packing.shapes import DEFAULT_EDGE_STEP, fixed_shape, padding_cost, shape_ladder
 
 #: rows with options, per algorithm: (label, options); every other registered algorithm gets one
 #: row with its defaults. The first fixed-count row is the reference of ``epoch vs fixed``.
@@ -120,11 +124,33 @@ def table_rows(
             best_cpu = min(best_cpu, time.process_time() - c0)
         m = p.metrics()
         m.update(label=label, options=opts, time_to_pack_s=best, cpu_time_to_pack_s=best_cpu)
+        m["fixed_shapes"] = fixed_shape_cost(p, sizes, capacity) if ALGORITHMS[algo].respects_capacity else None
         rows.append(m)
     ref = next(r for r in rows if r["algorithm"] == "fixed-count")["est_epoch_seconds"]
     for r in rows:
         r["epoch_time_vs_fixed_count"] = r["est_epoch_seconds"] / ref
     return rows
+
+
+def fixed_shape_cost(p, sizes: np.ndarray, capacity: float, step: float = DEFAULT_EDGE_STEP) -> dict:
+    """What padding the batches of packing ``p`` to fixed shapes (``TrainConfig.fixed_shapes``,
+    :mod:`workbench.packing.shapes`) adds in one epoch: to the one shape that holds every bin
+    (``one``), and to the ladder of ``step`` (``ladder``, ``TrainConfig.edge_bucket_step``)."""
+    atoms, edges = np.asarray(sizes["atoms"], dtype=np.int64), np.asarray(sizes["edges"], dtype=np.int64)
+    top = fixed_shape(atoms, edges, int(capacity))
+    starts = p.offsets[:-1]
+    bin_atoms, bin_edges = np.add.reduceat(atoms[p.flat], starts), np.add.reduceat(edges[p.flat], starts)
+    return {
+        "shape": top.as_dict(),
+        "step": step,
+        "one": padding_cost(bin_atoms, bin_edges, top),
+        "ladder": padding_cost(bin_atoms, bin_edges, shape_ladder(top, step)),
+    }
+
+
+def _padded(row: dict, how: str, what: str) -> str:
+    cost = row.get("fixed_shapes")
+    return "n/a" if cost is None else f"{cost[how][what]:.4f}" if what != "shapes_used" else str(cost[how][what])
 
 
 def _frac(x: float) -> str:
@@ -143,6 +169,10 @@ def format_table(rows: list[dict], title: str) -> str:
         Column("imb mean", "step_imbalance_mean", ".4f"),
         Column("epoch vs fixed", "epoch_time_vs_fixed_count", ".3f"),
         Column("pair repeat", lambda r: _frac(r["pair_repeat_fraction"])),
+        Column("fixed: +atoms", lambda r: _padded(r, "ladder", "atoms_added")),
+        Column("+edges, one shape", lambda r: _padded(r, "one", "edges_added")),
+        Column("+edges, ladder", lambda r: _padded(r, "ladder", "edges_added")),
+        Column("shapes", lambda r: _padded(r, "ladder", "shapes_used")),
     ]
     return render(rows, columns, title=title, markdown=True)
 

@@ -62,6 +62,23 @@ def build_training(s: Session, ckpt: dict | None) -> None:
     s.loss_fn = build_loss(config).to(s.device)
     stress, virials = outputs_needed(config.loss, config.stress_weight, config.virials_weight)
     s.outputs = {"compute_stress": stress, "compute_virials": virials}
+    if config.fixed_shapes:
+        _fix_shapes(s)
+
+
+def _fix_shapes(s: Session) -> None:
+    """The shapes training batches are padded to (the same on every rank: a function of the
+    training split and the config alone)."""
+    from workbench.packing.shapes import fixed_shape, shape_ladder
+
+    config = s.config
+    top = fixed_shape(s.data.train_atoms, s.data.train_edges, config.capacity, config.edge_capacity)
+    s.shapes = shape_ladder(top, config.edge_bucket_step)
+    s.r_max = float(s.model.r_max)
+    s.say(
+        f"fixed shapes: batches padded to {top.atoms} atoms, {top.graphs} graphs and the smallest of "
+        f"{len(s.shapes.edges)} edge counts up to {top.edges} that holds them (edge_bucket_step {config.edge_bucket_step:g})"
+    )
 
 
 def _stats(s: Session, ckpt: dict | None):

@@ -23,6 +23,7 @@ import yaml
 from workbench.kernels.registry import backend_names
 from workbench.limits import DEFAULT_CAPACITY, MAX_CUTOFF, MAX_ELL_RANGE
 from workbench.packing.api import ALGORITHMS
+from workbench.packing.shapes import DEFAULT_EDGE_STEP
 from workbench.train.e0s import check_e0s
 from workbench.train.losses import check_weights, loss_names
 from workbench.train.mace_order import NAME as MACE_ORDER
@@ -32,6 +33,8 @@ from workbench.train.values import MAX_CONFIG_BYTES, ConfigError, Interval, brie
 #: The trainer's samplers: the packing algorithms of the registry, and mace_run_train's own batch
 #: order (workbench.train.mace_order). workbench.train.samplers.make_sampler builds them.
 SAMPLERS: tuple[str, ...] = (*ALGORITHMS, MACE_ORDER)
+#: the samplers whose batches hold at most ``capacity`` atoms (what fixed_shapes pads to)
+CAPACITY_SAMPLERS: tuple[str, ...] = tuple(name for name, spec in ALGORITHMS.items() if spec.respects_capacity)
 DTYPES = ("float32", "float64")
 #: the losses of workbench.train.losses (mace-torch's definitions)
 LOSSES: tuple[str, ...] = loss_names()
@@ -59,6 +62,8 @@ RANGES: dict[str, Interval] = {
     "scheduler_patience": Interval(0),
     "clip_grad": Interval(0.0, lo_open=True),
     "capacity": Interval(1),
+    "edge_capacity": Interval(1),
+    "edge_bucket_step": Interval(0.0, 1.0, hi_open=True),
     "batch_size": Interval(1),
     "epochs": Interval(1),
     "max_steps": Interval(1),
@@ -71,7 +76,7 @@ RANGES: dict[str, Interval] = {
 }
 #: bounds that keep a typo from allocating gigabytes (mace's foundation models: [64, 64, 64])
 MAX_RADIAL_LAYERS, MAX_WIDTH = 16, 16384
-NULLABLE = ("max_structures", "ema_decay", "clip_grad", "max_steps", "num_samples_pt")
+NULLABLE = ("max_structures", "ema_decay", "clip_grad", "max_steps", "num_samples_pt", "edge_capacity")
 # null means a default; an empty string is a mistake
 PATH_FIELDS = ("dataset", "valid_dataset", "foundation_model", "pt_dataset")
 ON_NONFINITE = ("stop", "skip")
@@ -121,6 +126,10 @@ RUN_IDENTITY = (
 #: which elements a fine-tuned model keeps: the data's (mace_run_train's default) or all of the
 #: foundation model's (its --foundation_model_elements True)
 FOUNDATION_ELEMENTS = ("data", "all")
+
+
+def _capacity_samplers(sampler: str) -> str:
+    return f"choose a sampler that respects it ({', '.join(CAPACITY_SAMPLERS)}), not {sampler!r}"
 
 
 @dataclass
@@ -187,6 +196,12 @@ class TrainConfig:
     capacity: int = DEFAULT_CAPACITY  # atoms per batch, for the samplers that respect a capacity (paper, ffd, ...)
     batch_size: int = (
         8  # graphs per batch for the samplers that batch by count (fixed-count, mace-order; lpt: per rank on average)
+    )
+    # every batch padded to capacity + 1 atoms and a fixed edge and graph count (workbench.train.padding)
+    fixed_shapes: bool = False
+    edge_capacity: int | None = None  # with fixed_shapes: real edges per batch; null: a bound no bin can exceed
+    edge_bucket_step: float = (
+        DEFAULT_EDGE_STEP  # fixed_shapes' edge counts, each this share above the next (0: one shape)
     )
     # kernels
     backend: str = "e3nn"
@@ -264,6 +279,8 @@ class TrainConfig:
                 raise bad(name, f"{brief(getattr(self, name))} is not an irreps string like '128x0e+128x1o'")
             if any(int(m) > MAX_WIDTH for m in re.findall(r"(\d+)x", getattr(self, name))):
                 raise bad(name, f"{brief(getattr(self, name))}: a multiplicity above {MAX_WIDTH}")
+        if self.fixed_shapes and self.sampler not in CAPACITY_SAMPLERS:
+            raise bad("fixed_shapes", f"pads batches to the capacity: {_capacity_samplers(self.sampler)}")
         if self.keep == "best" and self.valid_fraction == 0 and not self.valid_dataset:
             raise bad("keep", "'best' picks the epoch by validation loss: set valid_fraction > 0 or valid_dataset")
         if any(c in self.kernel_cache for c in "\n\r\0"):

@@ -13,6 +13,7 @@ import torch
 from workbench.train import preempt
 from workbench.train.evaluation import TENSOR_METRICS, evaluate
 from workbench.train.hooks import step_hook
+from workbench.train.padding import pad_to_ladder
 from workbench.train.resume import checkpoint
 from workbench.train.rundir import JsonlLog
 from workbench.train.samplers import RecordingSampler
@@ -64,6 +65,8 @@ def train_one_epoch(s: Session, epoch: int, step_log: JsonlLog, bar) -> tuple[St
         except StopIteration:
             break
         indices = recording.queue.popleft()
+        if s.shapes is not None:
+            batch = pad_to_ladder(batch, s.shapes, s.r_max, indices)
         batch = batch.to(s.device)
         t1 = time.perf_counter()
         loss, out, blocked, skipped = take_step(s, batch, indices)

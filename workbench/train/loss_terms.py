@@ -12,7 +12,8 @@ and per-label weights :math:`w^E_g, w^F_g, w^\sigma_g, w^W_g` (0 where the label
     L_W = \langle w_g w^W_g ((W_{g,ab} - \hat W_{g,ab})/N_g)^2 \rangle_{g,a,b}
 
 (means over every graph, atom or component of the batch, masked ones included, as mace takes
-them), and a loss is :math:`\lambda_E L_E + \lambda_F L_F + \lambda_\sigma L_\sigma` with the
+them; a fixed-shape batch's ghost graphs and atoms, :mod:`workbench.train.padding`, are left
+out of both the sums and the counts), and a loss is :math:`\lambda_E L_E + \lambda_F L_F + \lambda_\sigma L_\sigma` with the
 config's ``energy_weight``, ``forces_weight``, ``stress_weight`` (``virials_weight``). The Huber
 losses replace each square by :math:`h_\delta` (``huber_delta``); ``universal`` scales each
 force's :math:`\delta` by 1, 0.7, 0.4 or 0.1 for reference forces below 100, 200, 300 eV/Å and
@@ -30,34 +31,54 @@ FORCE_FACTORS = (1.0, 0.7, 0.4, 0.1)
 
 
 def atoms_per_graph(ref) -> torch.Tensor:
-    return ref.ptr[1:] - ref.ptr[:-1]
+    """Atoms of each graph; at least 1, so that a padded batch's empty ghost graphs divide by 1."""
+    return (ref.ptr[1:] - ref.ptr[:-1]).clamp(min=1)
+
+
+def real_rows(ref, per: str) -> torch.Tensor | None:
+    """A padded batch's mask of real graphs (``per="graph"``) or atoms (``"atom"``), True where
+    real; None for a batch without ghosts. Built on the device, without a host sync."""
+    real = getattr(ref, "real_graphs", None)
+    if real is None:
+        return None
+    rows = torch.arange(ref.ptr.numel() - 1 if per == "graph" else ref.batch.numel(), device=ref.ptr.device)
+    return rows < (real if per == "graph" else ref.ptr[real])
+
+
+def masked_mean(values: torch.Tensor, ref, per: str) -> torch.Tensor:
+    """The mean of ``values`` (a row per graph or per atom: ``per``) over a batch's real rows."""
+    mask = real_rows(ref, per)
+    if mask is None:
+        return values.mean()
+    mask = mask.view(-1, *(1,) * (values.dim() - 1))
+    kept = torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
+    return kept.sum() / (mask.sum() * values[0].numel()).to(values.dtype)
 
 
 def per_atom(values: torch.Tensor, ref) -> torch.Tensor:
     """A per-graph quantity repeated for each of the graph's atoms, as a column ``[atoms, 1]``."""
-    return torch.repeat_interleave(values, atoms_per_graph(ref)).unsqueeze(-1)
+    return values[ref.batch].unsqueeze(-1)  # a gather: no host sync for the output's size
 
 
 def energy_mse(ref, pred) -> torch.Tensor:
-    return (
-        ref.weight * ref.energy_weight * torch.square((ref["energy"] - pred["energy"]) / atoms_per_graph(ref))
-    ).mean()
+    err = ref.weight * ref.energy_weight * torch.square((ref["energy"] - pred["energy"]) / atoms_per_graph(ref))
+    return masked_mean(err, ref, "graph")
 
 
 def forces_mse(ref, pred) -> torch.Tensor:
     w = per_atom(ref.weight, ref) * per_atom(ref.forces_weight, ref)
-    return (w * torch.square(ref["forces"] - pred["forces"])).mean()
+    return masked_mean(w * torch.square(ref["forces"] - pred["forces"]), ref, "atom")
 
 
 def stress_mse(ref, pred) -> torch.Tensor:
     w = ref.weight.view(-1, 1, 1) * ref.stress_weight.view(-1, 1, 1)
-    return (w * torch.square(ref["stress"] - pred["stress"])).mean()
+    return masked_mean(w * torch.square(ref["stress"] - pred["stress"]), ref, "graph")
 
 
 def virials_mse(ref, pred) -> torch.Tensor:
     w = ref.weight.view(-1, 1, 1) * ref.virials_weight.view(-1, 1, 1)
     n = atoms_per_graph(ref).view(-1, 1, 1)
-    return (w * torch.square((ref["virials"] - pred["virials"]) / n)).mean()
+    return masked_mean(w * torch.square((ref["virials"] - pred["virials"]) / n), ref, "graph")
 
 
 class _Weighted(torch.nn.Module):
@@ -110,24 +131,26 @@ class HuberLoss(_Weighted):
 
     def forward(self, ref, pred, ddp: bool | None = None) -> torch.Tensor:
         n, d = atoms_per_graph(ref), self.huber_delta
-        loss = self.energy_weight * F.huber_loss(ref["energy"] / n, pred["energy"] / n, reduction="mean", delta=d)
-        loss = loss + self.forces_weight * F.huber_loss(ref["forces"], pred["forces"], reduction="mean", delta=d)
+        h_e = F.huber_loss(ref["energy"] / n, pred["energy"] / n, reduction="none", delta=d)
+        h_f = F.huber_loss(ref["forces"], pred["forces"], reduction="none", delta=d)
+        loss = self.energy_weight * masked_mean(h_e, ref, "graph") + self.forces_weight * masked_mean(h_f, ref, "atom")
         if self.trains_stress:  # else the model computes no stress (losses.outputs_needed)
             mask = (ref.stress_weight > 0).to(pred["stress"].dtype).view(-1, 1, 1)
             h = F.huber_loss(ref["stress"], pred["stress"], reduction="none", delta=d)
-            loss = loss + self.stress_weight * (mask * h).mean()
+            loss = loss + self.stress_weight * masked_mean(mask * h, ref, "graph")
         return loss
 
 
 def conditional_huber_forces(ref_f: torch.Tensor, pred_f: torch.Tensor, delta: float) -> torch.Tensor:
-    """Per component Huber, its threshold ``delta`` times the factor of the reference force's size."""
+    """Per component Huber (``[atoms, 3]``), its threshold ``delta`` times the factor of the
+    reference force's size."""
     size = torch.linalg.vector_norm(ref_f, dim=-1)
     band = torch.bucketize(size, torch.tensor(FORCE_STEPS, dtype=size.dtype, device=size.device), right=True)
     out = torch.zeros_like(pred_f)
     for k, factor in enumerate(FORCE_FACTORS):
         sel = band == k
         out[sel] = F.huber_loss(ref_f[sel], pred_f[sel], reduction="none", delta=delta * factor)
-    return out.mean()
+    return out
 
 
 class UniversalLoss(_Weighted):
@@ -136,9 +159,11 @@ class UniversalLoss(_Weighted):
     def forward(self, ref, pred, ddp: bool | None = None) -> torch.Tensor:
         n, d = atoms_per_graph(ref), self.huber_delta
         we, wf = ref.energy_weight, per_atom(ref.forces_weight, ref)
-        loss = self.energy_weight * F.huber_loss(we * ref["energy"] / n, we * pred["energy"] / n, delta=d)
-        loss = loss + self.forces_weight * conditional_huber_forces(wf * ref["forces"], wf * pred["forces"], d)
+        h_e = F.huber_loss(we * ref["energy"] / n, we * pred["energy"] / n, reduction="none", delta=d)
+        h_f = conditional_huber_forces(wf * ref["forces"], wf * pred["forces"], d)
+        loss = self.energy_weight * masked_mean(h_e, ref, "graph") + self.forces_weight * masked_mean(h_f, ref, "atom")
         if self.trains_stress:  # else the model computes no stress (losses.outputs_needed)
             ws = ref.stress_weight.view(-1, 1, 1)
-            loss = loss + self.stress_weight * F.huber_loss(ws * ref["stress"], ws * pred["stress"], delta=d)
+            h_s = F.huber_loss(ws * ref["stress"], ws * pred["stress"], reduction="none", delta=d)
+            loss = loss + self.stress_weight * masked_mean(h_s, ref, "graph")
         return loss

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch_ema import ExponentialMovingAverage
 
+from workbench.packing.shapes import ShapeLadder
 from workbench.train.config import TrainConfig
 from workbench.train.data import TrainData
 from workbench.train.rundir import RunDir
@@ -41,6 +42,8 @@ class Session:
     ema: ExponentialMovingAverage | None = None
     loss_fn: torch.nn.Module | None = None  # the config's loss (workbench.train.losses)
     outputs: dict = field(default_factory=dict)  # compute_stress / compute_virials: what the loss trains
+    shapes: ShapeLadder | None = None  # fixed_shapes: what training batches are padded to
+    r_max: float = 0.0  # the model's cutoff: ghost edges are longer
     # wrap_ddp
     net: torch.nn.Module | None = None  # the DDP wrapper (or the model itself on one rank)
     timer: AllreduceTimer | None = None  # time blocked in the gradient all-reduce (DDP only)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from workbench.train.padding import real_size
 from workbench.train.session import Session
 from workbench.train.timing import sync
 
@@ -156,33 +157,37 @@ def step_record(
         "compute_s": round((t3 - t1) - blocked, 6),
         "allreduce_s": round(blocked, 6),
         "step_s": round(t3 - t0, 6),
-        "atoms": int(batch.num_nodes),
-        "edges": int(batch.edge_index.shape[1]),
-        "graphs": int(batch.num_graphs),
+        **dict(zip(("atoms", "edges", "graphs"), real_size(batch))),
         "loss": s.last_loss,
         "lr": s.optimizer.param_groups[0]["lr"],
         "batch_hash": batch_hash(indices),
         "time": time.time(),
         "peak_rss_mb": round(peak_rss_mb(), 1),
     }
+    if s.shapes is not None:  # fixed_shapes: what padding this batch to its shape added
+        record["ghost_atoms"] = int(batch.num_nodes) - record["atoms"]
+        record["ghost_edges"] = int(batch.edge_index.shape[1]) - record["edges"]
     if s.config.log_graph_ids:
         record["graph_ids"] = [int(i) for i in indices]
     return record
 
 
 def accumulate(totals: StepTotals, batch, out, t: tuple[float, float, float], blocked: float) -> None:
+    """Add a step's errors and times to ``totals``: the real graphs' (a padded batch's ghosts
+    are left out: they lead no field, so slicing drops them)."""
     t0, t1, t3 = t
-    n = (batch.ptr[1:] - batch.ptr[:-1]).to(out["energy"].dtype)
-    totals.e_abs += float(((out["energy"].detach() - batch.energy).abs() / n).sum())
-    totals.f_abs += float((out["forces"].detach() - batch.forces).abs().mean(dim=1).sum())
+    atoms, _, graphs = real_size(batch)
+    n = (batch.ptr[1 : graphs + 1] - batch.ptr[:graphs]).to(out["energy"].dtype)
+    totals.e_abs += float(((out["energy"].detach()[:graphs] - batch.energy[:graphs]).abs() / n).sum())
+    totals.f_abs += float((out["forces"].detach()[:atoms] - batch.forces[:atoms]).abs().mean(dim=1).sum())
     if out.get("stress") is not None:  # the graphs validation counts too: weight and stress weight above 0
-        labelled = ((batch.weight * batch.stress_weight) > 0).to(out["stress"].dtype)
-        err = ((out["stress"].detach() - batch.stress).abs().mean(dim=(1, 2)) * labelled).sum()
+        labelled = ((batch.weight[:graphs] * batch.stress_weight[:graphs]) > 0).to(out["stress"].dtype)
+        err = ((out["stress"].detach()[:graphs] - batch.stress[:graphs]).abs().mean(dim=(1, 2)) * labelled).sum()
         s_abs, n = torch.stack([err, labelled.sum()]).tolist()  # one transfer from the device
         totals.s_abs += s_abs
         totals.stress_graphs += int(n)
-    totals.graphs += int(batch.num_graphs)
-    totals.force_atoms += int(batch.forces.shape[0])
+    totals.graphs += graphs
+    totals.force_atoms += atoms
     totals.data_s += t1 - t0
     totals.compute_s += (t3 - t1) - blocked
     totals.allreduce_s += blocked
