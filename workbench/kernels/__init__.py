@@ -13,6 +13,9 @@ autograd to any order, and :func:`accelerate` to swap them into mace-torch model
   :func:`fuse_conv_tp` swaps it into a MACE interaction block through mace's ``conv_fusion`` hook.
 * :func:`accelerate` - ``accelerate(model, backend=DEFAULT_BACKEND, ops=None)``; the backends and model
   families are listed in :mod:`~workbench.kernels.registry`.
+* :func:`compile_ready` / :func:`energy_program` - an accelerated MACE model traced by dynamo as
+  one graph (``torch.compile(fullgraph=True)``) and exported (``torch.export``); the kernels
+  are the custom op ``workbench::sparse_poly`` there (:mod:`~workbench.kernels.library`).
 
 Layers (imports run one way, top to bottom):
 
@@ -31,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what static readers (the API reference, type checkers) see; __getattr__ imports at run time
     from workbench.kernels.acceleration import AVAILABLE_OPS, KERNEL_BACKENDS, accelerate
+    from workbench.kernels.compiling import compile_ready, energy_program
     from workbench.kernels.descriptor import Operand, SparsePolynomial
     from workbench.kernels.e3nn.tp import ChannelwiseTPStats, channelwise_tp_op, channelwise_tp_polynomial
     from workbench.kernels.mace.channelwise_tp import SUPPORTED_INTERACTION_BLOCKS, fuse_conv_tp, unfuse_conv_tp
@@ -47,6 +51,8 @@ _OWNERS = {
     "AVAILABLE_OPS": "workbench.kernels.acceleration",
     "KERNEL_BACKENDS": "workbench.kernels.acceleration",
     "accelerate": "workbench.kernels.acceleration",
+    "compile_ready": "workbench.kernels.compiling",
+    "energy_program": "workbench.kernels.compiling",
     "Operand": "workbench.kernels.descriptor",
     "SparsePolynomial": "workbench.kernels.descriptor",
     "SUPPORTED_INTERACTION_BLOCKS": "workbench.kernels.mace.channelwise_tp",
@@ -95,6 +101,8 @@ __all__ = [
     "apply_poly_op",
     "channelwise_tp_op",
     "channelwise_tp_polynomial",
+    "compile_ready",
+    "energy_program",
     "fuse_conv_tp",
     "symmetric_contraction_polynomial",
     "unfuse_conv_tp",

@@ -33,6 +33,7 @@ import torch
 
 from workbench.kernels.descriptor.layout import EDGE_ROWS, array_ids
 from workbench.kernels.descriptor.polynomial import Operand, SparsePolynomial
+from workbench.kernels.library import op_key, register, sparse_poly, tracing
 from workbench.kernels.numba.compiled import CompiledPolynomial, TransientCache
 from workbench.kernels.registry import DEFAULT_BACKEND
 from workbench.kernels.rows import EdgeGraph, RowIndex, SpeciesIndex
@@ -45,6 +46,7 @@ __all__ = [
     "SpeciesIndex",
     "apply_edge_poly_op",
     "apply_poly_op",
+    "edge_poly_op",
 ]
 
 
@@ -71,6 +73,16 @@ class PolyOp(TransientCache):
         self.channels = chan[0] if chan else None
         self.compiled = tuple(CompiledPolynomial(p, self.array_ids) for p in self.outputs)
         self._init_cache()
+        self.library_key = register(self)
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state.pop("library_key", None)  # a key names an op in one process only
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self.library_key = register(self)
 
     def derivative(self, needed: tuple[bool, ...], present: tuple[bool, ...] | None = None) -> PolyOp:
         r"""Op for :math:`(\text{operands}, \bar{y}_k \text{ for present } k) \mapsto \bar{a}` for
@@ -229,7 +241,11 @@ class _SparsePolyFunction(torch.autograd.Function):
 def apply_poly_op(
     op: PolyOp, species: torch.Tensor, num_species: int, *tensors: torch.Tensor, backend: str = DEFAULT_BACKEND
 ) -> tuple[torch.Tensor, ...]:
-    """Differentiable evaluation of an atom ``op`` (see :class:`PolyOp`) with a descriptor ``backend``."""
+    """Differentiable evaluation of an atom ``op`` (see :class:`PolyOp`) with a descriptor
+    ``backend``; under ``torch.compile`` / ``torch.export``, the custom op of
+    :mod:`workbench.kernels.library`."""
+    if tracing():
+        return tuple(sparse_poly(op_key(op), backend, species, None, num_species, list(tensors)))
     return _SparsePolyFunction.apply(op, SpeciesIndex(species, num_species), backend, *tensors)
 
 
@@ -238,3 +254,19 @@ def apply_edge_poly_op(
 ) -> tuple[torch.Tensor, ...]:
     """Differentiable evaluation of an edge ``op`` (an :class:`EdgePolyOp`) on ``graph``."""
     return _SparsePolyFunction.apply(op, graph, backend, *tensors)
+
+
+def edge_poly_op(
+    op: PolyOp,
+    sender: torch.Tensor,
+    receiver: torch.Tensor,
+    num_nodes: int,
+    *tensors: torch.Tensor,
+    backend: str = DEFAULT_BACKEND,
+) -> tuple[torch.Tensor, ...]:
+    """:func:`apply_edge_poly_op` on the graph of ``sender`` / ``receiver`` ``[edges]`` over
+    ``num_nodes`` nodes (shared by a forward's layers: :meth:`EdgeGraph.of`); under
+    ``torch.compile`` / ``torch.export``, the custom op of :mod:`workbench.kernels.library`."""
+    if tracing():
+        return tuple(sparse_poly(op_key(op), backend, sender, receiver, num_nodes, list(tensors)))
+    return _SparsePolyFunction.apply(op, EdgeGraph.of(sender, receiver, num_nodes), backend, *tensors)

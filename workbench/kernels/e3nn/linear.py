@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from workbench.kernels.class_swap import ClassSwap, KeepsOp
+from workbench.kernels.library import tracing
 
 __all__ = [  # noqa: F822 (module __getattr__)
     "DENSE_MAX_MACS",
@@ -294,12 +295,22 @@ def _make_class() -> type:
         def forward(self, features, weight=None, bias=None):
             if weight is not None or bias is not None:
                 return super().forward(features, weight, bias)
-            x = features.reshape(-1, self.irreps_in.dim)
-            if x.shape[0] * self.irreps_in.dim * self.irreps_out.dim <= DENSE_MAX_MACS:
+            dim_in, dim_out = self.io_dims()
+            x = features.reshape(-1, dim_in)
+            # a trace takes the per-dimension plan at every size: no guard on the row count
+            if not tracing() and x.shape[0] * dim_in * dim_out <= DENSE_MAX_MACS:
                 out = apply_dense(self.plan(dense_plan, x.device), x, self.weight)
             else:
                 out = apply_plan(self.plan(linear_plan, x.device), x, self.weight)
-            return out.reshape(*features.shape[:-1], self.irreps_out.dim)
+            return out.reshape(*features.shape[:-1], dim_out)
+
+        def io_dims(self) -> tuple[int, int]:
+            """The input and output widths as ints, kept: a forward that reads e3nn's ``Irreps``
+            makes dynamo guard on ``len(Irrep)``, which e3nn refuses."""
+            dims = self.__dict__.get("_io_dims")
+            if dims is None:
+                dims = self.__dict__["_io_dims"] = (self.irreps_in.dim, self.irreps_out.dim)
+            return dims
 
         def plan(self, build, device: torch.device):
             """The plan ``build`` (:func:`linear_plan` or :func:`dense_plan`) makes, on ``device``;

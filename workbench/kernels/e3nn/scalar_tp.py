@@ -27,15 +27,15 @@ and scalar second inputs into :class:`WorkbenchScalarTP` (a companion of a famil
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from workbench.kernels.class_swap import ClassSwap, KeepsOp, probe_copy
 from workbench.kernels.e3nn.linear import irreps_offsets
 from workbench.kernels.e3nn.scalar_tp_groups import GroupedScalarTP, grouped_plan, shared_row_groups
+from workbench.kernels.library import tracing
 
 __all__ = ["SWAP", "ScalarPath", "WorkbenchScalarTP", "apply_scalar_tp", "scalar_tp_plan"]  # noqa: F822
 
@@ -98,20 +98,21 @@ def _path(p: ScalarPath, x: torch.Tensor, s: torch.Tensor, weight: torch.Tensor)
 
 
 def apply_scalar_tp(
-    paths: tuple[ScalarPath, ...],
-    irreps_out: Iterable[tuple[int, Any]],
-    x: torch.Tensor,
-    s: torch.Tensor,
-    weight: torch.Tensor,
+    paths: tuple[ScalarPath, ...], out_widths: Sequence[int], x: torch.Tensor, s: torch.Tensor, weight: torch.Tensor
 ) -> torch.Tensor:
-    """``[N, irreps_out.dim]``: ``paths`` with flat ``weight`` on ``x`` ``[N, dim_in1]`` and ``s`` ``[N, K]``."""
+    """``[N, sum(out_widths)]``: ``paths`` with flat ``weight`` on ``x`` ``[N, dim_in1]`` and
+    ``s`` ``[N, K]``; ``out_widths``: each output irrep's ``mul * dim``, as ints."""
     blocks: dict[int, torch.Tensor] = {}
     for p in paths:
         y = _path(p, x, s, weight)
         blocks[p.out] = y if p.out not in blocks else blocks[p.out] + y
     n = x.shape[0]
-    outs = [blocks[o] if o in blocks else x.new_zeros(n, mul * ir.dim) for o, (mul, ir) in enumerate(irreps_out)]
+    outs = [blocks[o] if o in blocks else x.new_zeros(n, width) for o, width in enumerate(out_widths)]
     return torch.cat(outs, 1) if len(outs) > 1 else outs[0]
+
+
+def _widths(irreps) -> tuple[int, ...]:
+    return tuple(mul * ir.dim for mul, ir in irreps)
 
 
 def _check(m: torch.nn.Module) -> None:
@@ -125,7 +126,7 @@ def _check(m: torch.nn.Module) -> None:
     probe, g = probe_copy(m), torch.Generator().manual_seed(0)
     x = torch.randn(3, m.irreps_in1.dim, dtype=torch.float64, generator=g)
     s = torch.randn(3, m.irreps_in2.dim, dtype=torch.float64, generator=g)
-    ours = apply_scalar_tp(scalar_tp_plan(m), m.irreps_out, x, s, probe.weight.detach())
+    ours = apply_scalar_tp(scalar_tp_plan(m), _widths(m.irreps_out), x, s, probe.weight.detach())
     if not torch.allclose(ours, SWAP.native().forward(probe, x, s), rtol=1e-12, atol=1e-12):
         raise ValueError("the paths do not reproduce e3nn's product on a probe")
 
@@ -138,16 +139,26 @@ def _make_class() -> type:
         def forward(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
             if weight is not None or x.shape[:-1] != y.shape[:-1]:  # explicit weights, broadcasting
                 return super().forward(x, y, weight)
-            x2, y2 = x.reshape(-1, self.irreps_in1.dim), y.reshape(-1, self.irreps_in2.dim)
+            dim1, dim2, out_widths = self.dims()
+            x2, y2 = x.reshape(-1, dim1), y.reshape(-1, dim2)
             paths, grouped = self.plans(x.device)
-            outer = functools.partial(apply_scalar_tp, paths, self.irreps_out)
-            # in training the forces' backward keeps a graph, which the outer form differentiates directly
-            groups = None if self.training else shared_row_groups(y2, grouped.max_groups)
+            outer = functools.partial(apply_scalar_tp, paths, out_widths)
+            # in training the forces' backward keeps a graph, which the outer form differentiates
+            # directly; a trace takes it too (finding the groups reads the data on the host)
+            groups = None if self.training or tracing() else shared_row_groups(y2, grouped.max_groups)
             if groups is None:
                 out = outer(x2, y2, self.weight)
             else:  # few distinct scalar rows (species): one matrix per group
                 out = GroupedScalarTP.apply(grouped, groups, outer, x2, y2, self.weight)
-            return out.reshape(*x.shape[:-1], self.irreps_out.dim)
+            return out.reshape(*x.shape[:-1], sum(out_widths))
+
+        def dims(self) -> tuple[int, int, tuple[int, ...]]:
+            """Both input widths and each output irrep's, as ints, kept: a forward that reads
+            e3nn's ``Irreps`` makes dynamo guard on ``len(Irrep)``, which e3nn refuses."""
+            dims = self.__dict__.get("_dims")
+            if dims is None:
+                dims = self.__dict__["_dims"] = (self.irreps_in1.dim, self.irreps_in2.dim, _widths(self.irreps_out))
+            return dims
 
         def plans(self, device: torch.device) -> tuple:
             """``(paths, GroupedPlan)``, built on first use on ``device``."""

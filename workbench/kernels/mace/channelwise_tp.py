@@ -25,7 +25,7 @@ import torch
 from workbench.kernels.class_swap import CACHE
 from workbench.kernels.e3nn.tp import ChannelwiseOpCache, channelwise_tp_op
 from workbench.kernels.lazy_class import LazyClass
-from workbench.kernels.ops import EdgeGraph, apply_edge_poly_op
+from workbench.kernels.ops import edge_poly_op
 from workbench.kernels.registry import DEFAULT_BACKEND
 
 __all__ = [
@@ -75,10 +75,8 @@ def _make_fused_class():
             if edge_index is None:
                 return super().forward(x, y, weight)
             op, _ = self.channelwise_op()
-            graph = EdgeGraph.of(edge_index[0], edge_index[1], x.shape[0])
-            (out,) = apply_edge_poly_op(
-                op, graph, x, y, weight, backend=self.__dict__.get("kernel_backend", DEFAULT_BACKEND)
-            )
+            backend = self.__dict__.get("kernel_backend", DEFAULT_BACKEND)
+            (out,) = edge_poly_op(op, edge_index[0], edge_index[1], x.shape[0], x, y, weight, backend=backend)
             return out
 
     return FusedChannelwiseTensorProduct

@@ -33,6 +33,7 @@ import torch
 
 from workbench.dtypes import default_dtype
 from workbench.kernels.descriptor import Operand, SparsePolynomial
+from workbench.kernels.library import tracing
 from workbench.kernels.ops import PolyOp, apply_poly_op
 from workbench.kernels.registry import DEFAULT_BACKEND
 
@@ -309,7 +310,10 @@ class SymmetricContraction(torch.nn.Module):
         B = x.shape[0]
         W = self.concatenated_weights()
         Z = W.shape[0]
-        species, empty = one_hot_species(y) if y.dim() == 2 else (y.to(torch.int64), None)
+        if tracing():  # no host sync: every row masked, and the one-hot check left to eager calls
+            species, empty = (y.argmax(dim=-1), y.sum(dim=-1) == 0) if y.dim() == 2 else (y.to(torch.int64), None)
+        else:
+            species, empty = one_hot_species(y) if y.dim() == 2 else (y.to(torch.int64), None)
         (out,) = apply_poly_op(op, species, Z, x.reshape(B, -1), W.reshape(Z, -1), backend=self.kernel_backend)
         # e3nn mixes the weights by y: an all-zero row (an atom of no species) gives zeros.
         return out * (~empty).to(out.dtype)[:, None] if empty is not None else out

@@ -24,7 +24,7 @@ from workbench.kernels.class_swap import ClassSwap
 from workbench.kernels.e3nn.tp import ChannelwiseOpCache, channelwise_tp_op
 from workbench.kernels.lazy_class import LazyClass
 from workbench.kernels.nequip.companions import COMPANIONS
-from workbench.kernels.ops import EdgeGraph, EdgePolyOp, apply_edge_poly_op
+from workbench.kernels.ops import EdgePolyOp, edge_poly_op
 from workbench.kernels.registry import DEFAULT_BACKEND
 
 __all__ = ["SWAP", "WorkbenchTensorProductScatter", "is_native", "is_workbench"]  # noqa: F822 (module __getattr__)
@@ -35,9 +35,9 @@ def _make_class() -> type:
         """nequip's ``TensorProductScatter`` whose forward runs the workbench's edge polynomial."""
 
         def forward(self, x, edge_attr, edge_weight, edge_dst, edge_src):
-            graph = EdgeGraph.of(edge_src, edge_dst, x.shape[0])
             backend = self.__dict__.get("kernel_backend", DEFAULT_BACKEND)
-            (out,) = apply_edge_poly_op(self.channelwise_op()[0], graph, x, edge_attr, edge_weight, backend=backend)
+            op = self.channelwise_op()[0]
+            (out,) = edge_poly_op(op, edge_src, edge_dst, x.shape[0], x, edge_attr, edge_weight, backend=backend)
             return out
 
         def channelwise_tp_module(self) -> torch.nn.Module:
