@@ -26,7 +26,7 @@ import torch
 
 from workbench.kernels.registry import DEFAULT_BACKEND, adapter_for
 
-__all__ = ["compile_ready", "energy_program"]
+__all__ = ["capture_ready", "compile_ready", "energy_program", "undo_swaps"]
 
 
 def _count(swap, model: torch.nn.Module, backend: str) -> int:
@@ -74,17 +74,23 @@ def _build(model: torch.nn.Module) -> int:
     return built
 
 
-def compile_ready(model: torch.nn.Module, backend: str = DEFAULT_BACKEND) -> list[str]:
-    """Make mace ``model`` traceable as one graph (the module docstring), in place; returns
-    what it changed, one line each. Accelerates the model on ``backend`` first when no op is."""
-    from mace.tools.compile import configure_autograd_for_compile
-
+def capture_ready(model: torch.nn.Module, backend: str = DEFAULT_BACKEND) -> list[str]:
+    """Make mace ``model`` free of host syncs and first-use builds in its forward and backward, in
+    place, for a CUDA-graph capture (:mod:`workbench.train.graph_step`): accelerated on
+    ``backend`` when no op is, e3nn's TorchScript modules swapped for the workbench's (their
+    profiling executor compares tensors on the host), every op and plan built ahead. Returns
+    what it changed, one line each."""
     from workbench.kernels.acceleration import accelerate, model_ops
     from workbench.kernels.e3nn import linear, scalar_tp
+    from workbench.kernels.registry import backend_names, get_backend
 
     family = adapter_for(model)
     if family.name != "mace":
-        raise TypeError(f"compile_ready: a {family.name} model; it prepares mace-torch models only")
+        raise TypeError(f"a {family.name} model: only mace-torch models can be prepared here")
+    if get_backend(backend).kind != "descriptor":
+        raise ValueError(
+            f"backend {backend!r}: choose one of the kernel backends, {', '.join(backend_names('descriptor'))}"
+        )
     changes = []
     if not model_ops(model):
         accelerate(model, backend=backend, precompile=False)
@@ -92,11 +98,29 @@ def compile_ready(model: torch.nn.Module, backend: str = DEFAULT_BACKEND) -> lis
     for swap, what in ((linear.SWAP, "e3nn Linear"), (scalar_tp.SWAP, "e3nn TensorProduct (skip_tp)")):
         if n := _count(swap, model, backend):
             changes.append(f"{what} -> {swap.ours().__name__}: {n} modules (no TorchScript in the graph)")
-    if n := _trace_activations(model):
-        changes.append(f"e3nn Activation -> torch.fx GraphModule: {n} modules (no Irreps read in forward)")
-    configure_autograd_for_compile(True)
-    changes.append("torch._dynamo.config.trace_autograd_ops = True (forces by autograd.grad in the graph)")
     changes.append(f"built ahead: the ops and plans of {_build(model)} modules")
+    return changes
+
+
+def undo_swaps(model: torch.nn.Module) -> None:
+    """Put e3nn's ``Linear`` and ``TensorProduct`` back where :func:`capture_ready` swapped
+    them, in place: what an exported model (for users without the workbench) needs."""
+    from workbench.kernels.e3nn import linear, scalar_tp
+
+    for swap in (linear.SWAP, scalar_tp.SWAP):
+        swap.unswap_all(model)
+
+
+def compile_ready(model: torch.nn.Module, backend: str = DEFAULT_BACKEND) -> list[str]:
+    """Make mace ``model`` traceable as one graph (the module docstring), in place; returns
+    what it changed, one line each. Accelerates the model on ``backend`` first when no op is."""
+    from mace.tools.compile import configure_autograd_for_compile
+
+    changes = capture_ready(model, backend)
+    if n := _trace_activations(model):
+        changes.insert(-1, f"e3nn Activation -> torch.fx GraphModule: {n} modules (no Irreps read in forward)")
+    configure_autograd_for_compile(True)
+    changes.insert(-1, "torch._dynamo.config.trace_autograd_ops = True (forces by autograd.grad in the graph)")
     return changes
 
 

@@ -28,13 +28,15 @@ the process that exported it, not after ``torch.export.save`` and a load elsewhe
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
-__all__ = ["op_key", "register", "sparse_poly", "tracing"]
+__all__ = ["capture_safe", "no_sync", "op_key", "register", "sparse_poly", "tracing"]
 
 _OPS: dict[str, object] = {}
 _COUNTER = itertools.count()
@@ -44,6 +46,30 @@ _LOCK = threading.Lock()
 def tracing() -> bool:
     """Whether dynamo (``torch.compile``, ``torch.export``) is tracing the caller."""
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
+_CAPTURE = threading.local()
+
+
+@contextlib.contextmanager
+def capture_safe() -> Iterator[None]:
+    """In this block (on this thread) the kernels' modules take their host-sync-free branches,
+    as under a trace: what a CUDA-graph capture of the train step needs
+    (:mod:`workbench.train.graph_step`), and its eager runs, so they compute the same."""
+    before = getattr(_CAPTURE, "on", False)
+    _CAPTURE.on = True
+    try:
+        yield
+    finally:
+        _CAPTURE.on = before
+
+
+def no_sync() -> bool:
+    """Whether the caller must not read device values on the host: under a trace, a CUDA-graph
+    capture, or :func:`capture_safe`."""
+    if tracing() or getattr(_CAPTURE, "on", False):
+        return True
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def register(op) -> str:

@@ -20,7 +20,7 @@ from workbench.kernels.descriptor.layout import MAX_ATOM_ARRAYS, MAX_EDGE_ARRAYS
 from workbench.kernels.descriptor.polynomial import Operand
 from workbench.kernels.numba.compiled import CompiledPolynomial
 
-__all__ = ["EdgeGraph", "RowIndex", "SpeciesIndex", "same_tensor", "tensor_key"]
+__all__ = ["EdgeGraph", "RowIndex", "SpeciesIndex", "forget_graphs", "same_tensor", "tensor_key"]
 
 
 class SpeciesIndex:
@@ -114,6 +114,12 @@ class EdgeGraph:
 RowIndex = SpeciesIndex | EdgeGraph
 
 _LAST_GRAPH = threading.local()
+
+
+def forget_graphs() -> None:
+    """Drop the graph :meth:`EdgeGraph.of` keeps for reuse on this thread: a CUDA-graph capture
+    must build its CSR groups inside the capture, not take them from the warm-up step."""
+    _LAST_GRAPH.value = None
 
 
 def tensor_key(t: torch.Tensor) -> tuple | None:

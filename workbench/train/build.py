@@ -50,7 +50,13 @@ def build_training(s: Session, ckpt: dict | None) -> None:
         # on a GPU, numba's kernels compile here, in parallel, once per node (rank 0 of a node
         # compiles under a file lock, the others wait and load the cache)
         s.model = accelerate(s.model, backend=config.backend).to(s.device)
-    s.optimizer = torch.optim.Adam(param_groups(s.model, config.weight_decay), lr=config.lr, amsgrad=config.amsgrad)
+    if config.cuda_graph:
+        _prepare_capture(s)
+    # the graph step skips a non-finite update on the device: fused Adam reads found_inf
+    graph = {"fused": True, "capturable": s.device.type == "cuda"} if config.cuda_graph else {}
+    s.optimizer = torch.optim.Adam(
+        param_groups(s.model, config.weight_decay), lr=config.lr, amsgrad=config.amsgrad, **graph
+    )
     s.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
         s.optimizer, factor=config.lr_factor, patience=config.scheduler_patience
     )
@@ -64,6 +70,28 @@ def build_training(s: Session, ckpt: dict | None) -> None:
     s.outputs = {"compute_stress": stress, "compute_virials": virials}
     if config.fixed_shapes:
         _fix_shapes(s)
+    if config.cuda_graph:
+        from workbench.train.graph_step import StepGraphs
+
+        s.optimizer.found_inf = torch.zeros((), dtype=torch.float32, device=s.device)
+        s.graphs = StepGraphs(s)
+
+
+def _prepare_capture(s: Session) -> None:
+    """The model made free of host syncs for the graph step (one rank: DDP's all-reduce is
+    not in the captured step yet)."""
+    from workbench.kernels.compiling import capture_ready
+    from workbench.train.values import ConfigError
+
+    if s.world > 1:
+        raise ConfigError(
+            f"TrainConfig.cuda_graph: captures one rank's step; this run has {s.world} ranks "
+            "(DDP's gradient all-reduce is not captured yet); set cuda_graph: false, or train on one GPU"
+        )
+    for line in capture_ready(s.model, s.config.backend):
+        s.say(f"cuda_graph: {line}")
+    if s.device.type != "cuda":
+        s.say("cuda_graph: no GPU, so the capture-safe step runs eagerly (what a GPU would capture)")
 
 
 def _fix_shapes(s: Session) -> None:

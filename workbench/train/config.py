@@ -132,6 +132,17 @@ def _capacity_samplers(sampler: str) -> str:
     return f"choose a sampler that respects it ({', '.join(CAPACITY_SAMPLERS)}), not {sampler!r}"
 
 
+def _check_cuda_graph(config: TrainConfig) -> None:
+    if not config.fixed_shapes:
+        raise ConfigError("TrainConfig.cuda_graph: a graph replays one shape; set fixed_shapes: true too")
+    kernels = backend_names("descriptor")
+    if config.backend not in kernels:
+        raise ConfigError(
+            f"TrainConfig.cuda_graph: backend {config.backend!r} runs TorchScript or another library's modules, "
+            f"which a capture cannot take; choose one of {', '.join(kernels)}"
+        )
+
+
 @dataclass
 class TrainConfig:
     """A training run. Every field has a default; see the module docstring."""
@@ -203,6 +214,8 @@ class TrainConfig:
     edge_bucket_step: float = (
         DEFAULT_EDGE_STEP  # fixed_shapes' edge counts, each this share above the next (0: one shape)
     )
+    # with fixed_shapes and a kernel backend: the step as one CUDA graph per shape (workbench.train.graph_step)
+    cuda_graph: bool = False
     # kernels
     backend: str = "e3nn"
     kernel_cache: str = ""  # compiled-kernel folder ("": generated.source_dir()'s default); may be shared
@@ -281,6 +294,8 @@ class TrainConfig:
                 raise bad(name, f"{brief(getattr(self, name))}: a multiplicity above {MAX_WIDTH}")
         if self.fixed_shapes and self.sampler not in CAPACITY_SAMPLERS:
             raise bad("fixed_shapes", f"pads batches to the capacity: {_capacity_samplers(self.sampler)}")
+        if self.cuda_graph:
+            _check_cuda_graph(self)
         if self.keep == "best" and self.valid_fraction == 0 and not self.valid_dataset:
             raise bad("keep", "'best' picks the epoch by validation loss: set valid_fraction > 0 or valid_dataset")
         if any(c in self.kernel_cache for c in "\n\r\0"):

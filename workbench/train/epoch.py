@@ -12,6 +12,7 @@ import torch
 
 from workbench.train import preempt
 from workbench.train.evaluation import TENSOR_METRICS, evaluate
+from workbench.train.graph_step import take_graph_step
 from workbench.train.hooks import step_hook
 from workbench.train.padding import pad_to_ladder
 from workbench.train.resume import checkpoint
@@ -69,7 +70,7 @@ def train_one_epoch(s: Session, epoch: int, step_log: JsonlLog, bar) -> tuple[St
             batch = pad_to_ladder(batch, s.shapes, s.r_max, indices)
         batch = batch.to(s.device)
         t1 = time.perf_counter()
-        loss, out, blocked, skipped = take_step(s, batch, indices)
+        loss, out, blocked, skipped = (take_step if s.graphs is None else take_graph_step)(s, batch, indices)
         t = (t0, t1, time.perf_counter())
         consumed += 1
         s.global_step += 1

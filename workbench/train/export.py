@@ -32,8 +32,10 @@ def export_models(model: torch.nn.Module, ema, config: TrainConfig, run_dir: Pat
     if get_backend(config.backend).kind != "native":
         _write(final, RunDir(run_dir).accelerated_model(config.backend))
         from workbench.kernels import accelerate
+        from workbench.kernels.compiling import undo_swaps
 
         accelerate(final, backend="e3nn")
+        undo_swaps(final)  # cuda_graph's swaps (workbench.kernels.compiling.capture_ready)
     path = RunDir(run_dir).model
     _write(final, path)
     _warn_if_refused(path)

@@ -42,7 +42,8 @@ def real_rows(ref, per: str) -> torch.Tensor | None:
     if real is None:
         return None
     rows = torch.arange(ref.ptr.numel() - 1 if per == "graph" else ref.batch.numel(), device=ref.ptr.device)
-    return rows < (real if per == "graph" else ref.ptr[real])
+    # a 0-d index would be read on the host: index with a 1-element tensor
+    return rows < (real if per == "graph" else ref.ptr.index_select(0, real.view(1)))
 
 
 def masked_mean(values: torch.Tensor, ref, per: str) -> torch.Tensor:
@@ -143,14 +144,13 @@ class HuberLoss(_Weighted):
 
 def conditional_huber_forces(ref_f: torch.Tensor, pred_f: torch.Tensor, delta: float) -> torch.Tensor:
     """Per component Huber (``[atoms, 3]``), its threshold ``delta`` times the factor of the
-    reference force's size."""
+    reference force's size; elementwise, so no mask sizes anything (a CUDA graph captures it)."""
     size = torch.linalg.vector_norm(ref_f, dim=-1)
     band = torch.bucketize(size, torch.tensor(FORCE_STEPS, dtype=size.dtype, device=size.device), right=True)
-    out = torch.zeros_like(pred_f)
-    for k, factor in enumerate(FORCE_FACTORS):
-        sel = band == k
-        out[sel] = F.huber_loss(ref_f[sel], pred_f[sel], reduction="none", delta=delta * factor)
-    return out
+    factors = torch.tensor(FORCE_FACTORS, dtype=ref_f.dtype, device=ref_f.device)
+    d = (delta * factors[band]).unsqueeze(-1)  # a gather: [atoms, 1]
+    err = (ref_f - pred_f).abs()
+    return torch.where(err < d, 0.5 * err * err, d * (err - 0.5 * d))
 
 
 class UniversalLoss(_Weighted):

@@ -44,6 +44,7 @@ class Session:
     outputs: dict = field(default_factory=dict)  # compute_stress / compute_virials: what the loss trains
     shapes: ShapeLadder | None = None  # fixed_shapes: what training batches are padded to
     r_max: float = 0.0  # the model's cutoff: ghost edges are longer
+    graphs: object | None = None  # cuda_graph: the captured steps (workbench.train.graph_step.StepGraphs)
     # wrap_ddp
     net: torch.nn.Module | None = None  # the DDP wrapper (or the model itself on one rank)
     timer: AllreduceTimer | None = None  # time blocked in the gradient all-reduce (DDP only)

@@ -35,7 +35,7 @@ import torch
 from workbench.kernels.class_swap import ClassSwap, KeepsOp, probe_copy
 from workbench.kernels.e3nn.linear import irreps_offsets
 from workbench.kernels.e3nn.scalar_tp_groups import GroupedScalarTP, grouped_plan, shared_row_groups
-from workbench.kernels.library import tracing
+from workbench.kernels.library import no_sync
 
 __all__ = ["SWAP", "ScalarPath", "WorkbenchScalarTP", "apply_scalar_tp", "scalar_tp_plan"]  # noqa: F822
 
@@ -145,7 +145,7 @@ def _make_class() -> type:
             outer = functools.partial(apply_scalar_tp, paths, out_widths)
             # in training the forces' backward keeps a graph, which the outer form differentiates
             # directly; a trace takes it too (finding the groups reads the data on the host)
-            groups = None if self.training or tracing() else shared_row_groups(y2, grouped.max_groups)
+            groups = None if self.training or no_sync() else shared_row_groups(y2, grouped.max_groups)
             if groups is None:
                 out = outer(x2, y2, self.weight)
             else:  # few distinct scalar rows (species): one matrix per group

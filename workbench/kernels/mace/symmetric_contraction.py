@@ -33,7 +33,7 @@ import torch
 
 from workbench.dtypes import default_dtype
 from workbench.kernels.descriptor import Operand, SparsePolynomial
-from workbench.kernels.library import tracing
+from workbench.kernels.library import no_sync
 from workbench.kernels.ops import PolyOp, apply_poly_op
 from workbench.kernels.registry import DEFAULT_BACKEND
 
@@ -310,7 +310,7 @@ class SymmetricContraction(torch.nn.Module):
         B = x.shape[0]
         W = self.concatenated_weights()
         Z = W.shape[0]
-        if tracing():  # no host sync: every row masked, and the one-hot check left to eager calls
+        if no_sync():  # no host sync: every row masked, and the one-hot check left to eager calls
             species, empty = (y.argmax(dim=-1), y.sum(dim=-1) == 0) if y.dim() == 2 else (y.to(torch.int64), None)
         else:
             species, empty = one_hot_species(y) if y.dim() == 2 else (y.to(torch.int64), None)
