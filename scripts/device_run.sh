@@ -15,7 +15,9 @@
 # returns at most 8 files: the bench stage's JSON go to runs/device-results/, packed into
 # $OUT/results.tgz after every step; every step's output goes to one log in $OUT.
 # SMOKE=1 runs the same plumbing on this CPU with tiny sizes (no cueq unless installed). A partial
-# rerun: PARTS (default "cold step passes oeq nequip"), CONFIGS (hidden irreps) and PASS_DTYPES narrow it.
+# rerun: PARTS (default "cold graph step passes oeq nequip"), CONFIGS (hidden irreps) and PASS_DTYPES narrow it.
+# The graph part comes first in the bench call: the CUDA-graph step against cueq, one
+# call and limit per workload, its profile, and an epoch of the trainer with cuda_graph on.
 # SMOKE=1 runs the nequip part with NEQUIP_PY (default .venv-nequip/bin/python) instead of a site.
 # The nequip part comes last, so a full bench call may spend its budget before it: then a third
 # call, `PARTS="nequip oeq" bash scripts/device_run.sh bench` (carrying .whl-b), runs it alone.
@@ -37,12 +39,15 @@ export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PY:-python3}
 LOG="$OUT/device_$STAGE.log"
 if [ "${SMOKE:-0}" = 1 ]; then
-  F64_WORKLOAD=water-48; DEV=cpu; SC_ARGS="--device cpu --atoms 24 --hidden 4x0e+4x1o --max-ell 2 --correlation 2 --warmup 1 --repeats 2"
+  F64_WORKLOAD=water-48; DEV=cpu; GRAPH_WORKLOADS=${GRAPH_WORKLOADS:-"water-24 mixture-96"}
+  GRAPH_TRAIN_ARGS="--structures 24 --set hidden_irreps=4x0e+4x1o --set max_ell=2 --set correlation=2 --set capacity=800 --set dtype=float64"; SC_ARGS="--device cpu --atoms 24 --hidden 4x0e+4x1o --max-ell 2 --correlation 2 --warmup 1 --repeats 2"
   TP_ARGS="--device cpu --smoke"; STEP_ARGS="--preset smoke"; COLD_ARGS="--hidden 4x0e+4x1o --max-ell 2 --correlation 2 --atoms 48 --target ptx"
   CONFIGS="4x0e+4x1o"
 else
   F64_WORKLOAD=water-3072; DEV=cuda; SC_ARGS=${SC_ARGS:-"--warmup 2 --repeats 10"}; TP_ARGS=${TP_ARGS:-"--warmup 2 --repeats 10"}
   STEP_ARGS="--preset gpu --repeats 8"
+  GRAPH_WORKLOADS=${GRAPH_WORKLOADS:-"water-3072 mixture-3072 water-768 water-1536 water-6144"}
+  GRAPH_TRAIN_ARGS=${GRAPH_TRAIN_ARGS:-"--structures 2000"}
   COLD_ARGS=""; CONFIGS=${CONFIGS:-"128x0e+128x1o 128x0e+128x1o+128x2e 256x0e+256x1o"}
 fi
 # NequIP / Allegro: tutorial and large configs on a 2,048-atom fcc Cu cell, float32 only: each case
@@ -64,7 +69,7 @@ install_into() {  # install_into SITE WHEEL...
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$1" "${@:2}" 2>&1 | tail -3
 }
 install_wheels() { install_into "$SITE" "$@"; }
-has() { case " ${PARTS:-cold step passes oeq nequip} " in *" $1 "*) return 0;; *) return 1;; esac; }
+has() { case " ${PARTS:-cold graph step passes oeq nequip} " in *" $1 "*) return 0;; *) return 1;; esac; }
 config_tag() { case $1 in 128x0e+128x1o) echo paper;; 128x0e+128x1o+128x2e) echo 128x2e;; 256x0e+256x1o) echo 256;; *) echo smoke;; esac; }
 
 versions() {
@@ -127,6 +132,7 @@ stage_bench() {
   fi
   versions >> "$LOG" 2>&1
   wait_background 40
+  has graph && graph_rows
   has step && step train_step 190 "$PY" -m workbench.cli bench step $STEP_ARGS --dtypes float32 --budget-s 120 --out "$RES/train_step_gpu.json"
   if has passes; then
     for c in $CONFIGS; do
@@ -150,6 +156,21 @@ stage_bench() {
   has nequip && nequip_rows
   cp runs/device-cache/background.log "$RES/" 2>/dev/null
   tar czf "$OUT/results.tgz" -C "$RES" .
+}
+
+graph_rows() {  # numba as a CUDA graph against cueq, eager and on fixed shapes; a call per workload
+  local rows="numba numba+graph cueq cueq+fixed e3nn"
+  for w in $GRAPH_WORKLOADS; do
+    # shellcheck disable=SC2086  # lists of options and rows
+    step "graph_$w" 100 "$PY" -m workbench.cli bench step $STEP_ARGS --dtypes float32 --parts steps --workloads "$w" \
+      --backends $rows --out "$RES/train_step_graph_$w.json"
+  done
+  # shellcheck disable=SC2086
+  step graph_profile 90 "$PY" -m workbench.cli bench step $STEP_ARGS --dtypes float32 --parts profile \
+    --out "$RES/train_step_graph_profile.json"
+  # shellcheck disable=SC2086
+  step graph_train 150 "$PY" -m workbench.cli bench train $GRAPH_TRAIN_ARGS \
+    --variants packer-numba-fixed,packer-numba-graph,packer-cueq-fixed,packer-cueq --out "$RES/train_graph.json"
 }
 
 nequip_rows() {  # NequIP, then Allegro: ours vs their own path and their cueq / oeq modifiers

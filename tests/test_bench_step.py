@@ -34,9 +34,11 @@ def test_smoke_layout_agreement_and_timings(smoke):
         for name, rec in wls.items():
             assert {"atoms", "edges", "graphs", "edges_per_atom", "backends", "ratios"} <= set(rec)
             assert rec["edges_per_atom"] == pytest.approx(rec["edges"] / rec["atoms"])
-            assert list(rec["backends"]) == list(bs.default_backends()) == ["numba", "e3nn", "cueq", "oeq"]
+            assert list(rec["backends"]) == list(bs.PRESETS["smoke"]["backends"])
+            assert set(bs.default_backends()) == {"numba", "e3nn", "cueq", "oeq"} <= set(rec["backends"])
             numba, e3nn = rec["backends"]["numba"], rec["backends"]["e3nn"]
-            for row in (numba, e3nn):
+            graph, fixed = rec["backends"]["numba+graph"], rec["backends"]["numba+fixed"]
+            for row in (numba, e3nn, graph, fixed):
                 assert (
                     row["step_ms_median"] > 0
                     and len(row["step_ms"]) == 2
@@ -49,6 +51,14 @@ def test_smoke_layout_agreement_and_timings(smoke):
             assert "loss_rel_diff_vs_e3nn" not in e3nn
             assert rec["ratios"]["numba/e3nn"] == pytest.approx(numba["step_ms_median"] / e3nn["step_ms_median"])
             assert "numba/cueq" not in rec["ratios"]
+            # padded batches, masked loss: the first loss is the unpadded batch's; a CPU graph runs eagerly
+            for row in (graph, fixed):
+                assert row["loss_first"] == pytest.approx(numba["loss_first"], rel=RTOL[dtype]), (dtype, name)
+            assert graph["captures"] == 0 and "captures" not in fixed
+            assert rec["ratios"]["numba+graph/numba"] == pytest.approx(
+                graph["step_ms_median"] / numba["step_ms_median"]
+            )
+            assert "numba+graph/e3nn" in rec["ratios"] and "numba/numba+graph" not in rec["ratios"]
     water = res["steps"]["float32"]["water-48"]
     assert (water["atoms"], water["graphs"]) == (48, 1) and 30 < water["edges_per_atom"] < 45
 
@@ -85,6 +95,9 @@ def test_smoke_profile_shares(smoke):
     assert all(pr["ranges"][r]["cpu_ms"] > 0 for r in ("forward", "backward", "optimizer"))
     table = bs.format_table(smoke[0])
     assert "mixture-96" in table and "workbench kernels" in table and "float64" in table
+    pg = smoke[0]["profile_graph"]
+    assert (pg["backend"], pg["profiled_steps"]) == ("numba+graph", 3) and pg["step_ms"] > 0
+    assert pg["categories"][WORKBENCH]["ms"] > 0 and "numba+graph" in table
 
 
 def test_budget_zero_skips_every_row_through_the_cli(tmp_path):
@@ -98,9 +111,9 @@ def test_budget_zero_skips_every_row_through_the_cli(tmp_path):
     for name in ("water-24", "water-48", "mixture-96"):
         rec = res["steps"]["float32"][name]
         assert rec["skipped"] == "time budget" and rec["backends"] == {
-            b: {"skipped": "time budget"} for b in bs.default_backends()
+            b: {"skipped": "time budget"} for b in bs.PRESETS["smoke"]["backends"]
         }
-    assert res["profile"] == {"skipped": "time budget"}
+    assert res["profile"] == res["profile_graph"] == {"skipped": "time budget"}
     assert "water-24" in r.stdout and f"wrote {out}" in r.stdout
 
 
@@ -134,6 +147,8 @@ def test_a_failing_row_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
 def test_bad_arguments_are_named(tmp_path):
     with pytest.raises(ValueError, match="unknown backend"):
         bs.bench_step(backends=["triton"], out=tmp_path / "x.json")
+    with pytest.raises(ValueError, match=r"unknown backend.*choose from .*numba\+graph"):
+        bs.bench_step(backends=["e3nn+graph"], out=tmp_path / "x.json")
     with pytest.raises(ValueError, match="unknown workload"):
         bs.bench_step(preset="smoke", workloads=["argon-12"], out=tmp_path / "x.json")
     assert bs.default_out("cpu") == Path("runs/bench/train_step_cpu.json")

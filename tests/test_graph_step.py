@@ -238,3 +238,16 @@ def test_several_ranks_are_refused_by_name():
     s = types.SimpleNamespace(world=2, config=TrainConfig(cuda_graph=True, fixed_shapes=True, backend="numba"))
     with pytest.raises(ConfigError, match="this run has 2 ranks"):
         _prepare_capture(s)
+
+
+def test_bench_train_times_the_graph_step_as_a_variant(tmp_path):
+    """``workbench bench train``'s graph variant: the same epoch as the fixed-shape one."""
+    from workbench.bench.train import bench_train
+
+    cfg = _config(tmp_path, "bench", max_steps=None)
+    res = bench_train(
+        cfg, structures=40, variants=["packer-numba-fixed", "packer-numba-graph"], warmup_steps=1, out=None
+    )
+    fixed, graph = res["variants"]["packer-numba-fixed"], res["variants"]["packer-numba-graph"]
+    assert fixed["steps"] == graph["steps"] >= 2 and fixed["atoms"] == graph["atoms"]
+    assert graph["final_loss"] == pytest.approx(fixed["final_loss"], rel=1e-12)

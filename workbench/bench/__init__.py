@@ -14,7 +14,7 @@ module                     command, or role
                            ``cpu_trajectory``: its Figure 9 check
 ``step``                   ``workbench bench step``: the whole train step on one device;
                            ``step_model``: the model and step it times; ``step_profile``: where
-                           the step's time goes
+                           the step's time goes; ``step_modes``: fixed shapes and CUDA graphs
 ``train``                  ``workbench bench train``: one epoch per variant, baseline against packer
 ``cold_start``             ``workbench bench cold-start``: empty kernel cache to the first step
 ``table``                  the text tables and JSON files all of them write

@@ -297,8 +297,9 @@ _STEP_OPTIONS: Options = {
     "--workloads": {"nargs": "+", "help": "water-<atoms> and mixture-<capacity> (default: the preset's)"},
     "--backends": {
         "nargs": "+",
-        "help": f"backend labels, any of {' '.join(step.backend_choices())} "
-        f"(default: the registry's contenders, {' '.join(step.default_backends())})",
+        "help": f"row labels, any of {' '.join(step.backend_choices())}; <backend>+fixed pads the batches to "
+        "fixed shapes, <backend>+graph also replays the step as a CUDA graph "
+        f"(default: the preset's; gpu: {' '.join(step.PRESETS['gpu']['backends'])})",
     },
     "--warmup": {"type": int, "help": "untimed steps per backend first (default: the preset's)"},
     "--repeats": {"type": int, "help": "timed steps per backend (default: the preset's)"},

@@ -10,7 +10,9 @@ median, the minimum, every step, the peak memory of the timed steps and the loss
 step (identical weights and batch: it must agree across backends).
 
 Parts (``--parts``): ``steps`` (the table above for every dtype and workload) and ``profile``
-(where the numba step's time goes, :mod:`workbench.bench.step_profile`). Every row runs in
+(where the numba step's time goes, eager and as a CUDA graph, :mod:`workbench.bench.step_profile`).
+A row ``<backend>+fixed`` or ``<backend>+graph`` runs that backend on fixed-shape batches, the
+latter as one CUDA graph per shape (:mod:`workbench.bench.step_modes`). Every row runs in
 ``try``/``except``: an error, an unavailable backend (``skipped``) or a spent ``--budget-s``
 (``skipped: time budget``) is recorded and the run goes on; the JSON is rewritten after every row.
 
@@ -31,7 +33,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from workbench.bench.step_model import base_model, free_memory, make_optimizer, sync, train_step
+from workbench.bench.step_model import base_model, free_memory, make_optimizer, sync
+from workbench.bench.step_modes import fixed_batches, mode_labels, split_label, stepper
 from workbench.bench.table import RESULTS_DIR, Column, cpu_name, render, run_versions, write_json
 from workbench.bench.workloads import MODELS, to_device, workload_batches
 from workbench.kernels.registry import DEFAULT_BACKEND, contenders, labels, resolve
@@ -50,11 +53,14 @@ __all__ = [
 PARTS = ("steps", "profile")
 #: the ratios are ours over every other backend of the row
 OURS = DEFAULT_BACKEND
+#: the rows whose ratios over every other row are reported: ours, eager and as a graph
+OURS_ROWS = (OURS, f"{OURS}+graph")
 
 
 def backend_choices() -> tuple[str, ...]:
-    """Every backend label a MACE step can run on (the registry's, with variants)."""
-    return labels(family="mace")
+    """Every row label a MACE step can run: the registry's backends with their variants, and
+    those with a step mode (:mod:`workbench.bench.step_modes`: ``numba+graph``, ``cueq+fixed``)."""
+    return labels(family="mace") + mode_labels(labels(family="mace"))
 
 
 def default_backends() -> tuple[str, ...]:
@@ -69,6 +75,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "model": "paper",
         "workloads": ("water-3072", "mixture-3072", "water-768", "water-1536", "water-6144"),
         "dtypes": ("float32",),
+        "backends": ("numba", "numba+graph", "cueq", "cueq+fixed", "e3nn"),
         "warmup": 5,
         "repeats": 10,
         "profile_workload": "water-3072",
@@ -77,6 +84,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "model": "small",
         "workloads": ("water-24", "water-48", "mixture-96"),
         "dtypes": ("float32",),
+        "backends": ("numba", "numba+graph", "numba+fixed", "e3nn", "cueq", "oeq"),
         "warmup": 1,
         "repeats": 2,
         "profile_workload": "water-48",
@@ -97,17 +105,20 @@ def _log(msg: str) -> None:
 # --- one train step -------------------------------------------------------------------------------
 
 
-def time_steps(model, batches: Sequence[dict], warmup: int, repeats: int, device: str) -> dict:
-    """Warm-up steps on ``batches[:warmup]``, then ``repeats`` timed steps on the next batches."""
+def time_steps(model, batches: Sequence[dict], warmup: int, repeats: int, device: str, mode: str | None = None) -> dict:
+    """Warm-up steps on ``batches[:warmup]``, then ``repeats`` timed steps on the next batches,
+    in step ``mode`` (:mod:`~workbench.bench.step_modes`; a graph's shapes captured in between)."""
     import torch
 
-    optimizer = make_optimizer(model)
+    cuda = device.startswith("cuda")
+    optimizer = make_optimizer(model, capturable=cuda and mode == "graph")
+    step, prime = stepper(model, optimizer, mode, device)
     loss_first = None
     for i in range(warmup):
-        loss = train_step(model, optimizer, batches[i])
+        loss = step(batches[i])
         if loss_first is None:
             loss_first = float(loss.detach())
-    cuda = device.startswith("cuda")
+    prime(batches[warmup : warmup + repeats])
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -115,19 +126,22 @@ def time_steps(model, batches: Sequence[dict], warmup: int, repeats: int, device
     for i in range(warmup, warmup + repeats):
         sync(device)
         t = time.perf_counter()
-        loss = train_step(model, optimizer, batches[i])
+        loss = step(batches[i])
         sync(device)
         times.append(1e3 * (time.perf_counter() - t))
         if loss_first is None:
             loss_first = float(loss.detach())
     del optimizer
-    return {
+    row = {
         "step_ms_median": statistics.median(times),
         "step_ms_min": min(times),
         "step_ms": times,
         "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
         "loss_first": loss_first,
     }
+    if mode == "graph":
+        row["captures"] = step.runner.captures
+    return row
 
 
 # --- rows -----------------------------------------------------------------------------------------
@@ -142,6 +156,7 @@ def backend_row(base, backend: str, batches: Sequence[dict], warmup: int, repeat
     (its probe says why, or another library's converter failed), any other failure an ``error``."""
     from workbench.bench.harness import backend_kernels
 
+    backend, mode = split_label(backend)
     b = resolve(backend)[0]
     why = (
         b.unavailable()
@@ -151,21 +166,28 @@ def backend_row(base, backend: str, batches: Sequence[dict], warmup: int, repeat
     if why:
         return {"skipped": why}
     with backend_kernels(backend):  # a variant's options hold for its row only
-        return _timed_row(base, b, backend, batches, warmup, repeats, device)
+        return _timed_row(base, b, (backend, mode), batches, warmup, repeats, device)
 
 
-def _timed_row(base, b, backend: str, batches: Sequence[dict], warmup: int, repeats: int, device: str) -> dict:
+def _timed_row(base, b, row: tuple, batches: Sequence[dict], warmup: int, repeats: int, device: str) -> dict:
     from workbench.bench.harness import precompile_for_bench, with_backend
 
+    backend, mode = row
     try:
         model = with_backend(base, backend)
+        if mode is not None:
+            batches = fixed_batches(batches, float(base.r_max))
+        if mode == "graph":
+            from workbench.kernels.compiling import capture_ready
+
+            capture_ready(model, b.name)
     except Exception as exc:
         if b.kind == "convert":
             return {"skipped": f"{type(exc).__name__}: {exc}"}
         return _error(exc)
     try:
         pre = precompile_for_bench(model, backend)  # parallel, before the warm-up; instant from a warm cache
-        row = time_steps(model, batches, warmup, repeats, device)
+        row = time_steps(model, batches, warmup, repeats, device, mode)
         if pre:
             row["precompile"] = {k: pre[k] for k in ("jobs", "compiled", "cached", "seconds")}
         return row
@@ -174,6 +196,12 @@ def _timed_row(base, b, backend: str, batches: Sequence[dict], warmup: int, repe
     finally:
         del model
         free_memory(device)
+
+
+def _compared(mine: str, other: str) -> bool:
+    """Whether ``mine`` (one of :data:`OURS_ROWS`) gets a ratio over ``other``: not over itself,
+    and eager ours not over ours as a graph."""
+    return other != mine and not (mine == OURS and other in OURS_ROWS)
 
 
 def _ratio(a: dict, b: dict, key: str) -> float | None:
@@ -188,15 +216,17 @@ def compare(backends: dict) -> dict:
     for name, row in backends.items():
         if name != "e3nn" and row.get("loss_first") is not None and ref is not None:
             row["loss_rel_diff_vs_e3nn"] = abs(row["loss_first"] - ref) / max(abs(ref), 1e-300)
-    ours = backends.get(OURS, {})
     ratios = {}
-    for other in backends:
-        r = _ratio(ours, backends[other], "step_ms_median") if other != OURS else None
-        if r is not None:
-            ratios[f"{OURS}/{other}"] = r
-        peak = _ratio(ours, backends[other], "peak_mem_gb") if other != OURS else None
-        if peak is not None:
-            ratios[f"peak {OURS}/{other}"] = peak
+    for mine in (r for r in OURS_ROWS if r in backends):
+        for other in backends:
+            if not _compared(mine, other):
+                continue
+            r = _ratio(backends[mine], backends[other], "step_ms_median")
+            if r is not None:
+                ratios[f"{mine}/{other}"] = r
+            peak = _ratio(backends[mine], backends[other], "peak_mem_gb")
+            if peak is not None:
+                ratios[f"peak {mine}/{other}"] = peak
     return ratios
 
 
@@ -320,10 +350,9 @@ def bench_step(
     """Run the parts (module docstring); write ``out`` after every row; return the result."""
     import torch
 
-    from workbench.bench.step_profile import profile_part
     from workbench.dtypes import default_dtype
 
-    backends = tuple(backends or default_backends())
+    backends = tuple(backends or PRESETS.get(preset, {}).get("backends") or default_backends())
     _check(preset, parts, model, dtypes, backends)
     p = PRESETS[preset]
     model, dtypes = model or p["model"], tuple(dtypes or p["dtypes"])
@@ -348,15 +377,25 @@ def bench_step(
                     run_workload(run, model, name, dtype, backends, warmup, repeats, device)
         run.end_part()
     if "profile" in parts:
-        run.start_part("profile")
-        with default_dtype(dtypes[0]):
-            res["profile"] = (
+        _profiles(run, model, profile_workload, dtypes[0], warmup, device)
+    return res
+
+
+def _profiles(run: _Run, model: str, workload: str, dtype: str, warmup: int, device: str) -> None:
+    """The profile part: ours eager (``profile``) and as a CUDA graph (``profile_graph``)."""
+    from workbench.bench.step_profile import profile_part
+    from workbench.dtypes import default_dtype
+
+    run.start_part("profile")
+    for key, label in (("profile", OURS), ("profile_graph", f"{OURS}+graph")):
+        with default_dtype(dtype):
+            run.res[key] = (
                 {"skipped": BUDGET}
                 if run.over_budget()
-                else _guard(lambda: profile_part(model, profile_workload, dtypes[0], warmup, device))
+                else _guard(lambda label=label: profile_part(model, workload, dtype, warmup, device, label=label))
             )
-        run.end_part()
-    return res
+        run.save()
+    run.end_part()
 
 
 def _guard(fn: Callable[[], dict]) -> dict:
@@ -410,7 +449,7 @@ def format_table(res: dict) -> str:
         bar,
         *(
             Column(k, lambda r, k=k: r.get("ratios", {}).get(k), ".2f", 10)
-            for k in (f"{OURS}/{b}" for b in ran if b != OURS)
+            for k in (f"{mine}/{b}" for mine in OURS_ROWS if mine in ran for b in ran if _compared(mine, b))
         ),
         Column("max loss diff", _max_diff, width=13),
     ]
@@ -430,6 +469,7 @@ def format_table(res: dict) -> str:
         lines += table[:2]
         for i, line in enumerate(table[2:]):
             lines += [line, *notes[i]]
-    if "profile" in res:
-        lines += ["", format_profile(res["profile"])]
+    for key in ("profile", "profile_graph"):
+        if key in res:
+            lines += ["", format_profile(res[key])]
     return "\n".join(lines)

@@ -15,30 +15,40 @@ __all__ = ["LR", "base_model", "free_memory", "make_optimizer", "step_loss", "sy
 LR = 1e-3
 
 
-def make_optimizer(model):
-    """Adam at :data:`LR`, ``foreach`` (one kernel per update on a GPU)."""
+def make_optimizer(model, capturable: bool = False):
+    """Adam at :data:`LR`, ``foreach`` (one kernel per update on a GPU); ``capturable`` (its step
+    count on the device) for a CUDA graph."""
     import torch
 
-    return torch.optim.Adam(model.parameters(), lr=LR, foreach=True)
+    return torch.optim.Adam(model.parameters(), lr=LR, foreach=True, capturable=capturable)
 
 
 def step_loss(out: dict, batch: dict):
-    """mean(((E - E_ref) / atoms)^2) + mean((F - F_ref)^2); the references are the batch's
-    ``energy`` / ``forces`` (zeros where a structure has no label, or the keys are missing)."""
+    """mean(((E - E_ref) / atoms)^2) + mean((F - F_ref)^2) over the real graphs and atoms (all of
+    them without ``real_graphs``), against the batch's labels (zeros where missing). No host sync."""
     import torch
 
-    atoms = (batch["ptr"][1:] - batch["ptr"][:-1]).to(out["energy"].dtype)
-    e_ref = batch.get("energy", torch.zeros_like(out["energy"]))
-    f_ref = batch.get("forces", torch.zeros_like(out["forces"]))
-    return ((out["energy"] - e_ref) / atoms).pow(2).mean() + (out["forces"] - f_ref).pow(2).mean()
+    atoms = (batch["ptr"][1:] - batch["ptr"][:-1]).clamp(min=1).to(out["energy"].dtype)
+    e_err = ((out["energy"] - batch.get("energy", torch.zeros_like(out["energy"]))) / atoms).pow(2)
+    f_err = (out["forces"] - batch.get("forces", torch.zeros_like(out["forces"]))).pow(2)
+    real = batch.get("real_graphs")
+    if real is None:
+        return e_err.mean() + f_err.mean()
+    graphs = torch.arange(e_err.shape[0], device=real.device) < real
+    nodes = torch.arange(f_err.shape[0], device=real.device) < batch["ptr"].index_select(0, real.view(1))
+    zero = torch.zeros((), dtype=e_err.dtype, device=e_err.device)
+    e_mean = torch.where(graphs, e_err, zero).sum() / graphs.sum()
+    f_mean = torch.where(nodes[:, None], f_err, zero).sum() / (nodes.sum() * f_err.shape[1])
+    return e_mean + f_mean
 
 
-def train_step(model, optimizer, batch: dict):
+def train_step(model, optimizer, batch: dict, set_to_none: bool = True):
     """One full train step, its parts in profiler ranges ``forward``, ``backward``, ``optimizer``;
-    returns the loss (a tensor: reading it would synchronise)."""
+    returns the loss (a tensor: reading it would synchronise). ``set_to_none=False`` keeps the
+    gradients where they are (a captured graph's)."""
     from torch.profiler import record_function
 
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=set_to_none)
     with record_function("forward"):
         out = model({k: v.clone() for k, v in batch.items()}, training=True, compute_force=True)
         loss = step_loss(out, batch)

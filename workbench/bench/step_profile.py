@@ -260,41 +260,33 @@ def _trace(prof) -> list[dict]:
 
 
 def profile_part(
-    model_name: str, workload: str, dtype: str, warmup: int, device: str, steps: int = PROFILED_STEPS
+    model_name: str,
+    workload: str,
+    dtype: str,
+    warmup: int,
+    device: str,
+    steps: int = PROFILED_STEPS,
+    label: str = DEFAULT_BACKEND,
 ) -> dict:
-    """Profile ``steps`` numba train steps on ``workload`` after ``max(warmup, 1)`` warm-up steps
-    and one more under the profiler's own warm-up (not recorded)."""
-    from torch.profiler import ProfilerActivity, profile, schedule
-
-    from workbench.bench.harness import with_backend
-    from workbench.bench.step_model import base_model, free_memory, make_optimizer, sync, train_step
+    """Profile ``steps`` train steps of row ``label`` (``numba``, or ``numba+graph``: the replays
+    of the captured step) on ``workload`` after ``max(warmup, 1)`` warm-up steps (a graph's
+    shapes captured after them) and one more under the profiler's own warm-up (not recorded)."""
+    from workbench.bench.step_model import free_memory
     from workbench.bench.workloads import to_device, workload_batches
 
     warmup = max(warmup, 1)
     batches, zs, info = workload_batches(workload, dtype, warmup + 1 + steps)
-    batches = to_device(batches, device)
-    model = with_backend(base_model(model_name, zs, info, dtype, device), DEFAULT_BACKEND)
-    optimizer = make_optimizer(model)
+    step, batches = _profiled_step(model_name, label, to_device(batches, device), zs, info, dtype, device)
     for b in batches[:warmup]:
-        train_step(model, optimizer, b)
+        step(b)
+    step.prime(batches[warmup:])
     cuda = device.startswith("cuda")
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    wall = 0.0
-    with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=steps, repeat=1)) as prof:
-        for i, b in enumerate(batches[warmup:]):
-            sync(device)
-            t = time.perf_counter()
-            train_step(model, optimizer, b)
-            sync(device)
-            wall += (time.perf_counter() - t) if i else 0.0
-            prof.step()
-    events = _trace(prof)
-    res = gpu_breakdown(events, 1e3 * wall, steps) if cuda else cpu_breakdown(prof.events(), events, 1e3 * wall, steps)
-    del model, optimizer, prof, events
+    res = _profile(step, batches[warmup:], steps, device)
+    del step
     free_memory(device)
     return {
         "workload": workload,
-        "backend": DEFAULT_BACKEND,
+        "backend": label,
         "dtype": dtype,
         "device": "cuda" if cuda else "cpu",
         "atoms": info["atoms"],
@@ -303,6 +295,47 @@ def profile_part(
         "time_base": "GPU kernel time" if cuda else "self CPU time",
         **res,
     }
+
+
+def _profiled_step(model_name: str, label: str, batches: list, zs, info: dict, dtype: str, device: str):
+    """``(step, batches)``: row ``label``'s step on its own model (``step.prime`` captures a
+    graph's shapes) and the batches it takes (padded in a step mode)."""
+    from workbench.bench.harness import with_backend
+    from workbench.bench.step_model import base_model, make_optimizer
+    from workbench.bench.step_modes import fixed_batches, split_label, stepper
+
+    backend, mode = split_label(label)
+    model = with_backend(base_model(model_name, zs, info, dtype, device), backend)
+    if mode is not None:
+        batches = fixed_batches(batches, float(model.r_max))
+    if mode == "graph":
+        from workbench.kernels.compiling import capture_ready
+
+        capture_ready(model, backend)
+    optimizer = make_optimizer(model, capturable=device.startswith("cuda") and mode == "graph")
+    step, prime = stepper(model, optimizer, mode, device)
+    step.prime = prime
+    return step, batches
+
+
+def _profile(step, batches: list, steps: int, device: str) -> dict:
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from workbench.bench.step_model import sync
+
+    cuda = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    wall = 0.0
+    with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=steps, repeat=1)) as prof:
+        for i, b in enumerate(batches):
+            sync(device)
+            t = time.perf_counter()
+            step(b)
+            sync(device)
+            wall += (time.perf_counter() - t) if i else 0.0
+            prof.step()
+    events = _trace(prof)
+    return gpu_breakdown(events, 1e3 * wall, steps) if cuda else cpu_breakdown(prof.events(), events, 1e3 * wall, steps)
 
 
 def format_profile(pr: dict) -> str:

@@ -1,7 +1,9 @@
 """``workbench bench train``: one epoch per variant, baseline against packer and kernels, in one run.
 
 Variants (paper §5.4–5.6): ``baseline`` (``fixed-count`` batches of ``batch_size`` graphs, e3nn),
-``packer-e3nn``, ``packer-numba`` and ``packer-cueq`` (the ``paper`` packer at ``capacity`` atoms).
+``packer-e3nn``, ``packer-numba`` and ``packer-cueq`` (the ``paper`` packer at ``capacity`` atoms);
+``packer-numba-fixed`` and ``packer-cueq-fixed`` on fixed-shape batches, ``packer-numba-graph``
+with the step as a CUDA graph per shape (its captures fall in the timed epoch, as in a run).
 Each variant first runs ``warmup_steps`` steps in a throw-away run directory, so JIT compilation
 (numba, cuEquivariance, cuBLAS handles) stays out of the timed epoch, then trains one full epoch
 over the same training split. That split (mace ``AtomicData`` with neighbour lists, E0s and the other
@@ -33,12 +35,16 @@ if TYPE_CHECKING:
 
 __all__ = ["VARIANTS", "bench_structures", "bench_train", "format_table"]
 
-#: name -> (sampler, backend)
-VARIANTS: dict[str, tuple[str, str]] = {
-    "baseline": ("fixed-count", "e3nn"),
-    "packer-e3nn": ("paper", "e3nn"),
-    f"packer-{DEFAULT_BACKEND}": ("paper", DEFAULT_BACKEND),
-    "packer-cueq": ("paper", "cueq"),
+#: name -> (sampler, backend, other TrainConfig fields)
+VARIANTS: dict[str, tuple[str, str, dict]] = {
+    "baseline": ("fixed-count", "e3nn", {}),
+    "packer-e3nn": ("paper", "e3nn", {}),
+    f"packer-{DEFAULT_BACKEND}": ("paper", DEFAULT_BACKEND, {}),
+    "packer-cueq": ("paper", "cueq", {}),
+    # fixed-shape batches, and the step as one CUDA graph per shape
+    f"packer-{DEFAULT_BACKEND}-fixed": ("paper", DEFAULT_BACKEND, {"fixed_shapes": True}),
+    f"packer-{DEFAULT_BACKEND}-graph": ("paper", DEFAULT_BACKEND, {"fixed_shapes": True, "cuda_graph": True}),
+    "packer-cueq-fixed": ("paper", "cueq", {"fixed_shapes": True}),
 }
 #: per-step reference timings the project was set against: one H100, paper config (128x0e+128x1o,
 #: max_ell 3, correlation 3), 3072 atoms at ~48 edges per atom, float32
@@ -150,8 +156,13 @@ def _ratios(v: dict) -> tuple[dict, dict]:
     if "baseline" in v:
         for name, r in v.items():
             ratios[f"baseline/{name}"] = v["baseline"]["epoch_s"] / r["epoch_s"]
-    if "packer-cueq" in v and "packer-numba" in v:
-        ratios["packer-numba/packer-cueq"] = v["packer-numba"]["epoch_s"] / v["packer-cueq"]["epoch_s"]
+    for ours, theirs in (
+        ("packer-numba", "packer-cueq"),
+        ("packer-numba-graph", "packer-cueq"),
+        ("packer-numba-graph", "packer-cueq-fixed"),
+    ):
+        if ours in v and theirs in v:
+            ratios[f"{ours}/{theirs}"] = v[ours]["epoch_s"] / v[theirs]["epoch_s"]
     speed, vs_cueq = ratios.get("baseline/packer-numba"), ratios.get("packer-numba/packer-cueq")
     targets = {
         "packer-numba >= 3x faster than baseline": None if speed is None else speed >= 3.0,
@@ -204,7 +215,7 @@ def bench_train(
     root = Path(config.output_dir) / "bench-train"
     results: dict = {"variants": {}, "skipped": {}}
     for name in variants:
-        sampler, backend = VARIANTS[name]
+        sampler, backend, extra = VARIANTS[name]
         why = _available(backend)
         if why:
             results["skipped"][name] = why
@@ -221,6 +232,7 @@ def bench_train(
             checkpoint_every=0,
             seed=seed,
             export=False,
+            **extra,
         )
         results["variants"][name] = _variant(name, cfg, root, prepared(cfg), warmup_steps, keep_runs)
     results["ratios"], results["targets"] = _ratios(results["variants"])

@@ -24,7 +24,7 @@ constant; the plateau scheduler changes it rarely) into one shared memory pool.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -33,7 +33,7 @@ from workbench.kernels.rows import forget_graphs
 from workbench.train.session import Session
 from workbench.train.step import _culprits, _non_finite
 
-__all__ = ["WARMUP_STEPS", "StepGraphs", "device_step", "take_graph_step"]
+__all__ = ["WARMUP_STEPS", "ShapeGraphs", "StepGraphs", "batch_key", "device_step", "take_graph_step"]
 
 #: eager steps on a GPU before the first capture: cuBLAS handles, numba modules, optimiser state
 WARMUP_STEPS = 3
@@ -79,73 +79,98 @@ def _ema_decay(ema) -> float:
     return min(ema.decay, (1 + n) / (10 + n))
 
 
+class ShapeGraphs:
+    """``fn(inputs)`` (a capture-safe function of a mace batch or batch dict, returning device
+    tensors) as one CUDA graph per ``key``: eagerly on the CPU; on a GPU eagerly on a side stream
+    for the first ``warmup`` calls, then captured the first time a key comes up (the inputs'
+    tensors become the graph's) and replayed after copying each call's inputs into them. All
+    graphs share one memory pool; the outputs of a key's graph are overwritten by its next replay."""
+
+    def __init__(self, fn: Callable, device: torch.device, warmup: int = WARMUP_STEPS) -> None:
+        self.fn, self.device, self.warmup = fn, torch.device(device), warmup
+        self.calls = 0
+        self.graphs: dict[tuple, tuple] = {}  # key -> (graph, inputs, outputs)
+        self.pool = None
+        self.captures = 0
+
+    def __call__(self, inputs, key: tuple):
+        self.calls += 1
+        if self.device.type != "cuda":
+            return self.fn(inputs)
+        if self.calls <= self.warmup:
+            return self._eager_on_side_stream(inputs)
+        if key not in self.graphs:
+            return self._capture(key, inputs)
+        graph, static, out = self.graphs[key]
+        for name, value in _tensors(static).items():
+            value.copy_(inputs[name], non_blocking=True)
+        graph.replay()
+        return out
+
+    def clear(self) -> None:
+        """Drop every graph (their memory goes back to the pool)."""
+        self.graphs.clear()
+
+    def _eager_on_side_stream(self, inputs):
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            out = self.fn(inputs)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        return out
+
+    def _capture(self, key: tuple, inputs):
+        forget_graphs()  # the edges' CSR groups must be built inside the capture, not reused
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = self.fn(inputs)
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"cuda_graph: capturing the train step for shape {key} failed ({e}); "
+                "train with cuda_graph: false to go on"
+            ) from e
+        self.pool = graph.pool()
+        self.graphs[key] = (graph, inputs, out)
+        self.captures += 1
+        graph.replay()
+        return out
+
+
+def _tensors(inputs) -> dict[str, torch.Tensor]:
+    """The tensors of a batch dict or a mace ``Batch`` (whose ``keys`` is a property)."""
+    names = inputs.keys() if isinstance(inputs, dict) else inputs.keys
+    return {n: inputs[n] for n in names if isinstance(inputs[n], torch.Tensor)}
+
+
+def batch_key(batch) -> tuple[int, int, int]:
+    """``(atoms, edges, graphs)`` of a mace ``Batch`` or batch dict: what a graph is captured for."""
+    ptr = batch["ptr"]
+    return (int(batch["positions"].shape[0]), int(batch["edge_index"].shape[1]), int(ptr.shape[0]) - 1)
+
+
 class StepGraphs:
-    """Runs :func:`device_step` for a session: eagerly on the CPU; on a GPU, eagerly for the
-    first :data:`WARMUP_STEPS`, then one captured graph per batch shape and learning rate,
-    replayed after copying each batch into that graph's input tensors."""
+    """:func:`device_step` for a session through :class:`ShapeGraphs`, keyed by the batch's
+    shape and the learning rates (Adam holds them as constants: a new rate drops the graphs)."""
 
     def __init__(self, s: Session, warmup: int = WARMUP_STEPS) -> None:
         self.s = s
-        self.warmup = warmup
-        self.steps = 0
         dtype = next(s.model.parameters()).dtype
         self.ema_rate = torch.zeros((), dtype=dtype, device=s.device)
-        self.graphs: dict[tuple, tuple] = {}  # key -> (graph, input batch, outputs)
-        self.pool = None
-        self.captures = 0
+        self.runner = ShapeGraphs(lambda batch: device_step(s, batch, self.ema_rate), s.device, warmup)
+        self.lrs: tuple[float, ...] | None = None
 
     def __call__(self, batch) -> dict[str, torch.Tensor]:
         s = self.s
         if s.ema is not None:
             self.ema_rate.fill_(1.0 - _ema_decay(s.ema))
-        self.steps += 1
-        if s.device.type != "cuda":
-            return device_step(s, batch, self.ema_rate)
-        if self.steps <= self.warmup:
-            return self._eager_on_side_stream(batch)
-        key = self._key(batch)
-        if key not in self.graphs:
-            return self._capture(key, batch)
-        graph, inputs, out = self.graphs[key]
-        for name in inputs.keys:
-            value = inputs[name]
-            if isinstance(value, torch.Tensor):
-                value.copy_(batch[name], non_blocking=True)
-        graph.replay()
-        return out
-
-    def _key(self, batch) -> tuple:
-        lrs = tuple(float(g["lr"]) for g in self.s.optimizer.param_groups)
-        if self.graphs and next(iter(self.graphs))[-1] != lrs:
-            self.graphs.clear()  # a new learning rate: Adam holds it as a constant
-        return (batch.num_nodes, int(batch.edge_index.shape[1]), batch.num_graphs, lrs)
-
-    def _eager_on_side_stream(self, batch) -> dict[str, torch.Tensor]:
-        side = torch.cuda.Stream(self.s.device)
-        side.wait_stream(torch.cuda.current_stream(self.s.device))
-        with torch.cuda.stream(side):
-            out = device_step(self.s, batch, self.ema_rate)
-        torch.cuda.current_stream(self.s.device).wait_stream(side)
-        return out
-
-    def _capture(self, key: tuple, batch) -> dict[str, torch.Tensor]:
-        """Capture the step on ``batch``, whose tensors become the graph's inputs, and replay it."""
-        forget_graphs()  # the edges' CSR groups must be built inside the capture, not reused
-        self.s.optimizer.zero_grad(set_to_none=True)  # gradients live in the graph's pool
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph, pool=self.pool):
-                out = device_step(self.s, batch, self.ema_rate)
-        except RuntimeError as e:
-            raise RuntimeError(
-                f"cuda_graph: capturing the train step for a batch of {key[0]} atoms, {key[1]} edges and "
-                f"{key[2]} graphs failed ({e}); train with cuda_graph: false to go on"
-            ) from e
-        self.pool = graph.pool()
-        self.graphs[key] = (graph, batch, out)
-        self.captures += 1
-        graph.replay()
-        return out
+        lrs = tuple(float(g["lr"]) for g in s.optimizer.param_groups)
+        if lrs != self.lrs:
+            self.runner.clear()
+            self.lrs = lrs
+        if s.device.type == "cuda" and batch_key(batch) not in self.runner.graphs:
+            s.optimizer.zero_grad(set_to_none=True)  # a new capture allocates the gradients in its pool
+        return self.runner(batch, batch_key(batch))
 
 
 def take_graph_step(s: Session, batch, indices: Sequence[int] = ()) -> tuple[torch.Tensor, dict, float, bool]:
