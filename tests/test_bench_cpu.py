@@ -24,6 +24,15 @@ def test_smoke_preset_writes_table_json_and_trajectory_figure(tmp_path):
         ("small", "crystal-32", "float32"),
         ("small", "crystal-32", "float64"),
     ]
+    (compiled,) = data["compiled"]  # torch.compile against eager: one graph, the same numbers
+    assert (compiled["compiler"], compiled["dtype"], list(compiled["rows"])) == (
+        "aot_eager",
+        "float64",
+        ["md", "train"],
+    )
+    for row in compiled["rows"].values():
+        assert row["graph_breaks"] == 0 and row["rel_diff"] <= 1e-10 and row["cold_s"] > 0
+        assert row["compiled_over_eager"] == pytest.approx(row["compiled_ms"] / row["eager_ms"])
     for case in data["cases"]:
         assert case["atoms"] == int(case["system"].split("-")[1]) and case["edges"] > 0
         for key in ("e3nn_md", "numba_md", "e3nn_train", "numba_train", "e3nn_stress", "numba_stress"):

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from workbench.bench import cold_start, cpu, data, kernel_cli, nequip, nequip_env, quality, step, train
+from workbench.bench.cpu_compiled import COMPILERS
 from workbench.bench.cpu_md import CALCULATORS
 from workbench.bench.quality_summary import PARITY_TOLERANCE
 from workbench.bench.workloads import MODEL_SETTINGS, MODELS
@@ -193,6 +194,7 @@ def _cpu(args: argparse.Namespace) -> int:
             args, "preset", "repeats", "trajectory_steps", "threads", "out", "workdir", "nequip_python", "keep_memory"
         ),
         md_calculators=_items(args.md_calculators),
+        compiler=args.compiler,
     )
     return _done(cpu.format_table(res), args.out)
 
@@ -225,6 +227,11 @@ _CPU_OPTIONS: Options = {
         "default": ",".join(CALCULATORS),
         "help": "md part: comma list of the rows, of %(default)s (e3nn's minutes-long calls at 1,536 atoms "
         "slow the rows timed between them: leave it out to compare the others alone)",
+    },
+    "--compiler": {
+        "choices": COMPILERS,
+        "help": "compiled part: torch.compile's backend (default: the preset's, full: inductor, smoke: aot_eager, "
+        "which checks without compiling C++)",
     },
     "--out": {"default": "runs/bench/cpu.json", "help": "JSON; the trajectory figure goes beside it as .html"},
     "--nequip-python": {

@@ -28,6 +28,8 @@ Parts (``--parts``):
 * ``md`` - an MD step through ASE calculators: mace-torch's on e3nn, ours, and the peers a user
   would install instead (Symmetrix-XL), each with its agreement with e3nn
   (:mod:`workbench.bench.cpu_md`).
+* ``compiled`` - ``torch.compile`` of the accelerated model against eager, MD and train steps
+  (:mod:`workbench.bench.cpu_compiled`; ``compiler``: ``inductor``, ``aot_eager``).
 * ``families`` - NequIP and Allegro MD and train steps against their own path
   (:mod:`workbench.bench.nequip_env`: run in the NequIP environment's interpreter,
   ``nequip_python``, since the two families cannot share one environment).
@@ -53,7 +55,7 @@ from workbench.kernels.registry import DEFAULT_BACKEND
 
 __all__ = ["PARTS", "PRESETS", "bench_cpu", "format_table", "hot_op_timer", "peak_gflops", "step_profile"]
 
-PARTS = ("steps", "ops", "profile", "trajectory", "families", "md")
+PARTS = ("steps", "ops", "profile", "trajectory", "families", "md", "compiled")
 PRESETS: dict[str, dict[str, Any]] = {
     "full": dict(
         models=("paper", "small"),
@@ -64,6 +66,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         trajectory_families=None,  # the whole embedded mixture
         families={"configs": ("tutorial", "large"), "dtypes": ("float32", "float64"), "repeats": 5, "repeat": 4},
         md={"models": ("paper",), "systems": ("water-96", "water-384", "water-1536"), "repeats": 5},
+        compiled={
+            "models": ("paper",),
+            "systems": ("water-96", "water-384"),
+            "dtypes": ("float32",),
+            "repeats": 5,
+            "compiler": "inductor",
+        },
     ),
     "smoke": dict(
         models=("small",),
@@ -75,6 +84,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         trajectory_families=("water_clusters", "hea"),
         families={"configs": ("tutorial",), "dtypes": ("float64",), "repeat": 1, "repeats": 1},
         md={"models": ("small",), "systems": ("water-24",), "repeats": 1},
+        # aot_eager: the plumbing and the agreement, without inductor's minutes of C++ compiling
+        compiled={
+            "models": ("small",),
+            "systems": ("water-24",),
+            "dtypes": ("float64",),
+            "repeats": 1,
+            "compiler": "aot_eager",
+        },
     ),
 }
 #: targets (paper config, float32 and float64): speed-up of numba over e3nn
@@ -362,10 +379,11 @@ def bench_cpu(
     nequip_python: str | os.PathLike | None = None,
     keep_memory: bool = False,
     md_calculators: Sequence[str] | None = None,
+    compiler: str | None = None,
 ) -> dict:
     """Run the parts of the benchmark (see the module docstring) and write ``out`` after each case.
-    ``md_calculators``: the md part's rows (:data:`~workbench.bench.cpu_md.CALCULATORS`, all by default)."""
-    from workbench.bench.cpu_trajectory import trajectory, trajectory_figure
+    ``md_calculators``: the md part's rows (:data:`~workbench.bench.cpu_md.CALCULATORS`, all by default);
+    ``compiler``: the compiled part's ``torch.compile`` backend (default: the preset's)."""
     from workbench.bench.harness import set_threads
     from workbench.bench.nequip_env import check_python, run_families
 
@@ -390,22 +408,30 @@ def bench_cpu(
         res["profile"] = _profile(s)
         write_json(out, res)
     if "trajectory" in parts:
-        p = PRESETS[preset]
-        steps = trajectory_steps or p["trajectory_steps"]
-        res["trajectory"] = trajectory(steps, s["dtypes"], workdir, p["trajectory_families"])
-        html = out.with_suffix(".html")
-        trajectory_figure(res["trajectory"], html)
-        res["trajectory"]["figure"] = str(html)
-        write_json(out, res)
+        _trajectory(res, PRESETS[preset], trajectory_steps, s["dtypes"], workdir, out)
     if "md" in parts:
         md = dict(PRESETS[preset]["md"], **({"repeats": repeats} if repeats else {}))
         res["keep_memory"] = keep_memory
         res["md_calculators"] = md_rows
         _md(res, md, models, systems, s["dtypes"], Path(workdir), out)
+    if "compiled" in parts:
+        p = dict(PRESETS[preset]["compiled"], **({"compiler": compiler} if compiler else {}))
+        _compiled(res, p, models, systems, repeats, out)
     if "families" in parts:  # last: nequip sets global torch state in this process
         res["families"] = run_families(PRESETS[preset]["families"], threads, nequip_python)
         write_json(out, res)
     return res
+
+
+def _trajectory(res: dict, p: dict, steps: int | None, dtypes, workdir, out: Path) -> None:
+    """The ``trajectory`` part, and its figure beside ``out`` as .html."""
+    from workbench.bench.cpu_trajectory import trajectory, trajectory_figure
+
+    res["trajectory"] = trajectory(steps or p["trajectory_steps"], dtypes, workdir, p["trajectory_families"])
+    html = out.with_suffix(".html")
+    trajectory_figure(res["trajectory"], html)
+    res["trajectory"]["figure"] = str(html)
+    write_json(out, res)
 
 
 def _md_rows(names: Sequence[str] | None) -> list[str]:
@@ -438,6 +464,18 @@ def _md(res: dict, p: dict, models, systems, dtypes, workdir: Path, out: Path) -
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
             os.environ["OMP_NUM_THREADS"] = before
+
+
+def _compiled(res: dict, p: dict, models, systems, repeats: int | None, out: Path) -> None:
+    """The ``compiled`` part: the preset's models, systems and dtypes unless given, saved after each case."""
+    from workbench.bench.cpu_compiled import compiled_case
+
+    res["compiled"] = []
+    for model in models or p["models"]:
+        for system in systems or p["systems"]:
+            for dtype in p["dtypes"]:
+                res["compiled"].append(compiled_case(model, system, dtype, repeats or p["repeats"], p["compiler"]))
+                write_json(out, res)
 
 
 def _machine() -> dict:

@@ -29,7 +29,7 @@ from workbench.bench.peers import PEERS, PeerRefused
 from workbench.bench.table import Column, render
 from workbench.kernels.registry import DEFAULT_BACKEND
 
-__all__ = ["CALCULATORS", "md_case", "md_lines"]
+__all__ = ["CALCULATORS", "case_columns", "md_case", "md_lines"]
 
 CALCULATORS = ("e3nn", DEFAULT_BACKEND, *PEERS)
 DISPLACEMENT = 1e-3  # Å per repeat: every call computes anew
@@ -144,6 +144,16 @@ def md_case(
     return case
 
 
+def case_columns() -> list[Column]:
+    """The columns naming a case of the md and compiled parts: model, system, dtype, atoms."""
+    return [
+        Column("model", "model", width=6, align="<"),
+        Column("system", "system", width=10, align="<"),
+        Column("dtype", "dtype", width=8, align="<"),
+        Column("atoms", "atoms", "d", 5),
+    ]
+
+
 def md_lines(cases: list[dict]) -> list[str]:
     """The ``md`` part as text: per case and calculator, the median, the ratio to ours, the
     agreement with e3nn and the cold start; a skipped or refused peer says why."""
@@ -152,10 +162,7 @@ def md_lines(cases: list[dict]) -> list[str]:
         for name, r in c["rows"].items():
             rows.append({**{k: c[k] for k in ("model", "system", "dtype", "atoms")}, "calc": name, **r})
     columns = [
-        Column("model", "model", width=6, align="<"),
-        Column("system", "system", width=10, align="<"),
-        Column("dtype", "dtype", width=8, align="<"),
-        Column("atoms", "atoms", "d", 5),
+        *case_columns(),
         Column("calculator", "calc", width=10, align="<"),
         Column("ms", lambda r: r.get("median_ms"), ".1f", 8),
         Column("/ numba", lambda r: r.get("vs_numba"), ".2f", 7),

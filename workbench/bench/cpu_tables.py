@@ -90,6 +90,10 @@ def format_table(res: dict) -> str:
         from workbench.bench.cpu_md import md_lines
 
         lines += md_lines(res["md"])
+    if "compiled" in res:
+        from workbench.bench.cpu_compiled import compiled_lines
+
+        lines += compiled_lines(res["compiled"])
     if "families" in res:
         from workbench.bench.nequip_env import family_lines
 

@@ -153,7 +153,7 @@ def _bars(fig, slots: list[dict], row: int, col: int, shown: set) -> tuple[float
     groups = {x: [s for s in slots if s["x"] == x] for x in dict.fromkeys(s["x"] for s in slots)}
     gone = [g for g in groups.values() if all(s["y"] is None for s in g)]
     gone_x = {g[0]["x"] for g in gone}
-    for b in gpu_backends():
+    for b in dict.fromkeys((*gpu_backends(), *(s["backend"] for s in slots))):
         have = [s for s in slots if s["backend"] == b and s["y"] is not None]
         miss = [s for s in slots if s["backend"] == b and s["y"] is None and s["x"] not in gone_x]
         if have:

@@ -35,6 +35,14 @@ def gpu_backends() -> tuple[str, ...]:
     return contenders("mace", "cuda")
 
 
+def gpu_step_backends() -> tuple[str, ...]:
+    """The train step's rows: :func:`gpu_backends` and the step modes ``bench step``'s gpu preset
+    runs (``numba+graph``, ``cueq+fixed``: :mod:`workbench.bench.step_modes`)."""
+    from workbench.bench.step import PRESETS
+
+    return tuple(dict.fromkeys((*gpu_backends(), *PRESETS["gpu"]["backends"])))
+
+
 NOT_MEASURED = "not measured"
 NO_FILE = "no result file"
 FROM_LOG = "from log"
@@ -224,7 +232,7 @@ def gpu_step_rows(directory: str | Path | None = None, gpu: str | None = None) -
         _step_cell(w, dtype, b, steps.get(dtype, {}).get(w), common)
         for dtype in list(DTYPES) + sorted(set(steps) - set(DTYPES))
         for w in workloads
-        for b in gpu_backends()
+        for b in gpu_step_backends()
     ]
 
 
