@@ -251,3 +251,68 @@ def test_bench_train_times_the_graph_step_as_a_variant(tmp_path):
     fixed, graph = res["variants"]["packer-numba-fixed"], res["variants"]["packer-numba-graph"]
     assert fixed["steps"] == graph["steps"] >= 2 and fixed["atoms"] == graph["atoms"]
     assert graph["final_loss"] == pytest.approx(fixed["final_loss"], rel=1e-12)
+
+
+class _ReplayByRerun:
+    """Stands in for a captured CUDA graph on the CPU: replay runs the step again on the
+    captured inputs and writes the results into the captured outputs, as a replay does."""
+
+    def __init__(self, fn, inputs, out):
+        self.fn, self.inputs, self.out = fn, inputs, out
+
+    def replay(self):
+        for k, v in self.fn(self.inputs).items():
+            self.out[k].copy_(v)
+
+
+class _CpuShapeGraphs:
+    """:class:`ShapeGraphs` with the CUDA calls (side stream, capture) replaced by CPU runs, so
+    that its own logic, the warm-up, one capture per key and the copy into the captured inputs,
+    runs here."""
+
+    @staticmethod
+    def make(fn, warmup: int):
+        from workbench.train.graph_step import ShapeGraphs
+
+        class CpuShapeGraphs(ShapeGraphs):
+            def _eager_on_side_stream(self, inputs):
+                return self.fn(inputs)
+
+            def _capture(self, key, inputs):
+                out = {k: v.clone() for k, v in self.fn(inputs).items()}
+                self.graphs[key] = (_ReplayByRerun(self.fn, inputs, out), inputs, out)
+                self.captures += 1
+                return out
+
+        return CpuShapeGraphs(fn, torch.device("cuda"), warmup)  # a device name only: nothing runs there
+
+
+def test_replays_copy_each_batch_into_the_captured_inputs():
+    """Warm-up, capture, then replays on new batches of the same shape: the losses of an eager
+    run of the same steps, to 1e-12; one capture; the captured inputs hold the last batch."""
+    import copy
+
+    from kernel_fixtures import build_model
+    from test_padding import _padded
+
+    from workbench.kernels.compiling import capture_ready
+    from workbench.train.graph_step import batch_key, device_step
+
+    with _float64():
+        model = build_model("ScaleShiftMACE", "8x0e+8x1o", 2, 3, n_elements=1)
+        capture_ready(model, "numba")
+        sessions = [_session(model), _session(copy.deepcopy(model))]
+        base, _ = _padded(_labelled_batch())
+        batches = []
+        for k in range(5):
+            b = copy.deepcopy(base)
+            b.positions = b.positions + 0.01 * k * torch.randn_like(b.positions)
+            batches.append(b)
+        rate = torch.tensor(0.1)
+        runner = _CpuShapeGraphs.make(lambda b: device_step(sessions[0], b, rate), warmup=2)
+        got = [float(runner(copy.deepcopy(b), batch_key(b))["loss"]) for b in batches]
+        want = [float(device_step(sessions[1], b, rate)["loss"]) for b in batches]
+    assert runner.captures == 1 and len(set(want)) == 5
+    assert np.allclose(got, want, rtol=1e-12, atol=0)
+    ((_, static, _),) = runner.graphs.values()
+    assert torch.equal(static.positions, batches[-1].positions)

@@ -55,7 +55,9 @@ def device_step(s: Session, batch, ema_rate: torch.Tensor) -> dict[str, torch.Te
     tensors ``loss``, ``norm``, ``finite`` and the model's ``energy``, ``forces`` (and
     ``stress``, ``virials`` when computed). ``s.optimizer`` is fused Adam whose ``found_inf``
     this sets; ``ema_rate``: :math:`1 - \\mathrm{decay}` of this step's EMA update."""
-    s.optimizer.zero_grad(set_to_none=False)  # grads stay where a captured graph wrote them
+    # the gradients keep their memory, from the eager warm-up on: every captured graph
+    # accumulates into it in place, and freeing it would hand a graph's memory to other tensors
+    s.optimizer.zero_grad(set_to_none=False)
     with capture_safe():
         out = s.model(batch.to_dict(), training=True, compute_force=True, **s.outputs)
         loss = s.loss_fn(pred=out, ref=batch, ddp=False)
@@ -83,8 +85,12 @@ class ShapeGraphs:
     """``fn(inputs)`` (a capture-safe function of a mace batch or batch dict, returning device
     tensors) as one CUDA graph per ``key``: eagerly on the CPU; on a GPU eagerly on a side stream
     for the first ``warmup`` calls, then captured the first time a key comes up (the inputs'
-    tensors become the graph's) and replayed after copying each call's inputs into them. All
-    graphs share one memory pool; the outputs of a key's graph are overwritten by its next replay."""
+    tensors become the graph's) and replayed after copying each call's inputs into them.
+
+    All graphs share one memory pool, so a call's outputs are valid until the next call (another
+    graph may reuse their memory for its temporaries). ``fn`` must allocate every tensor that
+    outlives it (gradients, optimiser state) in the warm-up and never free it: every replay
+    writes into that memory."""
 
     def __init__(self, fn: Callable, device: torch.device, warmup: int = WARMUP_STEPS) -> None:
         self.fn, self.device, self.warmup = fn, torch.device(device), warmup
@@ -102,8 +108,9 @@ class ShapeGraphs:
         if key not in self.graphs:
             return self._capture(key, inputs)
         graph, static, out = self.graphs[key]
-        for name, value in _tensors(static).items():
-            value.copy_(inputs[name], non_blocking=True)
+        with torch.no_grad():  # the model set requires_grad on some inputs (positions) in the capture
+            for name, value in _tensors(static).items():
+                value.copy_(inputs[name], non_blocking=True)
         graph.replay()
         return out
 
@@ -168,8 +175,6 @@ class StepGraphs:
         if lrs != self.lrs:
             self.runner.clear()
             self.lrs = lrs
-        if s.device.type == "cuda" and batch_key(batch) not in self.runner.graphs:
-            s.optimizer.zero_grad(set_to_none=True)  # a new capture allocates the gradients in its pool
         return self.runner(batch, batch_key(batch))
 
 

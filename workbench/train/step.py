@@ -133,8 +133,7 @@ def _non_finite(s: Session, loss: float, norm: float, culprits: tuple[list[int],
         f"step {s.global_step + 1} (epoch {s.epoch}), rank {s.rank}: non-finite loss {loss:.4g} / gradient "
         f"norm {norm:.4g}; {which}: {s.data.describe(graphs)}"
     )
-    if s.config.on_nonfinite == "skip":
-        s.optimizer.zero_grad(set_to_none=True)
+    if s.config.on_nonfinite == "skip":  # the next step zeroes the gradients (a graph's keep their memory)
         warnings.warn(f"{where}; step skipped (on_nonfinite=skip)", stacklevel=3)
         return
     raise NonFiniteStep(
