@@ -75,9 +75,14 @@ def stepper(model, optimizer, mode: str | None, device: str) -> tuple[Callable, 
         return (lambda batch: train_step(model, optimizer, batch)), (lambda batches: None)
     import torch
 
+    from workbench.kernels.library import capture_safe
     from workbench.train.graph_step import ShapeGraphs, batch_key
 
-    runner = ShapeGraphs(lambda batch: train_step(model, optimizer, batch, set_to_none=False), torch.device(device))
+    def safe_step(batch):  # the warm-up takes the branches the capture takes
+        with capture_safe():
+            return train_step(model, optimizer, batch, set_to_none=False)
+
+    runner = ShapeGraphs(safe_step, torch.device(device))
 
     def step(batch):
         return runner(batch, batch_key(batch))

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-__all__ = ["capture_safe", "no_sync", "op_key", "register", "sparse_poly", "tracing"]
+__all__ = ["capture_safe", "host_side", "no_sync", "on_host_side", "op_key", "register", "sparse_poly", "tracing"]
 
 _OPS: dict[str, object] = {}
 _COUNTER = itertools.count()
@@ -52,16 +52,32 @@ _CAPTURE = threading.local()
 
 
 @contextlib.contextmanager
-def capture_safe() -> Iterator[None]:
-    """In this block (on this thread) the kernels' modules take their host-sync-free branches,
-    as under a trace: what a CUDA-graph capture of the train step needs
-    (:mod:`workbench.train.graph_step`), and its eager runs, so they compute the same."""
-    before = getattr(_CAPTURE, "on", False)
-    _CAPTURE.on = True
+def _flag(name: str) -> Iterator[None]:
+    """Set this thread's flag ``name`` for the block, and put back what it was."""
+    before = getattr(_CAPTURE, name, False)
+    setattr(_CAPTURE, name, True)
     try:
         yield
     finally:
-        _CAPTURE.on = before
+        setattr(_CAPTURE, name, before)
+
+
+def capture_safe() -> contextlib.AbstractContextManager[None]:
+    """In this block (on this thread) the kernels' modules take their host-sync-free branches,
+    as under a trace: what a CUDA-graph capture of the train step needs
+    (:mod:`workbench.train.graph_step`), and its eager runs, so they compute the same."""
+    return _flag("on")
+
+
+def host_side() -> contextlib.AbstractContextManager[None]:
+    """Code that runs for CPU tensors only, never inside a GPU capture (the kernels' CPU
+    branches): :func:`workbench.train.host_sync.no_host_sync` does not look inside it."""
+    return _flag("host")
+
+
+def on_host_side() -> bool:
+    """Whether the caller is inside :func:`host_side` (on this thread)."""
+    return getattr(_CAPTURE, "host", False)
 
 
 def no_sync() -> bool:

@@ -19,6 +19,7 @@ no loop runs per row or channel.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,10 +42,17 @@ def _loop_rows(index: Any) -> tuple[int, dict[str, torch.Tensor | None]]:
     return int(species.shape[0]), {"atom": None, "species": species}
 
 
+@functools.lru_cache(maxsize=4096)
+def _constant(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``values`` as a tensor on ``device``, made once: a CUDA-graph capture (which the warm-up
+    precedes) can copy nothing from the host, and each copy would cost a sync anyway."""
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
 def _columns(op: Operand, channels: int, device: torch.device) -> torch.Tensor:
     """``[channels, size]`` column of element ``(c, i)`` in a row of ``op``'s array."""
-    off = torch.tensor(op.offsets, dtype=torch.int64, device=device)
-    cs = torch.tensor(op.cstrides, dtype=torch.int64, device=device)
+    off = _constant(tuple(op.offsets), torch.int64, device)
+    cs = _constant(tuple(op.cstrides), torch.int64, device)
     return off[None, :] + torch.arange(channels, device=device)[:, None] * cs[None, :]
 
 
@@ -69,12 +77,12 @@ def _accumulate(poly: SparsePolynomial, x: torch.Tensor) -> torch.Tensor:
     for degree, terms in sorted(by_degree.items()):
         for lo in range(0, len(terms), TERMS_PER_CHUNK):
             chunk = terms[lo : lo + TERMS_PER_CHUNK]
-            out = torch.tensor([o for o, _, _ in chunk], dtype=torch.int64, device=x.device)
-            coef = torch.tensor([c for _, _, c in chunk], dtype=x.dtype, device=x.device)
+            out = _constant(tuple(o for o, _, _ in chunk), torch.int64, x.device)
+            coef = _constant(tuple(c for _, _, c in chunk), x.dtype, x.device)
             if degree == 0:
                 value = coef.expand(x.shape[0], x.shape[1], -1)
             else:
-                factors = torch.tensor([f for _, f, _ in chunk], dtype=torch.int64, device=x.device)
+                factors = _constant(tuple(tuple(f) for _, f, _ in chunk), torch.int64, x.device)
                 value = x[:, :, factors].prod(dim=-1) * coef
             acc.index_add_(2, out, value)
     return acc

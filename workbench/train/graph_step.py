@@ -42,8 +42,9 @@ _OUTPUTS = ("energy", "forces", "stress", "virials")
 
 
 def _ema_update(ema, rate: torch.Tensor) -> None:
-    """torch_ema's update, ``shadow -= rate * (shadow - param)``, with ``rate`` a device scalar."""
-    params = [p for p in ema._get_parameters(None) if p.requires_grad]
+    """torch_ema's update, ``shadow -= rate * (shadow - param)`` over every parameter it shadows
+    (frozen ones too, as torch_ema 0.3 does), with ``rate`` a device scalar."""
+    params = list(ema._get_parameters(None))
     with torch.no_grad():
         diff = torch._foreach_sub(ema.shadow_params, params)
         torch._foreach_mul_(diff, rate)
@@ -115,8 +116,10 @@ class ShapeGraphs:
         return out
 
     def clear(self) -> None:
-        """Drop every graph (their memory goes back to the pool)."""
+        """Drop every graph, and their pool: the next capture starts a new one (torch refuses to
+        capture into a pool whose graphs are all gone)."""
         self.graphs.clear()
+        self.pool = None
 
     def _eager_on_side_stream(self, inputs):
         side = torch.cuda.Stream(self.device)

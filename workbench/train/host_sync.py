@@ -1,14 +1,16 @@
 """Catch host synchronisations in code meant to be captured in a CUDA graph, on any device.
 
 A CUDA graph replays device work only: any value the host reads back during capture (``.item()``,
-``bool(t)``, ``float(t)``, ``.tolist()``) or any op whose output size depends on the data
-(boolean indexing, ``nonzero``, ``unique``) either fails the capture or bakes one batch's
-answer into every replay. :func:`no_host_sync` raises :class:`HostSync` at the first such op,
+``bool(t)``, ``float(t)``, ``.tolist()``), any tensor built from host data (``torch.tensor``:
+a copy from pageable host memory) or any op whose output size depends on the data (boolean
+indexing, ``nonzero``, ``unique``) either fails the capture or bakes one batch's answer into
+every replay. :func:`no_host_sync` raises :class:`HostSync` at the first such op,
 on the CPU as on a GPU, so a test can prove a step capture-safe without one
 (``torch.cuda.set_sync_debug_mode`` sees CUDA syncs only).
 
 What it cannot see: numpy views of CPU tensors (the numba CPU kernels' path; on a GPU the
-kernels take device arrays) and Python work on values already on the host.
+kernels take device arrays), Python work on values already on the host, and the kernels' CPU-only
+branches, which say so (:func:`workbench.kernels.library.host_side`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from workbench.kernels.library import on_host_side
 
 __all__ = ["HostSync", "no_host_sync"]
 
@@ -33,6 +37,7 @@ _SYNCING = {
     "aten::bincount": "sizes its output by the data (its maximum)",
     "aten::equal": "reads a comparison to the host",
     "aten::is_nonzero": "reads a value to the host",
+    "aten::lift_fresh": "builds a tensor from host data (torch.tensor: a copy from the host on a GPU)",
 }
 _INDEXING = ("aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_")
 
@@ -57,7 +62,7 @@ def _reason(func, args, kwargs) -> str | None:
 class _Guard(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        why = _reason(func, args, kwargs)
+        why = None if on_host_side() else _reason(func, args, kwargs)
         if why:
             raise HostSync(f"{func._schema.name} {why}: a CUDA graph cannot capture it")
         return func(*args, **kwargs)

@@ -142,13 +142,16 @@ class HuberLoss(_Weighted):
         return loss
 
 
-def conditional_huber_forces(ref_f: torch.Tensor, pred_f: torch.Tensor, delta: float) -> torch.Tensor:
-    """Per component Huber (``[atoms, 3]``), its threshold ``delta`` times the factor of the
-    reference force's size; elementwise, so no mask sizes anything (a CUDA graph captures it)."""
+def conditional_huber_forces(
+    ref_f: torch.Tensor, pred_f: torch.Tensor, delta: float, steps: torch.Tensor, factors: torch.Tensor
+) -> torch.Tensor:
+    """Per component Huber (``[atoms, 3]``), its threshold ``delta`` times the factor (``factors``,
+    one more than ``steps``) of the band of reference force sizes that ``steps`` cut; elementwise,
+    so no mask sizes anything, and the constants are the caller's device tensors (a CUDA graph
+    can copy nothing from the host)."""
     size = torch.linalg.vector_norm(ref_f, dim=-1)
-    band = torch.bucketize(size, torch.tensor(FORCE_STEPS, dtype=size.dtype, device=size.device), right=True)
-    factors = torch.tensor(FORCE_FACTORS, dtype=ref_f.dtype, device=ref_f.device)
-    d = (delta * factors[band]).unsqueeze(-1)  # a gather: [atoms, 1]
+    band = torch.bucketize(size, steps.to(size.dtype), right=True)
+    d = (delta * factors.to(ref_f.dtype)[band]).unsqueeze(-1)  # a gather: [atoms, 1]
     err = (ref_f - pred_f).abs()
     return torch.where(err < d, 0.5 * err * err, d * (err - 0.5 * d))
 
@@ -156,11 +159,17 @@ def conditional_huber_forces(ref_f: torch.Tensor, pred_f: torch.Tensor, delta: f
 class UniversalLoss(_Weighted):
     """Huber errors of the weighted labels, with the force-size factors (MACE-MP's loss)."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # buffers: they move with the loss to its device once, not in every step
+        self.register_buffer("force_steps", torch.tensor(FORCE_STEPS, dtype=torch.float64), persistent=False)
+        self.register_buffer("force_factors", torch.tensor(FORCE_FACTORS, dtype=torch.float64), persistent=False)
+
     def forward(self, ref, pred, ddp: bool | None = None) -> torch.Tensor:
         n, d = atoms_per_graph(ref), self.huber_delta
         we, wf = ref.energy_weight, per_atom(ref.forces_weight, ref)
         h_e = F.huber_loss(we * ref["energy"] / n, we * pred["energy"] / n, reduction="none", delta=d)
-        h_f = conditional_huber_forces(wf * ref["forces"], wf * pred["forces"], d)
+        h_f = conditional_huber_forces(wf * ref["forces"], wf * pred["forces"], d, self.force_steps, self.force_factors)
         loss = self.energy_weight * masked_mean(h_e, ref, "graph") + self.forces_weight * masked_mean(h_f, ref, "atom")
         if self.trains_stress:  # else the model computes no stress (losses.outputs_needed)
             ws = ref.stress_weight.view(-1, 1, 1)

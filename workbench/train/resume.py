@@ -3,6 +3,7 @@ one file written by rank 0), refuse one of another run, and continue from one.""
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 from workbench.train.checkpoint import (
@@ -69,7 +70,7 @@ def restore(s: Session, ckpt: dict | None) -> None:
             f"{len(s.optimizer.param_groups)} (weight decay is now applied to mace-torch's parameter "
             "groups; checkpoints with weight_decay > 0 from before cannot resume); start afresh with --fresh"
         )
-    s.optimizer.load_state_dict(ckpt["optimizer"])
+    _load_optimizer(s.optimizer, ckpt["optimizer"])
     s.scheduler.load_state_dict(ckpt["scheduler"])
     if s.ema is not None and ckpt.get("ema") is not None:
         s.ema.load_state_dict(ckpt["ema"])
@@ -157,3 +158,23 @@ def _save(path, state: dict) -> None:
             f"{path}: cannot write the checkpoint ({exc.strerror or exc}); the last good one is kept: free space "
             "(or make the run directory writable) and run the same command again to resume from it"
         ) from None
+
+
+#: how the optimiser runs, not what it learnt: this run's setting wins over the checkpoint's
+_IMPLEMENTATION = ("fused", "capturable", "foreach")
+
+
+def _load_optimizer(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load ``state``, keeping this run's implementation flags (``cuda_graph`` turns on fused,
+    capturable Adam; a checkpoint written without it must not turn them off), with the step
+    counts where fused and capturable Adam keep them: float32 on the parameter's device."""
+    flags = [{k: g[k] for k in _IMPLEMENTATION if k in g} for g in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, kept in zip(optimizer.param_groups, flags):
+        group.update(kept)
+        if not (group.get("fused") or group.get("capturable")):
+            continue
+        for p in group["params"]:
+            st = optimizer.state.get(p, {})
+            if torch.is_tensor(st.get("step")):
+                st["step"] = st["step"].to(device=p.device, dtype=torch.float32)

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from workbench.kernels.class_swap import ClassSwap, KeepsOp
-from workbench.kernels.library import tracing
+from workbench.kernels.library import no_sync
 
 __all__ = [  # noqa: F822 (module __getattr__)
     "DENSE_MAX_MACS",
@@ -297,8 +297,9 @@ def _make_class() -> type:
                 return super().forward(features, weight, bias)
             dim_in, dim_out = self.io_dims()
             x = features.reshape(-1, dim_in)
-            # a trace takes the per-dimension plan at every size: no guard on the row count
-            if not tracing() and x.shape[0] * dim_in * dim_out <= DENSE_MAX_MACS:
+            # a trace or a CUDA-graph step takes the per-dimension plan at every size: no guard on
+            # the row count, and no plan built on first use inside a capture
+            if not no_sync() and x.shape[0] * dim_in * dim_out <= DENSE_MAX_MACS:
                 out = apply_dense(self.plan(dense_plan, x.device), x, self.weight)
             else:
                 out = apply_plan(self.plan(linear_plan, x.device), x, self.weight)

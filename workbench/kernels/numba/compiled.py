@@ -221,9 +221,14 @@ class CompiledPolynomial(TransientCache):
             return host
         from numba import cuda
 
-        return self._cached(
-            (*key, cuda.get_current_device().id), lambda: tuple(cuda.to_device(np.ascontiguousarray(a)) for a in host)
-        )
+        def upload() -> tuple:
+            arrays = tuple(cuda.to_device(np.ascontiguousarray(a)) for a in host)
+            # the copies ran on the legacy stream: done before a kernel on another stream (a
+            # CUDA-graph warm-up's side stream) reads them
+            cuda.synchronize()
+            return arrays
+
+        return self._cached((*key, cuda.get_current_device().id), upload)
 
 
 def _covers(poly: SparsePolynomial) -> bool:

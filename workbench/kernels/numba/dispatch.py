@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from workbench.kernels.library import host_side
 from workbench.kernels.numba.compiled import CompiledPolynomial
 from workbench.kernels.numba.cpu import passes as _cpu
 from workbench.kernels.numba.gpu import atom as _cuda
@@ -90,7 +91,8 @@ def evaluate(op: Any, tensors: Sequence[torch.Tensor], index: RowIndex, channels
         for o, h in zip(outs, host):
             o.copy_(h)
     else:
-        _run_host(op, tensors, index, channels, outs, sim=kernels)
+        with host_side():  # CPU tensors: never inside a GPU capture
+            _run_host(op, tensors, index, channels, outs, sim=kernels)
     return outs
 
 
