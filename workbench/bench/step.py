@@ -33,8 +33,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from workbench.bench.step_model import base_model, free_memory, make_optimizer, sync
-from workbench.bench.step_modes import fixed_batches, mode_labels, split_label, stepper
+from workbench.bench.step_model import base_model, free_memory, sync
+from workbench.bench.step_modes import mode_labels, ready_for_mode, split_label, stepper
 from workbench.bench.table import RESULTS_DIR, Column, cpu_name, render, run_versions, write_json
 from workbench.bench.workloads import MODELS, to_device, workload_batches
 from workbench.kernels.registry import DEFAULT_BACKEND, contenders, labels, resolve
@@ -111,8 +111,7 @@ def time_steps(model, batches: Sequence[dict], warmup: int, repeats: int, device
     import torch
 
     cuda = device.startswith("cuda")
-    optimizer = make_optimizer(model, capturable=cuda and mode == "graph")
-    step, prime = stepper(model, optimizer, mode, device)
+    step, prime = stepper(model, mode, device)
     loss_first = None
     for i in range(warmup):
         loss = step(batches[i])
@@ -131,7 +130,6 @@ def time_steps(model, batches: Sequence[dict], warmup: int, repeats: int, device
         times.append(1e3 * (time.perf_counter() - t))
         if loss_first is None:
             loss_first = float(loss.detach())
-    del optimizer
     row = {
         "step_ms_median": statistics.median(times),
         "step_ms_min": min(times),
@@ -175,12 +173,7 @@ def _timed_row(base, b, row: tuple, batches: Sequence[dict], warmup: int, repeat
     backend, mode = row
     try:
         model = with_backend(base, backend)
-        if mode is not None:
-            batches = fixed_batches(batches, float(base.r_max))
-        if mode == "graph":
-            from workbench.kernels.compiling import capture_ready
-
-            capture_ready(model, b.name)
+        batches = ready_for_mode(model, b.name, mode, batches, float(base.r_max))
     except Exception as exc:
         if b.kind == "convert":
             return {"skipped": f"{type(exc).__name__}: {exc}"}

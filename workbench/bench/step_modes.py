@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 from workbench.kernels.registry import backend_names, resolve
 
-__all__ = ["MODES", "fixed_batches", "mode_labels", "split_label", "stepper"]
+__all__ = ["MODES", "fixed_batches", "mode_labels", "ready_for_mode", "split_label", "stepper"]
 
 MODES = {"fixed": "batches padded to fixed shapes", "graph": "fixed shapes, the step as one CUDA graph per shape"}
 
@@ -66,11 +66,25 @@ def fixed_batches(batches: Sequence[dict], r_max: float) -> list[dict]:
     return [pad_to_ladder(Batch(**dict(b)), ladder, r_max).to_dict() for b in batches]
 
 
-def stepper(model, optimizer, mode: str | None, device: str) -> tuple[Callable, Callable[[Sequence[dict]], None]]:
-    """``(step, prime)``: ``step(batch) -> loss`` in ``mode``, and ``prime(batches)``, which for
-    ``graph`` captures each shape among ``batches`` before they are timed (a no-op otherwise)."""
-    from workbench.bench.step_model import train_step
+def ready_for_mode(model, backend: str, mode: str | None, batches: Sequence[dict], r_max: float) -> list[dict]:
+    """The batches a row in ``mode`` takes (padded beyond cutoff ``r_max`` to fixed shapes in a
+    mode), with ``model`` (on ``backend``) made capture-ready for ``graph``, in place."""
+    if mode is None:
+        return list(batches)
+    if mode == "graph":
+        from workbench.kernels.compiling import capture_ready
 
+        capture_ready(model, backend)
+    return fixed_batches(batches, r_max)
+
+
+def stepper(model, mode: str | None, device: str) -> tuple[Callable, Callable[[Sequence[dict]], None]]:
+    """``(step, prime)``: ``step(batch) -> loss`` in ``mode`` with its own Adam (capturable for a
+    graph on a GPU), and ``prime(batches)``, which for ``graph`` captures each shape among
+    ``batches`` before they are timed (a no-op otherwise)."""
+    from workbench.bench.step_model import make_optimizer, train_step
+
+    optimizer = make_optimizer(model, capturable=device.startswith("cuda") and mode == "graph")
     if mode != "graph":
         return (lambda batch: train_step(model, optimizer, batch)), (lambda batches: None)
     import torch

@@ -301,19 +301,13 @@ def _profiled_step(model_name: str, label: str, batches: list, zs, info: dict, d
     """``(step, batches)``: row ``label``'s step on its own model (``step.prime`` captures a
     graph's shapes) and the batches it takes (padded in a step mode)."""
     from workbench.bench.harness import with_backend
-    from workbench.bench.step_model import base_model, make_optimizer
-    from workbench.bench.step_modes import fixed_batches, split_label, stepper
+    from workbench.bench.step_model import base_model
+    from workbench.bench.step_modes import ready_for_mode, split_label, stepper
 
     backend, mode = split_label(label)
     model = with_backend(base_model(model_name, zs, info, dtype, device), backend)
-    if mode is not None:
-        batches = fixed_batches(batches, float(model.r_max))
-    if mode == "graph":
-        from workbench.kernels.compiling import capture_ready
-
-        capture_ready(model, backend)
-    optimizer = make_optimizer(model, capturable=device.startswith("cuda") and mode == "graph")
-    step, prime = stepper(model, optimizer, mode, device)
+    batches = ready_for_mode(model, backend, mode, batches, float(model.r_max))
+    step, prime = stepper(model, mode, device)
     step.prime = prime
     return step, batches
 

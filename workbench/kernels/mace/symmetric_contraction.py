@@ -310,10 +310,12 @@ class SymmetricContraction(torch.nn.Module):
         B = x.shape[0]
         W = self.concatenated_weights()
         Z = W.shape[0]
-        if no_sync():  # no host sync: every row masked, and the one-hot check left to eager calls
-            species, empty = (y.argmax(dim=-1), y.sum(dim=-1) == 0) if y.dim() == 2 else (y.to(torch.int64), None)
+        if y.dim() != 2:
+            species, empty = y.to(torch.int64), None
+        elif no_sync():  # no host sync: every row masked, and the one-hot check left to eager calls
+            species, empty = y.argmax(dim=-1), y.sum(dim=-1) == 0
         else:
-            species, empty = one_hot_species(y) if y.dim() == 2 else (y.to(torch.int64), None)
+            species, empty = one_hot_species(y)
         (out,) = apply_poly_op(op, species, Z, x.reshape(B, -1), W.reshape(Z, -1), backend=self.kernel_backend)
         # e3nn mixes the weights by y: an all-zero row (an atom of no species) gives zeros.
         return out * (~empty).to(out.dtype)[:, None] if empty is not None else out
