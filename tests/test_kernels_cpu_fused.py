@@ -19,6 +19,7 @@ import workbench  # noqa: F401
 from workbench.kernels import Operand, SparsePolynomial
 from workbench.kernels.e3nn.tp import channelwise_tp_op
 from workbench.kernels.numba.cpu import fused as cpu_fused
+from workbench.kernels.numba.cpu import groups as cpu_groups
 from workbench.kernels.numba.cpu.loops import csr_by_counting
 from workbench.kernels.numba.dispatch import cpu_plan
 from workbench.kernels.ops import EdgeGraph, PolyOp
@@ -43,12 +44,16 @@ def _inputs(op, rows: dict, seed: int) -> list[torch.Tensor]:
     return [torch.randn(rows[o.rows], o.width, generator=g, dtype=torch.float64) for o in op.operands]
 
 
-@pytest.mark.parametrize("channels,max_ell", [(3, 1), (13, 2)])
-def test_fused_edge_passes_equal_the_interpreter(monkeypatch, fused_runs, channels, max_ell):
+@pytest.mark.parametrize("channels,max_ell,registers", [(3, 1, None), (13, 2, None), (13, 2, 6)])
+def test_fused_edge_passes_equal_the_interpreter(monkeypatch, fused_runs, channels, max_ell, registers):
     """A message op: forward (receiver sums), backward (sender sums, per-edge and channel-summed
     outputs) and double backward, on a graph with a self-loop and an isolated node, at channel
     counts below and between multiples of the lane count; float64 to rounding, and (13
-    channels) float32 within 1e-5 of float64."""
+    channels) float32 within 1e-5 of float64. ``registers``: the accumulators split into groups
+    of at most that many operands and accumulators (:mod:`~workbench.kernels.numba.cpu.groups`),
+    one channel loop each."""
+    if registers is not None:
+        monkeypatch.setenv("WORKBENCH_CPU_REGISTERS", str(registers))
     op = channelwise_tp_op(make_conv_tp(f"{channels}x0e+{channels}x1o", max_ell))[0]
     N, E = 11, 150
     graph = EdgeGraph(random_graph(N, E, seed=channels), N)
@@ -62,6 +67,8 @@ def test_fused_edge_passes_equal_the_interpreter(monkeypatch, fused_runs, channe
         fused_runs.clear()
         got = d.evaluate(ts, graph=graph)
         assert len(fused_runs) == len(cpu_plan(d, channels).passes)
+        if registers is not None:  # the split is exercised
+            assert max(len(cpu_groups.accumulator_groups(rp.program)) for _, rp in cpu_plan(d, channels).passes) > 1
         got32 = d.evaluate([t.float() for t in ts], graph=graph) if channels == 13 else got
         for comp, r, a, a32, r32 in zip(d.compiled, ref, got, got32, ref32):
             scale = float(r.abs().max())
@@ -172,3 +179,48 @@ def test_counting_sort_csr_equals_a_stable_sort(num_rows, size, low, high):
     np.testing.assert_array_equal(ptr, ref_ptr)
     np.testing.assert_array_equal(perm[ptr[0] : ptr[-1]], ref[ref_ptr[0] : ref_ptr[-1]])
     assert sorted(perm.tolist()) == list(range(size))
+
+
+@pytest.mark.parametrize("registers", [4, 12, 32])
+def test_accumulator_groups_compute_what_the_whole_program_computes(registers):
+    """The message op's backward at 13 channels: the groups hold every accumulator once, in
+    order; a group of two or more stays within the limit; each group's instructions alone give
+    its accumulators the whole program's values, to the bit (numpy's reference interpreter)."""
+    import dataclasses
+
+    op = channelwise_tp_op(make_conv_tp("13x0e+13x1o", 2))[0]
+    d1 = op.derivative((True,) * len(op.operands))
+    rng = np.random.default_rng(registers)
+    for _, rp in cpu_plan(d1, 13).passes:
+        prog = rp.program
+        vector = set(prog.vec_operand.tolist())
+        values = [rng.normal(size=(o.size, 13) if a in vector else o.size) for a, o in enumerate(prog.operands)]
+        whole = prog.evaluate_numpy(values)
+        groups = cpu_groups.accumulator_groups(prog, registers)
+        assert [j for g in groups for j in g] == list(range(prog.num_accumulators))
+        assert (len(groups) > 1) == (prog.num_vectors + prog.num_accumulators > registers)
+        for g in groups:
+            ins = cpu_groups.group_instructions(prog, g)
+            if len(g) > 1:
+                assert len(cpu_groups.operands_read(prog, ins)) + len(g) <= registers
+            part = dataclasses.replace(prog, ins=ins).evaluate_numpy(values)
+            for j in g:
+                out, comp = int(prog.acc_output[j]), int(prog.acc_comp[j])
+                np.testing.assert_array_equal(part[out][comp], whole[out][comp])
+
+
+def test_a_program_that_reads_an_accumulator_stays_one_loop():
+    """An instruction that takes an accumulator as an operand would need another group's partial
+    sums: such a program is never split."""
+    import dataclasses
+
+    op = channelwise_tp_op(make_conv_tp("13x0e+13x1o", 2))[0]
+    d1 = op.derivative((True,) * len(op.operands))
+    prog = max((rp.program for _, rp in cpu_plan(d1, 13).passes), key=lambda p: p.num_accumulators)
+    assert len(cpu_groups.accumulator_groups(prog, 4)) > 1
+    ins = prog.ins.copy()
+    last = ins[-1]
+    assert last[0] in (1, 0)  # a product: its ``a`` operand is read
+    ins[-1, 2] = prog.num_vectors  # accumulator 0 as the operand
+    reads = dataclasses.replace(prog, ins=ins)
+    assert cpu_groups.accumulator_groups(reads, 4) == [list(range(prog.num_accumulators))]

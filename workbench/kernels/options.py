@@ -101,6 +101,11 @@ ENV: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         "largest program run as generated code, or fused under auto",
     ),
     "cpu_serial_work": ("WORKBENCH_CPU_SERIAL_WORK", _positive(int), "below this work a CPU pass runs serially"),
+    "cpu_registers": (
+        "WORKBENCH_CPU_REGISTERS",
+        _positive(int),
+        "operands plus accumulators per channel loop of a fused CPU pass (a large value: one loop)",
+    ),
     "host_fallback": (
         "WORKBENCH_KERNELS_HOST_FALLBACK",
         _flag,
@@ -135,6 +140,7 @@ class KernelOptions:
     cpu_kernels: str = "auto"
     cpu_unroll_max: int | None = None
     cpu_serial_work: int | None = None
+    cpu_registers: int | None = None
     host_fallback: bool = False
     poison: bool = False
     cudasim: bool = False

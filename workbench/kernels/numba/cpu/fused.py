@@ -46,13 +46,20 @@ channels fusing removes the per-row bookkeeping; at 128 it keeps the program's r
 out of memory (the interpreter loads and stores every register of every instruction): the
 paper configuration's edge passes ran 1.5-3x faster fused, its MD step 0.73-0.85x and its
 train step 0.81-0.88x the interpreter's time (water-96 to -1536, float32, 2 threads).
+
+A program whose operands and accumulators outnumber the vector registers runs as several
+channel loops, each over a group of its accumulators (:mod:`~workbench.kernels.numba.cpu.groups`,
+``WORKBENCH_CPU_REGISTERS``): the single loop of MACE's 239-instruction pass spilled on half
+its instructions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cache
 from typing import Any
 
+from workbench.kernels.numba.cpu.groups import accumulator_groups, group_instructions, limit, operands_read
 from workbench.kernels.numba.cpu.loops import LANES
 from workbench.kernels.numba.cpu.segments import Segments
 from workbench.kernels.numba.cpu.unrolled import constant_coefficients, instruction_lines, literal
@@ -154,23 +161,31 @@ def _store_lines(rp: Any, C: int, per_segment: bool, target_row: str, ind: str) 
 def _row_lines(rp: Any, C: int, cast: str, indices: tuple[int, ...], ind: str) -> list[str]:
     """One row: its indices (those of :func:`_signature`), coefficients and the program over its
     channels."""
-    prog = rp.program
-    V = prog.num_vectors
     lines = [f"{ind}row = seg_perm[p]"] + [f"{ind}r{i} = idx{i}[row]" for i in indices]
     coef_lines, kname = _coefficient_lines(rp, cast)
     lines += [ind + line for line in coef_lines]
-    lines.append(f"{ind}for c in range({C}):")
-    inner = ind + "    "
-    name: dict[int, str] = {}
-    for j, (a, code, base) in enumerate(zip(rp.vec_arr, rp.vec_code, rp.vec_base)):
-        lines.append(f"{inner}v{j} = a{int(a)}[{_ROW[int(code)]}, {int(base)} + c]")
-        name[j] = f"v{j}"
-    for j, seg in enumerate(rp.acc_seg):
-        name[V + j] = f"s{j}"
-        lines.append(f"{inner}s{j} = acc[{j * C} + c]" if seg else f"{inner}s{j} = zero")
-    lines += [inner + line for line in instruction_lines(prog, name, kname.__getitem__)]
-    lines += [f"{inner}acc[{j * C} + c] = {name[V + j]}" for j in range(prog.num_accumulators)]
+    for group in accumulator_groups(rp.program):
+        lines += _channel_loop(rp, group, C, kname, ind)
     return lines + _store_lines(rp, C, False, "row", ind)
+
+
+def _channel_loop(rp: Any, group: list[int], C: int, kname: list[str], ind: str) -> list[str]:
+    """One loop over the channels computing accumulators ``group`` (:mod:`~workbench.kernels.numba.cpu.groups`):
+    the operands they read, their instructions, and their values into ``acc``."""
+    prog = rp.program
+    V = prog.num_vectors
+    sub = dataclasses.replace(prog, ins=group_instructions(prog, group))
+    reads = operands_read(prog, sub.ins)
+    lines, inner = [f"{ind}for c in range({C}):"], ind + "    "
+    name: dict[int, str] = {j: f"v{j}" for j in range(V)}
+    for j, (a, code, base) in enumerate(zip(rp.vec_arr, rp.vec_code, rp.vec_base)):
+        if j in reads:
+            lines.append(f"{inner}v{j} = a{int(a)}[{_ROW[int(code)]}, {int(base)} + c]")
+    for j in group:
+        name[V + j] = f"s{j}"
+        lines.append(f"{inner}s{j} = acc[{j * C} + c]" if rp.acc_seg[j] else f"{inner}s{j} = zero")
+    lines += [inner + line for line in instruction_lines(sub, name, kname.__getitem__)]
+    return lines + [f"{inner}acc[{j * C} + c] = {name[V + j]}" for j in group]
 
 
 def kernel_source(rp: Any, channels: int, dtype: str) -> str:
@@ -215,7 +230,7 @@ def _module(source: str) -> Any:
 def fused_pass(rp: Any, channels: int, dtype: str) -> FusedPass:
     """The fused kernels of ``rp`` (generated, written and imported once per process)."""
     cached = rp.__dict__.setdefault("_fused", {})
-    key = (channels, dtype)
+    key = (channels, dtype, limit())
     if key not in cached:
         arrays, indices, outputs = _signature(rp)
         cached[key] = FusedPass(_module(kernel_source(rp, channels, dtype)), arrays, indices, outputs)
