@@ -37,7 +37,30 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     known = {env for env, *_ in ENV.values()}
     if args.variable not in known:
         p.error(f"--variable {args.variable}: not a kernel option; choose one of {sorted(known)}")
+    _check_values(p, args.variable, args.values.split(","))
     return args
+
+
+def _check_values(p: argparse.ArgumentParser, variable: str, values: list[str]) -> None:
+    """Every value parsed as the kernels will parse it, before any model is built."""
+    from workbench.kernels.options import kernel_options
+
+    before = os.environ.get(variable)
+    try:
+        for v in values:
+            os.environ[variable] = v
+            kernel_options()
+    except ValueError as exc:
+        p.error(f"--values: {exc}")
+    finally:
+        _restore(variable, before)
+
+
+def _restore(variable: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(variable, None)
+    else:
+        os.environ[variable] = value
 
 
 def _step(kind: str, model: str, system: str, dtype: str, folder: Path):
@@ -65,6 +88,14 @@ def _step(kind: str, model: str, system: str, dtype: str, folder: Path):
 
 
 def _time(step, variable: str, values: list[str], repeats: int) -> dict[str, float]:
+    before = os.environ.get(variable)
+    try:
+        return _interleaved(step, variable, values, repeats)
+    finally:
+        _restore(variable, before)
+
+
+def _interleaved(step, variable: str, values: list[str], repeats: int) -> dict[str, float]:
     times: dict[str, list[float]] = {v: [] for v in values}
     for v in values:  # first calls compile
         os.environ[variable] = v

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 
 def test_free_ops_zero_only_the_replaced_ops():
     """The bound's model: each TensorProductScatter / Contracter returns zeros of its own shape,
@@ -65,7 +67,7 @@ def test_gpu_backends_are_skipped_with_their_reason_where_they_cannot_run(tmp_pa
     res = bench_nequip(
         configs=["tutorial"], dtypes=["float64"], repeat=1, repeats=1, backends=["cueq", "oeq"], out=tmp_path / "n.json"
     )
-    assert res["backends"] == [b for b in backends() if b != "hot"] and res["machine"]["device"] == "cpu"
+    assert res["backends"] == [b for b in backends() if b not in ("hot", "aoti")] and res["machine"]["device"] == "cpu"
     nequip, allegro = res["cases"]
     assert nequip["skipped"] == {
         "cueq_md": "LookupError: enable_CuEquivariance needs a CUDA device",
@@ -79,7 +81,7 @@ def test_gpu_backends_are_skipped_with_their_reason_where_they_cannot_run(tmp_pa
     table = format_table(res)
     assert "MD cueq/numba" in table and "train oeq/numba" in table and "skipped" in table.splitlines()[3]
     assert "allegro tutorial float64: oeq train skipped (LookupError: allegro has no oeq modifier)" in table
-    with pytest.raises(ValueError, match="unknown cuda; choose from native, numba, free, hot, cueq, oeq"):
+    with pytest.raises(ValueError, match="unknown cuda; choose from native, numba, free, hot, aoti, cueq, oeq"):
         bench_nequip(backends=["cuda"], out=tmp_path / "x.json")
     with pytest.raises(ValueError, match="--device: 'gpu' is not cpu, cuda or cuda:N"):
         bench_nequip(device="gpu", out=tmp_path / "x.json")
@@ -112,6 +114,45 @@ def test_hot_backend_is_the_hot_op_without_its_companions(tmp_path):
     (case,) = res["cases"]
     assert case["hot_over_numba_md"] == case["hot_md"] / case["numba_md"] > 0
     assert "MD hot/numba" in format_table(res)
+
+
+def test_aoti_row_is_nequips_compiled_model_for_md(tmp_path, monkeypatch):
+    """``--backends aoti``: the family's model compiled as ``nequip-compile --mode aotinductor
+    --target ase`` compiles it (minutes of C++ on 2 cores), timed for MD beside ours, its time
+    over ours in the table; its train step is skipped with the reason; the file NequIP's loader
+    reads back gives the eager model's energy and forces."""
+    import torch
+    from nequip.integrations.ase import NequIPCalculator
+    from nequip.model.inference_models import load_compiled_model
+    from nequip.nn import graph_model
+
+    from workbench.bench.nequip import R_MAX, bench_nequip, build, cu_cell, format_table
+    from workbench.bench.nequip_compiled import aoti_model
+    from workbench.kernels.nequip.graphs import atomic_data
+
+    monkeypatch.chdir(tmp_path)  # the compiled model goes under runs/bench/nequip-aoti
+    res = bench_nequip(
+        families=["nequip"], configs=["tutorial"], dtypes=["float32"], repeat=1, repeats=1, backends=["aoti"]
+    )
+    (case,) = res["cases"]
+    assert case["aoti_md"] > 0 and case["aoti_over_numba_md"] == case["aoti_md"] / case["numba_md"]
+    assert case["skipped"] == {"aoti_train": "inference only: a compiled model has no parameters to train"}
+    assert "MD aoti/numba" in format_table(res)
+    path = tmp_path / "runs/bench/nequip-aoti/nequip-tutorial-float32.nequip.pt2"
+    target = NequIPCalculator._get_aoti_compile_target()
+    compiled, meta = load_compiled_model(str(path), "cpu", list(target["input"]), list(target["output"]))
+    data = atomic_data([cu_cell(2, seed=3)], ["Cu"], R_MAX)  # another size than the one compiled from
+    native = build("nequip", "tutorial", "float32").eval()
+    ref = native({k: v.clone() for k, v in data.items()})
+    got = compiled({k: v.clone() for k, v in data.items()})
+    scale = float(ref["forces"].abs().max())
+    assert scale > 0 and float((got["forces"] - ref["forces"]).abs().max()) <= 1e-5 * scale
+    torch.testing.assert_close(got["total_energy"], ref["total_energy"], rtol=1e-5, atol=0)
+    assert float(meta[graph_model.R_MAX_KEY]) == R_MAX
+    with pytest.raises(ValueError, match="must end in .nequip.pt2"):
+        aoti_model(native, data, tmp_path / "model.pt2")
+    with pytest.raises(LookupError, match="on the CPU here, not on cuda"):
+        aoti_model(native, data, path, device="cuda")
 
 
 def test_each_timed_step_comes_after_settle_steps_of_the_same_model(tmp_path, monkeypatch):

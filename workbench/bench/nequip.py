@@ -16,7 +16,9 @@ modifiers join as ``cueq`` (cuEquivariance: NequIP's ``enable_CuEquivariance``, 
 ``enable_CuEquivarianceContracter``) and ``oeq`` (OpenEquivariance, NequIP only), and the table
 gives their times over ours. ``hot`` (asked for with ``--backends``, on any device) is ours with
 the hot op alone, without the companion swaps (the radial basis, SiLU, e3nn's linears): its
-time over ours is what the companions give. A backend step that cannot run here (not installed, no such modifier
+time over ours is what the companions give. ``aoti`` (asked for, CPU, MD only) is the family's
+own model compiled as ``nequip-compile --mode aotinductor --target ase`` compiles it for MD
+(:mod:`~workbench.bench.nequip_compiled`): what a NequIP user runs instead of the eager modules. A backend step that cannot run here (not installed, no such modifier
 for the family, a modifier that replaces nothing, one asked for off a GPU, a failing first step)
 is recorded as skipped with the reason. The JSON is rewritten after every case.
 """
@@ -30,6 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from workbench.bench.nequip_compiled import AOTI, aoti_model
 from workbench.bench.table import Column, cpu_name, render, run_versions, verdict, write_json
 from workbench.kernels.registry import BACKENDS, DEFAULT_BACKEND, backend_names, contenders
 
@@ -58,10 +61,11 @@ REQUIRED = (NATIVE, DEFAULT_BACKEND, FREE)
 
 def backends() -> tuple[str, ...]:
     """Every row, in table order: the family's own modules, each descriptor backend the registry
-    counts as a contender (ours first), the bound, our hot op alone, and every converter backend
+    counts as a contender (ours first), the bound, our hot op alone, the family's AOTInductor
+    build, and every converter backend
     (a family's own GPU modifier for it: :data:`MODIFIERS`)."""
     ours = [n for n in contenders() if BACKENDS[n].kind == "descriptor"]
-    return (NATIVE, *ours, FREE, HOT, *backend_names("convert"))
+    return (NATIVE, *ours, FREE, HOT, AOTI, *backend_names("convert"))
 
 
 def over_ours() -> tuple[str, ...]:
@@ -70,6 +74,8 @@ def over_ours() -> tuple[str, ...]:
 
 
 TARGETS = {"nequip": 3.0, "allegro": 2.0}  # tutorial config, float32, MD and train
+#: where the ``aoti`` row's compiled models are written
+_AOTI_DIR = Path("runs/bench/nequip-aoti")
 R_MAX = 5.0
 
 
@@ -171,8 +177,9 @@ def _family_swap(family: str):
 
 
 def default_backends(device: str) -> tuple[str, ...]:
-    """Every row but ``hot`` on a GPU; the three required ones on a CPU."""
-    return tuple(b for b in backends() if b != HOT) if device.startswith("cuda") else REQUIRED
+    """Every row but ``hot`` and ``aoti`` (minutes of C++ build) on a GPU; the three required
+    ones on a CPU."""
+    return tuple(b for b in backends() if b not in (HOT, AOTI)) if device.startswith("cuda") else REQUIRED
 
 
 def check_backends(names: Sequence[str]) -> tuple[str, ...]:
@@ -226,13 +233,19 @@ def _models(family: str, config: str, dtype: str, backends: Sequence[str], devic
     models, skipped = {}, {}
     for backend in backends:
         try:
-            base = variant(native, family, backend, device).to(device)
+            if backend == AOTI:
+                base = aoti_model(native, data, _AOTI_DIR / f"{family}-{config}-{dtype}.nequip.pt2", device)
+            else:
+                base = variant(native, family, backend, device).to(device)
         except Exception as exc:
             if backend in REQUIRED:
                 raise
             skipped.update({f"{backend}_{step}": _reason(exc) for step in STEPS})
             continue
         for step in STEPS:
+            if backend == AOTI and step == "train":
+                skipped[f"{AOTI}_train"] = "inference only: a compiled model has no parameters to train"
+                continue
             try:
                 model = base.eval() if step == "md" else copy.deepcopy(base).train()
                 _timed(STEPS[step], model, data, device)  # synchronised: a CUDA error is charged here

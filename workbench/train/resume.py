@@ -91,10 +91,10 @@ def restore(s: Session, ckpt: dict | None) -> None:
     s.resume_sampler = _sampler_state(s, ckpt["sampler"][s.rank])
     set_rng_state(ckpt["rng"][s.rank] if isinstance(ckpt["rng"], list) else ckpt["rng"])
     dropped = drop_after(s.run.step_log(s.rank), s.global_step)
-    if s.rank == 0:
+    if s.rank == 0:  # said even when nothing after it was logged (a rank killed before it wrote its step)
         drop_after(s.run.epoch_log, s.global_step)
-        if dropped:
-            s.say(f"resume: from step {s.global_step}; {dropped} step(s) logged after it will run again")
+        again = f"{dropped} step(s) logged after it will run again" if dropped else "no step after it was logged"
+        s.say(f"resume: from step {s.global_step}; {again}")
 
 
 def _sampler_state(s: Session, state) -> dict:

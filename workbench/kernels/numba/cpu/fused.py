@@ -39,7 +39,8 @@ LLVM may fuse a multiply and the next add. Kernels are
 written under the kernel cache and compiled with numba's on-disk cache: once per pass shape,
 channel count and dtype on a machine. Compiling is numba's typing and lowering, per statement
 of the body and whatever the channel count: about a second for a NequIP pass of 4 to 50
-instructions, 11 s for MACE's 239-instruction radial-weight gradient (compiled once: the
+instructions, 11 s for MACE's 239-instruction radial-weight gradient on the CPU of 2026-12-03
+(4.5-6.6 s, in register groups, on that of 2026-12-05; compiled once: the
 parallel driver calls it by address, :mod:`~workbench.kernels.numba.cpu.segments`). :func:`use_fused`
 decides where: programs short enough to compile in seconds, at every channel count. At 16
 channels fusing removes the per-row bookkeeping; at 128 it keeps the program's registers
@@ -84,8 +85,8 @@ def use_fused(program: Any, options: Any = None) -> bool:
         return False
     if options.cpu_kernels == "fused":
         return True
-    limit = options.cpu_unroll_max or FUSED_MAX_INSTRUCTIONS
-    return program.num_instructions <= limit
+    most = options.cpu_unroll_max or FUSED_MAX_INSTRUCTIONS
+    return program.num_instructions <= most
 
 
 class FusedPass:
@@ -165,7 +166,7 @@ def _row_lines(rp: Any, C: int, cast: str, indices: tuple[int, ...], ind: str) -
     coef_lines, kname = _coefficient_lines(rp, cast)
     lines += [ind + line for line in coef_lines]
     for group in accumulator_groups(rp.program):
-        lines += _channel_loop(rp, group, C, kname, ind)
+        lines += _channel_loop(rp, group, C, kname, ind) if group else []
     return lines + _store_lines(rp, C, False, "row", ind)
 
 

@@ -56,12 +56,14 @@ def _dependencies(program: VectorProgram) -> list[list[int]]:
     return deps
 
 
-def group_instructions(program: VectorProgram, accumulators: list[int]) -> np.ndarray:
+def group_instructions(
+    program: VectorProgram, accumulators: list[int], deps: list[list[int]] | None = None
+) -> np.ndarray:
     """The rows of ``program.ins`` that the ``accumulators`` (indices ``0 .. A - 1``) depend on,
-    in program order."""
+    in program order (``deps``: the program's dependencies, if already found)."""
     V = program.num_vectors
     targets = {V + j for j in accumulators}
-    deps = _dependencies(program)
+    deps = _dependencies(program) if deps is None else deps
     need = {i for i, d in enumerate(program.ins[:, 1].tolist()) if d in targets}
     stack = list(need)
     while stack:
@@ -105,7 +107,8 @@ def accumulator_groups(program: VectorProgram, registers: int | None = None) -> 
     A = program.num_accumulators
     if A == 0 or program.num_vectors + A <= registers or _reads_accumulators(program):
         return [list(range(A))]
-    reads = [operands_read(program, group_instructions(program, [j])) for j in range(A)]
+    deps = _dependencies(program)
+    reads = [operands_read(program, group_instructions(program, [j], deps)) for j in range(A)]
     groups: list[list[int]] = []
     current: list[int] = []
     operands: set[int] = set()
