@@ -43,24 +43,14 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def _check_values(p: argparse.ArgumentParser, variable: str, values: list[str]) -> None:
     """Every value parsed as the kernels will parse it, before any model is built."""
-    from workbench.kernels.options import kernel_options
+    from workbench.kernels.options import environment, kernel_options
 
-    before = os.environ.get(variable)
-    try:
-        for v in values:
-            os.environ[variable] = v
-            kernel_options()
-    except ValueError as exc:
-        p.error(f"--values: {exc}")
-    finally:
-        _restore(variable, before)
-
-
-def _restore(variable: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(variable, None)
-    else:
-        os.environ[variable] = value
+    for v in values:
+        with environment({variable: v}):
+            try:
+                kernel_options()
+            except ValueError as exc:
+                p.error(f"--values: {exc}")
 
 
 def _step(kind: str, model: str, system: str, dtype: str, folder: Path):
@@ -88,11 +78,10 @@ def _step(kind: str, model: str, system: str, dtype: str, folder: Path):
 
 
 def _time(step, variable: str, values: list[str], repeats: int) -> dict[str, float]:
-    before = os.environ.get(variable)
-    try:
+    from workbench.kernels.options import environment
+
+    with environment({variable: values[0]}):  # the variable's own value comes back after
         return _interleaved(step, variable, values, repeats)
-    finally:
-        _restore(variable, before)
 
 
 def _interleaved(step, variable: str, values: list[str], repeats: int) -> dict[str, float]:
