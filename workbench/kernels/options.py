@@ -106,6 +106,12 @@ ENV: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         _positive(int),
         "operands plus accumulators per channel loop of a fused CPU pass (a large value: one loop)",
     ),
+    "fold_species": (
+        "WORKBENCH_FOLD_SPECIES",
+        _flag,
+        "1/0: fold the contraction's per-species weights into its coupling coefficients before a call "
+        "(default: on CPU tensors)",
+    ),
     "host_fallback": (
         "WORKBENCH_KERNELS_HOST_FALLBACK",
         _flag,
@@ -141,6 +147,7 @@ class KernelOptions:
     cpu_unroll_max: int | None = None
     cpu_serial_work: int | None = None
     cpu_registers: int | None = None
+    fold_species: bool | None = None
     host_fallback: bool = False
     poison: bool = False
     cudasim: bool = False
