@@ -150,6 +150,7 @@ def test_auto_fuses_short_programs_at_every_channel_count(monkeypatch):
     leaves longer ones on the interpreter; ``WORKBENCH_CPU_UNROLL_MAX`` moves the limit,
     ``interpreter`` and ``fused`` force."""
     paper = channelwise_tp_op(make_conv_tp("4x0e+4x1o", 3))[0]
+    monkeypatch.setenv("WORKBENCH_CPU_MERGE_EDGES", "0")  # the weight gradient's own pass
     weights = cpu_plan(paper.derivative((True,) * len(paper.operands)), 16).passes
     short = max((rp.program for _, rp in weights), key=lambda p: p.num_instructions)
     assert short.num_instructions == 239
@@ -164,6 +165,42 @@ def test_auto_fuses_short_programs_at_every_channel_count(monkeypatch):
     assert cpu_fused.use_fused(long)
     monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "interpreter")
     assert not cpu_fused.use_fused(short)
+
+
+def test_edge_outputs_merge_into_the_node_pass(monkeypatch, fused_runs):
+    """The paper's second message op (``0e+1o`` features, ``l_max`` 3): its backward computes the
+    feature gradient (sender sums), the harmonic gradient and the radial-weight gradient (per
+    edge) in one fused sender pass of 345 instructions at 64 channels, so each ``[E, J]`` weight
+    row is read once; with ``WORKBENCH_CPU_MERGE_EDGES=0``, on the interpreter, or below 64
+    channels, they are two passes. Both give the interpreter's numbers (float64) on a graph with
+    an isolated node."""
+    op = channelwise_tp_op(make_conv_tp("64x0e+64x1o", 3))[0]
+    back = op.derivative((True,) * len(op.operands))
+    N, E = 13, 240
+    graph = EdgeGraph(random_graph(N, E, seed=5), N)
+    ts = _inputs(back, {"edge": E, "sender": N, "receiver": N}, seed=7)
+    results = {}
+    for kind, merge, want in (("interpreter", "1", ["sender", "edge"]), ("auto", "0", ["sender", "edge"])):
+        monkeypatch.setenv("WORKBENCH_CPU_KERNELS", kind)
+        monkeypatch.setenv("WORKBENCH_CPU_MERGE_EDGES", merge)
+        assert [k for k, _ in cpu_plan(back, 64).passes] == want
+        results[kind] = back.evaluate(ts, graph=graph)
+    monkeypatch.delenv("WORKBENCH_CPU_MERGE_EDGES")
+    monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "auto")
+    narrow = channelwise_tp_op(make_conv_tp("16x0e+16x1o", 3))[0].derivative((True,) * 3)
+    assert [k for k, _ in cpu_plan(narrow, 16).passes] == ["sender", "edge"]
+    ((kind, merged),) = cpu_plan(back, 64).passes
+    assert kind == "sender" and merged.merged and len(merged.outputs) == 3
+    assert cpu_fused.FUSED_MAX_INSTRUCTIONS < merged.program.num_instructions <= cpu_fused.FUSED_MAX_MERGED
+    fused_runs.clear()
+    got = back.evaluate(ts, graph=graph)
+    assert len(fused_runs) == 1
+    for r, a, b in zip(results["interpreter"], got, results["auto"]):
+        scale = float(r.abs().max())
+        assert scale > 0
+        torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-13 * scale)
+        torch.testing.assert_close(b, r, rtol=1e-12, atol=1e-13 * scale)
+    assert not got[0][N - 1].any()  # the isolated node's gradient row: zeros
 
 
 @pytest.mark.parametrize(

@@ -106,6 +106,11 @@ ENV: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         _positive(int),
         "operands plus accumulators per channel loop of a fused CPU pass (a large value: one loop)",
     ),
+    "cpu_merge_edges": (
+        "WORKBENCH_CPU_MERGE_EDGES",
+        _flag,
+        "1/0: a CPU edge op's per-edge outputs join its node pass (default: from 64 channels)",
+    ),
     "fold_species": (
         "WORKBENCH_FOLD_SPECIES",
         _flag,
@@ -147,6 +152,7 @@ class KernelOptions:
     cpu_unroll_max: int | None = None
     cpu_serial_work: int | None = None
     cpu_registers: int | None = None
+    cpu_merge_edges: bool | None = None
     fold_species: bool | None = None
     host_fallback: bool = False
     poison: bool = False

@@ -145,7 +145,9 @@ def _run_host(op, tensors, index: RowIndex, channels: int, outs, sim: bool) -> N
 
 def cpu_plan(op: Any, channels: int) -> _cpu.CpuPlan:
     """The CPU row passes of this op's outputs (vector programs, built once per channel count)."""
-    return op._cached(("cpu", channels), lambda: _cpu.plan([c.poly for c in op.compiled], op.array_ids, channels))
+    options = kernel_options()  # the passes a plan merges depend on which programs are fused
+    key = ("cpu", channels, options.cpu_merge_edges, options.cpu_kernels, options.cpu_unroll_max)
+    return op._cached(key, lambda: _cpu.plan([c.poly for c in op.compiled], op.array_ids, channels))
 
 
 def _run_cpu(op, arrays, index: RowIndex, channels: int, outs) -> None:

@@ -71,10 +71,14 @@ __all__ = ["FUSED_MAX_INSTRUCTIONS", "FusedPass", "fused_pass", "use_fused"]
 #: ``cpu_kernels="auto"`` fuses passes of at most this many instructions: bigger programs (the
 #: contraction's 500 to 6,000) would compile for minutes, and stay on the interpreter
 FUSED_MAX_INSTRUCTIONS = 256
+#: the same for a node pass with the per-edge outputs merged in
+#: (:func:`~workbench.kernels.numba.cpu.passes.plan`): it replaces two kernels that would be compiled
+#: anyway, and reads the ``[E, J]`` radial weights once instead of twice
+FUSED_MAX_MERGED = 400
 _ROW = {0: "row", 1: "r1", 2: "r2"}
 
 
-def use_fused(program: Any, options: Any = None) -> bool:
+def use_fused(program: Any, options: Any = None, merged: bool = False) -> bool:
     """Whether a pass of ``program`` runs as a fused kernel, at any channel count: always with
     ``WORKBENCH_CPU_KERNELS=fused``, never with ``interpreter`` or ``generated``, and with the
     default ``auto`` for at most :data:`FUSED_MAX_INSTRUCTIONS` instructions
@@ -85,7 +89,7 @@ def use_fused(program: Any, options: Any = None) -> bool:
         return False
     if options.cpu_kernels == "fused":
         return True
-    most = options.cpu_unroll_max or FUSED_MAX_INSTRUCTIONS
+    most = options.cpu_unroll_max or (FUSED_MAX_MERGED if merged else FUSED_MAX_INSTRUCTIONS)
     return program.num_instructions <= most
 
 

@@ -19,7 +19,12 @@ Coefficients that carry broadcast factors (e.g. an edge's spherical harmonics) a
 row before the pass (:func:`row_coefficients`, vectorised over rows).
 
 All the outputs of one pass with the same row shape share one program, so their common
-monomials are built once and every operand row is read once. Segments run in parallel
+monomials are built once and every operand row is read once. An edge op whose outputs are one
+end point's sums and per-edge rows (a message op's backward: the feature gradient to senders,
+the radial-weight and harmonic gradients per edge) runs them as one fused sender pass
+(``WORKBENCH_CPU_MERGE_EDGES``; by default from :data:`MERGE_MIN_CHANNELS` channels): each
+``[E, J]`` weight row is read once, not twice (MACE's paper configuration, MD at 1,536 atoms:
+0.92x the step). Segments run in parallel
 (``prange``, :mod:`~workbench.kernels.numba.cpu.segments`); no two segments write the same element, so there are no atomics, and sums run
 in a fixed order: the same inputs give the same bits on every run and thread count.
 
@@ -38,6 +43,7 @@ instruction set. Index arithmetic is unsigned, which lets LLVM vectorise the cha
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -79,6 +85,10 @@ SERIAL_WORK = 100_000
 #: a row's own cost (loading its registers, storing its outputs) in channel-instructions: a
 #: 4-instruction pass over 11,050 edges at 16 channels took 50 ns a row, ~150 of them
 ROW_WORK = 150
+#: the channel count from which an edge op's per-edge outputs join its node pass
+#: (:func:`plan`): MACE at 128 channels, MD 0.92-0.97x the step; NequIP at 32, 0.96-1.05x (noise);
+#: at 16, 1.05x (its rows are short, and the sender walk costs more than the second read)
+MERGE_MIN_CHANNELS = 64
 #: how an operand row is found from an input row: the row itself, or through index 1 / 2
 #: (atom ops: species; edge ops: sender, receiver)
 ROW_SELF, ROW_IDX1, ROW_IDX2 = 0, 1, 2
@@ -110,6 +120,12 @@ class RowPass:
     acc_off: np.ndarray
     acc_cs: np.ndarray
     acc_seg: np.ndarray
+    #: a node pass holding an op's per-edge outputs too (fused up to a larger program)
+    merged: bool = False
+
+    def fused(self, options: Any = None) -> bool:
+        """Whether this pass runs as a fused kernel (:func:`~workbench.kernels.numba.cpu.fused.use_fused`)."""
+        return use_fused(self.program, options, merged=self.merged)
 
     def drivers(self, dtype: str, channels: int) -> tuple[Any, Any]:
         """``(parallel, serial)`` row-pass drivers whose body runs the program on one row:
@@ -238,7 +254,7 @@ def run_pass(
     options = kernel_options()
     work = pass_work(int(perm.shape[0]), prog.num_instructions, channels)
     in_parallel = work >= (options.cpu_serial_work or SERIAL_WORK)
-    if use_fused(prog, options):
+    if rp.fused(options):
         fused_pass(rp, channels, dtype).run(in_parallel, arrays, idx1, idx2, segments, outs)
         return
     K = row_coefficients(rp, arrays, idx1, idx2, int(perm.shape[0]), dtype)
@@ -312,7 +328,27 @@ def plan(polys: Sequence, array_ids: Sequence[int], channels: int) -> CpuPlan:
         per_seg = [_PASS_OF[polys[k].output.rows][2] for k in ks]
         passes.append((kind, make_pass([polys[k] for k in ks], ks, array_ids, _ROW_CODES, channels, const, per_seg)))
     order = tuple(channels_last(op, channels) for op in polys[0].operands)
-    return CpuPlan(tuple(passes), order, tuple(array_ids))
+    return CpuPlan(tuple(_merged_edge_outputs(passes, kinds, polys, array_ids, channels)), order, tuple(array_ids))
+
+
+def _merged_edge_outputs(passes: list, kinds: dict, polys: Sequence, array_ids: Sequence[int], channels: int) -> list:
+    """The per-edge outputs (radial-weight and harmonic gradients) computed in the pass that
+    scatters to one end point (the node-feature gradient), when that one program is fused: every
+    edge row (``[E, J]`` weights, their gradient) is then read once a backward instead of twice.
+    The node pass walks its end point's edge lists; a per-edge output may be stored in any order."""
+    options = kernel_options()
+    nodes = [k for k in kinds if k in ("sender", "receiver")]
+    wanted = channels >= MERGE_MIN_CHANNELS if options.cpu_merge_edges is None else options.cpu_merge_edges
+    if not wanted or "edge" not in kinds or len(nodes) != 1:
+        return passes
+    ks = kinds[nodes[0]] + kinds["edge"]
+    per_seg = [_PASS_OF[polys[k].output.rows][2] for k in ks]
+    const = _PASS_OF[nodes[0]][1]
+    merged = make_pass([polys[k] for k in ks], ks, array_ids, _ROW_CODES, channels, const, per_seg)
+    merged = dataclasses.replace(merged, merged=True)
+    if not merged.fused(options):
+        return passes
+    return [(kind, rp) for kind, rp in passes if kind not in ("edge", nodes[0])] + [(nodes[0], merged)]
 
 
 def _host_arrays(cp: CpuPlan, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -398,7 +434,7 @@ def run_edge(
     options = kernel_options()
     for kind, rp in cp.passes:
         # fused kernels load no row once per segment: per-edge outputs walk the edges in memory order
-        if kind == "edge" and (rp.const_code == -1 or use_fused(rp.program, options)):
+        if kind == "edge" and (rp.const_code == -1 or rp.fused(options)):
             ptr, perm = _runs(sender.shape[0])
             seg = (ptr, perm, perm)
         else:  # node outputs, or edge outputs walked by the end point whose rows are loaded once
