@@ -65,10 +65,10 @@ def build_model(
     return model
 
 
-def save_md_model(path, atomic_numbers: tuple[int, int]):
-    """A random float64 ``ScaleShiftMACE`` (8x0e+8x1o, two elements: ``atomic_numbers``), saved at
+def save_md_model(path, atomic_numbers: tuple[int, ...]):
+    """A random float64 ``ScaleShiftMACE`` (8x0e+8x1o, the elements ``atomic_numbers``), saved at
     ``path`` as mace saves models; returns ``path``."""
-    model = build_model("ScaleShiftMACE", "8x0e+8x1o", 2, 2, 2, dtype=torch.float64)
+    model = build_model("ScaleShiftMACE", "8x0e+8x1o", 2, 2, len(atomic_numbers), dtype=torch.float64)
     model.atomic_numbers = torch.tensor(list(atomic_numbers))
     torch.save(model, path)
     return path

@@ -138,3 +138,33 @@ def test_inference_mode_tensors_are_grouped_without_the_cache(monkeypatch):
         xi, si = x.detach().clone(), s.detach().clone()
         assert rel_max(ours(xi, si), tp(xi, si)) <= 1e-12 and rel_max(ours(xi, si), tp(xi, si)) <= 1e-12
     assert seen == [2, 2]
+
+
+def test_one_hot_species_gather_only_their_weights(monkeypatch):
+    """MACE's self-connection: node features times a one-hot of the 20 elements (89 in MACE-MP-0),
+    3 of them present. The groups' matrices are built from the weights of those 3 elements only
+    (no gather of the whole weight), with e3nn's values and the gradients of the features and the
+    weights; a dense set of scalars takes every weight."""
+    seen = _calls(monkeypatch)
+    gathered = []
+    real = groups_mod.WeightMap.matrix
+    monkeypatch.setattr(groups_mod.WeightMap, "matrix", lambda self, w: gathered.append(w.shape) or real(self, w))
+    torch.manual_seed(4)
+    tp = o3.FullyConnectedTensorProduct("8x0e+8x1o", "20x0e", "8x0e+8x1o").double()
+    with torch.no_grad():
+        tp.weight.normal_()
+    ours = copy.deepcopy(tp)
+    SWAP.swap(ours, "numba")
+    ours.eval()
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(30, tp.irreps_in1.dim, generator=g, dtype=torch.float64, requires_grad=True)
+    s = torch.nn.functional.one_hot(torch.tensor([3, 11, 17])[torch.arange(30) % 3], 20).double()
+    v = torch.randn(30, tp.irreps_out.dim, generator=g, dtype=torch.float64)
+    for m in (tp, ours):
+        y = m(x, s)
+        m.result = [y, *torch.autograd.grad((y * v).sum(), [x, m.weight])]
+    assert seen == [3] and gathered == []
+    for i, (a, b) in enumerate(zip(ours.result, tp.result)):
+        assert rel_max(a, b) <= 1e-12, i
+    dense = torch.randn(3, 20, generator=g, dtype=torch.float64)[torch.arange(30) % 3]
+    assert rel_max(ours(x, dense), tp(x, dense)) <= 1e-12 and gathered

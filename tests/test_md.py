@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from cli_fixtures import run_workbench
+from kernel_fixtures import save_md_model
 from md_fixtures import tiny_model  # noqa: F401
 
 import workbench  # noqa: F401
@@ -91,3 +92,33 @@ def test_backend_e3nn_on_an_accelerated_file_runs_e3nn(tiny_model, tmp_path, mon
         assert runs[runs_it] and not runs[idle], (backend, {k: len(v) for k, v in runs.items()})
         for calls in runs.values():
             calls.clear()
+
+
+def test_calculator_of_many_elements_matches_e3nn(tmp_path):
+    """A model of 8 elements on methanol in a periodic box (3 present): the MD calculator's paths
+    that work on the species present (the contraction's folded weights, the self-connection's
+    per-species matrices) give e3nn's energy, forces and stress in float64."""
+    from ase.build import molecule
+
+    from workbench.kernels.mace.symmetric_contraction import SymmetricContraction
+    from workbench.train.md_calculator import load_calculator
+
+    path = save_md_model(tmp_path / "many.model", (1, 6, 7, 8, 9, 14, 26, 29))
+    atoms = molecule("CH3OH", vacuum=2.0, pbc=True)
+    atoms.positions += np.random.default_rng(3).normal(0, 0.05, atoms.positions.shape)
+    out = {}
+    for backend in ("numba", "e3nn"):
+        calc = load_calculator(path, backend=backend)
+        a = atoms.copy()
+        a.calc = calc
+        out[backend] = (a.get_potential_energy(), a.get_forces(), a.get_stress())
+        names = {type(m).__name__ for m in calc.models[0].modules()}
+        assert ("WorkbenchScalarTP" in names) == (backend == "numba")
+    model = load_calculator(path).models[0]
+    x = torch.zeros(1, dtype=torch.float64)
+    contractions = [m for m in model.modules() if isinstance(m, SymmetricContraction)]
+    assert len(contractions) == 2 and all(m.fold(x) for m in contractions)
+    (e1, f1, s1), (e0, f0, s0) = out["numba"], out["e3nn"]
+    assert abs(e1 - e0) <= 1e-10 * abs(e0)
+    assert np.abs(f1 - f0).max() <= 1e-10 * np.abs(f0).max()
+    assert np.abs(s1 - s0).max() <= 1e-10 * np.abs(s0).max()

@@ -183,10 +183,17 @@ def grouped_plan(
     return GroupedPlan(weights, *index, *cols, k, r_count, dim_in, out_at[-1], max_groups)
 
 
-def _matrices(plan: GroupedPlan, sg: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(W [K, R], M [G, I, O])``."""
-    w = plan.weights.matrix(weight).view(plan.k, plan.r)
-    return w, _spread(plan, sg @ w)
+def _matrices(plan: GroupedPlan, sg: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``M`` ``[G, I, O]`` of the groups' scalars ``sg`` ``[G, K]``: ``C = sg @ W`` over the scalar
+    channels some group holds (a one-hot species row: MACE-MP-0's 89 elements, a few present;
+    gathering all of ``W``, 1.5 M weights, cost more than the map at a few hundred atoms)."""
+    used = torch.nonzero(sg.ne(0).any(0)).flatten()
+    if used.shape[0] * 2 > plan.k:
+        return _spread(plan, sg @ plan.weights.matrix(weight).view(plan.k, plan.r))
+    gather = plan.weights.gather.view(plan.k, plan.r).index_select(0, used).reshape(-1)
+    scale = plan.weights.scale_as(weight.dtype).view(plan.k, plan.r).index_select(0, used)
+    w = torch.cat((weight, weight.new_zeros(1))).index_select(0, gather).view_as(scale) * scale
+    return _spread(plan, sg.index_select(1, used) @ w)
 
 
 def _spread(plan: GroupedPlan, c: torch.Tensor) -> torch.Tensor:
@@ -234,15 +241,16 @@ def _grads(ctx, gout: torch.Tensor, needed: Sequence[bool]) -> list[torch.Tensor
     plan, groups = ctx.plan, ctx.groups
     x, gout = take_columns(x, plan.cols_in), take_columns(gout, plan.cols_out)
     sg = s.index_select(0, groups.first)
-    w = plan.weights.matrix(weight).view(plan.k, plan.r)
     gx = None
     if needed[0]:
-        gx = _put_columns(_by_group(gout, _spread(plan, sg @ w).transpose(1, 2), groups), plan.cols_in, plan.dim_in)
+        gx = _put_columns(
+            _by_group(gout, _matrices(plan, sg, weight).transpose(1, 2), groups), plan.cols_in, plan.dim_in
+        )
     gs = None
     if needed[1]:  # each row's own: sum over M's entries of x[n, i] gout[n, o], per column of W
         prod = x.index_select(1, plan.entry_in) * gout.index_select(1, plan.entry_out)
         a = prod.new_zeros(x.shape[0], plan.r).index_add_(1, plan.entry_r, prod)
-        gs = a @ w.t()
+        gs = a @ plan.weights.matrix(weight).view(plan.k, plan.r).t()
     gw = _weight_grad(plan, groups, x, gout, sg, weight.shape[0]) if needed[2] else None
     return [gx, gs, gw]
 
@@ -264,7 +272,7 @@ class GroupedScalarTP(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.plan, ctx.groups, ctx.outer = plan, groups, outer
         ctx.save_for_backward(x, s, weight)
-        m = _matrices(plan, s.index_select(0, groups.first), weight)[1]
+        m = _matrices(plan, s.index_select(0, groups.first), weight)
         return _put_columns(_by_group(take_columns(x, plan.cols_in), m, groups), plan.cols_out, plan.dim_out)
 
     @staticmethod
