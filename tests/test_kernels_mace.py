@@ -97,11 +97,13 @@ def test_restore_state_dict_and_pickle():
     sd_keys = set(model.state_dict())
     linears = [m for m in model.modules() if type(m) is o3.Linear]
     skips = [m for m in model.modules() if type(m) is o3.FullyConnectedTensorProduct]
+    reshapes = [m for m in model.modules() if type(m).__name__ == "reshape_irreps"]
     accelerate(model, backend="numba")
     assert all(type(m) is o3.Linear for m in linears)  # training keeps e3nn's linears ...
     use_companions(model, "numba")
     assert linears and all(type(m).__name__ == "WorkbenchLinear" for m in linears)  # ... MD takes ours
     assert skips and all(type(m).__name__ == "WorkbenchScalarTP" for m in skips)  # the self-connections too
+    assert reshapes and all(type(m).__name__ == "WorkbenchReshapeIrreps" for m in reshapes)
     assert {id(p) for p in model.parameters()} == params_before  # same Parameter objects: optimizers keep working
     assert set(model.state_dict()) == sd_keys  # state dicts load into the e3nn original and back
     # torch.save / torch.load of the accelerated model (no GPU here: runs on the CPU path)
@@ -118,6 +120,7 @@ def test_restore_state_dict_and_pickle():
     assert not any(isinstance(m, SymmetricContraction) for m in model.modules())
     assert all(type(m) is o3.Linear for m in linears)
     assert all(type(m) is o3.FullyConnectedTensorProduct for m in skips)
+    assert all(type(m).__name__ == "reshape_irreps" for m in reshapes)
     _compare(ref, energy_force_grads(model, data), tol=1e-12)
     fresh = build_model(*cfg, dtype=torch.float64, seed=5)
     fresh.load_state_dict(model.state_dict())
