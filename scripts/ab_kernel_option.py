@@ -23,8 +23,15 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variable", required=True, help="a WORKBENCH_* kernel option (docs/reference/environment.md)")
     p.add_argument("--values", required=True, help="comma list of its values; the first is the ratios' numerator")
-    p.add_argument("--model", default="paper", help="paper, small or mp0")
-    p.add_argument("--systems", default="water-384", help="comma list of one-structure systems")
+    p.add_argument(
+        "--model",
+        default="paper",
+        help="paper, small or mp0; or a NequIP family and config, nequip-tutorial ... allegro-large "
+        "(run with the NequIP environment's python)",
+    )
+    p.add_argument(
+        "--systems", default="water-384", help="comma list of one-structure systems (NequIP families: cu-<repeat>)"
+    )
     p.add_argument("--kind", choices=("md", "train"), default="md")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--threads", type=int, default=2)
@@ -53,11 +60,32 @@ def _check_values(p: argparse.ArgumentParser, variable: str, values: list[str]) 
                 p.error(f"--values: {exc}")
 
 
+def _nequip_step(kind: str, model: str, system: str, dtype: str):
+    """The MD or train step of ``bench nequip`` (numba) for ``model`` = ``<family>-<config>`` on
+    ``system`` = ``cu-<repeat>``: a rattled fcc Cu cell of ``4 * repeat**3`` atoms."""
+    import copy
+
+    from workbench.bench.nequip import R_MAX, build, cu_cell, md_step, train_step
+    from workbench.kernels import accelerate
+    from workbench.kernels.nequip.graphs import atomic_data
+
+    family, _, config = model.partition("-")
+    if not system.startswith("cu-") or not system[3:].isdigit():
+        raise SystemExit(f"--systems {system}: the NequIP families run on cu-<repeat> (e.g. cu-4: 256 atoms)")
+    data = atomic_data([cu_cell(int(system[3:]))], ["Cu"], R_MAX)
+    m = accelerate(copy.deepcopy(build(family, config, dtype)), backend="numba")
+    m = m.eval() if kind == "md" else m.train()
+    fn = md_step if kind == "md" else train_step
+    return lambda: fn(m, data)
+
+
 def _step(kind: str, model: str, system: str, dtype: str, folder: Path):
     """A zero-argument step of ``kind`` on ``system``: ``md`` through ``workbench md``'s ASE
     calculator (numba, its radial tables and linears), ``train`` the bench's train step."""
     import numpy as np
 
+    if model.startswith(("nequip-", "allegro-")):
+        return _nequip_step(kind, model, system, dtype)
     rng = np.random.default_rng(0)
     if kind == "md":
         from workbench.bench import cpu_md
