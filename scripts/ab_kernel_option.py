@@ -16,6 +16,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -60,7 +61,7 @@ def _check_values(p: argparse.ArgumentParser, variable: str, values: list[str]) 
                 p.error(f"--values: {exc}")
 
 
-def _nequip_step(kind: str, model: str, system: str, dtype: str):
+def _nequip_step(kind: str, model: str, system: str, dtype: str) -> Callable[[], object]:
     """The MD or train step of ``bench nequip`` (numba) for ``model`` = ``<family>-<config>`` on
     ``system`` = ``cu-<repeat>``: a rattled fcc Cu cell of ``4 * repeat**3`` atoms."""
     import copy
@@ -70,7 +71,7 @@ def _nequip_step(kind: str, model: str, system: str, dtype: str):
     from workbench.kernels.nequip.graphs import atomic_data
 
     family, _, config = model.partition("-")
-    if not system.startswith("cu-") or not system[3:].isdigit():
+    if not system.startswith("cu-") or not system[3:].isdigit() or int(system[3:]) < 1:
         raise SystemExit(f"--systems {system}: the NequIP families run on cu-<repeat> (e.g. cu-4: 256 atoms)")
     data = atomic_data([cu_cell(int(system[3:]))], ["Cu"], R_MAX)
     m = accelerate(copy.deepcopy(build(family, config, dtype)), backend="numba")

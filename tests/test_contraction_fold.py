@@ -64,7 +64,7 @@ def _inputs(channels, dim, species, seed=0):
 
 
 @pytest.mark.parametrize("correlation,max_ell", [(2, 1), (2, 3), (3, 2), (4, 1)])
-def test_folded_module_matches_mace_and_the_unfolded_kernels(correlation, max_ell):
+def test_folded_module_matches_mace_and_the_unfolded_kernels(correlation, max_ell, monkeypatch):
     """Species 1 and 3 absent (the rows of ``V`` are the species present), an atom of no
     species (all-zero attributes) gives zeros; output, force-like gradient and its derivatives
     by ``x`` and every weight, in float64."""
@@ -79,6 +79,7 @@ def test_folded_module_matches_mace_and_the_unfolded_kernels(correlation, max_el
     )
     params = [p for p in ref.parameters() if p.requires_grad]
     want = contraction_derivatives(ref, x, y, params, *cot)
+    monkeypatch.delenv("WORKBENCH_FOLD_SPECIES", raising=False)
     assert fast.fold(x)
     results = {}
     for fold in (True, False):
@@ -110,7 +111,8 @@ def test_folded_module_gradcheck_and_float32():
     assert rel_err(got.double(), want) <= 1e-5
 
 
-def test_the_option_chooses_the_op():
+def test_the_option_chooses_the_op(monkeypatch):
+    monkeypatch.delenv("WORKBENCH_FOLD_SPECIES", raising=False)
     fast = SymmetricContraction.from_mace(_mace(2, 1))
     x = torch.randn(2, 3, 4, dtype=torch.float64)
     assert fast.fold(x)
@@ -118,3 +120,16 @@ def test_the_option_chooses_the_op():
         assert not fast.fold(x)
     assert fast.folded_op[0] is not fast.op
     assert fast.folded_op[0] is SymmetricContraction.from_mace(_mace(2, 1)).folded_op[0]  # shared
+
+
+def test_a_first_call_under_inference_mode_leaves_later_gradients_working():
+    """The fold matrix kept from a call under ``torch.inference_mode`` is a normal tensor: a later
+    call with gradients (the MD calculator's forces after an energy-only call) saves it."""
+    ref = _mace(2, 1)
+    fast = SymmetricContraction.from_mace(ref)
+    x, y, _ = _inputs(3, 4, [0, 2, 2])
+    with torch.inference_mode():
+        fast(x.detach(), y)
+    (g,) = torch.autograd.grad(fast(x, y).sum(), x)
+    (want,) = torch.autograd.grad(ref(x, y).sum(), x)
+    assert rel_err(g, want) <= 1e-10

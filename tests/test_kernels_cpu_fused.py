@@ -203,6 +203,31 @@ def test_edge_outputs_merge_into_the_node_pass(monkeypatch, fused_runs):
     assert not got[0][N - 1].any()  # the isolated node's gradient row: zeros
 
 
+def test_receiver_outputs_merge_too(monkeypatch, fused_runs):
+    """Force training through a first interaction (its node features position-free): the double
+    backward's outputs are the message cotangent's gradient (receiver sums) and the radial
+    weights' (per edge), one fused receiver pass at 64 channels, equal to the interpreter."""
+    op = channelwise_tp_op(make_conv_tp("64x0e", 2))[0]
+    d1 = op.derivative((False, True, True))
+    d2 = d1.derivative((False, False, True, True), (True,) * len(d1.outputs))
+    assert sorted(c.poly.output.rows for c in d2.compiled) == ["edge", "receiver"]
+    N, E = 9, 120
+    graph = EdgeGraph(random_graph(N, E, seed=3), N)
+    ts = _inputs(d2, {"edge": E, "sender": N, "receiver": N}, seed=11)
+    monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "interpreter")
+    ref = d2.evaluate(ts, graph=graph)
+    monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "auto")
+    ((kind, merged),) = cpu_plan(d2, 64).passes
+    assert kind == "receiver" and merged.merged
+    fused_runs.clear()
+    got = d2.evaluate(ts, graph=graph)
+    assert len(fused_runs) == 1
+    for r, a in zip(ref, got):
+        scale = float(r.abs().max())
+        assert scale > 0
+        torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-13 * scale)
+
+
 @pytest.mark.parametrize(
     "num_rows,size,low,high", [(256, 11_050, 0, 256), (7, 40, -2, 9), (1, 0, 0, 1), (5, 300, 0, 3)]
 )

@@ -168,3 +168,14 @@ def test_one_hot_species_gather_only_their_weights(monkeypatch):
         assert rel_max(a, b) <= 1e-12, i
     dense = torch.randn(3, 20, generator=g, dtype=torch.float64)[torch.arange(30) % 3]
     assert rel_max(ours(x, dense), tp(x, dense)) <= 1e-12 and gathered
+
+
+def test_a_product_without_paths_gives_zeros():
+    """No instruction connects the inputs to the output (1o x 0e never gives 0e): zeros, as e3nn."""
+    tp = o3.FullyConnectedTensorProduct("2x1o", "3x0e", "2x0e").double()
+    assert len(tp.instructions) == 0
+    ours = copy.deepcopy(tp)
+    SWAP.swap(ours, "numba")
+    x = torch.randn(5, 6, dtype=torch.float64)
+    s = torch.nn.functional.one_hot(torch.tensor([0, 1, 0, 2, 1]), 3).double()
+    assert torch.equal(ours.eval()(x, s), tp(x, s)) and not tp(x, s).any()

@@ -52,3 +52,14 @@ def test_what_it_takes_and_the_way_back():
     plain(torch.randn(2, 8))
     reshape.SWAP.unswap_all(holder)
     assert type(plain) is reshape_irreps and "_wb_op" not in plain.__dict__
+
+
+def test_other_widths_take_mace_reading():
+    """mace reads only the first ``dim`` columns; a wider input goes through mace's own code."""
+    theirs = _mace("2x0e+2x1o")
+    ours = copy.deepcopy(theirs)
+    reshape.SWAP.swap(ours, "numba")
+    x = torch.randn(3, 11, dtype=torch.float64, requires_grad=True)
+    assert torch.equal(ours(x), theirs(x))
+    (g,) = torch.autograd.grad(ours(x).sum(), x)
+    assert g.shape == x.shape and not g[:, 8:].any()

@@ -182,9 +182,10 @@ def grouped_plan(
         if key not in bases:
             bases[key] = sum(a.mul_in * a.mul_out for a in _first_paths(paths, out_at, bases))
         parts.append(_path_entries(p, out_at[p.out], bases[key]))
-    v, r_w, src, x_col, out_col, r_e = (np.concatenate(c) if c else np.zeros(0, np.int64) for c in zip(*parts))
+    columns = list(zip(*parts)) or [()] * 6  # a product without paths: empty columns
+    v, r_w, src, x_col, out_col, r_e = (np.concatenate(c) if c else np.zeros(0, np.int64) for c in columns)
     r_count = sum(a.mul_in * a.mul_out for a in _first_paths(paths, out_at, bases))
-    factor = np.concatenate([np.full(p.mul_in * p.mul_out * p.mul_s, p.factor) for p in paths]) if paths else v
+    factor = np.concatenate([np.full(p.mul_in * p.mul_out * p.mul_s, p.factor) for p in paths] or [np.zeros(0)])
     weights = WeightMap.of_arrays(k * r_count, num_weights, v * r_count + r_w, src, factor, device)
     _, first = np.unique(x_col * (int(out_col.max(initial=0)) + 1) + out_col, return_index=True)
     keep = np.sort(first)  # each entry of M once, in the order the paths reach it

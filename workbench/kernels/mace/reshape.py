@@ -1,4 +1,4 @@
-r"""mace's ``reshape_irreps`` as one column permutation, in place.
+r"""mace's ``reshape_irreps`` as one column permutation (the module swapped in place).
 
 Every mace interaction ends with ``reshape_irreps``: the message ``[N, dim]`` (irrep blocks
 ``mul x d``, each mul-major) becomes ``[N, C, \sum d]`` for the product block,
@@ -54,7 +54,7 @@ class _Permute(torch.autograd.Function):
         return x.index_select(1, perm)
 
     @staticmethod
-    def backward(ctx, g: torch.Tensor):
+    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         perm, inverse = ctx.perms
         return _Permute.apply(g, inverse, perm), None, None
 
@@ -74,6 +74,8 @@ def _make_class() -> type:
             perm, inverse = self.cached_op(
                 lambda: self._permutations(tensor.device), lambda p: p[0].device == tensor.device
             )
+            if tensor.dim() != 2 or tensor.shape[1] != perm.shape[0]:  # mace's own reading of other widths
+                return super().forward(tensor)
             out = _Permute.apply(tensor, perm, inverse)
             return out.view(tensor.shape[0], self.muls[0] if self.muls else 0, sum(self.dims))
 

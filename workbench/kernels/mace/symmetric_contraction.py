@@ -380,7 +380,8 @@ class SymmetricContraction(torch.nn.Module):
         cache = self.__dict__.setdefault("_fold_matrices", {})
         key = (W.dtype, W.device)
         if key not in cache:
-            cache[key] = torch.as_tensor(S, dtype=W.dtype, device=W.device)
+            with torch.inference_mode(False):  # kept for later calls that save it for backward
+                cache[key] = torch.as_tensor(S, dtype=W.dtype, device=W.device)
         present, rows = torch.unique(species, return_inverse=True)
         if present.numel() == 0:  # no atoms: one row keeps the shapes valid
             present = species.new_zeros(1)

@@ -339,7 +339,7 @@ def _merged_edge_outputs(passes: list, kinds: dict, polys: Sequence, array_ids: 
     options = kernel_options()
     nodes = [k for k in kinds if k in ("sender", "receiver")]
     wanted = channels >= MERGE_MIN_CHANNELS if options.cpu_merge_edges is None else options.cpu_merge_edges
-    if not wanted or "edge" not in kinds or len(nodes) != 1:
+    if not wanted or options.cpu_kernels in ("interpreter", "generated") or "edge" not in kinds or len(nodes) != 1:
         return passes
     ks = kinds[nodes[0]] + kinds["edge"]
     per_seg = [_PASS_OF[polys[k].output.rows][2] for k in ks]
