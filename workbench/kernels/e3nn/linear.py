@@ -105,6 +105,13 @@ class WeightMap:
         """The flat matrix of ``weight`` (differentiable in ``weight``)."""
         return torch.cat((weight, weight.new_zeros(1))).index_select(0, self.gather) * self.scale_as(weight.dtype)
 
+    def rows(self, weight: torch.Tensor, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """Rows ``rows`` of the matrix viewed as ``[-1, width]``, built from their entries alone
+        (``[len(rows), width]``, differentiable in ``weight``)."""
+        gather = self.gather.view(-1, width).index_select(0, rows).reshape(-1)
+        scale = self.scale_as(weight.dtype).view(-1, width).index_select(0, rows)
+        return torch.cat((weight, weight.new_zeros(1))).index_select(0, gather).view_as(scale) * scale
+
 
 @dataclass(frozen=True)
 class DimensionGroup:

@@ -175,16 +175,15 @@ def grouped_plan(
     (input block, output block) in path order, ``u * mul_out + w`` inside one (paths between the
     same blocks share them); built with numpy (MACE-MP-0's 89 elements: 1.5 M weights)."""
     bases: dict[tuple[int, int], int] = {}
-    parts, outer_macs = [], 0
+    parts, outer_macs, r_count = [], 0, 0
     for p in paths:
         outer_macs += p.d * p.mul_in * p.mul_s * p.mul_out
         key = (p.x_cols.start, out_at[p.out])
         if key not in bases:
-            bases[key] = sum(a.mul_in * a.mul_out for a in _first_paths(paths, out_at, bases))
+            bases[key], r_count = r_count, r_count + p.mul_in * p.mul_out
         parts.append(_path_entries(p, out_at[p.out], bases[key]))
     columns = list(zip(*parts)) or [()] * 6  # a product without paths: empty columns
     v, r_w, src, x_col, out_col, r_e = (np.concatenate(c) if c else np.zeros(0, np.int64) for c in columns)
-    r_count = sum(a.mul_in * a.mul_out for a in _first_paths(paths, out_at, bases))
     factor = np.concatenate([np.full(p.mul_in * p.mul_out * p.mul_s, p.factor) for p in paths] or [np.zeros(0)])
     weights = WeightMap.of_arrays(k * r_count, num_weights, v * r_count + r_w, src, factor, device)
     _, first = np.unique(x_col * (int(out_col.max(initial=0)) + 1) + out_col, return_index=True)
@@ -200,17 +199,6 @@ def grouped_plan(
     return GroupedPlan(weights, *index, *cols, k, r_count, dim_in, out_at[-1], max_groups)
 
 
-def _first_paths(paths: Sequence[Any], out_at: Sequence[int], bases: dict) -> list[Any]:
-    """One path per (input block, output block) pair numbered so far: their ``r`` ranges."""
-    seen, out = set(), []
-    for p in paths:
-        key = (p.x_cols.start, out_at[p.out])
-        if key in bases and key not in seen:
-            seen.add(key)
-            out.append(p)
-    return out
-
-
 def _matrices(plan: GroupedPlan, sg: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``M`` ``[G, I, O]`` of the groups' scalars ``sg`` ``[G, K]``: ``C = sg @ W`` over the scalar
     channels some group holds (a one-hot species row: MACE-MP-0's 89 elements, a few present;
@@ -218,10 +206,7 @@ def _matrices(plan: GroupedPlan, sg: torch.Tensor, weight: torch.Tensor) -> torc
     used = torch.nonzero(sg.ne(0).any(0)).flatten()
     if used.shape[0] * 2 > plan.k:
         return _spread(plan, sg @ plan.weights.matrix(weight).view(plan.k, plan.r))
-    gather = plan.weights.gather.view(plan.k, plan.r).index_select(0, used).reshape(-1)
-    scale = plan.weights.scale_as(weight.dtype).view(plan.k, plan.r).index_select(0, used)
-    w = torch.cat((weight, weight.new_zeros(1))).index_select(0, gather).view_as(scale) * scale
-    return _spread(plan, sg.index_select(1, used) @ w)
+    return _spread(plan, sg.index_select(1, used) @ plan.weights.rows(weight, used, plan.r))
 
 
 def _spread(plan: GroupedPlan, c: torch.Tensor) -> torch.Tensor:
