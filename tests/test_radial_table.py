@@ -48,6 +48,30 @@ def test_kernels_meet_the_measured_tolerance(dtype):
     assert rel_err(torch.from_numpy(dot).double(), want) <= (1e-9 if dtype == torch.float64 else 1e-5)
 
 
+def test_kernels_on_runs_of_every_length_match_the_polynomials():
+    """Intervals holding 1 to 9 edges, shuffled, across chunk boundaries: the blocked and the
+    single-edge evaluations both equal the polynomials written out in numpy (float64)."""
+    rng = np.random.default_rng(7)
+    n, lo, h = 40, 0.2, 0.1
+    coeffs = rng.normal(size=(n, 8, 37))
+    counts = [q % 9 + 1 for q in range(n)]
+    q = np.repeat(np.arange(n), counts)
+    s = rng.uniform(-1.0, 1.0, q.size)
+    shuffle = rng.permutation(q.size)
+    q, s = q[shuffle], s[shuffle]
+    r = lo + (q + (s + 1.0) / 2.0) * h
+    s = 2.0 * ((r - lo) / h - q) - 1.0  # as the kernels compute it from r
+    powers = s[:, None] ** np.arange(8)
+    want = np.einsum("ep,epj->ej", powers, coeffs[q])
+    slopes = np.einsum("ep,epj->ej", np.arange(1, 8) * powers[:, :7], coeffs[q][:, 1:]) * (2.0 / h)
+    values, plan = table_values(r, lo, h, coeffs)
+    grad = rng.normal(size=values.shape)
+    dot = table_slope_dot(r, plan, lo, h, coeffs, grad)
+    assert np.array_equal(plan[1], q)
+    assert np.abs(values - want).max() <= 1e-13 * np.abs(want).max()
+    assert np.abs(dot - (grad * slopes).sum(1)).max() <= 1e-12 * np.abs(dot).max()
+
+
 def test_the_edges_of_the_domain_are_covered_and_nothing_past_them():
     table = build(_waves, lo=0.5, hi=4.0, dtype=torch.float64)
     assert math.isclose(table.hi, 4.0)

@@ -117,6 +117,16 @@ ENV: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         "1/0: fold the contraction's per-species weights into its coupling coefficients before a call "
         "(default: on CPU tensors)",
     ),
+    "frozen_linears": (
+        "WORKBENCH_FROZEN_LINEARS",
+        _flag,
+        "1/0: e3nn linears with frozen weights (MD) run as one map and its transpose (default: 1)",
+    ),
+    "cpu_harmonics": (
+        "WORKBENCH_CPU_HARMONICS",
+        _flag,
+        "1/0: the MD calculator's spherical harmonics as numba passes on CPU tensors (default: 1)",
+    ),
     "host_fallback": (
         "WORKBENCH_KERNELS_HOST_FALLBACK",
         _flag,
@@ -154,6 +164,8 @@ class KernelOptions:
     cpu_registers: int | None = None
     cpu_merge_edges: bool | None = None
     fold_species: bool | None = None
+    frozen_linears: bool = True
+    cpu_harmonics: bool = True
     host_fallback: bool = False
     poison: bool = False
     cudasim: bool = False

@@ -40,6 +40,7 @@ import torch
 
 from workbench.kernels.class_swap import ClassSwap, KeepsOp
 from workbench.kernels.library import no_sync
+from workbench.kernels.options import kernel_options
 
 __all__ = [  # noqa: F822 (module __getattr__)
     "DENSE_MAX_MACS",
@@ -116,13 +117,17 @@ class WeightMap:
 @dataclass(frozen=True)
 class DimensionGroup:
     """The irreps of one dimension ``d``: the ``inputs`` (indices into ``irreps_in``, in the
-    block matrix's row order) and their block matrix at ``offset`` in the flat blocks."""
+    block matrix's row order) and their block matrix at ``offset`` in the flat blocks. ``ins``
+    and ``outs``: per input and output irrep of the group, ``(first column in the flat row,
+    multiplicity, first row or column in the block matrix)``."""
 
     d: int
     m_in: int
     m_out: int
     inputs: tuple[int, ...]
     offset: int
+    ins: tuple[tuple[int, int, int], ...] = ()
+    outs: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -205,18 +210,24 @@ def _renumber_rows(rows: dict[int, int], irreps, used: set[int]) -> dict[int, in
     return out
 
 
+def _placed(rows: dict[int, int], irreps, offsets: list[int]) -> tuple[tuple[int, int, int], ...]:
+    """``(column, multiplicity, block row)`` of each irrep in ``rows`` (:attr:`DimensionGroup.ins`)."""
+    return tuple((offsets[i], irreps[i].mul, r) for i, r in rows.items())
+
+
 def linear_plan(lin: torch.nn.Module, device: torch.device) -> LinearPlan:
     """The :class:`LinearPlan` of e3nn ``o3.Linear`` ``lin``, its index tensors on ``device``."""
     dims = list(dict.fromkeys(ir.dim for _, ir in lin.irreps_out))
     used = {ins.i_in for ins in lin.instructions}
     groups, parts, order, offset = [], [], [], 0
-    out_offsets = irreps_offsets(lin.irreps_out)
+    in_offsets, out_offsets = irreps_offsets(lin.irreps_in), irreps_offsets(lin.irreps_out)
     for d in dims:
         in_rows = _renumber_rows(_group_muls(lin.irreps_in, d), lin.irreps_in, used)
         out_rows = _group_muls(lin.irreps_out, d)
         m_in = sum(lin.irreps_in[i].mul for i in in_rows)
         m_out = sum(lin.irreps_out[i].mul for i in out_rows)
-        groups.append(DimensionGroup(d, m_in, m_out, tuple(in_rows), offset))
+        ins, outs = _placed(in_rows, lin.irreps_in, in_offsets), _placed(out_rows, lin.irreps_out, out_offsets)
+        groups.append(DimensionGroup(d, m_in, m_out, tuple(in_rows), offset, ins, outs))
         parts += [(offset + p, k, c) for p, k, c in _entries(lin, d, in_rows, out_rows, m_out)]
         order += [c for i in out_rows for c in range(out_offsets[i], out_offsets[i + 1])]
         offset += m_in * m_out
@@ -308,6 +319,11 @@ def _make_class() -> type:
             # the row count, and no plan built on first use inside a capture
             if not no_sync() and x.shape[0] * dim_in * dim_out <= DENSE_MAX_MACS:
                 out = apply_dense(self.plan(dense_plan, x.device), x, self.weight)
+            elif not (self.weight.requires_grad or no_sync()) and kernel_options().frozen_linears:  # MD
+                from workbench.kernels.e3nn.linear_inference import apply_frozen
+
+                plan = self.plan(linear_plan, x.device)
+                out = apply_frozen(x, plan.blocks.matrix(self.weight.detach()), plan.groups, dim_in, dim_out)
             else:
                 out = apply_plan(self.plan(linear_plan, x.device), x, self.weight)
             return out.reshape(*features.shape[:-1], dim_out)

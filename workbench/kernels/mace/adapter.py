@@ -94,11 +94,12 @@ def companions() -> tuple:
     latter as ``[N, 128 * elements]`` times ``[128 * elements, 128]``: for MACE-MP-0's 89
     elements the MD step took 0.93-0.94x the time without it (135 to 1,080 atoms); with the
     paper's two elements, 1.00-1.02x. And mace's ``reshape_irreps`` as one permutation
-    (:mod:`workbench.kernels.mace.reshape`: 0.97-1.00x)."""
-    from workbench.kernels.e3nn import linear, scalar_tp
+    (:mod:`workbench.kernels.mace.reshape`: 0.97-1.00x), and the edges' spherical harmonics as
+    one pass each way (:mod:`workbench.kernels.e3nn.spherical_harmonics`)."""
+    from workbench.kernels.e3nn import linear, scalar_tp, spherical_harmonics
     from workbench.kernels.mace import reshape
 
-    return (linear.SWAP, scalar_tp.SWAP, reshape.SWAP)
+    return (linear.SWAP, scalar_tp.SWAP, reshape.SWAP, spherical_harmonics.SWAP)
 
 
 def use_companions(model: torch.nn.Module, backend: str) -> None:

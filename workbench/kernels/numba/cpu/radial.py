@@ -5,8 +5,10 @@ Forward, per edge ``e`` on interval ``k`` at :math:`s = 2 ((r_e - lo)/h - k) - 1
 :math:`\bar r_e = \sum_j \bar{\mathrm{out}}[e, j]\, R_j'(r_e)`, the slope from the same
 coefficients. Edges are visited interval by interval (a counting sort of their interval
 numbers), so the ``[8, J]`` coefficients of an interval are read from memory once and stay in
-cache for every edge on it: a float64 table of 512 intervals at ``J = 1280`` is 42 MB.
-Chunks of consecutive sorted edges run in parallel; each writes its own rows.
+cache for every edge on it: a float64 table of 512 intervals at ``J = 1280`` is 42 MB. Runs
+of :data:`BLOCK` edges on one interval are evaluated together, each coefficient loaded into a
+register once for all of them. Chunks of consecutive sorted edges run in parallel; each writes
+its own rows.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ __all__ = ["interval_order", "table_slope_dot", "table_values"]
 
 #: sorted edges per parallel chunk
 CHUNK = 64
+#: edges of one interval evaluated together, so each coefficient is loaded once for all of them
+#: (paper config, 61,240 edges, J = 1,280, float32, 2 threads: values 27 -> 22 ms, slope-dot
+#: 30 -> 19 ms)
+BLOCK = 4
 
 
 @njit(cache=True, nogil=True)
@@ -39,44 +45,104 @@ def interval_order(r: np.ndarray, lo: float, inv_h: float, n: int) -> tuple[np.n
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _edge(r, order, k, lo, inv_h, coeffs, i):  # pragma: no cover - compiled
-    """The ``i``-th edge in interval order: ``(edge, interval, centred coordinate s)``."""
-    e = order[i]
-    q = k[e]
-    return e, q, coeffs.dtype.type(2.0 * ((r[e] - lo) * inv_h - q) - 1.0)
+def _coordinate(r, e, q, lo, inv_h, T):  # pragma: no cover - compiled
+    """Edge ``e``'s centred coordinate ``s`` on its interval ``q``, in the table's dtype ``T``."""
+    return T(2.0 * ((r[e] - lo) * inv_h - q) - 1.0)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _blocked(order, k, i, end):  # pragma: no cover - compiled
+    """Whether sorted edges ``i .. i + BLOCK - 1`` (before ``end``) share one interval."""
+    return i + BLOCK - 1 < end and k[order[i + BLOCK - 1]] == k[order[i]]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _run(r, order, i, q, lo, inv_h, T):  # pragma: no cover - compiled
+    """The next three sorted edges after ``i`` and the coordinates of all four on interval ``q``."""
+    e0, e1, e2, e3 = order[i], order[i + 1], order[i + 2], order[i + 3]
+    s0, s1 = _coordinate(r, e0, q, lo, inv_h, T), _coordinate(r, e1, q, lo, inv_h, T)
+    s2, s3 = _coordinate(r, e2, q, lo, inv_h, T), _coordinate(r, e3, q, lo, inv_h, T)
+    return e1, e2, e3, s0, s1, s2, s3
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _values4(cq, s0, s1, s2, s3, r0, r1, r2, r3):  # pragma: no cover - compiled
+    for j in range(cq.shape[1]):
+        a0, a1, a2, a3, a4, a5, a6, a7 = cq[0, j], cq[1, j], cq[2, j], cq[3, j], cq[4, j], cq[5, j], cq[6, j], cq[7, j]
+        r0[j] = ((((((a7 * s0 + a6) * s0 + a5) * s0 + a4) * s0 + a3) * s0 + a2) * s0 + a1) * s0 + a0
+        r1[j] = ((((((a7 * s1 + a6) * s1 + a5) * s1 + a4) * s1 + a3) * s1 + a2) * s1 + a1) * s1 + a0
+        r2[j] = ((((((a7 * s2 + a6) * s2 + a5) * s2 + a4) * s2 + a3) * s2 + a2) * s2 + a1) * s2 + a0
+        r3[j] = ((((((a7 * s3 + a6) * s3 + a5) * s3 + a4) * s3 + a3) * s3 + a2) * s3 + a1) * s3 + a0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _values1(cq, s, row):  # pragma: no cover - compiled
+    for j in range(cq.shape[1]):
+        v = ((((cq[7, j] * s + cq[6, j]) * s + cq[5, j]) * s + cq[4, j]) * s + cq[3, j]) * s + cq[2, j]
+        row[j] = (v * s + cq[1, j]) * s + cq[0, j]
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
 def _values(r, order, k, lo, inv_h, coeffs, out):  # pragma: no cover - compiled
-    num_chunks = (r.size + CHUNK - 1) // CHUNK
-    J = coeffs.shape[2]
-    for c in prange(num_chunks):
-        for i in range(c * CHUNK, min(r.size, (c + 1) * CHUNK)):
-            e, q, s = _edge(r, order, k, lo, inv_h, coeffs, i)
-            c0, c1, c2, c3 = coeffs[q, 0], coeffs[q, 1], coeffs[q, 2], coeffs[q, 3]
-            c4, c5, c6, c7 = coeffs[q, 4], coeffs[q, 5], coeffs[q, 6], coeffs[q, 7]
-            row = out[e]
-            for j in range(J):
-                v = ((((c7[j] * s + c6[j]) * s + c5[j]) * s + c4[j]) * s + c3[j]) * s + c2[j]
-                row[j] = (v * s + c1[j]) * s + c0[j]
+    T = coeffs.dtype.type
+    for c in prange((r.size + CHUNK - 1) // CHUNK):
+        i, end = c * CHUNK, min(r.size, (c + 1) * CHUNK)
+        while i < end:
+            e0 = order[i]
+            q = k[e0]
+            if _blocked(order, k, i, end):
+                e1, e2, e3, s0, s1, s2, s3 = _run(r, order, i, q, lo, inv_h, T)
+                _values4(coeffs[q], s0, s1, s2, s3, out[e0], out[e1], out[e2], out[e3])
+                i += BLOCK
+            else:
+                _values1(coeffs[q], _coordinate(r, e0, q, lo, inv_h, T), out[e0])
+                i += 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _slopes4(cq, s0, s1, s2, s3, g0, g1, g2, g3):  # pragma: no cover - compiled
+    """``(sum_j g_b[j] dR_j/ds at s_b)`` for the four edges ``b``; constants in the table's dtype:
+    an integer literal times a float32 is a float64, half the vector lanes."""
+    T = cq.dtype.type
+    t2, t3, t4, t5, t6, t7 = T(2.0), T(3.0), T(4.0), T(5.0), T(6.0), T(7.0)
+    x0 = x1 = x2 = x3 = T(0.0)
+    for j in range(cq.shape[1]):
+        a1, a2, a3, a4 = cq[1, j], t2 * cq[2, j], t3 * cq[3, j], t4 * cq[4, j]
+        a5, a6, a7 = t5 * cq[5, j], t6 * cq[6, j], t7 * cq[7, j]
+        x0 += g0[j] * ((((((a7 * s0 + a6) * s0 + a5) * s0 + a4) * s0 + a3) * s0 + a2) * s0 + a1)
+        x1 += g1[j] * ((((((a7 * s1 + a6) * s1 + a5) * s1 + a4) * s1 + a3) * s1 + a2) * s1 + a1)
+        x2 += g2[j] * ((((((a7 * s2 + a6) * s2 + a5) * s2 + a4) * s2 + a3) * s2 + a2) * s2 + a1)
+        x3 += g3[j] * ((((((a7 * s3 + a6) * s3 + a5) * s3 + a4) * s3 + a3) * s3 + a2) * s3 + a1)
+    return x0, x1, x2, x3
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _slope1(cq, s, g):  # pragma: no cover - compiled
+    T = cq.dtype.type
+    t2, t3, t4, t5, t6, t7 = T(2.0), T(3.0), T(4.0), T(5.0), T(6.0), T(7.0)
+    x = T(0.0)
+    for j in range(cq.shape[1]):
+        d = (((t7 * cq[7, j] * s + t6 * cq[6, j]) * s + t5 * cq[5, j]) * s + t4 * cq[4, j]) * s + t3 * cq[3, j]
+        x += g[j] * ((d * s + t2 * cq[2, j]) * s + cq[1, j])
+    return x
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath={"contract", "reassoc", "nsz"})
 def _slope_dot(r, order, k, lo, inv_h, coeffs, grad, out):  # pragma: no cover - compiled
-    num_chunks = (r.size + CHUNK - 1) // CHUNK
-    J = coeffs.shape[2]
-    zero = coeffs.dtype.type(0.0)
-    for c in prange(num_chunks):
-        for i in range(c * CHUNK, min(r.size, (c + 1) * CHUNK)):
-            e, q, s = _edge(r, order, k, lo, inv_h, coeffs, i)
-            c1, c2, c3, c4 = coeffs[q, 1], coeffs[q, 2], coeffs[q, 3], coeffs[q, 4]
-            c5, c6, c7 = coeffs[q, 5], coeffs[q, 6], coeffs[q, 7]
-            g = grad[e]
-            acc = zero
-            for j in range(J):
-                d = (((7 * c7[j] * s + 6 * c6[j]) * s + 5 * c5[j]) * s + 4 * c4[j]) * s + 3 * c3[j]
-                acc += g[j] * ((d * s + 2 * c2[j]) * s + c1[j])
-            out[e] = acc * (2.0 * inv_h)
+    T, scale = coeffs.dtype.type, 2.0 * inv_h
+    for c in prange((r.size + CHUNK - 1) // CHUNK):
+        i, end = c * CHUNK, min(r.size, (c + 1) * CHUNK)
+        while i < end:
+            e0 = order[i]
+            q = k[e0]
+            if _blocked(order, k, i, end):
+                e1, e2, e3, s0, s1, s2, s3 = _run(r, order, i, q, lo, inv_h, T)
+                x = _slopes4(coeffs[q], s0, s1, s2, s3, grad[e0], grad[e1], grad[e2], grad[e3])
+                out[e0], out[e1], out[e2], out[e3] = x[0] * scale, x[1] * scale, x[2] * scale, x[3] * scale
+                i += BLOCK
+            else:
+                out[e0] = _slope1(coeffs[q], _coordinate(r, e0, q, lo, inv_h, T), grad[e0]) * scale
+                i += 1
 
 
 def table_values(r: np.ndarray, lo: float, h: float, coeffs: np.ndarray) -> tuple[np.ndarray, tuple]:
