@@ -30,7 +30,7 @@ def _pair(case: str):
     sh = o3.SphericalHarmonics(irreps, normalize=normalize, normalization=normalization)
     ours = copy.deepcopy(sh)
     SWAP.swap(ours, "numba")
-    return sh, ours
+    return sh, ours.eval()  # in training mode it is e3nn's forward
 
 
 def _vectors(n: int, seed: int, dtype=torch.float64) -> torch.Tensor:
@@ -92,6 +92,19 @@ def test_float32_against_float64():
     y64 = sh(v64)
     (g64,) = torch.autograd.grad(y64.sum(), v64)
     assert y32.dtype == torch.float32 and rel_max(y32, y64) <= 1e-5 and rel_max(g32, g64) <= 1e-5
+
+
+def test_the_numba_passes_run_in_eval_only(monkeypatch):
+    sh, ours = _pair("mace-l3-component")
+    calls = []
+    real = sh_kernels._values
+    monkeypatch.setattr(sh_kernels, "_values", lambda *a: calls.append(a[0].shape) or real(*a))
+    v = _vectors(10, seed=7)
+    assert rel_max(ours(v), sh(v)) <= 1e-11 and calls == [(10, 3)]
+    ours.train()
+    assert rel_max(ours(v), sh(v)) == 0 and calls == [(10, 3)]
+    monkeypatch.setenv("WORKBENCH_CPU_HARMONICS", "0")
+    assert rel_max(ours.eval()(v), sh(v)) == 0 and calls == [(10, 3)]
 
 
 def test_batch_shapes_pickling_and_the_swap_back(monkeypatch):

@@ -25,9 +25,10 @@ Here the forward is one pass writing ``[E, dim]`` and the backward one pass writ
 as torch's ``normalize`` differentiates. A second derivative (force training through the
 calculator) recomputes e3nn's ops and differentiates them, so every order stays right.
 
-:data:`SWAP` turns e3nn's ``SphericalHarmonics`` into :class:`WorkbenchSphericalHarmonics` (an
-MD companion, :func:`~workbench.kernels.mace.adapter.companions`); CUDA tensors, other dtypes,
-traces and ``WORKBENCH_CPU_HARMONICS=0`` keep e3nn's forward.
+:data:`SWAP` turns e3nn's ``SphericalHarmonics`` into :class:`WorkbenchSphericalHarmonics` (a
+companion of MACE's MD calculator, :func:`~workbench.kernels.mace.adapter.companions`, and of the
+nequip-built families, :mod:`workbench.kernels.nequip.companions`); training mode, CUDA tensors,
+other dtypes, traces and ``WORKBENCH_CPU_HARMONICS=0`` keep e3nn's forward.
 """
 
 from __future__ import annotations
@@ -200,12 +201,13 @@ def spherical_harmonics(module: torch.nn.Module, vectors: torch.Tensor) -> torch
 
 def _make_class() -> type:
     class WorkbenchSphericalHarmonics(SWAP.native()):
-        """e3nn's ``SphericalHarmonics`` through :func:`spherical_harmonics` on CPU float32 and
-        float64 tensors outside a trace; e3nn's forward otherwise."""
+        """e3nn's ``SphericalHarmonics`` through :func:`spherical_harmonics` in ``eval()`` on CPU
+        float32 and float64 tensors outside a trace; e3nn's forward otherwise (training
+        differentiates twice, where the second derivative would recompute e3nn's forward)."""
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             cpu = x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
-            if not cpu or no_sync() or not kernel_options().cpu_harmonics:
+            if self.training or not cpu or no_sync() or not kernel_options().cpu_harmonics:
                 return super().forward(x)
             return spherical_harmonics(self, x)
 
