@@ -51,7 +51,11 @@ def test_values_and_gradients_match_e3nn_in_float64(case):
     (g_ref,) = torch.autograd.grad(ref, v, g) if ref.requires_grad else (torch.zeros_like(v),)  # l = 0: constant
     assert mine.shape == ref.shape == (300, sh.irreps_out.dim)
     assert rel_max(mine, ref) <= 1e-11
-    assert rel_max(g_mine, g_ref) <= 1e-11 if ref.requires_grad else torch.equal(g_mine, g_ref)
+    if not ref.requires_grad:
+        assert torch.equal(g_mine, g_ref)
+        return
+    # rows 0-1 sit under normalize's floor (gradients ~1e12): checked apart from the others
+    assert rel_max(g_mine[2:], g_ref[2:]) <= 1e-11 and rel_max(g_mine[:2], g_ref[:2]) <= 1e-11
     assert torch.equal(mine[0, 1:], torch.zeros_like(mine[0, 1:]))  # zero vector: only l = 0 is nonzero
 
 
@@ -74,6 +78,13 @@ def test_second_derivatives_through_e3nns_ops():
         results.append([dv, *torch.autograd.grad(dv.pow(2).sum(), v)])
     for a, b in zip(*results):
         assert rel_max(a, b) <= 1e-11
+
+
+def test_a_constant_harmonic_differentiates_twice_to_zero():
+    _, ours = _pair("l0-only")
+    v = _vectors(5, seed=8)
+    (dv,) = torch.autograd.grad(ours(v).sum(), v, create_graph=True)
+    assert torch.equal(dv.detach(), torch.zeros_like(v))  # e3nn's output is a constant: no graph to follow
 
 
 def test_gradcheck_and_gradgradcheck():

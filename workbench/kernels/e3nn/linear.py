@@ -306,6 +306,12 @@ def apply_plan(plan: LinearPlan, x: torch.Tensor, weight: torch.Tensor) -> torch
     return out if plan.permute is None else out.index_select(1, plan.permute)
 
 
+def _frozen_form(weight: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether a call runs as the frozen map (:mod:`.linear_inference`): frozen weights (MD), CPU
+    tensors (where it was measured), no trace, and the option on."""
+    return not (weight.requires_grad or no_sync()) and x.device.type == "cpu" and kernel_options().frozen_linears
+
+
 def _make_class() -> type:
     class WorkbenchLinear(KeepsOp, SWAP.native()):
         """e3nn's ``o3.Linear`` as one product per irrep dimension (module docstring)."""
@@ -319,7 +325,7 @@ def _make_class() -> type:
             # the row count, and no plan built on first use inside a capture
             if not no_sync() and x.shape[0] * dim_in * dim_out <= DENSE_MAX_MACS:
                 out = apply_dense(self.plan(dense_plan, x.device), x, self.weight)
-            elif not (self.weight.requires_grad or no_sync()) and kernel_options().frozen_linears:  # MD
+            elif _frozen_form(self.weight, x):
                 from workbench.kernels.e3nn.linear_inference import apply_frozen
 
                 plan = self.plan(linear_plan, x.device)

@@ -73,17 +73,35 @@ def _with_zeros(out: torch.Tensor, groups: Sequence[Any], transpose: bool) -> to
 
 
 class _Frozen(torch.autograd.Function):
-    """``x -> grouped_map(x)``; its backward is the transposed map, itself this function."""
+    """``x -> grouped_map(x)``; its backward and its forward-mode derivative are the transposed and
+    the same map, each this function again. Under ``vmap`` (mace's Hessians batch the second
+    backward) the batch becomes more rows: the map acts on each row alone."""
 
     @staticmethod
-    def forward(ctx, x, blocks, groups, dims, transpose):
-        ctx.args = (blocks, groups, dims, transpose)
+    def forward(x, blocks, groups, dims, transpose):
         return grouped_map(x, blocks, groups, dims[0] if transpose else dims[1], transpose)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.args = inputs[1:]
 
     @staticmethod
     def backward(ctx, grad):
         blocks, groups, dims, transpose = ctx.args
         return _Frozen.apply(grad, blocks, groups, dims, not transpose), None, None, None, None
+
+    @staticmethod
+    def jvp(ctx, x_t, *_):
+        blocks, groups, dims, transpose = ctx.args
+        return _Frozen.apply(x_t, blocks, groups, dims, transpose)
+
+    @staticmethod
+    def vmap(info, in_dims, x, blocks, groups, dims, transpose):
+        if in_dims[1] is not None:
+            raise ValueError("a frozen linear's weights cannot be batched under vmap")
+        x = x.movedim(in_dims[0], 0)
+        out = _Frozen.apply(x.reshape(-1, x.shape[-1]), blocks, groups, dims, transpose)
+        return out.reshape(*x.shape[:-1], out.shape[-1]), 0
 
 
 def apply_frozen(

@@ -61,17 +61,32 @@ def permute_columns(x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
 
 
 class _Permute(torch.autograd.Function):
-    """``x[:, perm]``; backward: ``g[:, inverse]`` (a permutation: no zero fill, no scatter)."""
+    """``x[:, perm]``; backward: ``g[:, inverse]`` (a permutation: no zero fill, no scatter);
+    forward-mode: the same permutation; under ``vmap`` the batch becomes more rows."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, perm: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
-        ctx.perms = (perm, inverse)
+    def forward(x: torch.Tensor, perm: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
         return permute_columns(x, perm)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.perms = inputs[1:]
 
     @staticmethod
     def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         perm, inverse = ctx.perms
         return _Permute.apply(g, inverse, perm), None, None
+
+    @staticmethod
+    def jvp(ctx, x_t: torch.Tensor, *_) -> torch.Tensor:
+        perm, inverse = ctx.perms
+        return _Permute.apply(x_t, perm, inverse)
+
+    @staticmethod
+    def vmap(info, in_dims, x, perm, inverse):
+        x = x.movedim(in_dims[0], 0)
+        out = _Permute.apply(x.reshape(-1, x.shape[-1]), perm, inverse)
+        return out.reshape(*x.shape[:-1], out.shape[-1]), 0
 
 
 def _check(m: torch.nn.Module) -> None:

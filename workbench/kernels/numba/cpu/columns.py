@@ -45,10 +45,16 @@ def gather_columns(x: np.ndarray, columns: np.ndarray, out: np.ndarray | None = 
     ``[0, width)``) into ``out`` (a new ``[rows, len(columns)]`` array if ``None``)."""
     if x.ndim != 2 or not x.flags.c_contiguous:
         raise ValueError(f"gather_columns takes a C-contiguous 2-d array, got shape {x.shape}")
+    if x.shape[1] >= 2**32:
+        raise ValueError(f"{x.shape[1]} columns: the column numbers are 32-bit")
     if columns.size and (columns.min() < 0 or columns.max() >= x.shape[1]):
         raise ValueError(f"a column outside [0, {x.shape[1]})")
     columns = columns.astype(np.uint32, copy=False)
     if out is None:
         out = np.empty((x.shape[0], columns.size), dtype=x.dtype)
+    elif out.shape != (x.shape[0], columns.size) or out.dtype != x.dtype or out.strides[-1] != out.itemsize:
+        raise ValueError(
+            f"out must be {x.dtype} [{x.shape[0]}, {columns.size}] with contiguous rows, got {out.dtype} {out.shape}"
+        )
     (_serial if x.shape[0] * columns.size < SERIAL_ELEMENTS else _parallel)(x, columns, out)
     return out
