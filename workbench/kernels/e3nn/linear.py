@@ -64,6 +64,11 @@ __all__ = [  # noqa: F822 (module __getattr__)
 DENSE_MAX_MACS = 1 << 25
 
 
+def _gather_weights(weight: torch.Tensor, gather: torch.Tensor) -> torch.Tensor:
+    """``weight[gather]``, zero where ``gather == weight.numel()`` (differentiable in ``weight``)."""
+    return torch.cat((weight, weight.new_zeros(1))).index_select(0, gather)
+
+
 @dataclass(frozen=True)
 class WeightMap:
     """How a flat ``weight`` fills a flat matrix of ``gather.shape[0]`` entries: entry ``k`` is
@@ -104,14 +109,14 @@ class WeightMap:
 
     def matrix(self, weight: torch.Tensor) -> torch.Tensor:
         """The flat matrix of ``weight`` (differentiable in ``weight``)."""
-        return torch.cat((weight, weight.new_zeros(1))).index_select(0, self.gather) * self.scale_as(weight.dtype)
+        return _gather_weights(weight, self.gather) * self.scale_as(weight.dtype)
 
     def rows(self, weight: torch.Tensor, rows: torch.Tensor, width: int) -> torch.Tensor:
         """Rows ``rows`` of the matrix viewed as ``[-1, width]``, built from their entries alone
         (``[len(rows), width]``, differentiable in ``weight``)."""
         gather = self.gather.view(-1, width).index_select(0, rows).reshape(-1)
         scale = self.scale_as(weight.dtype).view(-1, width).index_select(0, rows)
-        return torch.cat((weight, weight.new_zeros(1))).index_select(0, gather).view_as(scale) * scale
+        return _gather_weights(weight, gather).view_as(scale) * scale
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from workbench.kernels.rowwise import batch_as_rows
+
 __all__ = ["apply_frozen", "grouped_map"]
 
 
@@ -99,9 +101,7 @@ class _Frozen(torch.autograd.Function):
     def vmap(info, in_dims, x, blocks, groups, dims, transpose):
         if in_dims[1] is not None:
             raise ValueError("a frozen linear's weights cannot be batched under vmap")
-        x = x.movedim(in_dims[0], 0)
-        out = _Frozen.apply(x.reshape(-1, x.shape[-1]), blocks, groups, dims, transpose)
-        return out.reshape(*x.shape[:-1], out.shape[-1]), 0
+        return batch_as_rows(_Frozen.apply, in_dims[0], x, blocks, groups, dims, transpose)
 
 
 def apply_frozen(

@@ -27,6 +27,7 @@ import torch
 
 from workbench.kernels.class_swap import ClassSwap, KeepsOp
 from workbench.kernels.library import no_sync
+from workbench.kernels.rowwise import batch_as_rows
 
 __all__ = ["SWAP", "WorkbenchReshapeIrreps", "column_permutation", "permute_columns"]  # noqa: F822 (module __getattr__)
 
@@ -84,9 +85,7 @@ class _Permute(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, x, perm, inverse):
-        x = x.movedim(in_dims[0], 0)
-        out = _Permute.apply(x.reshape(-1, x.shape[-1]), perm, inverse)
-        return out.reshape(*x.shape[:-1], out.shape[-1]), 0
+        return batch_as_rows(_Permute.apply, in_dims[0], x, perm, inverse)
 
 
 def _check(m: torch.nn.Module) -> None:
