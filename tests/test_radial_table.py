@@ -103,17 +103,24 @@ def _outputs(model: torch.nn.Module, data: dict) -> tuple[torch.Tensor, ...]:
 
 
 class _Calls:
-    """Counts the table evaluations."""
+    """Counts the tables' answers (weights read in place by the message passes, or values)."""
 
     def __init__(self, monkeypatch):
         self.n = 0
-        apply = radial._TableFunction.apply
+        weights, values = radial.TabulatedWeights, radial.TableValues
 
         def counted(*args):
             self.n += 1
-            return apply(*args)
+            return weights(*args)
 
-        monkeypatch.setattr(radial._TableFunction, "apply", counted)
+        class Values:
+            @staticmethod
+            def apply(*args):
+                self.n += 1
+                return values.apply(*args)
+
+        monkeypatch.setattr(radial, "TabulatedWeights", counted)
+        monkeypatch.setattr(radial, "TableValues", Values)
 
 
 CONFIGS = [
@@ -257,3 +264,26 @@ def test_md_calculator_tabulates_by_default_on_the_numba_backend(tmp_path, monke
     assert not swapped & theirs and "Linear" in theirs
     with pytest.raises(ValueError, match="radial='spline'; the choices are table, mlp"):
         load_calculator(path, radial="spline")
+
+
+@pytest.mark.parametrize("interaction, extra", [CONFIGS[1][::3], CONFIGS[2][::3]])
+def test_message_passes_read_the_table_in_place(monkeypatch, interaction, extra):
+    """Accelerated, on the fused CPU kernels: each interaction's message op reads its table (its
+    ``[E, J]`` weights never written), unless its block multiplies them by the cutoff first (then
+    they are values); the network's energy, forces and stress either way."""
+    from workbench.kernels import accelerate, tabulated_edge
+    from workbench.kernels.options import overridden
+
+    data = periodic_batch(3, dtype=torch.float64)
+    model = _frozen(build_model("ScaleShiftMACE", "8x0e+8x1o", 2, 2, 3, interaction=interaction, **extra))
+    want = _outputs(model, data)
+    in_place, apply = [], tabulated_edge._TabulatedEdge.apply
+    monkeypatch.setattr(tabulated_edge._TabulatedEdge, "apply", lambda *a: in_place.append(1) or apply(*a))
+    with overridden(cpu_kernels="auto"):
+        for dtype in (torch.float64, torch.float32):
+            fast = accelerate(copy.deepcopy(model).to(dtype))
+            tabulate_radial(fast)
+            got = _outputs(fast, periodic_batch(3, dtype=dtype))
+            for name, a, b in zip(("energy", "forces", "stress"), got, want):
+                assert rel_err(a.double(), b) <= (1e-10 if dtype == torch.float64 else 1e-5), (name, dtype)
+    assert len(in_place) == (0 if extra.get("apply_cutoff") is False else 4)

@@ -127,6 +127,12 @@ ENV: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         _flag,
         "1/0: the MD calculator's spherical harmonics as numba passes on CPU tensors (default: 1)",
     ),
+    "table_in_passes": (
+        "WORKBENCH_TABLE_IN_PASSES",
+        _flag,
+        "1/0: the message passes read a tabulated radial network's coefficients in place of its "
+        "[edges, J] weights (MD on the CPU; default: 1)",
+    ),
     "host_fallback": (
         "WORKBENCH_KERNELS_HOST_FALLBACK",
         _flag,
@@ -166,6 +172,7 @@ class KernelOptions:
     fold_species: bool | None = None
     frozen_linears: bool = True
     cpu_harmonics: bool = True
+    table_in_passes: bool = True
     host_fallback: bool = False
     poison: bool = False
     cudasim: bool = False

@@ -27,6 +27,7 @@ from workbench.kernels.e3nn.tp import ChannelwiseOpCache, channelwise_tp_op
 from workbench.kernels.lazy_class import LazyClass
 from workbench.kernels.ops import edge_poly_op
 from workbench.kernels.registry import DEFAULT_BACKEND
+from workbench.kernels.tabulated_edge import TabulatedWeights, tabulated_edge_op
 
 __all__ = [
     "SUPPORTED_INTERACTION_BLOCKS",
@@ -76,6 +77,11 @@ def _make_fused_class():
                 return super().forward(x, y, weight)
             op, _ = self.channelwise_op()
             backend = self.__dict__.get("kernel_backend", DEFAULT_BACKEND)
+            if isinstance(weight, TabulatedWeights):
+                outs = tabulated_edge_op(op, edge_index[0], edge_index[1], x.shape[0], x, y, weight, backend=backend)
+                if outs is not None:
+                    return outs[0]
+                weight = weight.values()
             (out,) = edge_poly_op(op, edge_index[0], edge_index[1], x.shape[0], x, y, weight, backend=backend)
             return out
 

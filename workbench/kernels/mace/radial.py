@@ -12,7 +12,9 @@ pickle or deep copy keeps the link between them and rebuilds the tables on first
   and the ``edge_feats`` tensor it returned;
 - each ``conv_tp_weights`` (e3nn ``FullyConnectedNet``) -> :class:`TabulatedRadialMLP`: when
   called on exactly that tensor, returns the table at those lengths (numba, CPU), differentiable
-  once for forces and stress.
+  once for forces and stress: a :class:`~workbench.kernels.tabulated_edge.TabulatedWeights`,
+  which the fused message op reads from the table in place (``WORKBENCH_TABLE_IN_PASSES``) and
+  anything else as values.
 
 Anything else runs the network: training mode, parameters that take gradients, other input
 (mace's attention block concatenates species to ``edge_feats``), lengths off the table's domain,
@@ -27,7 +29,9 @@ import torch
 
 from workbench.kernels.class_swap import CACHE, KeepsOp, probe_copy
 from workbench.kernels.lazy_class import LazyClass
+from workbench.kernels.options import kernel_options
 from workbench.kernels.radial_table import TOLERANCE, RadialTable, TableRefused, build
+from workbench.kernels.tabulated_edge import TableValues, TabulatedWeights
 
 __all__ = [
     "TabulatedRadialMLP",  # noqa: F822  (built on first access by the module __getattr__)
@@ -38,32 +42,6 @@ __all__ = [
 
 _TAP = "_wb_radial_tap"  # (edge_feats, its version, lengths) of the latest call; never pickled
 _SOURCE = "_wb_radial_source"  # the tapped embedding a tabulated network reads
-
-
-class _TableFunction(torch.autograd.Function):
-    """``[E]`` lengths -> ``[E, J]`` table values; backward: the slopes dotted with the gradient."""
-
-    @staticmethod
-    def forward(ctx, lengths: torch.Tensor, table: RadialTable) -> torch.Tensor:
-        from workbench.kernels.numba.cpu.radial import table_values
-
-        r = lengths.detach().contiguous().numpy()
-        values, plan = table_values(r, table.lo, table.h, table.coeffs)
-        ctx.saved = (r, plan, table)
-        return torch.from_numpy(values)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        from workbench.kernels.numba.cpu.radial import table_slope_dot
-
-        if torch.is_grad_enabled():  # create_graph: a second derivative would miss the table's
-            raise RuntimeError(
-                "a tabulated radial network is differentiable once (forces, stress), not twice: "
-                "train with the network (untabulate_radial(model), or radial='mlp' in load_calculator)"
-            )
-        r, plan, table = ctx.saved
-        g = grad.contiguous().numpy()
-        return torch.from_numpy(table_slope_dot(r, plan, table.lo, table.h, table.coeffs, g)), None
 
 
 def _make_tap():
@@ -100,7 +78,9 @@ def _make_tabulated():
             table = self.radial_table()
             if not table.covers(lengths):
                 return super().forward(x)
-            return _TableFunction.apply(lengths.reshape(-1), table)
+            if kernel_options().table_in_passes:  # read in place by the fused message op
+                return TabulatedWeights(lengths.reshape(-1), table)
+            return TableValues.apply(lengths.reshape(-1), table)
 
         def _tabulable(self, x: torch.Tensor) -> torch.Tensor | None:
             source = self.__dict__.get(_SOURCE)

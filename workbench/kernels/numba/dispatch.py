@@ -30,7 +30,7 @@ from workbench.kernels.numba.gpu.device import cuda_available, cudasim_enabled
 from workbench.kernels.options import kernel_options, variable
 from workbench.kernels.rows import RowIndex
 
-__all__ = ["cpu_plan", "evaluate"]
+__all__ = ["cpu_plan", "evaluate", "evaluate_tabulated", "tabulated_supported"]
 
 _WARNED: set = set()
 
@@ -150,7 +150,54 @@ def cpu_plan(op: Any, channels: int) -> _cpu.CpuPlan:
     return op._cached(key, lambda: _cpu.plan([c.poly for c in op.compiled], op.array_ids, channels))
 
 
-def _run_cpu(op, arrays, index: RowIndex, channels: int, outs) -> None:
+def _table_operand(op, operand: int, coeffs: np.ndarray, rows: tuple, cotangent: int, dr=None):
+    from workbench.kernels.numba.cpu.tabulated import TableOperand
+
+    return TableOperand(op.array_ids[operand], coeffs, rows[0], rows[1], cotangent, dr)
+
+
+def tabulated_supported(op: Any, operand: int, coeffs: np.ndarray, cotangent: int = -1) -> bool:
+    """Whether :func:`evaluate_tabulated` can run ``op`` with operand ``operand`` read from
+    ``coeffs`` (every pass that reads it, or stores output ``cotangent``, fused)."""
+    dummy = np.zeros(1)
+    table = _table_operand(op, operand, coeffs, (dummy, dummy), cotangent)
+    return table.supports(cpu_plan(op, op.channels))
+
+
+def evaluate_tabulated(
+    op: Any,
+    tensors: Sequence[torch.Tensor | None],
+    index: Any,
+    operand: int,
+    coeffs: np.ndarray,
+    rows: tuple,
+    cotangent: int = -1,
+) -> tuple[list[torch.Tensor], np.ndarray | None]:
+    """The outputs of edge ``op`` on CPU tensors with ``tensors[operand]`` (None) read from the
+    table ``coeffs`` at each edge's ``rows = (interval, centred coordinate)``
+    (:class:`~workbench.kernels.numba.cpu.tabulated.TableOperand`); output ``cotangent`` (that
+    operand's cotangent; -1: none) is returned dotted with the slopes in ``s``, ``[E]``, in its
+    place. ``tensors`` are contiguous, of the table's dtype; checked by :func:`tabulated_supported`."""
+    dtype = torch.float64 if coeffs.dtype == np.float64 else torch.float32
+    dummy = np.zeros((1, 1), dtype=coeffs.dtype)
+    outs = [
+        _output(op, c, index, dtype, torch.device("cpu"), False) for k, c in enumerate(op.compiled) if k != cotangent
+    ]
+    host = [o.numpy() for o in outs]
+    dr = np.empty(index.num_edges, dtype=coeffs.dtype) if cotangent >= 0 else None
+    if cotangent >= 0:
+        host.insert(cotangent, dummy)
+    arrays = [dummy] * _cpu.NUM_ARRAYS
+    for aid, t in zip(op.array_ids, tensors):
+        if t is not None:
+            arrays[aid] = t.detach().numpy()
+    table = _table_operand(op, operand, coeffs, rows, cotangent, dr)
+    with host_side():
+        _run_cpu(op, arrays, index, op.channels, host, table)
+    return outs, dr
+
+
+def _run_cpu(op, arrays, index: RowIndex, channels: int, outs, table=None) -> None:
     cp = cpu_plan(op, channels)
     if op.edge:
         _cpu.run_edge(
@@ -162,6 +209,7 @@ def _run_cpu(op, arrays, index: RowIndex, channels: int, outs) -> None:
             index.num_nodes,
             channels,
             outs,
+            table,
         )
     else:
         _cpu.run_atom(cp, arrays, index.species.detach().to(torch.int64).numpy(), index.num_species, channels, outs)

@@ -57,6 +57,7 @@ its instructions.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -66,7 +67,7 @@ from workbench.kernels.numba.cpu.segments import Segments
 from workbench.kernels.numba.cpu.unrolled import constant_coefficients, instruction_lines, literal
 from workbench.kernels.options import kernel_options
 
-__all__ = ["FUSED_MAX_INSTRUCTIONS", "FusedPass", "fused_pass", "use_fused"]
+__all__ = ["FUSED_MAX_INSTRUCTIONS", "FusedPass", "TableRead", "fused_pass", "use_fused"]
 
 #: ``cpu_kernels="auto"`` fuses passes of at most this many instructions: bigger programs (the
 #: contraction's 500 to 6,000) would compile for minutes, and stay on the interpreter
@@ -94,27 +95,54 @@ def use_fused(program: Any, options: Any = None, merged: bool = False) -> bool:
     return program.num_instructions <= most
 
 
+@dataclass(frozen=True)
+class TableRead:
+    r"""A pass operand read from a table of polynomials in each row's scalar, not from an array.
+
+    Kernel array ``array`` holds coefficients ``[N, 8, J]`` instead of the ``[rows, J]`` operand;
+    a row's interval ``tk[row]`` and centred coordinate ``ts[row]`` give each column ``b`` as
+    :math:`\sum_p c_{k p b}\, s^p` (Horner, :mod:`workbench.kernels.radial_table`). The per-row
+    output ``slope_output`` (a program output; -1: none), the cotangent of that operand, is not
+    stored: it is dotted with the slopes, :math:`\sum_b \bar w_b\, dR_b/ds`, into ``dr[row]``.
+    So neither the ``[rows, J]`` operand nor its cotangent goes through memory."""
+
+    array: int
+    width: int
+    slope_output: int = -1
+
+
 class FusedPass:
     """A row pass's fused kernel, ``run_segments(lo, hi, ...)`` over segments ``lo .. hi - 1``: it
     takes the arrays :attr:`arrays` (indices into the pass's 10 kernel arrays), the row indices
     :attr:`indices` (``1``: ``idx1``, ``2``: ``idx2``), ``seg_ptr, seg_perm, seg_row`` and the
     outputs :attr:`outputs`; :class:`~workbench.kernels.numba.cpu.segments.Segments` runs it."""
 
-    def __init__(self, module: Any, arrays: tuple[int, ...], indices: tuple[int, ...], outputs: tuple[int, ...]):
+    def __init__(
+        self,
+        module: Any,
+        arrays: tuple[int, ...],
+        indices: tuple[int, ...],
+        outputs: tuple[int, ...],
+        table: TableRead | None = None,
+    ):
         self.module, self.arrays, self.indices, self.outputs = module, arrays, indices, outputs
-        self.segments = Segments(module.run_segments, len(arrays) + len(indices))
+        self.table = table
+        extra = 2 if table is not None else 0
+        self.segments = Segments(module.run_segments, len(arrays) + len(indices) + extra)
 
-    def run(self, parallel: bool, arrays, idx1, idx2, segments, outs) -> None:
+    def run(self, parallel: bool, arrays, idx1, idx2, segments, outs, rows: tuple = ()) -> None:
+        """``rows``: with a :class:`TableRead`, ``(tk, ts)`` and, with a slope output, ``dr``."""
         args = [arrays[a] for a in self.arrays] + [idx1 if i == 1 else idx2 for i in self.indices]
-        args += list(segments) + [outs[q] for q in self.outputs]
+        args += list(rows[:2]) + list(segments) + [outs[q] for q in self.outputs] + list(rows[2:])
         (self.segments.parallel if parallel else self.segments.serial)(*args)
 
 
-def _signature(rp: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+def _signature(rp: Any, table: TableRead | None = None) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     arrays = tuple(sorted({int(a) for a in rp.vec_arr} | {int(a) for a in rp.sca_arr}))
     codes = {int(c) for c in rp.vec_code} | {int(c) for c in rp.sca_code}
     indices = tuple(i for i in (1, 2) if i in codes)
-    return arrays, indices, tuple(sorted({int(q) for q in rp.acc_out}))
+    slope = table.slope_output if table is not None else -1
+    return arrays, indices, tuple(sorted({int(q) for q in rp.acc_out} - {slope}))
 
 
 def _coefficient_lines(rp: Any, cast: str) -> tuple[list[str], list[str]]:
@@ -149,11 +177,12 @@ def _lane_sum(target: str, first: int, C: int, ind: str) -> list[str]:
     return lines
 
 
-def _store_lines(rp: Any, C: int, per_segment: bool, target_row: str, ind: str) -> list[str]:
-    """Store the accumulators of one kind (per segment or per row) into their outputs."""
+def _store_lines(rp: Any, C: int, per_segment: bool, target_row: str, ind: str, skip: int = -1) -> list[str]:
+    """Store the accumulators of one kind (per segment or per row) into their outputs (but
+    program output ``skip``)."""
     lines = []
     for j, (q, off, cs, seg) in enumerate(zip(rp.acc_out, rp.acc_off, rp.acc_cs, rp.acc_seg)):
-        if bool(seg) != per_segment:
+        if bool(seg) != per_segment or q == skip:
             continue
         if cs == 0:
             lines += _lane_sum("total", j * C, C, ind)
@@ -164,18 +193,67 @@ def _store_lines(rp: Any, C: int, per_segment: bool, target_row: str, ind: str) 
     return lines
 
 
-def _row_lines(rp: Any, C: int, cast: str, indices: tuple[int, ...], ind: str) -> list[str]:
+def _table_value(array: int, column: str) -> str:
+    """The tabulated operand's value at ``column`` of this row's interval ``tq``, coordinate ``sq``."""
+    w = [f"a{array}[tq, {p}, {column}]" for p in range(8)]
+    expr = w[7]
+    for p in range(6, -1, -1):
+        expr = f"({expr}) * sq + {w[p]}"
+    return expr
+
+
+def _table_slope(array: int, column: str, cast: str) -> str:
+    """``dR/ds`` of the tabulated operand at ``column`` (Horner over ``p c_p``, constants in the dtype)."""
+    w = [f"{literal(float(p), cast)} * a{array}[tq, {p}, {column}]" for p in range(8)]
+    expr = w[7]
+    for p in range(6, 1, -1):
+        expr = f"({expr}) * sq + {w[p]}"
+    return f"({expr}) * sq + a{array}[tq, 1, {column}]"
+
+
+def _table_lines(rp: Any, table: TableRead, cast: str, ind: str) -> list[str]:
+    """A row's tabulated operand evaluated once into ``wrow`` (in cache), where the pass reads it:
+    its channel loops read ``wrow`` as they would read the operand's row. A pass that also dots
+    the operand's cotangent with the slopes gets them in ``srow`` from the same coefficient loads."""
+    lines = [f"{ind}tq = tk[row]", f"{ind}sq = ts[row]"]
+    if table.array not in rp.vec_arr:
+        return lines
+    lines += [f"{ind}for b in range({table.width}):", f"{ind}    wrow[b] = {_table_value(table.array, 'b')}"]
+    if table.slope_output >= 0:
+        lines.append(f"{ind}    srow[b] = {_table_slope(table.array, 'b', cast)}")
+    return lines
+
+
+def _slope_dot_lines(rp: Any, C: int, table: TableRead, cast: str, ind: str) -> list[str]:
+    """``dr[row] = sum_b acc_b dR_b/ds`` over the slope output's accumulators: per channel in one
+    vector loop, then over the channels as :data:`LANES` partial sums in a fixed order."""
+    dots = rp.program.num_accumulators * C  # a scratch slot after the accumulators
+    lines = [f"{ind}for c in range({C}):", f"{ind}    x = zero"]
+    for j, (q, off, cs) in enumerate(zip(rp.acc_out, rp.acc_off, rp.acc_cs)):
+        if q == table.slope_output:
+            column = f"{int(off)} + c * {int(cs)}"
+            slope = f"srow[{column}]" if table.array in rp.vec_arr else _table_slope(table.array, column, cast)
+            lines.append(f"{ind}    x = x + acc[{j * C} + c] * ({slope})")
+    lines.append(f"{ind}    acc[{dots} + c] = x")
+    return lines + _lane_sum("total", dots, C, ind) + [f"{ind}dr[row] = total"]
+
+
+def _row_lines(rp: Any, C: int, cast: str, indices: tuple[int, ...], ind: str, table: TableRead | None) -> list[str]:
     """One row: its indices (those of :func:`_signature`), coefficients and the program over its
     channels."""
     lines = [f"{ind}row = seg_perm[p]"] + [f"{ind}r{i} = idx{i}[row]" for i in indices]
+    if table is not None:
+        lines += _table_lines(rp, table, cast, ind)
     coef_lines, kname = _coefficient_lines(rp, cast)
     lines += [ind + line for line in coef_lines]
     for group in accumulator_groups(rp.program):
-        lines += _channel_loop(rp, group, C, kname, ind) if group else []
-    return lines + _store_lines(rp, C, False, "row", ind)
+        lines += _channel_loop(rp, group, C, kname, ind, table) if group else []
+    if table is not None and table.slope_output >= 0:
+        lines += _slope_dot_lines(rp, C, table, cast, ind)
+    return lines + _store_lines(rp, C, False, "row", ind, table.slope_output if table is not None else -1)
 
 
-def _channel_loop(rp: Any, group: list[int], C: int, kname: list[str], ind: str) -> list[str]:
+def _channel_loop(rp: Any, group: list[int], C: int, kname: list[str], ind: str, table: TableRead | None) -> list[str]:
     """One loop over the channels computing accumulators ``group`` (:mod:`~workbench.kernels.numba.cpu.groups`):
     the operands they read, their instructions, and their values into ``acc``."""
     prog = rp.program
@@ -185,7 +263,11 @@ def _channel_loop(rp: Any, group: list[int], C: int, kname: list[str], ind: str)
     lines, inner = [f"{ind}for c in range({C}):"], ind + "    "
     name: dict[int, str] = {j: f"v{j}" for j in range(V)}
     for j, (a, code, base) in enumerate(zip(rp.vec_arr, rp.vec_code, rp.vec_base)):
-        if j in reads:
+        if j not in reads:
+            continue
+        if table is not None and a == table.array:
+            lines.append(f"{inner}v{j} = wrow[{int(base)} + c]")
+        else:
             lines.append(f"{inner}v{j} = a{int(a)}[{_ROW[int(code)]}, {int(base)} + c]")
     for j in group:
         name[V + j] = f"s{j}"
@@ -194,19 +276,21 @@ def _channel_loop(rp: Any, group: list[int], C: int, kname: list[str], ind: str)
     return lines + [f"{inner}acc[{j * C} + c] = {name[V + j]}" for j in group]
 
 
-def kernel_source(rp: Any, channels: int, dtype: str) -> str:
-    """Source of ``run_segments`` (segments ``lo .. hi - 1``) for ``rp`` at ``channels`` in ``dtype``."""
-    arrays, indices, outputs = _signature(rp)
+def kernel_source(rp: Any, channels: int, dtype: str, table: TableRead | None = None) -> str:
+    """Source of ``run_segments`` (segments ``lo .. hi - 1``) for ``rp`` at ``channels`` in
+    ``dtype``; ``table``: an operand read from a table (:class:`TableRead`)."""
+    arrays, indices, outputs = _signature(rp, table)
     C = channels
     cast = "" if dtype == "float64" else "f32"
-    args = [f"a{a}" for a in arrays] + [f"idx{i}" for i in indices]
-    args = ", ".join(args + ["seg_ptr", "seg_perm", "seg_row"] + [f"o{q}" for q in outputs])
-    acc_size = max(rp.program.num_accumulators, 1) * C
+    args = [f"a{a}" for a in arrays] + [f"idx{i}" for i in indices] + (["tk", "ts"] if table is not None else [])
+    args += ["seg_ptr", "seg_perm", "seg_row"] + [f"o{q}" for q in outputs]
+    args = ", ".join(args + (["dr"] if table is not None and table.slope_output >= 0 else []))
+    acc_size = (max(rp.program.num_accumulators, 1) + (table is not None)) * C
     zeroed = [j for j, seg in enumerate(rp.acc_seg) if seg]  # summed over the segment: zeroed per segment
     body = [
         *[line for j in zeroed for line in (f"    for c in range({C}):", f"        acc[{j * C} + c] = zero")],
         "    for p in range(seg_ptr[s], seg_ptr[s + 1]):",
-        *_row_lines(rp, C, cast, indices, "        "),
+        *_row_lines(rp, C, cast, indices, "        ", table),
         "    q = seg_row[s]",
         *_store_lines(rp, C, True, "q", "    "),
     ]
@@ -214,6 +298,8 @@ def kernel_source(rp: Any, channels: int, dtype: str) -> str:
     return "\n".join(
         ["@njit(cache=True, fastmath=FASTMATH, nogil=True)", f"def run_segments(lo, hi, {args}):"]
         + [f"    acc = np.empty({acc_size}, dtype=np.{dtype})", f"    lanes = np.empty({LANES}, dtype=np.{dtype})"]
+        + ([f"    wrow = np.empty({table.width}, dtype=np.{dtype})"] if table is not None else [])
+        + ([f"    srow = np.empty({table.width}, dtype=np.{dtype})"] if table is not None else [])
         + [f"    zero = {literal(0.0, cast)}", "    for s in range(lo, hi):"]
         + ["    " + line for line in body]
         + [""]
@@ -233,11 +319,12 @@ def _module(source: str) -> Any:
     return load_module(head + source, "workbench_fused")
 
 
-def fused_pass(rp: Any, channels: int, dtype: str) -> FusedPass:
+def fused_pass(rp: Any, channels: int, dtype: str, table: TableRead | None = None) -> FusedPass:
     """The fused kernels of ``rp`` (generated, written and imported once per process)."""
     cached = rp.__dict__.setdefault("_fused", {})
-    key = (channels, dtype, limit())
+    key = (channels, dtype, limit(), table)
     if key not in cached:
-        arrays, indices, outputs = _signature(rp)
-        cached[key] = FusedPass(_module(kernel_source(rp, channels, dtype)), arrays, indices, outputs)
+        arrays, indices, outputs = _signature(rp, table)
+        module = _module(kernel_source(rp, channels, dtype, table))
+        cached[key] = FusedPass(module, arrays, indices, outputs, table)
     return cached[key]

@@ -53,7 +53,7 @@ import numpy as np
 
 from workbench.kernels.descriptor.program import VectorProgram, vector_program
 from workbench.kernels.numba.cpu.columns import gather_columns
-from workbench.kernels.numba.cpu.fused import fused_pass, use_fused
+from workbench.kernels.numba.cpu.fused import TableRead, fused_pass, use_fused
 from workbench.kernels.numba.cpu.loops import NUM_ARRAYS, coefficients_by_row, drivers, sum_pieces
 from workbench.kernels.options import kernel_options
 
@@ -239,10 +239,12 @@ def run_pass(
     segments: tuple[np.ndarray, np.ndarray, np.ndarray],
     channels: int,
     outs: Sequence[np.ndarray],
+    table: tuple[TableRead, tuple] | None = None,
 ) -> None:
     """Run ``rp`` over ``segments = (ptr, perm, row)``: ``arrays`` the 10 kernel arrays (operands
     in channels-last layout where :func:`channels_last` says so), ``idx1`` / ``idx2`` the row
-    indices of row codes 1 / 2, ``outs`` the pass's output arrays (at most 4)."""
+    indices of row codes 1 / 2, ``outs`` the pass's output arrays (at most 4); ``table``: an
+    operand read from a table and its row arrays (:meth:`~workbench.kernels.numba.cpu.tabulated.TableOperand.read`), fused kernels only."""
     prog = rp.program
     if prog.num_instructions == 0 and prog.num_accumulators == 0:
         return
@@ -254,6 +256,9 @@ def run_pass(
     options = kernel_options()
     work = pass_work(int(perm.shape[0]), prog.num_instructions, channels)
     in_parallel = work >= (options.cpu_serial_work or SERIAL_WORK)
+    if table is not None:
+        fused_pass(rp, channels, dtype, table[0]).run(in_parallel, arrays, idx1, idx2, segments, outs, table[1])
+        return
     if rp.fused(options):
         fused_pass(rp, channels, dtype).run(in_parallel, arrays, idx1, idx2, segments, outs)
         return
@@ -427,10 +432,15 @@ def run_edge(
     num_nodes: int,
     channels: int,
     outs: Sequence[np.ndarray],
+    table: Any = None,
 ) -> None:
     """Evaluate an edge op's outputs ``outs``; ``csr(rows)`` gives ``(ptr, perm)`` of the edges
-    grouped by their ``"sender"`` or ``"receiver"`` node."""
+    grouped by their ``"sender"`` or ``"receiver"`` node. ``table``: one operand read from a
+    table (a :class:`~workbench.kernels.numba.cpu.tabulated.TableOperand`; its ``outs`` entry,
+    if its cotangent is an output, is not written)."""
     arrays = _host_arrays(cp, arrays)
+    if table is not None:
+        arrays[table.array] = table.coeffs
     options = kernel_options()
     for kind, rp in cp.passes:
         # fused kernels load no row once per segment: per-edge outputs walk the edges in memory order
@@ -441,4 +451,5 @@ def run_edge(
             rows = kind if kind != "edge" else ("sender" if rp.const_code == ROW_IDX1 else "receiver")
             ptr, perm = csr(rows)
             seg = (ptr, perm, _arange(num_nodes))
-        run_pass(rp, arrays, sender, receiver, seg, channels, [outs[k] for k in rp.outputs])
+        read = table.read(rp) if table is not None else None
+        run_pass(rp, arrays, sender, receiver, seg, channels, [outs[k] for k in rp.outputs], read)
