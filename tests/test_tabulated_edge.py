@@ -83,16 +83,70 @@ def test_float32_is_within_1e_5_of_float64():
         assert rel_err(a.double(), b) <= 1e-5, name
 
 
-def test_node_features_without_gradient_get_none_and_the_rest_is_unchanged():
-    """The first interaction: its node features come from the species alone (forces need no
-    gradient to them), so the backward computes the harmonics' and the lengths' only."""
+COMBINATIONS = [(x, y, r) for x in (False, True) for y in (False, True) for r in (False, True) if x or y or r]
+
+
+@pytest.mark.parametrize("merge", [False, True])
+@pytest.mark.parametrize("wanted", COMBINATIONS, ids=lambda w: "".join("xyr"[i] for i in range(3) if w[i]))
+def test_every_combination_of_wanted_gradients(merge, wanted):
+    """The first interaction wants no node-feature gradient, forces want no harmonics' gradient
+    when ``l = 0``, a pass may compute the weights' cotangent without reading them: each
+    combination matches the written-out weights, and only what is asked is computed."""
     op, ei, x, y, lengths, table = _problem(torch.float64)
     cot = torch.randn(x.shape[0], op.outputs[0].output.width, dtype=torch.float64)
-    want = _run(op, ei, x, y, lengths, table, cot, tabulated=False)
-    y_, r_ = y.clone().requires_grad_(True), lengths.clone().requires_grad_(True)
-    (out,) = tabulated_edge_op(op, ei[0], ei[1], x.shape[0], x, y_, TabulatedWeights(r_, table))
-    dy, dr = torch.autograd.grad((out * cot).sum(), (y_, r_))
-    assert rel_err(dy, want[2]) <= 1e-12 and rel_err(dr, want[3]) <= 1e-12
+    want = _run(op, ei, x, y, lengths, table, cot, tabulated=False)[1:]
+    inputs = [t.clone().requires_grad_(w) for t, w in zip((x, y, lengths), wanted)]
+    asked = []
+    derivative = op.derivative
+    with overridden(cpu_merge_edges=merge):
+        op.derivative = lambda needed, present=None: asked.append(needed) or derivative(needed, present)
+        try:
+            (out,) = tabulated_edge_op(
+                op, ei[0], ei[1], x.shape[0], inputs[0], inputs[1], TabulatedWeights(inputs[2], table)
+            )
+            got = torch.autograd.grad((out * cot).sum(), [t for t in inputs if t.requires_grad])
+        finally:
+            del op.derivative
+    assert asked == [wanted]
+    for g, b in zip(got, [b for b, w in zip(want, wanted) if w]):
+        assert rel_err(g, b) <= 1e-12
+
+
+def test_gradients_only_where_the_caller_asks():
+    """``autograd.grad`` to the harmonics alone: the node features and lengths require grad, but
+    their gradients are not computed (``engine_uses``)."""
+    op, ei, x, y, lengths, table = _problem(torch.float64)
+    x, y, r = (t.clone().requires_grad_(True) for t in (x, y, lengths))
+    asked, derivative = [], op.derivative
+    op.derivative = lambda needed, present=None: asked.append(needed) or derivative(needed, present)
+    try:
+        (out,) = tabulated_edge_op(op, ei[0], ei[1], x.shape[0], x, y, TabulatedWeights(r, table))
+        torch.autograd.grad(out.sum(), y)
+    finally:
+        del op.derivative
+    assert asked == [(False, True, False)]
+
+
+def test_weights_of_the_wrong_shape_are_refused():
+    op, ei, x, y, lengths, table = _problem(torch.float64)
+    with pytest.raises(ValueError, match=r"expected \[70, \d+\], got \(69, \d+\)"):
+        tabulated_edge_op(op, ei[0], ei[1], x.shape[0], x, y, TabulatedWeights(lengths[:69], table))
+    narrow = _table(table.outputs - 8, torch.float64)
+    with pytest.raises(ValueError, match=r"expected \[70, \d+\]"):
+        tabulated_edge_op(op, ei[0], ei[1], x.shape[0], x, y, TabulatedWeights(lengths, narrow))
+    with pytest.raises(ValueError, match=r"\[edges\] lengths"):
+        TabulatedWeights(lengths[:, None], table)
+
+
+def test_lengths_changed_between_forward_and_backward_are_refused():
+    op, ei, x, y, lengths, table = _problem(torch.float64)
+    r = lengths.clone().requires_grad_(True)
+    r2 = r * 1.0
+    (out,) = tabulated_edge_op(op, ei[0], ei[1], x.shape[0], x, y, TabulatedWeights(r2, table))
+    with torch.no_grad():
+        r2.mul_(1.01)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(out.sum(), r)
 
 
 def test_weights_give_their_values_to_any_other_function(monkeypatch):
@@ -109,6 +163,40 @@ def test_weights_give_their_values_to_any_other_function(monkeypatch):
     (dr,) = torch.autograd.grad(got.sum(), r)
     (want,) = torch.autograd.grad((values * cutoff).sum(), r)
     assert rel_err(dr, want) <= 1e-14
+
+
+def test_weights_cannot_be_read_as_numbers_past_their_values_or_changed():
+    table = _table(12, torch.float64)
+    r = torch.linspace(LO, HI, 17, dtype=torch.float64, requires_grad=True)
+    w = TabulatedWeights(r, table)
+    assert w.requires_grad and not w.is_leaf and len(w) == 17 and w._values is None
+    # a script reads the storage itself: NaN, never numbers that pass for weights
+    def scaled(t: torch.Tensor) -> torch.Tensor:
+        return t * 1.0
+
+    assert torch.isnan(torch.jit.script(scaled)(w)).all()
+
+    class Reader(torch.autograd.Function):  # a custom Function sees the tensor, not the values
+        @staticmethod
+        def forward(ctx, t):
+            return t.sum(1)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g[:, None].expand(-1, 12)
+
+    out = Reader.apply(w)
+    assert torch.isfinite(out).all()  # its forward's torch calls got the values
+    with pytest.raises(RuntimeError, match="reached a gradient without their values"):
+        torch.autograd.grad(out.sum(), r)  # but no gradient can leave out the lengths'
+    for change in (lambda: w.mul_(2.0), lambda: w.__imul__(2.0), lambda: torch.mul(w, 2.0, out=w)):
+        with pytest.raises(RuntimeError, match="read-only"):
+            change()
+    fresh = TabulatedWeights(r, table)
+    with torch.no_grad():
+        fresh.sum()  # values without a graph are not kept for later readers
+    (dr,) = torch.autograd.grad(fresh.sum(), r)
+    assert torch.isfinite(dr).all() and dr.abs().max() > 0
 
 
 def test_passes_that_cannot_read_the_table_fall_back(monkeypatch):

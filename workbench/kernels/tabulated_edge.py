@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.kernels.ops import used_inputs
+from workbench.kernels.ops import engine_uses
 from workbench.kernels.radial_table import RadialTable
 from workbench.kernels.registry import DEFAULT_BACKEND
 from workbench.kernels.rows import EdgeGraph
@@ -70,32 +70,60 @@ _METADATA = {
     torch.Tensor.dtype.__get__,
     torch.Tensor.device.__get__,
     torch.Tensor.ndim.__get__,
+    torch.Tensor.requires_grad.__get__,
+    torch.Tensor.is_leaf.__get__,
     torch.Tensor.size,
     torch.Tensor.dim,
     torch.Tensor.numel,
+    torch.Tensor.__len__,
 }
+_IN_PLACE_DUNDERS = {f"__i{op}__" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul")}
+_UNREAD = (
+    "tabulated radial weights reached a gradient without their values (a custom autograd Function "
+    "read them directly): pass weights.values() to it, or set WORKBENCH_TABLE_IN_PASSES=0"
+)
+
+
+class _Unread(torch.autograd.Function):
+    """The storage-free base of a :class:`TabulatedWeights`: NaN, so a reader that bypasses
+    ``__torch_function__`` cannot take it for numbers, and linked to the lengths, so a gradient
+    through it raises instead of leaving out the lengths' share."""
+
+    @staticmethod
+    def forward(ctx, lengths: torch.Tensor, width: int) -> torch.Tensor:
+        return lengths.new_full((), float("nan")).expand(lengths.shape[0], width)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        raise RuntimeError(_UNREAD)
 
 
 class TabulatedWeights(torch.Tensor):
     """``[E, J]`` = ``table`` at ``lengths`` ``[E]``, computed only when a torch function needs the
-    values (:meth:`values`, once); :func:`tabulated_edge_op` reads the table instead."""
+    values (:meth:`values`); :func:`tabulated_edge_op` reads the table instead. Read-only: an
+    in-place op on it raises."""
 
     lengths: torch.Tensor
     table: RadialTable
 
     @staticmethod
     def __new__(cls, lengths: torch.Tensor, table: RadialTable) -> TabulatedWeights:
-        shape = (lengths.shape[0], table.outputs)
-        return torch.Tensor._make_subclass(cls, torch.zeros((), dtype=lengths.dtype).expand(shape))
+        if lengths.dim() != 1:
+            raise ValueError(f"tabulated weights take [edges] lengths, got {tuple(lengths.shape)}")
+        return _Unread.apply(lengths, table.outputs).as_subclass(cls)
 
     def __init__(self, lengths: torch.Tensor, table: RadialTable):
         self.lengths, self.table, self._values = lengths, table, None
 
     def values(self) -> torch.Tensor:
-        """The ``[E, J]`` values as an ordinary tensor, differentiable once in the lengths."""
-        if self._values is None:
-            self._values = TableValues.apply(self.lengths, self.table)
-        return self._values
+        """The ``[E, J]`` values as an ordinary tensor, differentiable once in the lengths (kept
+        for the next call, unless computed without the gradient the lengths need)."""
+        if self._values is not None:
+            return self._values
+        values = TableValues.apply(self.lengths, self.table)
+        if values.grad_fn is not None or not self.lengths.requires_grad:
+            self._values = values
+        return values
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -103,12 +131,32 @@ class TabulatedWeights(torch.Tensor):
         if func in _METADATA:
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        in_place = (name.endswith("_") and not name.endswith("__")) or name in _IN_PLACE_DUNDERS
+        targets = torch.utils._pytree.tree_leaves(kwargs.get("out"))
+        if (in_place and args and isinstance(args[0], TabulatedWeights)) or any(
+            isinstance(t, TabulatedWeights) for t in targets
+        ):
+            raise RuntimeError(f"tabulated radial weights are read-only ({name}): change weights.values() instead")
         args, kwargs = torch.utils._pytree.tree_map(_values, (args, kwargs))
         return func(*args, **kwargs)
 
 
 def _values(x: Any) -> Any:
     return x.values() if isinstance(x, TabulatedWeights) else x
+
+
+def _needed(ctx, w: int, n: int) -> list[bool]:
+    """Which of (lengths, operands...) the backward must give a gradient, the slot ``w`` (no
+    tensor) counting as the lengths: ``needs_input_grad``, pruned by :func:`engine_uses` where
+    ``next_functions`` lines up with the tensor inputs."""
+    flags = list(ctx.needs_input_grad[4:])
+    slots = [0] + [1 + a for a in range(n) if a != w]  # the tensor inputs' positions
+    if len(ctx.next_functions) == len(slots):
+        for k, i in enumerate(slots):
+            flags[i] = bool(flags[i]) and engine_uses(ctx, k)
+    flags[1 + w] = bool(flags[0])
+    return [bool(f) for f in flags]
 
 
 class _TabulatedEdge(torch.autograd.Function):
@@ -125,20 +173,19 @@ class _TabulatedEdge(torch.autograd.Function):
         outs, _ = evaluate_tabulated(op, list(tensors), graph, w, table.coeffs, rows)
         ctx.set_materialize_grads(False)
         ctx.op, ctx.graph, ctx.w, ctx.table, ctx.rows, ctx.r = op, graph, w, table, rows, r
-        ctx.save_for_backward(*[t for a, t in enumerate(tensors) if a != w])
+        ctx.save_for_backward(lengths, *[t for a, t in enumerate(tensors) if a != w])  # version-checked
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads):
         if torch.is_grad_enabled():
             raise RuntimeError(_ONCE)
-        needed = list(used_inputs(ctx, 4))  # the lengths, then the operands (w's slot: its placeholder)
-        needed[1 + ctx.w] = needed[0]
+        saved = list(ctx.saved_tensors)[1:]
+        needed = _needed(ctx, ctx.w, len(saved) + 1)  # the lengths, then the operands
         present = tuple(g is not None for g in grads)
         if not any(needed) or not any(present):
             return (None,) * (4 + len(needed))
         d = ctx.op.derivative(tuple(needed[1:]), present)
-        saved = list(ctx.saved_tensors)
         operands = [None if a == ctx.w else saved.pop(0) for a in range(len(needed) - 1)]
         operands += [g.contiguous() for g in grads if g is not None]
         cot = sum(needed[1 : 1 + ctx.w]) if needed[0] else -1
@@ -192,7 +239,7 @@ def tabulated_edge_op(
     if not tabulated_supported(op, w, weights.table.coeffs):
         return None
     graph = EdgeGraph.of(sender, receiver, num_nodes)
-    graph.check([o for a, o in enumerate(op.operands) if a != w], others)
+    graph.check(op.operands, [torch.empty(()).expand(weights.shape) if a == w else t for a, t in enumerate(tensors)])
     operands = [None if a == w else t.contiguous() for a, t in enumerate(tensors)]
     return _TabulatedEdge.apply(op, graph, w, weights.table, weights.lengths, *operands)
 

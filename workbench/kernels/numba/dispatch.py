@@ -184,7 +184,13 @@ def evaluate_tabulated(
         _output(op, c, index, dtype, torch.device("cpu"), False) for k, c in enumerate(op.compiled) if k != cotangent
     ]
     host = [o.numpy() for o in outs]
-    dr = np.empty(index.num_edges, dtype=coeffs.dtype) if cotangent >= 0 else None
+    dr = None
+    if cotangent >= 0:  # every element is written; NaN under poison shows one that is not
+        dr = (
+            np.full(index.num_edges, np.nan, dtype=coeffs.dtype)
+            if kernel_options().poison
+            else np.empty(index.num_edges, dtype=coeffs.dtype)
+        )
     if cotangent >= 0:
         host.insert(cotangent, dummy)
     arrays = [dummy] * _cpu.NUM_ARRAYS

@@ -138,10 +138,11 @@ class FusedPass:
 
 
 def _signature(rp: Any, table: TableRead | None = None) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    arrays = tuple(sorted({int(a) for a in rp.vec_arr} | {int(a) for a in rp.sca_arr}))
+    slope = table.slope_output if table is not None else -1
+    read = {table.array} if slope >= 0 else set()  # the slopes need the coefficients, read or not
+    arrays = tuple(sorted({int(a) for a in rp.vec_arr} | {int(a) for a in rp.sca_arr} | read))
     codes = {int(c) for c in rp.vec_code} | {int(c) for c in rp.sca_code}
     indices = tuple(i for i in (1, 2) if i in codes)
-    slope = table.slope_output if table is not None else -1
     return arrays, indices, tuple(sorted({int(q) for q in rp.acc_out} - {slope}))
 
 
