@@ -36,7 +36,9 @@ def _table(width: int, dtype: torch.dtype, seed: int = 0):
     return build(lambda r: torch.cos(r[:, None] * k + phase) / (1.0 + r[:, None]), lo=LO, hi=HI, dtype=dtype)
 
 
-def _problem(dtype: torch.dtype, hidden: str = "4x0e+4x1o", max_ell: int = 3, n_nodes: int = 9, n_edges: int = 70):
+def _problem(dtype: torch.dtype, hidden: str = "8x0e+8x1o", max_ell: int = 2, n_nodes: int = 9, n_edges: int = 70):
+    """A message op (the second interaction's of test_radial_table's models: their kernels are
+    compiled once for both files), a graph, features, harmonics, lengths and a table."""
     tp = make_conv_tp(hidden, max_ell)
     op, _ = channelwise_tp_op(tp)
     g = torch.Generator().manual_seed(3)
@@ -170,6 +172,7 @@ def test_weights_cannot_be_read_as_numbers_past_their_values_or_changed():
     r = torch.linspace(LO, HI, 17, dtype=torch.float64, requires_grad=True)
     w = TabulatedWeights(r, table)
     assert w.requires_grad and not w.is_leaf and len(w) == 17 and w._values is None
+
     # a script reads the storage itself: NaN, never numbers that pass for weights
     def scaled(t: torch.Tensor) -> torch.Tensor:
         return t * 1.0
