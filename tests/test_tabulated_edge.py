@@ -75,6 +75,16 @@ def test_messages_and_gradients_equal_the_written_out_weights_in_float64(merge):
         assert rel_err(a, b) <= 1e-12, name
 
 
+@pytest.mark.parametrize("hidden, max_ell", [("4x0e+4x1o", 3)])
+def test_other_irreps_and_harmonics(hidden, max_ell):
+    op, ei, x, y, lengths, table = _problem(torch.float64, hidden=hidden, max_ell=max_ell)
+    cot = torch.randn(x.shape[0], op.outputs[0].output.width, dtype=torch.float64)
+    want = _run(op, ei, x, y, lengths, table, cot, tabulated=False)
+    got = _run(op, ei, x, y, lengths, table, cot, tabulated=True)
+    for name, a, b in zip(("messages", "d x", "d y", "d lengths"), got, want):
+        assert rel_err(a, b) <= 1e-12, name
+
+
 def test_float32_is_within_1e_5_of_float64():
     op, ei, x, y, lengths, table = _problem(torch.float64)
     cot = torch.randn(x.shape[0], op.outputs[0].output.width, dtype=torch.float64)
