@@ -212,17 +212,29 @@ def used_inputs(ctx, first: int = 0) -> tuple[bool, ...]:
 
 class _SparsePolyFunction(torch.autograd.Function):
     """``outputs = op(index, *tensors)``; backward launches ``op.derivative`` through this same
-    function, so every order of derivative is differentiable."""
+    function, so every order of derivative is differentiable. Under ``vmap`` (mace's Hessians
+    batch the second backward over cotangents) a batch of ``B`` is one call on ``B`` disjoint
+    copies of the rows (:meth:`~workbench.kernels.rows.EdgeGraph.copies`)."""
 
     @staticmethod
-    def forward(ctx, op: PolyOp, index: RowIndex, backend: str, *tensors: torch.Tensor):
-        outs = op.evaluate_rows(tensors, index, backend)
+    def forward(op: PolyOp, index: RowIndex, backend: str, *tensors: torch.Tensor):
+        return tuple(op.evaluate_rows(tensors, index, backend))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        op, index, backend, *tensors = inputs
         ctx.set_materialize_grads(False)  # None cotangents let the derivative skip whole outputs
-        ctx.op = op
-        ctx.index = index
-        ctx.backend = backend
+        ctx.op, ctx.index, ctx.backend = op, index, backend
         ctx.save_for_backward(*tensors)
-        return tuple(outs)
+
+    @staticmethod
+    def vmap(info, in_dims, op: PolyOp, index: RowIndex, backend: str, *tensors: torch.Tensor):
+        size, rows = info.batch_size, []
+        for t, d in zip(tensors, in_dims[3:]):
+            t = t.movedim(d, 0) if d is not None else t.expand(size, *t.shape)
+            rows.append(t.reshape(size * t.shape[1], t.shape[2]))
+        outs = _SparsePolyFunction.apply(op, index.copies(size), backend, *rows)
+        return tuple(o.reshape(size, -1, o.shape[-1]) for o in outs), (0,) * len(outs)
 
     @staticmethod
     def backward(ctx, *grads):

@@ -24,7 +24,8 @@ Here the forward is one pass writing ``[E, dim]`` and the backward one pass writ
     (\text{or } \bar u / \epsilon \text{ where } \lVert v \rVert \le \epsilon)
 
 as torch's ``normalize`` differentiates. A second derivative (force training through the
-calculator) recomputes e3nn's ops and differentiates them, so every order stays right.
+calculator) recomputes e3nn's ops and differentiates them, so every order stays right; a batched
+second backward (``vmap``, mace's Hessians) runs the pass on the batch as more edges.
 
 :data:`SWAP` turns e3nn's ``SphericalHarmonics`` into :class:`WorkbenchSphericalHarmonics` (a
 companion of MACE's MD calculator, :func:`~workbench.kernels.mace.adapter.companions`, and of the
@@ -194,10 +195,31 @@ class _Harmonics(torch.autograd.Function):
                 return torch.zeros_like(v), None, None, None
             (gv,) = torch.autograd.grad(y, v, grad, create_graph=True)
             return gv, None, None, None
+        return _HarmonicsVjp.apply(v.detach(), grad, table, normalize), None, None, None
+
+
+class _HarmonicsVjp(torch.autograd.Function):
+    """``(v [E, 3], g [E, dim]) -> [E, 3]``, the harmonics' vector-Jacobian product (:func:`_vjp`),
+    not differentiated again (a second derivative goes through e3nn's ops). Under ``vmap`` (mace's
+    Hessians batch the second backward over cotangents) the batch becomes more edges."""
+
+    @staticmethod
+    def forward(v, g, table, normalize):
         out = torch.empty_like(v)
-        g = grad.contiguous().numpy()
-        _vjp(v.detach().numpy(), g, normalize, *_arrays(table, v.dtype), table.lmax, out.numpy())
-        return out, None, None, None
+        _vjp(v.numpy(), g.contiguous().numpy(), normalize, *_arrays(table, v.dtype), table.lmax, out.numpy())
+        return out
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def vmap(info, in_dims, v, g, table, normalize):
+        size = info.batch_size
+        v = v.movedim(in_dims[0], 0) if in_dims[0] is not None else v.expand(size, *v.shape)
+        g = g.movedim(in_dims[1], 0) if in_dims[1] is not None else g.expand(size, *g.shape)
+        out = _HarmonicsVjp.apply(v.reshape(-1, 3).contiguous(), g.reshape(-1, g.shape[-1]), table, normalize)
+        return out.reshape(size, -1, 3), 0
 
 
 def spherical_harmonics(module: torch.nn.Module, vectors: torch.Tensor) -> torch.Tensor:
