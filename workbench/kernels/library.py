@@ -36,7 +36,17 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-__all__ = ["capture_safe", "host_side", "no_sync", "on_host_side", "op_key", "register", "sparse_poly", "tracing"]
+__all__ = [
+    "capture_safe",
+    "host_float",
+    "host_side",
+    "no_sync",
+    "on_host_side",
+    "op_key",
+    "register",
+    "sparse_poly",
+    "tracing",
+]
 
 _OPS: dict[str, object] = {}
 _COUNTER = itertools.count()
@@ -86,6 +96,12 @@ def no_sync() -> bool:
     if tracing() or getattr(_CAPTURE, "on", False):
         return True
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def host_float(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a CPU float32 / float64 tensor that numba may read now (not under a trace
+    or capture): where the host-side kernels run instead of torch's ops."""
+    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and not no_sync()
 
 
 def register(op) -> str:

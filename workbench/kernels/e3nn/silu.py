@@ -32,6 +32,7 @@ import torch
 from numba import njit, prange
 
 from workbench.kernels.class_swap import ClassSwap
+from workbench.kernels.library import host_float
 from workbench.kernels.registry import DEFAULT_BACKEND, get_backend
 
 __all__ = ["SWAP", "WorkbenchSiLU", "silu"]  # noqa: F822 (module __getattr__)
@@ -66,7 +67,7 @@ class _SiLUGrad2(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z, g, h, fused: bool):
         ctx.save_for_backward(z, g, h)
-        if not (fused and z.device.type == "cpu" and z.dtype in (torch.float32, torch.float64)):
+        if not (fused and host_float(z)):
             return _second_torch(z, g, h)
         dz = torch.empty(z.shape, dtype=z.dtype, device=z.device)
         dg = torch.empty_like(dz)

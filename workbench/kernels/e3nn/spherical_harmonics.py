@@ -44,7 +44,7 @@ import torch
 from numba import njit, prange
 
 from workbench.kernels.class_swap import ClassSwap
-from workbench.kernels.library import no_sync
+from workbench.kernels.library import host_float
 from workbench.kernels.options import kernel_options
 
 __all__ = ["SWAP", "ShTable", "WorkbenchSphericalHarmonics", "sh_table", "spherical_harmonics"]  # noqa: F822
@@ -239,8 +239,7 @@ def _make_class() -> type:
         differentiates twice, where the second derivative would recompute e3nn's forward)."""
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            cpu = x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
-            if self.training or not cpu or no_sync() or not kernel_options().cpu_harmonics:
+            if self.training or not host_float(x) or not kernel_options().cpu_harmonics:
                 return super().forward(x)
             return spherical_harmonics(self, x)
 

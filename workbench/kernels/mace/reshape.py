@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from workbench.kernels.class_swap import ClassSwap, KeepsOp
-from workbench.kernels.library import no_sync
+from workbench.kernels.library import host_float
 from workbench.kernels.rowwise import batch_as_rows
 
 __all__ = ["SWAP", "WorkbenchReshapeIrreps", "column_permutation", "permute_columns"]  # noqa: F822 (module __getattr__)
@@ -52,7 +52,7 @@ def permute_columns(x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """``x[:, perm]``: on CPU float tensors outside a trace row-parallel
     (:func:`~workbench.kernels.numba.cpu.columns.gather_columns`; torch's ``index_select`` along
     columns runs on one thread), else ``index_select``."""
-    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or no_sync():
+    if not host_float(x):
         return x.index_select(1, perm)
     from workbench.kernels.numba.cpu.columns import gather_columns
 
