@@ -53,8 +53,11 @@ class SpeciesIndex:
     def copies(self, size: int) -> SpeciesIndex:
         """``size`` disjoint copies (copy ``b``'s atoms and species numbered after copy ``b - 1``'s):
         the rows of a batch under ``vmap``."""
-        offsets = self.num_species * torch.arange(size, device=self.species.device)
-        return SpeciesIndex((self.species[None] + offsets[:, None]).reshape(-1), self.num_species * size)
+        kept = self.__dict__.setdefault("_copies", {})
+        if size not in kept:
+            offsets = self.num_species * torch.arange(size, device=self.species.device)
+            kept[size] = SpeciesIndex((self.species[None] + offsets[:, None]).reshape(-1), self.num_species * size)
+        return kept[size]
 
     def arrays(self, comp: CompiledPolynomial, convert: Callable[[torch.Tensor], Any]) -> tuple:
         return (convert(self.species.detach().to(torch.int64).contiguous()),)
@@ -115,9 +118,14 @@ class EdgeGraph:
     def copies(self, size: int) -> EdgeGraph:
         """``size`` disjoint copies of the graph (copy ``b``'s nodes and edges numbered after copy
         ``b - 1``'s): the rows of a batch under ``vmap``."""
-        offsets = self.num_nodes * torch.arange(size, device=self.sender.device)[:, None]
-        edges = torch.stack([(self.sender[None] + offsets).reshape(-1), (self.receiver[None] + offsets).reshape(-1)])
-        return EdgeGraph(edges, self.num_nodes * size)
+        kept = self.__dict__.setdefault("_copies", {})  # a batched backward asks once per op and chunk
+        if size not in kept:
+            offsets = self.num_nodes * torch.arange(size, device=self.sender.device)[:, None]
+            edges = torch.stack(
+                [(self.sender[None] + offsets).reshape(-1), (self.receiver[None] + offsets).reshape(-1)]
+            )
+            kept[size] = EdgeGraph(edges, self.num_nodes * size)
+        return kept[size]
 
     def arrays(self, comp: CompiledPolynomial, convert: Callable[[torch.Tensor], Any]) -> tuple:
         seg = tuple(convert(a) for a in self.csr(comp.out_rows)) if comp.node_output else None
