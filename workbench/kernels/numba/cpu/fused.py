@@ -52,6 +52,11 @@ A program whose operands and accumulators outnumber the vector registers runs as
 channel loops, each over a group of its accumulators (:mod:`~workbench.kernels.numba.cpu.groups`,
 ``WORKBENCH_CPU_REGISTERS``): the single loop of MACE's 239-instruction pass spilled on half
 its instructions.
+
+One operand of a pass may be read from a table of polynomials in each row's scalar instead of an
+array (:class:`TableRead`: a radial network's table at the edge lengths). Each row evaluates it
+once into a scratch row in cache, and the pass dots that operand's cotangent with the slopes
+instead of storing it (:mod:`~workbench.kernels.tabulated_edge`).
 """
 
 from __future__ import annotations
