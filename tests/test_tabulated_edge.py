@@ -247,8 +247,7 @@ def test_a_second_derivative_is_refused():
 
 
 def test_table_rows_are_the_table_kernels_intervals_and_coordinates():
-    from workbench.kernels.numba.cpu.radial import table_values
-    from workbench.kernels.numba.cpu.tabulated import table_rows
+    from workbench.kernels.numba.cpu.radial import table_rows, table_values
 
     table = _table(5, torch.float64)
     r = np.random.default_rng(2).uniform(LO, HI, 300)

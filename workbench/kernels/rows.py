@@ -33,6 +33,7 @@ class SpeciesIndex:
         self.species = species
         self.num_species = int(num_species)
         self._csr: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._copies: dict[int, SpeciesIndex] = {}
 
     def csr(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(ptr [num_species + 1], perm [num_atoms])``: atoms ``perm[ptr[z]:ptr[z+1]]`` (ascending)
@@ -53,11 +54,11 @@ class SpeciesIndex:
     def copies(self, size: int) -> SpeciesIndex:
         """``size`` disjoint copies (copy ``b``'s atoms and species numbered after copy ``b - 1``'s):
         the rows of a batch under ``vmap``."""
-        kept = self.__dict__.setdefault("_copies", {})
-        if size not in kept:
+        if size not in self._copies:
             offsets = self.num_species * torch.arange(size, device=self.species.device)
-            kept[size] = SpeciesIndex((self.species[None] + offsets[:, None]).reshape(-1), self.num_species * size)
-        return kept[size]
+            species = (self.species[None] + offsets[:, None]).reshape(-1)
+            self._copies[size] = SpeciesIndex(species, self.num_species * size)
+        return self._copies[size]
 
     def arrays(self, comp: CompiledPolynomial, convert: Callable[[torch.Tensor], Any]) -> tuple:
         return (convert(self.species.detach().to(torch.int64).contiguous()),)
@@ -81,6 +82,7 @@ class EdgeGraph:
         self.num_nodes = int(num_nodes)
         self.num_edges = int(ei.shape[1])
         self._csr: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._copies: dict[int, EdgeGraph] = {}  # a batched backward asks once per op and chunk
 
     @classmethod
     def of(cls, sender: torch.Tensor, receiver: torch.Tensor, num_nodes: int) -> EdgeGraph:
@@ -118,14 +120,13 @@ class EdgeGraph:
     def copies(self, size: int) -> EdgeGraph:
         """``size`` disjoint copies of the graph (copy ``b``'s nodes and edges numbered after copy
         ``b - 1``'s): the rows of a batch under ``vmap``."""
-        kept = self.__dict__.setdefault("_copies", {})  # a batched backward asks once per op and chunk
-        if size not in kept:
+        if size not in self._copies:
             offsets = self.num_nodes * torch.arange(size, device=self.sender.device)[:, None]
             edges = torch.stack(
                 [(self.sender[None] + offsets).reshape(-1), (self.receiver[None] + offsets).reshape(-1)]
             )
-            kept[size] = EdgeGraph(edges, self.num_nodes * size)
-        return kept[size]
+            self._copies[size] = EdgeGraph(edges, self.num_nodes * size)
+        return self._copies[size]
 
     def arrays(self, comp: CompiledPolynomial, convert: Callable[[torch.Tensor], Any]) -> tuple:
         seg = tuple(convert(a) for a in self.csr(comp.out_rows)) if comp.node_output else None

@@ -165,7 +165,7 @@ class _TabulatedEdge(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, op: Any, graph: EdgeGraph, w: int, table: RadialTable, lengths: torch.Tensor, *tensors):
-        from workbench.kernels.numba.cpu.tabulated import table_rows
+        from workbench.kernels.numba.cpu.radial import table_rows
         from workbench.kernels.numba.dispatch import evaluate_tabulated
 
         r = lengths.detach().contiguous().numpy()
@@ -191,26 +191,25 @@ class _TabulatedEdge(torch.autograd.Function):
         cot = sum(needed[1 : 1 + ctx.w]) if needed[0] else -1
         res, dr = _derivative(ctx, d, operands, cot)
         out = [res.pop(0) if n and a != ctx.w else None for a, n in enumerate(needed[1:])]
-        grad_lengths = torch.from_numpy(dr * (2.0 / ctx.table.h)) if needed[0] else None
-        return (None, None, None, None, grad_lengths, *out)
+        return (None, None, None, None, None if dr is None else torch.from_numpy(dr), *out)
 
 
 def _derivative(ctx, d: Any, operands: list, cot: int) -> tuple[list[torch.Tensor], np.ndarray | None]:
-    """The derivative op's outputs (but the weights' cotangent) and the lengths' slope dot."""
+    """The derivative op's outputs (but the weights' cotangent) and the lengths' gradient."""
     from workbench.kernels.numba.dispatch import evaluate_tabulated, tabulated_supported
 
-    if tabulated_supported(d, ctx.w, ctx.table.coeffs, cot):
-        return evaluate_tabulated(d, operands, ctx.graph, ctx.w, ctx.table.coeffs, ctx.rows, cot)
+    t = ctx.table
+    if tabulated_supported(d, ctx.w, t.coeffs, cot):
+        res, dots = evaluate_tabulated(d, operands, ctx.graph, ctx.w, t.coeffs, ctx.rows, cot)
+        return res, None if dots is None else dots * (2.0 / t.h)  # slopes in s to slopes in r
     from workbench.kernels.numba.cpu.radial import table_slope_dot, table_values
 
-    t = ctx.table  # a pass that cannot read the table: the values written out, as TableValues does
-    values, plan = table_values(ctx.r, t.lo, t.h, t.coeffs)
+    values, plan = table_values(ctx.r, t.lo, t.h, t.coeffs)  # passes that cannot read the table
     operands[ctx.w] = torch.from_numpy(values)
     res = d.evaluate_rows(operands, ctx.graph)
     if cot < 0:
         return res, None
-    dw = res.pop(cot).contiguous().numpy()
-    return res, table_slope_dot(ctx.r, plan, t.lo, t.h, t.coeffs, dw) * (t.h / 2.0)
+    return res, table_slope_dot(ctx.r, plan, t.lo, t.h, t.coeffs, res.pop(cot).contiguous().numpy())
 
 
 def tabulated_edge_op(

@@ -186,12 +186,9 @@ def evaluate_tabulated(
     host = [o.numpy() for o in outs]
     dr = None
     if cotangent >= 0:  # every element is written; NaN under poison shows one that is not
-        dr = (
-            np.full(index.num_edges, np.nan, dtype=coeffs.dtype)
-            if kernel_options().poison
-            else np.empty(index.num_edges, dtype=coeffs.dtype)
-        )
-    if cotangent >= 0:
+        dr = np.empty(index.num_edges, dtype=coeffs.dtype)
+        if kernel_options().poison:
+            dr.fill(np.nan)
         host.insert(cotangent, dummy)
     arrays = [dummy] * _cpu.NUM_ARRAYS
     for aid, t in zip(op.array_ids, tensors):

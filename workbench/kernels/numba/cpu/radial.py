@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["interval_order", "table_slope_dot", "table_values"]
+__all__ = ["interval_order", "table_rows", "table_slope_dot", "table_values"]
 
 #: sorted edges per parallel chunk
 CHUNK = 64
@@ -26,13 +26,19 @@ CHUNK = 64
 BLOCK = 8
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _interval(r, e, lo, inv_h, n):  # pragma: no cover - compiled
+    """Edge ``e``'s interval (the last one holds the domain's right end)."""
+    return min(int((r[e] - lo) * inv_h), n - 1)
+
+
 @njit(cache=True, nogil=True)
 def interval_order(r: np.ndarray, lo: float, inv_h: float, n: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
     """``order`` of the edges by interval (counting sort, stable) and each edge's interval."""
     k = np.empty(r.size, dtype=np.int64)
     counts = np.zeros(n + 1, dtype=np.int64)
     for e in range(r.size):
-        i = min(int((r[e] - lo) * inv_h), n - 1)
+        i = _interval(r, e, lo, inv_h, n)
         k[e] = i
         counts[i + 1] += 1
     for i in range(n):
@@ -174,6 +180,26 @@ def _slopes_chunk(r, order, k, lo, inv_h, coeffs, grad, out, i, end):  # pragma:
 def _slope_dot(r, order, k, lo, inv_h, coeffs, grad, out):  # pragma: no cover - compiled
     for c in prange((r.size + CHUNK - 1) // CHUNK):
         _slopes_chunk(r, order, k, lo, inv_h, coeffs, grad, out, c * CHUNK, min(r.size, (c + 1) * CHUNK))
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _rows(r, lo, inv_h, n, k, s):  # pragma: no cover - compiled
+    T = s.dtype.type
+    for e in prange(r.size):
+        q = _interval(r, e, lo, inv_h, n)
+        k[e], s[e] = q, _coordinate(r, e, q, lo, inv_h, T)
+
+
+def table_rows(
+    r: np.ndarray, lo: float, h: float, num_intervals: int, dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each length's interval ``k`` ``[E]`` and centred coordinate ``s`` ``[E]`` (in ``dtype``), as
+    :func:`table_values` computes them, for kernels that evaluate the table in edge order
+    (:mod:`~workbench.kernels.numba.cpu.tabulated`)."""
+    k = np.empty(r.size, dtype=np.int64)
+    s = np.empty(r.size, dtype=dtype)
+    _rows(r, lo, 1.0 / h, num_intervals, k, s)
+    return k, s
 
 
 def table_values(r: np.ndarray, lo: float, h: float, coeffs: np.ndarray) -> tuple[np.ndarray, tuple]:

@@ -14,32 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit, prange
 
 from workbench.kernels.numba.cpu.fused import TableRead
 from workbench.kernels.numba.cpu.passes import CpuPlan, RowPass
 
-__all__ = ["TableOperand", "table_rows"]
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def _rows(r, lo, inv_h, n, k, s):  # pragma: no cover - compiled
-    for e in prange(r.size):
-        x = (r[e] - lo) * inv_h
-        q = min(int(x), n - 1)
-        k[e] = q
-        s[e] = 2.0 * (x - q) - 1.0
-
-
-def table_rows(
-    r: np.ndarray, lo: float, h: float, num_intervals: int, dtype: np.dtype
-) -> tuple[np.ndarray, np.ndarray]:
-    """Each length's interval ``k`` ``[E]`` and centred coordinate ``s`` ``[E]`` (in ``dtype``), as
-    :func:`workbench.kernels.numba.cpu.radial.table_values` computes them."""
-    k = np.empty(r.size, dtype=np.int64)
-    s = np.empty(r.size, dtype=dtype)
-    _rows(r, lo, 1.0 / h, num_intervals, k, s)
-    return k, s
+__all__ = ["TableOperand"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,9 +36,13 @@ class TableOperand:
     output: int = -1
     dr: np.ndarray | None = None
 
+    def _slope(self, rp: RowPass) -> int:
+        """The program output of ``rp`` that is the operand's cotangent, or -1."""
+        return next((p for p, k in enumerate(rp.outputs) if k == self.output), -1)
+
     def read(self, rp: RowPass) -> tuple[TableRead, tuple] | None:
         """How ``rp`` reads the table (and the row arrays its kernel takes), or None: it does not."""
-        slope = next((p for p, k in enumerate(rp.outputs) if k == self.output), -1)
+        slope = self._slope(rp)
         if self.array not in rp.vec_arr and slope < 0:
             return None
         return TableRead(self.array, int(self.coeffs.shape[2]), slope), (self.tk, self.ts) + (
@@ -72,9 +55,9 @@ class TableOperand:
         if cp.order[cp.array_ids.index(self.array)] is not None:
             return False
         for _, rp in cp.passes:
-            slope = [p for p, k in enumerate(rp.outputs) if k == self.output]
-            if self.array in rp.sca_arr or any(rp.acc_seg[rp.acc_out == p].any() for p in slope):
+            slope = self._slope(rp)
+            if self.array in rp.sca_arr or (slope >= 0 and rp.acc_seg[rp.acc_out == slope].any()):
                 return False
-            if (self.array in rp.vec_arr or slope) and not rp.fused():
+            if (self.array in rp.vec_arr or slope >= 0) and not rp.fused():
                 return False
         return True
